@@ -1,0 +1,1 @@
+"""Encoding and decoding of video segments, audio and low-dimensional arrays."""

@@ -1,0 +1,103 @@
+"""Audio: read any recording PyAV knows, store it as FLAC (lossless) or keep Opus as is."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+import av
+from av.codec.context import Flags
+import numpy as np
+
+from mmdata.errors import DecodeError
+
+FLAC_FRAME_SAMPLES = 4096
+_CHANNEL_LAYOUTS = {1: "mono", 2: "stereo", 3: "2.1", 4: "quad", 5: "5.0", 6: "5.1", 7: "6.1", 8: "7.1"}
+_INTEGER_FORMATS = {"s16": np.int16, "s16p": np.int16, "s32": np.int32, "s32p": np.int32}
+
+
+@dataclass
+class AudioClip:
+    """Samples `[S, C]` at `sample_rate`, the first one at `t_start` seconds."""
+
+    samples: np.ndarray
+    sample_rate: int
+    t_start: float = 0.0
+
+    @property
+    def channels(self) -> int:
+        return int(self.samples.shape[1])
+
+    @property
+    def duration(self) -> float:
+        return self.samples.shape[0] / self.sample_rate
+
+
+def decode_audio(source: str | bytes) -> tuple[AudioClip, str]:
+    """Decode a file path or encoded bytes; returns the clip and the codec name.
+
+    Integer PCM (WAV, FLAC) keeps its integer type, so FLAC round trips are sample-exact;
+    lossy codecs (MP3, Opus) decode to float32 in [-1, 1].
+    """
+    handle = io.BytesIO(source) if isinstance(source, (bytes, bytearray)) else source
+    chunks: list[np.ndarray] = []
+    t_start = None
+    try:
+        with av.open(handle) as container:
+            if not container.streams.audio:
+                raise DecodeError("holds no audio stream")
+            stream = container.streams.audio[0]
+            codec = stream.codec_context.name
+            rate = stream.codec_context.sample_rate
+            for frame in container.decode(stream):
+                if t_start is None:
+                    t_start = float(frame.time) if frame.time is not None else 0.0
+                chunks.append(_frame_to_samples(frame))
+    except av.error.FFmpegError as exc:
+        raise DecodeError(f"does not decode as audio: {exc}") from exc
+    if not chunks:
+        raise DecodeError("holds no audio samples")
+    return AudioClip(np.concatenate(chunks), int(rate), max(0.0, t_start or 0.0)), codec
+
+
+def _frame_to_samples(frame: av.AudioFrame) -> np.ndarray:
+    array = frame.to_ndarray()
+    channels = len(frame.layout.channels)
+    if frame.format.is_planar:
+        samples = array.T
+    else:
+        samples = array.reshape(-1, channels)
+    if frame.format.name in _INTEGER_FORMATS:
+        return np.ascontiguousarray(samples, dtype=_INTEGER_FORMATS[frame.format.name])
+    return np.ascontiguousarray(samples, dtype=np.float32)
+
+
+def to_flac_samples(clip: AudioClip) -> AudioClip:
+    """Integer samples for FLAC: int16/int32 as they are, float converted to int16."""
+    if clip.samples.dtype in (np.int16, np.int32):
+        return clip
+    scaled = np.clip(np.round(clip.samples.astype(np.float64) * 32767.0), -32768, 32767)
+    return AudioClip(scaled.astype(np.int16), clip.sample_rate, clip.t_start)
+
+
+def encode_flac(clip: AudioClip) -> bytes:
+    """Lossless FLAC file bytes of integer samples `[S, C]`."""
+    sample_format = {np.dtype(np.int16): "s16", np.dtype(np.int32): "s32"}.get(clip.samples.dtype)
+    if sample_format is None:
+        raise DecodeError(f"FLAC stores int16 or int32 samples, not {clip.samples.dtype}")
+    layout = _CHANNEL_LAYOUTS.get(clip.channels)
+    if layout is None:
+        raise DecodeError(f"FLAC storage supports 1 to 8 channels, not {clip.channels}")
+    buffer = io.BytesIO()
+    with av.open(buffer, "w", format="flac", options={"fflags": "+bitexact"}) as out:
+        stream = out.add_stream("flac", rate=clip.sample_rate, layout=layout, format=sample_format)
+        stream.codec_context.flags |= Flags.bitexact
+        samples = np.ascontiguousarray(clip.samples)
+        for start in range(0, samples.shape[0], FLAC_FRAME_SAMPLES):
+            block = samples[start : start + FLAC_FRAME_SAMPLES]
+            frame = av.AudioFrame.from_ndarray(block.reshape(1, -1), format=sample_format, layout=layout)
+            frame.sample_rate = clip.sample_rate
+            frame.pts = start
+            out.mux(stream.encode(frame))
+        out.mux(stream.encode(None))
+    return buffer.getvalue()

@@ -1,0 +1,148 @@
+"""Encode frames into closed-GOP video segments, each a small self-contained file.
+
+A segment is encoded by its own encoder instance, so it starts with a key frame and its
+parameter sets and references nothing outside itself: any segment decodes alone, and a
+clip never needs a seek into a neighbour.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Iterable, Iterator
+
+import av
+from av.codec.context import Flags
+import numpy as np
+
+from mmdata.errors import MmdataError
+
+# codec name -> (FFmpeg encoder, container format, segment file extension)
+VIDEO_CODECS = {
+    "h264": ("libx264", "mp4", "mp4"),
+    "hevc": ("libx265", "mp4", "mp4"),
+    "vp9": ("libvpx-vp9", "webm", "webm"),
+}
+
+
+@dataclass(frozen=True)
+class VideoEncoding:
+    """How cameras are stored: codec, frames per segment, key-frame interval, quality."""
+
+    codec: str = "h264"
+    segment_frames: int = 32
+    gop: int = 32
+    crf: int = 20
+    preset: str = "fast"
+
+    def __post_init__(self):
+        if self.codec not in VIDEO_CODECS:
+            raise MmdataError(
+                f"unknown video codec '{self.codec}'; choose one of {', '.join(VIDEO_CODECS)}"
+            )
+        if self.segment_frames < 1 or self.gop < 1:
+            raise MmdataError("--segment-frames and --gop must be at least 1")
+        if self.gop > self.segment_frames:
+            raise MmdataError(
+                f"--gop {self.gop} exceeds --segment-frames {self.segment_frames}: a segment holds"
+                " one key frame at least, so the key-frame interval cannot be longer than it"
+            )
+
+    @property
+    def extension(self) -> str:
+        return VIDEO_CODECS[self.codec][2]
+
+    def encoder_options(self) -> dict[str, str]:
+        gop = self.gop
+        if self.codec == "h264":
+            return {
+                "crf": str(self.crf),
+                "preset": self.preset,
+                "x264-params": f"keyint={gop}:min-keyint={gop}:scenecut=0:open-gop=0:threads=1",
+            }
+        if self.codec == "hevc":
+            return {
+                "crf": str(self.crf),
+                "preset": self.preset,
+                "x265-params": (
+                    f"keyint={gop}:min-keyint={gop}:scenecut=0:open-gop=0"
+                    ":pools=1:frame-threads=1:log-level=error"
+                ),
+            }
+        return {
+            "crf": str(self.crf),
+            "b:v": "0",
+            "deadline": "good",
+            "cpu-used": "5",
+            "threads": "1",
+            "keyint_min": str(gop),
+        }
+
+
+def encode_segments(
+    frames: Iterable[av.VideoFrame | np.ndarray],
+    fps: Fraction,
+    width: int,
+    height: int,
+    encoding: VideoEncoding,
+) -> Iterator[tuple[int, bytes]]:
+    """Yield (number of frames, encoded file bytes) for consecutive segments of `frames`.
+
+    Frames are RGB uint8 arrays `[H, W, 3]` or decoded PyAV frames of any pixel format.
+    Only one segment's frames are held in memory at a time.
+    """
+    if width % 2 or height % 2:
+        raise MmdataError(
+            f"video is {width}x{height}; 4:2:0 video needs even width and height"
+            " (crop or scale the recording by one pixel)"
+        )
+    pending: list[av.VideoFrame | np.ndarray] = []
+    for frame in frames:
+        pending.append(frame)
+        if len(pending) == encoding.segment_frames:
+            yield len(pending), _encode_one_segment(pending, fps, width, height, encoding)
+            pending = []
+    if pending:
+        yield len(pending), _encode_one_segment(pending, fps, width, height, encoding)
+
+
+def _encode_one_segment(
+    frames: list[av.VideoFrame | np.ndarray],
+    fps: Fraction,
+    width: int,
+    height: int,
+    encoding: VideoEncoding,
+) -> bytes:
+    encoder_name, container_format, _ = VIDEO_CODECS[encoding.codec]
+    buffer = io.BytesIO()
+    # bitexact: no random UIDs or encoder tags, so the same input gives the same bytes.
+    with av.open(buffer, "w", format=container_format, options={"fflags": "+bitexact"}) as out:
+        stream = out.add_stream(encoder_name, rate=fps)
+        stream.width = width
+        stream.height = height
+        stream.pix_fmt = "yuv420p"
+        stream.gop_size = encoding.gop
+        stream.codec_context.flags |= Flags.bitexact
+        stream.options = encoding.encoder_options()
+        for index, frame in enumerate(frames):
+            video_frame = _as_video_frame(frame, width, height)
+            video_frame.pts = index
+            out.mux(stream.encode(video_frame))
+        out.mux(stream.encode(None))
+    return buffer.getvalue()
+
+
+def _as_video_frame(frame: av.VideoFrame | np.ndarray, width: int, height: int) -> av.VideoFrame:
+    if isinstance(frame, np.ndarray):
+        if frame.shape != (height, width, 3) or frame.dtype != np.uint8:
+            raise MmdataError(
+                f"frame of shape {frame.shape} and dtype {frame.dtype}; expected ({height}, {width}, 3) uint8"
+            )
+        frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format="rgb24")
+    if frame.width != width or frame.height != height:
+        raise MmdataError(
+            f"frame of size {frame.width}x{frame.height} in a {width}x{height} video;"
+            " every frame of a camera must have one size"
+        )
+    return frame.reformat(format="yuv420p")

@@ -1,0 +1,54 @@
+"""Read recorded video files of any codec PyAV knows, frame by frame, with their timestamps."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Iterator
+
+import av
+
+from mmdata.errors import DecodeError
+
+
+@dataclass(frozen=True)
+class VideoInfo:
+    """What a recording's container says about its first video stream."""
+
+    width: int
+    height: int
+    fps: Fraction
+    codec: str
+
+
+def probe_video(path: str) -> VideoInfo:
+    """Width, height, nominal frame rate and codec of a video file."""
+    try:
+        with av.open(path) as container:
+            if not container.streams.video:
+                raise DecodeError(f"{path} holds no video stream")
+            stream = container.streams.video[0]
+            rate = stream.average_rate or stream.guessed_rate or stream.base_rate
+            if not rate:
+                raise DecodeError(f"{path} declares no frame rate")
+            return VideoInfo(
+                stream.codec_context.width, stream.codec_context.height, Fraction(rate), stream.codec_context.name
+            )
+    except av.error.FFmpegError as exc:
+        raise DecodeError(f"{path} cannot be opened as video: {exc}") from exc
+
+
+def iter_video_frames(path: str, fps: Fraction) -> Iterator[tuple[av.VideoFrame, float]]:
+    """Decoded frames in presentation order with their timestamps in seconds.
+
+    Timestamps come from the container; a frame without one gets index / fps.
+    """
+    try:
+        with av.open(path) as container:
+            stream = container.streams.video[0]
+            stream.thread_type = "AUTO"
+            for index, frame in enumerate(container.decode(stream)):
+                timestamp = frame.time if frame.time is not None else float(index / fps)
+                yield frame, float(timestamp)
+    except av.error.FFmpegError as exc:
+        raise DecodeError(f"{path} does not decode: {exc}") from exc

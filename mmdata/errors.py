@@ -1,0 +1,41 @@
+"""Exception types raised by mmdata; every message names the file or episode and the fix."""
+
+from __future__ import annotations
+
+
+class MmdataError(Exception):
+    """Base class of every error mmdata raises on purpose."""
+
+
+class SourceError(MmdataError):
+    """An input episode cannot be converted: a file is missing, unreadable or inconsistent."""
+
+    def __init__(self, episode: str, file: str | None, problem: str, fix: str | None = None):
+        self.episode = episode
+        self.file = file
+        self.problem = problem
+        self.fix = fix
+        where = f"episode '{episode}'" + (f", file '{file}'" if file else "")
+        message = f"{where}: {problem}"
+        if fix:
+            message += f" ({fix})"
+        super().__init__(message)
+
+    def __reduce__(self):
+        return (type(self), (self.episode, self.file, self.problem, self.fix))
+
+
+class DestinationError(MmdataError):
+    """The conversion destination cannot be written as asked (not empty, or resume mismatch)."""
+
+
+class StoreError(MmdataError):
+    """A path is not a readable mmdata store, or its manifest disagrees with its contents."""
+
+
+class IntegrityError(StoreError):
+    """A stored piece fails its checksum or does not decode to what the manifest says."""
+
+
+class DecodeError(MmdataError):
+    """Encoded bytes could not be decoded by the chosen backend."""
