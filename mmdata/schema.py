@@ -97,7 +97,7 @@ class DatasetSchema:
             "format_version": self.format_version,
             "layout": self.layout,
             "num_episodes": self.num_episodes,
-            "streams": [asdict(s) for s in self.streams],
+            "streams": [stream_to_dict(s) for s in self.streams],
             "created": self.created,
         }
         return json.dumps(document, indent=2, sort_keys=False) + "\n"
@@ -116,13 +116,7 @@ class DatasetSchema:
                 f"{where} has format version {version}; this mmdata reads version {FORMAT_VERSION}"
                 " (upgrade mmdata, or re-run `mmdata convert` with this version)"
             )
-        streams: list[Stream] = []
-        for entry in document["streams"]:
-            entry = dict(entry)
-            kind_type = _KINDS[entry["kind"]]
-            if kind_type is LowdimStream:
-                entry["shape"] = tuple(entry["shape"])
-            streams.append(kind_type(**entry))
+        streams = [stream_from_dict(entry) for entry in document["streams"]]
         return cls(
             layout=document["layout"],
             streams=streams,
@@ -130,3 +124,15 @@ class DatasetSchema:
             created=document.get("created", {}),
             format_version=version,
         )
+
+
+def stream_to_dict(stream: Stream) -> dict[str, Any]:
+    return asdict(stream)
+
+
+def stream_from_dict(entry: dict[str, Any]) -> Stream:
+    entry = dict(entry)
+    kind_type = _KINDS[entry["kind"]]
+    if kind_type is LowdimStream:
+        entry["shape"] = tuple(entry["shape"])
+    return kind_type(**entry)

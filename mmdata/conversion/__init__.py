@@ -1,0 +1,1 @@
+"""Conversion of recorded episodes into stores: encode each episode, then write it to a store."""

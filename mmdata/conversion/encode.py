@@ -1,0 +1,176 @@
+"""Encode one source episode into the pieces a store holds, independent of the store's layout."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from mmdata.codecs.audio import encode_flac, to_flac_samples
+from mmdata.codecs.video_encode import VideoEncoding, encode_segments
+from mmdata.errors import MmdataError, SourceError
+from mmdata.schema import AudioStream, LowdimStream, Stream, VideoStream
+from mmdata.sources.episode import AudioSource, CameraSource, EpisodeSource, LowdimSource
+
+
+@dataclass
+class EncodedVideo:
+    spec: VideoStream
+    segments: list[bytes]
+    segment_frames: list[int]
+    timestamps: np.ndarray
+
+    @property
+    def t_end(self) -> float:
+        return float(self.timestamps[-1] + 1.0 / self.spec.fps)
+
+
+@dataclass
+class EncodedAudio:
+    spec: AudioStream
+    data: bytes
+    num_samples: int
+    t_start: float
+
+    @property
+    def t_end(self) -> float:
+        return self.t_start + self.num_samples / self.spec.sample_rate
+
+
+@dataclass
+class EncodedLowdim:
+    spec: LowdimStream
+    values: np.ndarray
+    timestamps: np.ndarray
+
+    @property
+    def t_end(self) -> float:
+        if len(self.timestamps) == 0:
+            return 0.0
+        return float(self.timestamps[-1] + _sample_period(self.timestamps, self.spec.rate))
+
+
+@dataclass
+class EncodedEpisode:
+    """An episode ready to be written: encoded video segments, audio bytes, low-dim arrays."""
+
+    position: int
+    source: str
+    task: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+    videos: list[EncodedVideo] = field(default_factory=list)
+    audio: list[EncodedAudio] = field(default_factory=list)
+    lowdim: list[EncodedLowdim] = field(default_factory=list)
+
+    @property
+    def streams(self) -> list[Stream]:
+        return [s.spec for s in (*self.videos, *self.audio, *self.lowdim)]
+
+    @property
+    def duration(self) -> float:
+        ends = [s.t_end for s in (*self.videos, *self.audio, *self.lowdim)]
+        return max(ends, default=0.0)
+
+    @property
+    def nbytes(self) -> int:
+        video = sum(len(s) for v in self.videos for s in v.segments)
+        return video + sum(len(a.data) for a in self.audio) + sum(s.values.nbytes for s in self.lowdim)
+
+
+@dataclass(frozen=True)
+class EncodeOptions:
+    video: VideoEncoding = VideoEncoding()
+    duration_tolerance: float = 0.1
+
+
+def encode_episode(source: EpisodeSource, position: int, options: EncodeOptions) -> EncodedEpisode:
+    """Read, check and encode every stream of one episode. Raises SourceError naming the file."""
+    if source.problem is not None:
+        raise source.problem
+    episode = EncodedEpisode(position, source.name, source.task, dict(source.metadata))
+    episode.videos = [_encode_camera(source.name, camera, options.video) for camera in source.cameras]
+    episode.audio = [_encode_audio(source.name, audio) for audio in source.audio]
+    episode.lowdim = [_load_lowdim(source.name, stream) for stream in source.lowdim]
+    _check_durations(source, episode, options.duration_tolerance)
+    return episode
+
+
+def _encode_camera(episode: str, camera: CameraSource, encoding: VideoEncoding) -> EncodedVideo:
+    info = camera.info(episode)
+    timestamps: list[float] = []
+
+    def frames():
+        for frame, timestamp in camera.frames(episode, info.fps):
+            if timestamps and timestamp <= timestamps[-1]:
+                raise SourceError(
+                    episode, camera.path,
+                    f"frame {len(timestamps)} has timestamp {timestamp:.6f}s, not after the previous"
+                    f" frame's {timestamps[-1]:.6f}s", "re-mux the file with monotonic timestamps",
+                )
+            timestamps.append(timestamp)
+            yield frame
+
+    try:
+        encoded = list(encode_segments(frames(), info.fps, info.width, info.height, encoding))
+    except MmdataError as exc:
+        if isinstance(exc, SourceError):
+            raise
+        raise SourceError(episode, camera.path, str(exc)) from exc
+    if not encoded:
+        raise SourceError(episode, camera.path, "the video holds no frames", "re-export or replace the file")
+    spec = VideoStream(
+        name=camera.name, fps=float(info.fps), width=info.width, height=info.height, codec=encoding.codec,
+        segment_frames=encoding.segment_frames, gop=encoding.gop, crf=encoding.crf,
+    )
+    return EncodedVideo(
+        spec, [data for _, data in encoded], [n for n, _ in encoded], np.asarray(timestamps, dtype=np.float64)
+    )
+
+
+def _encode_audio(episode: str, audio: AudioSource) -> EncodedAudio:
+    clip, codec, original = audio.load(episode)
+    if codec == "opus" and audio.path.lower().endswith((".opus", ".ogg")):
+        data, stored_codec, dtype = original, "opus", "float32"
+    else:
+        clip = to_flac_samples(clip)
+        data, stored_codec, dtype = encode_flac(clip), "flac", str(clip.samples.dtype)
+    spec = AudioStream(audio.name, clip.sample_rate, clip.channels, stored_codec, dtype)
+    return EncodedAudio(spec, data, int(clip.samples.shape[0]), clip.t_start)
+
+
+def _load_lowdim(episode: str, stream: LowdimSource) -> EncodedLowdim:
+    values, timestamps = stream.load(episode)
+    if len(timestamps) != len(values):
+        raise SourceError(episode, stream.path, f"{len(values)} rows but {len(timestamps)} timestamps")
+    if len(timestamps) > 1 and not (np.diff(timestamps) > 0).all():
+        raise SourceError(episode, stream.path, "timestamps are not strictly increasing", "sort or fix them")
+    spec = LowdimStream(stream.name, tuple(int(d) for d in values.shape[1:]), str(values.dtype), stream.rate)
+    return EncodedLowdim(spec, np.ascontiguousarray(values), timestamps)
+
+
+def _sample_period(timestamps: np.ndarray, rate: float | None) -> float:
+    if rate:
+        return 1.0 / rate
+    if len(timestamps) > 1:
+        return float(np.median(np.diff(timestamps)))
+    return 0.0
+
+
+def _check_durations(source: EpisodeSource, episode: EncodedEpisode, tolerance: float) -> None:
+    """A low-dim stream must span the same time as the video, within tolerance plus a sample."""
+    if not episode.videos:
+        return
+    video = episode.videos[0]
+    video_span = video.t_end - float(video.timestamps[0])
+    for stream, lowdim_source in zip(episode.lowdim, source.lowdim):
+        span = stream.t_end - float(stream.timestamps[0]) if len(stream.timestamps) else 0.0
+        allowed = tolerance + 1.0 / video.spec.fps + _sample_period(stream.timestamps, stream.spec.rate)
+        if abs(span - video_span) > allowed:
+            rate = f" at {stream.spec.rate:g} Hz" if stream.spec.rate else ""
+            raise SourceError(
+                source.name, lowdim_source.path,
+                f"stream '{stream.spec.name}' has {len(stream.values)} rows{rate} = {span:.3f} s, but camera"
+                f" '{video.spec.name}' lasts {video_span:.3f} s ({len(video.timestamps)} frames)",
+                "check the rate in meta.json or trim the recording",
+            )

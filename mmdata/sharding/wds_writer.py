@@ -1,0 +1,187 @@
+"""Write episodes into WebDataset tar shards with every member's byte range in the manifest.
+
+Members of one episode share its key (`episode_000042.cam_high.00003.mp4`), so the plain
+`webdataset` library yields one sample per episode. A shard is written under a temporary
+name and renamed when complete; its manifest rows and the converter's checkpoint are then
+saved beside it, so an interrupted conversion resumes after the last complete shard.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+from pathlib import Path
+from typing import Any
+
+from mmdata.codecs.lowdim import encode_npy
+from mmdata.codecs.video_encode import VIDEO_CODECS
+from mmdata.conversion.encode import EncodedEpisode
+from mmdata.sharding.checksum import checksum_bytes
+from mmdata.sharding.layout import PARTIAL_DIR, SHARDS_DIR
+from mmdata.sharding.manifest import Piece, base_row, episode_key
+
+TAR_BLOCK = 512
+
+
+def shard_name(index: int) -> str:
+    return f"{SHARDS_DIR}/shard-{index:06d}.tar"
+
+
+def segment_member(key: str, stream: str, segment: int, codec: str) -> str:
+    return f"{key}.{stream}.{segment:05d}.{VIDEO_CODECS[codec][2]}"
+
+
+def episode_members(episode: EncodedEpisode, key: str, index: int) -> list[tuple[str, bytes]]:
+    """The tar members of one episode, in a fixed order: meta, task, then each stream."""
+    meta = {
+        "episode_index": index,
+        "source": episode.source,
+        "task": episode.task,
+        "duration": episode.duration,
+        "metadata": episode.metadata,
+    }
+    members = [
+        (f"{key}.json", json.dumps(meta, sort_keys=True).encode()),
+        (f"{key}.task.txt", episode.task.encode()),
+    ]
+    for video in episode.videos:
+        name = video.spec.name
+        members.append((f"{key}.{name}.timestamps.npy", encode_npy(video.timestamps)))
+        members += [
+            (segment_member(key, name, i, video.spec.codec), data) for i, data in enumerate(video.segments)
+        ]
+    for audio in episode.audio:
+        members.append((f"{key}.{audio.spec.name}.{audio.spec.codec}", audio.data))
+    for stream in episode.lowdim:
+        members.append((f"{key}.{stream.spec.name}.npy", encode_npy(stream.values)))
+        members.append((f"{key}.{stream.spec.name}.timestamps.npy", encode_npy(stream.timestamps)))
+    return members
+
+
+def _member_bytes_on_disk(size: int) -> int:
+    return TAR_BLOCK + -(-size // TAR_BLOCK) * TAR_BLOCK
+
+
+class WdsWriter:
+    """Append episodes to shards of about `shard_bytes`; an episode never spans two shards."""
+
+    def __init__(self, root: str | os.PathLike, shard_bytes: int):
+        self.root = Path(root)
+        self.shard_bytes = shard_bytes
+        self.partial = self.root / PARTIAL_DIR
+        self._rows: list[dict[str, Any]] = []
+        self._shard_rows: list[dict[str, Any]] = []
+        self._shard_index = 0
+        self._tar: tarfile.TarFile | None = None
+        self._checkpoint: dict[str, Any] | None = None
+
+    def restore(self) -> dict[str, Any] | None:
+        """Load the rows of complete shards; drop partial ones. Returns the last checkpoint."""
+        (self.root / SHARDS_DIR).mkdir(parents=True, exist_ok=True)
+        self.partial.mkdir(exist_ok=True)
+        checkpoint = None
+        index = 0
+        while (self.partial / f"shard-{index:06d}.json").exists() and (self.root / shard_name(index)).exists():
+            record = json.loads((self.partial / f"shard-{index:06d}.json").read_text())
+            self._rows.extend(record["rows"])
+            checkpoint = record["checkpoint"]
+            index += 1
+        self._shard_index = index
+        complete = {Path(shard_name(i)).name for i in range(index)}
+        for stale in (self.root / SHARDS_DIR).iterdir():
+            if stale.name not in complete:
+                stale.unlink()
+        return checkpoint
+
+    def add(self, episode: EncodedEpisode, index: int, checkpoint: dict[str, Any]) -> None:
+        key = episode_key(index)
+        members = episode_members(episode, key, index)
+        episode_bytes = sum(_member_bytes_on_disk(len(data)) for _, data in members)
+        if self._tar is not None and self._tar.offset + episode_bytes > self.shard_bytes and self._shard_rows:
+            self._close_shard()
+        if self._tar is None:
+            self._open_shard()
+        shard = shard_name(self._shard_index)
+        written: dict[str, Piece] = {}
+        for name, data in members:
+            offset = self._add_member(name, data)
+            written[name] = Piece(shard, offset, len(data), checksum_bytes(data))
+        self._shard_rows.append(_episode_row(episode, index, key, shard, written))
+        self._checkpoint = checkpoint
+
+    def finish(self, checkpoint: dict[str, Any]) -> list[dict[str, Any]]:
+        """Close the last shard and return every manifest row in episode order."""
+        self._checkpoint = checkpoint
+        if self._tar is not None:
+            self._close_shard()
+        return self._rows
+
+    def _open_shard(self) -> None:
+        path = self.root / f"{shard_name(self._shard_index)}.tmp"
+        self._tar = tarfile.open(path, "w", format=tarfile.USTAR_FORMAT)
+
+    def _add_member(self, name: str, data: bytes) -> int:
+        assert self._tar is not None
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        info.mode = 0o644
+        info.mtime = 0
+        header = info.tobuf(self._tar.format, self._tar.encoding, self._tar.errors)
+        data_offset = self._tar.offset + len(header)
+        self._tar.addfile(info, io.BytesIO(data))
+        return data_offset
+
+    def _close_shard(self) -> None:
+        assert self._tar is not None
+        temporary = Path(self._tar.name)
+        fileobj = self._tar.fileobj
+        self._tar.close()
+        del fileobj
+        with open(temporary, "rb+") as handle:
+            os.fsync(handle.fileno())
+        os.replace(temporary, self.root / shard_name(self._shard_index))
+        record = {"rows": self._shard_rows, "checkpoint": self._checkpoint}
+        sidecar = self.partial / f"shard-{self._shard_index:06d}.json"
+        sidecar.with_suffix(".tmp").write_text(json.dumps(record))
+        os.replace(sidecar.with_suffix(".tmp"), sidecar)
+        self._rows.extend(self._shard_rows)
+        self._shard_rows = []
+        self._shard_index += 1
+        self._tar = None
+
+
+def _episode_row(
+    episode: EncodedEpisode, index: int, key: str, shard: str, pieces: dict[str, Piece]
+) -> dict[str, Any]:
+    row = base_row(index, episode.source, episode.task, episode.duration, episode.metadata, shard)
+    row["members"] = [
+        {"name": name, "offset": p.offset, "size": p.size, "checksum": p.checksum} for name, p in pieces.items()
+    ]
+    for video in episode.videos:
+        name = video.spec.name
+        segment_pieces = [pieces[segment_member(key, name, i, video.spec.codec)] for i in range(len(video.segments))]
+        first_frames = [sum(video.segment_frames[:i]) for i in range(len(video.segments))]
+        row[f"{name}/count"] = len(video.timestamps)
+        row[f"{name}/t_start"] = float(video.timestamps[0])
+        row[f"{name}/t_end"] = video.t_end
+        row[f"{name}/timestamps"] = pieces[f"{key}.{name}.timestamps.npy"].to_dict()
+        row[f"{name}/segments"] = [
+            {"first_frame": first, "num_frames": count, **piece.to_dict()}
+            for first, count, piece in zip(first_frames, video.segment_frames, segment_pieces)
+        ]
+    for audio in episode.audio:
+        name = audio.spec.name
+        row[f"{name}/count"] = audio.num_samples
+        row[f"{name}/t_start"] = audio.t_start
+        row[f"{name}/t_end"] = audio.t_end
+        row[f"{name}/data"] = pieces[f"{key}.{name}.{audio.spec.codec}"].to_dict()
+    for stream in episode.lowdim:
+        name = stream.spec.name
+        row[f"{name}/count"] = len(stream.values)
+        row[f"{name}/t_start"] = float(stream.timestamps[0]) if len(stream.timestamps) else 0.0
+        row[f"{name}/t_end"] = stream.t_end
+        row[f"{name}/data"] = pieces[f"{key}.{name}.npy"].to_dict()
+        row[f"{name}/timestamps"] = pieces[f"{key}.{name}.timestamps.npy"].to_dict()
+    return row

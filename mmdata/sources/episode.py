@@ -1,0 +1,136 @@
+"""What a converter consumes: one recorded episode, described cheaply and loaded on demand.
+
+Descriptions are small and picklable (paths, not pixels), so the converter can hand them to
+worker processes, which do the heavy reading and encoding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any, Iterator
+
+import av
+import numpy as np
+
+from mmdata.codecs.audio import AudioClip, decode_audio
+from mmdata.codecs.video_source import VideoInfo, iter_video_frames, probe_video
+from mmdata.errors import DecodeError, SourceError
+
+
+@dataclass(frozen=True)
+class CameraSource:
+    """One camera recording: a video file PyAV can read."""
+
+    name: str
+    path: str
+
+    def info(self, episode: str) -> VideoInfo:
+        try:
+            return probe_video(self.path)
+        except DecodeError as exc:
+            raise SourceError(episode, self.path, f"unreadable video: {exc}", "re-export or replace the file") from exc
+
+    def frames(self, episode: str, fps: Fraction) -> Iterator[tuple[av.VideoFrame | np.ndarray, float]]:
+        try:
+            yield from iter_video_frames(self.path, fps)
+        except DecodeError as exc:
+            raise SourceError(episode, self.path, f"video stops decoding: {exc}", "re-export or replace the file") from exc
+
+
+@dataclass(frozen=True)
+class AudioSource:
+    """One audio recording; Opus files are stored as they are, everything else as FLAC."""
+
+    name: str
+    path: str
+
+    def load(self, episode: str) -> tuple[AudioClip, str, bytes]:
+        """The decoded clip, its codec and the file's bytes."""
+        try:
+            with open(self.path, "rb") as handle:
+                data = handle.read()
+            clip, codec = decode_audio(data)
+        except (DecodeError, OSError) as exc:
+            raise SourceError(episode, self.path, f"unreadable audio: {exc}", "re-export or replace the file") from exc
+        return clip, codec, data
+
+
+@dataclass(frozen=True)
+class LowdimSource:
+    """A numeric stream: values `[T, ...]` with a fixed rate, or with explicit timestamps.
+
+    `column` selects one column of a Parquet table whose `timestamp` column gives the times.
+    """
+
+    name: str
+    path: str
+    rate: float | None = None
+    column: str | None = None
+
+    def load(self, episode: str) -> tuple[np.ndarray, np.ndarray]:
+        """(values, timestamps in seconds)."""
+        if self.column is None:
+            return self._load_npy(episode)
+        return self._load_parquet_column(episode)
+
+    def _load_npy(self, episode: str) -> tuple[np.ndarray, np.ndarray]:
+        try:
+            values = np.load(self.path, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise SourceError(episode, self.path, f"not a readable .npy array: {exc}") from exc
+        if values.ndim == 0 or values.dtype.kind not in "biuf":
+            raise SourceError(
+                episode, self.path, f"holds a {values.dtype} array of shape {values.shape}",
+                "low-dimensional streams are numeric arrays [T, ...]",
+            )
+        if not self.rate:
+            raise SourceError(
+                episode, self.path, f"no sampling rate for stream '{self.name}'",
+                f'add "rates": {{"{self.name}": <Hz>}} to meta.json',
+            )
+        return values, np.arange(values.shape[0], dtype=np.float64) / float(self.rate)
+
+    def _load_parquet_column(self, episode: str) -> tuple[np.ndarray, np.ndarray]:
+        import pyarrow.parquet as pq
+
+        try:
+            table = pq.read_table(self.path, columns=["timestamp", self.column])
+        except (OSError, ValueError, KeyError) as exc:
+            raise SourceError(episode, self.path, f"cannot read columns timestamp, {self.column}: {exc}") from exc
+        timestamps = table.column("timestamp").to_numpy().astype(np.float64)
+        column = table.column(self.column).combine_chunks()
+        try:
+            values = _column_to_array(column)
+        except ValueError as exc:
+            raise SourceError(episode, self.path, f"column '{self.column}': {exc}") from exc
+        return values, timestamps
+
+
+def _column_to_array(column) -> np.ndarray:
+    import pyarrow as pa
+
+    if pa.types.is_list(column.type) or pa.types.is_fixed_size_list(column.type) or pa.types.is_large_list(
+        column.type
+    ):
+        lengths = column.value_lengths().to_numpy(zero_copy_only=False)
+        if len(lengths) and (lengths != lengths[0]).any():
+            raise ValueError("rows have different lengths; every row of a stream needs the same shape")
+        width = int(lengths[0]) if len(lengths) else 0
+        return column.flatten().to_numpy(zero_copy_only=False).reshape(len(column), width)
+    if column.null_count:
+        raise ValueError("has missing values")
+    return column.to_numpy(zero_copy_only=False)
+
+
+@dataclass(frozen=True)
+class EpisodeSource:
+    """Everything needed to convert one episode; `problem` is set when discovery found it unusable."""
+
+    name: str
+    task: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict)
+    cameras: tuple[CameraSource, ...] = ()
+    audio: tuple[AudioSource, ...] = ()
+    lowdim: tuple[LowdimSource, ...] = ()
+    problem: SourceError | None = None
