@@ -109,6 +109,11 @@ class ZarrWriter:
         os.replace(temporary, path)
 
     def finish(self, checkpoint: dict[str, Any], streams: list[Stream]) -> list[dict[str, Any]]:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*does not have a Zarr V3 specification")
+            return self._write_store(streams)
+
+    def _write_store(self, streams: list[Stream]) -> list[dict[str, Any]]:
         group = zarr.open_group(str(self.root), mode="a", zarr_format=3)
         group.attrs.update({"mmdata": {"layout": "zarr", "manifest": "episodes.parquet"}})
         appenders = self._create_arrays(group, streams)

@@ -1,0 +1,5 @@
+import sys
+
+from mmdata.tools.cli import main
+
+sys.exit(main())

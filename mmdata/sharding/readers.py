@@ -1,0 +1,83 @@
+"""Fetch stored pieces by their manifest address: byte ranges of shards, or Zarr elements."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Protocol
+
+import fsspec
+import numpy as np
+
+from mmdata.codecs.lowdim import decode_npy
+from mmdata.sharding.checksum import checksum_array, checksum_bytes
+from mmdata.sharding.filesystem import join, read_range
+from mmdata.sharding.manifest import Piece
+
+
+class PieceReader(Protocol):
+    def read_bytes(self, piece: Piece) -> bytes:
+        """An encoded blob: a video segment, an audio file, or (WebDataset) any member."""
+
+    def read_rows(self, piece: Piece, count: int) -> np.ndarray:
+        """A numeric array of `count` rows: low-dim values or timestamps."""
+
+    def rows_checksum(self, piece: Piece, count: int) -> str:
+        """The checksum of a rows piece, computed the way the writer computed it."""
+
+
+class WdsPieceReader:
+    """Pieces of WebDataset shards: each one is one byte-range read."""
+
+    def __init__(self, fs: fsspec.AbstractFileSystem, root: str):
+        self.fs = fs
+        self.root = root
+
+    def read_bytes(self, piece: Piece) -> bytes:
+        return read_range(self.fs, join(self.root, piece.path), piece.offset, piece.size)
+
+    def read_rows(self, piece: Piece, count: int) -> np.ndarray:
+        return decode_npy(self.read_bytes(piece))
+
+    def rows_checksum(self, piece: Piece, count: int) -> str:
+        return checksum_bytes(self.read_bytes(piece))
+
+
+class ZarrPieceReader:
+    """Pieces of a Zarr v3 store: elements of byte arrays, row ranges of numeric arrays."""
+
+    def __init__(self, fs: fsspec.AbstractFileSystem, root: str):
+        import zarr
+        from zarr.storage import FsspecStore, LocalStore
+
+        if fs.protocol in ("file", ("file", "local")) or "file" in fs.protocol:
+            store = LocalStore(root, read_only=True)
+        else:
+            store = FsspecStore.from_url(f"{_protocol(fs)}://{root.lstrip('/')}", read_only=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self.group = zarr.open_group(store, mode="r", zarr_format=3)
+        self._arrays: dict = {}
+
+    def _array(self, path: str):
+        if path not in self._arrays:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                self._arrays[path] = self.group[path]
+        return self._arrays[path]
+
+    def read_bytes(self, piece: Piece) -> bytes:
+        return bytes(self._array(piece.path)[piece.offset : piece.offset + 1][0])
+
+    def read_rows(self, piece: Piece, count: int) -> np.ndarray:
+        return self._array(piece.path)[piece.offset : piece.offset + count]
+
+    def rows_checksum(self, piece: Piece, count: int) -> str:
+        return checksum_array(self.read_rows(piece, count))
+
+
+def _protocol(fs: fsspec.AbstractFileSystem) -> str:
+    return fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+
+
+def piece_reader(layout: str, fs: fsspec.AbstractFileSystem, root: str) -> PieceReader:
+    return WdsPieceReader(fs, root) if layout == "wds" else ZarrPieceReader(fs, root)

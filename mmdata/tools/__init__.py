@@ -1,0 +1,1 @@
+"""Command-line tools: `mmdata synth | convert | inspect | verify | demo`."""

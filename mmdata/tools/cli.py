@@ -1,0 +1,40 @@
+"""The `mmdata` command: one subcommand per tool module."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from mmdata import __version__
+from mmdata.errors import MmdataError
+from mmdata.tools import convert, demo, inspect, synth, verify
+
+TOOLS = (synth, convert, inspect, verify, demo)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mmdata",
+        description="Multimodal episode stores (WebDataset / Zarr) for robotics and video training.",
+    )
+    parser.add_argument("--version", action="version", version=f"mmdata {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for tool in TOOLS:
+        tool.add_parser(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.run(args) or 0)
+    except MmdataError as exc:
+        print(f"mmdata {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"mmdata {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""`mmdata convert SRC DST --to wds|zarr`: recorded episodes in, a verified-ready store out."""
+
+from __future__ import annotations
+
+import argparse
+
+from mmdata.codecs.video_encode import VIDEO_CODECS, VideoEncoding
+from mmdata.conversion.encode import EncodeOptions
+from mmdata.conversion.pipeline import ConversionReport, ConvertOptions, convert
+from mmdata.errors import DestinationError
+from mmdata.sources.raw import discover_raw_episodes
+from mmdata.tools.formatting import format_bytes, format_seconds, parse_size
+
+DEFAULTS = VideoEncoding()
+
+
+def add_parser(commands) -> None:
+    parser = commands.add_parser(
+        "convert",
+        help="convert recorded episodes into a WebDataset or Zarr store",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=(
+            "Convert a folder of episodes in the raw layout (see the README) into a store.\n\n"
+            "Every camera is re-encoded into closed-GOP segments that decode on their own, audio\n"
+            "into FLAC (Opus is kept), low-dim streams are kept bit-exact with their timestamps,\n"
+            "and every piece gets a checksum in episodes.parquet. The store appears complete or\n"
+            "not at all: dataset.json is written last. An interrupted run continues with --resume."
+        ),
+    )
+    parser.add_argument("source", help="folder with one sub-folder per episode")
+    parser.add_argument("destination", help="local folder for the store (created; must be empty)")
+    parser.add_argument("--to", dest="layout", choices=["wds", "zarr"], default="wds",
+                        help="store layout: WebDataset tar shards or a Zarr v3 store (default wds)")
+    parser.add_argument("--from", dest="source_format", choices=["raw"], default="raw",
+                        help="input format (default raw: the folder layout in the README)")
+    video = parser.add_argument_group("video")
+    video.add_argument("--video-codec", choices=sorted(VIDEO_CODECS), default=DEFAULTS.codec,
+                       help=f"codec of stored segments (default {DEFAULTS.codec})")
+    video.add_argument("--segment-frames", type=int, default=DEFAULTS.segment_frames,
+                       help=f"frames per stored segment (default {DEFAULTS.segment_frames})")
+    video.add_argument("--gop", type=int, default=DEFAULTS.gop,
+                       help=f"key-frame interval inside a segment (default {DEFAULTS.gop})")
+    video.add_argument("--crf", type=int, default=DEFAULTS.crf,
+                       help=f"constant rate factor, lower is better quality (default {DEFAULTS.crf})")
+    video.add_argument("--preset", default=DEFAULTS.preset,
+                       help=f"encoder speed preset for h264/hevc (default {DEFAULTS.preset})")
+    parser.add_argument("--shard-size", default="1GB", help="target size of a WebDataset shard (default 1GB)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="episodes encoded in parallel (default: all cores)")
+    parser.add_argument("--duration-tolerance", type=float, default=0.1,
+                        help="seconds a low-dim stream may differ from the video's length (default 0.1)")
+    parser.add_argument("--skip-bad", action="store_true",
+                        help="skip episodes that cannot be converted and report them, instead of stopping")
+    existing = parser.add_mutually_exclusive_group()
+    existing.add_argument("--resume", action="store_true", help="continue an interrupted conversion into DST")
+    existing.add_argument("--overwrite", action="store_true", help="replace whatever DST holds")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if "://" in args.destination and not args.destination.startswith("file://"):
+        raise DestinationError(
+            f"'{args.destination}': convert writes to a local folder; copy the finished store to"
+            " object storage afterwards (readers accept fsspec URLs)"
+        )
+    destination = args.destination.removeprefix("file://")
+    sources = discover_raw_episodes(args.source)
+    video = VideoEncoding(
+        codec=args.video_codec, segment_frames=args.segment_frames, gop=args.gop, crf=args.crf, preset=args.preset
+    )
+    options = ConvertOptions(
+        layout=args.layout,
+        encode=EncodeOptions(video=video, duration_tolerance=args.duration_tolerance),
+        shard_bytes=parse_size(args.shard_size),
+        workers=args.workers,
+        skip_bad=args.skip_bad,
+        resume=args.resume,
+        overwrite=args.overwrite,
+        progress=not args.quiet,
+    )
+    report = convert(sources, destination, options)
+    print_report(report)
+    return 0
+
+
+def print_report(report: ConversionReport) -> None:
+    rate = report.converted / report.seconds if report.seconds else 0.0
+    resumed = f", resumed at episode {report.resumed_at}" if report.resumed_at else ""
+    print(
+        f"converted {report.converted} episodes into {report.destination} ({report.layout}) in"
+        f" {format_seconds(report.seconds)} ({rate:.2f} episodes/s{resumed})"
+    )
+    if report.input_bytes:
+        print(
+            f"  input {format_bytes(report.input_bytes)} -> store {format_bytes(report.output_bytes)}"
+            f" (ratio {report.output_bytes / report.input_bytes:.2f})"
+        )
+    if report.skipped:
+        print(f"  skipped {len(report.skipped)} episodes:")
+        for entry in report.skipped:
+            print(f"    {entry['error']}")
+    print(f"  check it with: mmdata verify {report.destination}")
+    print(f"  look inside:   mmdata inspect {report.destination}")

@@ -1,0 +1,108 @@
+"""`mmdata inspect PATH`: what a store holds, from its schema and manifest alone."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+import numpy as np
+
+from mmdata.dataset import Dataset
+from mmdata.schema import AudioStream, LowdimStream, VideoStream
+from mmdata.tools.formatting import format_bytes, format_seconds
+
+
+def add_parser(commands) -> None:
+    parser = commands.add_parser(
+        "inspect",
+        help="show a store's schema, episode counts, durations, sizes and per-stream summary",
+        description="Summarise a store from dataset.json and episodes.parquet, without reading shards.",
+    )
+    parser.add_argument("path", help="store folder or fsspec URL")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    parser.set_defaults(run=run)
+
+
+def summarize(dataset: Dataset) -> dict[str, Any]:
+    table = dataset.table
+    durations = np.asarray(table.column("duration").to_pylist(), dtype=np.float64)
+    streams = []
+    for stream in dataset.schema.streams:
+        if stream.kind == "text":
+            tasks = table.column("task").to_pylist()
+            streams.append({"name": stream.name, "kind": "text", "distinct": len(set(tasks))})
+            continue
+        counts = table.column(f"{stream.name}/count").to_pylist()
+        entry: dict[str, Any] = {"name": stream.name, "kind": stream.kind, "count": int(sum(counts))}
+        if isinstance(stream, VideoStream):
+            segments = table.column(f"{stream.name}/segments").to_pylist()
+            entry.update(
+                codec=stream.codec, width=stream.width, height=stream.height, fps=stream.fps,
+                segment_frames=stream.segment_frames, gop=stream.gop, crf=stream.crf,
+                segments=sum(len(s) for s in segments), bytes=sum(p["size"] for s in segments for p in s),
+            )
+        else:
+            pieces = table.column(f"{stream.name}/data").to_pylist()
+            entry["bytes"] = sum(p["size"] for p in pieces)
+            if isinstance(stream, AudioStream):
+                entry.update(codec=stream.codec, sample_rate=stream.sample_rate, channels=stream.channels,
+                             sample_dtype=stream.sample_dtype)
+            elif isinstance(stream, LowdimStream):
+                entry.update(shape=list(stream.shape), dtype=stream.dtype, rate=stream.rate)
+        streams.append(entry)
+    shards = sorted(set(table.column("shard").to_pylist()) - {""})
+    return {
+        "path": dataset.url,
+        "format_version": dataset.schema.format_version,
+        "layout": dataset.schema.layout,
+        "episodes": len(dataset),
+        "shards": len(shards),
+        "duration_seconds": {
+            "total": float(durations.sum()),
+            "min": float(durations.min()),
+            "median": float(np.median(durations)),
+            "max": float(durations.max()),
+        },
+        "streams": streams,
+        "created": dataset.schema.created,
+    }
+
+
+def _describe(entry: dict[str, Any]) -> str:
+    kind = entry["kind"]
+    if kind == "text":
+        return f"{entry['distinct']} distinct tasks"
+    if kind == "video":
+        return (
+            f"{entry['width']}x{entry['height']} @ {entry['fps']:g} fps, {entry['codec']} crf {entry['crf']},"
+            f" {entry['segment_frames']}-frame segments, gop {entry['gop']}; {entry['count']} frames in"
+            f" {entry['segments']} segments, {format_bytes(entry['bytes'])}"
+        )
+    if kind == "audio":
+        return (
+            f"{entry['sample_rate']} Hz x {entry['channels']}, {entry['codec']} {entry['sample_dtype']};"
+            f" {entry['count']} samples, {format_bytes(entry['bytes'])}"
+        )
+    rate = f"@ {entry['rate']:g} Hz" if entry["rate"] else "explicit timestamps"
+    return f"{entry['dtype']} {tuple(entry['shape'])} {rate}; {entry['count']} rows, {format_bytes(entry['bytes'])}"
+
+
+def run(args: argparse.Namespace) -> int:
+    summary = summarize(Dataset(args.path))
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return 0
+    d = summary["duration_seconds"]
+    print(f"{summary['path']}: mmdata store, format {summary['format_version']}, layout {summary['layout']}")
+    shards = f" in {summary['shards']} shards" if summary["shards"] else ""
+    print(f"  episodes  {summary['episodes']}{shards}")
+    print(
+        f"  duration  {format_seconds(d['total'])} in all; per episode min {d['min']:.1f} s,"
+        f" median {d['median']:.1f} s, max {d['max']:.1f} s"
+    )
+    print("  streams")
+    width = max(len(s["name"]) for s in summary["streams"])
+    for entry in summary["streams"]:
+        print(f"    {entry['name']:<{width}}  {entry['kind']:<6}  {_describe(entry)}")
+    return 0
