@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 from mmdata.errors import StoreError
 
@@ -67,7 +67,7 @@ class TextStream:
     kind: Literal["text"] = "text"
 
 
-Stream = Union[VideoStream, AudioStream, LowdimStream, TextStream]
+Stream = VideoStream | AudioStream | LowdimStream | TextStream
 _KINDS = {"video": VideoStream, "audio": AudioStream, "lowdim": LowdimStream, "text": TextStream}
 
 
@@ -109,7 +109,7 @@ class DatasetSchema:
         except json.JSONDecodeError as exc:
             raise StoreError(f"{where} is not valid JSON: {exc}") from exc
         if document.get("format") != FORMAT_NAME:
-            raise StoreError(f"{where} does not describe an mmdata store (no \"format\": \"mmdata\")")
+            raise StoreError(f'{where} does not describe an mmdata store (no "format": "mmdata")')
         version = document.get("format_version")
         if version != FORMAT_VERSION:
             raise StoreError(

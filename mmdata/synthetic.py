@@ -140,7 +140,9 @@ def write_synthetic_episode(folder: Path, index: int, seconds: float, spec: Synt
         write_video(
             folder / f"{camera.name}.mp4",
             (synthetic_frame(i, camera_index, camera.height, camera.width) for i in range(frames)),
-            spec.fps, camera.width, camera.height,
+            spec.fps,
+            camera.width,
+            camera.height,
         )
     write_wav(folder / "audio.wav", synthetic_audio(seconds, spec.audio_rate), spec.audio_rate)
     state, action = synthetic_lowdim(seconds, spec.lowdim_rate, spec.dof, spec.seed * 1000 + index)

@@ -6,8 +6,8 @@ import io
 from dataclasses import dataclass
 
 import av
-from av.codec.context import Flags
 import numpy as np
+from av.codec.context import Flags
 
 from mmdata.errors import DecodeError
 
@@ -63,10 +63,7 @@ def decode_audio(source: str | bytes) -> tuple[AudioClip, str]:
 def _frame_to_samples(frame: av.AudioFrame) -> np.ndarray:
     array = frame.to_ndarray()
     channels = len(frame.layout.channels)
-    if frame.format.is_planar:
-        samples = array.T
-    else:
-        samples = array.reshape(-1, channels)
+    samples = array.T if frame.format.is_planar else array.reshape(-1, channels)
     if frame.format.name in _INTEGER_FORMATS:
         return np.ascontiguousarray(samples, dtype=_INTEGER_FORMATS[frame.format.name])
     return np.ascontiguousarray(samples, dtype=np.float32)

@@ -8,13 +8,13 @@ clip never needs a seek into a neighbour.
 from __future__ import annotations
 
 import io
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Iterable, Iterator
 
 import av
-from av.codec.context import Flags
 import numpy as np
+from av.codec.context import Flags
 
 from mmdata.errors import MmdataError
 
@@ -38,9 +38,7 @@ class VideoEncoding:
 
     def __post_init__(self):
         if self.codec not in VIDEO_CODECS:
-            raise MmdataError(
-                f"unknown video codec '{self.codec}'; choose one of {', '.join(VIDEO_CODECS)}"
-            )
+            raise MmdataError(f"unknown video codec '{self.codec}'; choose one of {', '.join(VIDEO_CODECS)}")
         if self.segment_frames < 1 or self.gop < 1:
             raise MmdataError("--segment-frames and --gop must be at least 1")
         if self.gop > self.segment_frames:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Iterator
 
 import av
 
@@ -32,7 +32,10 @@ def probe_video(path: str) -> VideoInfo:
             if not rate:
                 raise DecodeError(f"{path} declares no frame rate")
             return VideoInfo(
-                stream.codec_context.width, stream.codec_context.height, Fraction(rate), stream.codec_context.name
+                stream.codec_context.width,
+                stream.codec_context.height,
+                Fraction(rate),
+                stream.codec_context.name,
             )
     except av.error.FFmpegError as exc:
         raise DecodeError(f"{path} cannot be opened as video: {exc}") from exc

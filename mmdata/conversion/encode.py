@@ -104,9 +104,11 @@ def _encode_camera(episode: str, camera: CameraSource, encoding: VideoEncoding) 
         for frame, timestamp in camera.frames(episode, info.fps):
             if timestamps and timestamp <= timestamps[-1]:
                 raise SourceError(
-                    episode, camera.path,
+                    episode,
+                    camera.path,
                     f"frame {len(timestamps)} has timestamp {timestamp:.6f}s, not after the previous"
-                    f" frame's {timestamps[-1]:.6f}s", "re-mux the file with monotonic timestamps",
+                    f" frame's {timestamps[-1]:.6f}s",
+                    "re-mux the file with monotonic timestamps",
                 )
             timestamps.append(timestamp)
             yield frame
@@ -120,8 +122,14 @@ def _encode_camera(episode: str, camera: CameraSource, encoding: VideoEncoding) 
     if not encoded:
         raise SourceError(episode, camera.path, "the video holds no frames", "re-export or replace the file")
     spec = VideoStream(
-        name=camera.name, fps=float(info.fps), width=info.width, height=info.height, codec=encoding.codec,
-        segment_frames=encoding.segment_frames, gop=encoding.gop, crf=encoding.crf,
+        name=camera.name,
+        fps=float(info.fps),
+        width=info.width,
+        height=info.height,
+        codec=encoding.codec,
+        segment_frames=encoding.segment_frames,
+        gop=encoding.gop,
+        crf=encoding.crf,
     )
     return EncodedVideo(
         spec, [data for _, data in encoded], [n for n, _ in encoded], np.asarray(timestamps, dtype=np.float64)
@@ -169,7 +177,8 @@ def _check_durations(source: EpisodeSource, episode: EncodedEpisode, tolerance: 
         if abs(span - video_span) > allowed:
             rate = f" at {stream.spec.rate:g} Hz" if stream.spec.rate else ""
             raise SourceError(
-                source.name, lowdim_source.path,
+                source.name,
+                lowdim_source.path,
                 f"stream '{stream.spec.name}' has {len(stream.values)} rows{rate} = {span:.3f} s, but camera"
                 f" '{video.spec.name}' lasts {video_span:.3f} s ({len(video.timestamps)} frames)",
                 "check the rate in meta.json or trim the recording",

@@ -16,14 +16,14 @@ from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from tqdm import tqdm
 
 from mmdata.conversion.encode import EncodedEpisode, EncodeOptions, encode_episode
 from mmdata.conversion.registry import StreamRegistry
 from mmdata.errors import DestinationError, SourceError
-from mmdata.schema import DatasetSchema, Layout, TextStream
+from mmdata.schema import DatasetSchema, Layout, Stream, TextStream
 from mmdata.sharding.layout import DATASET_FILE, MANIFEST_FILE, PARTIAL_DIR
 from mmdata.sharding.manifest import write_manifest
 from mmdata.sharding.wds_writer import WdsWriter
@@ -31,6 +31,19 @@ from mmdata.sharding.zarr_writer import ZarrWriter
 from mmdata.sources.episode import EpisodeSource
 
 OPTIONS_FILE = "options.json"
+
+
+class StoreWriter(Protocol):
+    """What a layout's writer offers the pipeline; checkpoints are opaque to the writer."""
+
+    def restore(self) -> dict[str, Any] | None:
+        """Drop partial output; return the checkpoint of the last durable episode, if any."""
+
+    def add(self, episode: EncodedEpisode, index: int, checkpoint: dict[str, Any]) -> None:
+        """Append an episode; `checkpoint` is the state to resume from once it is durable."""
+
+    def finish(self, checkpoint: dict[str, Any], streams: list[Stream]) -> list[dict[str, Any]]:
+        """Make everything durable; return the manifest rows in episode order."""
 
 
 @dataclass(frozen=True)
@@ -67,12 +80,16 @@ class ConversionReport:
     resumed_at: int = 0
 
 
-def convert(sources: list[EpisodeSource], destination: str | os.PathLike, options: ConvertOptions) -> ConversionReport:
+def convert(
+    sources: list[EpisodeSource], destination: str | os.PathLike, options: ConvertOptions
+) -> ConversionReport:
     """Convert `sources` into a store at `destination` (a local folder)."""
     started = time.perf_counter()
     root = Path(destination)
     _prepare_destination(root, sources, options)
-    writer = WdsWriter(root, options.shard_bytes) if options.layout == "wds" else ZarrWriter(root)
+    writer: StoreWriter = (
+        WdsWriter(root, options.shard_bytes) if options.layout == "wds" else ZarrWriter(root)
+    )
     checkpoint = writer.restore() or {"next_position": 0, "next_index": 0, "skipped": [], "streams": []}
     resumed_at = checkpoint["next_position"]
     registry = StreamRegistry(checkpoint["streams"])
@@ -82,8 +99,12 @@ def convert(sources: list[EpisodeSource], destination: str | os.PathLike, option
     positions = range(resumed_at, len(sources))
     jobs = ((sources[p], p, options.encode) for p in positions)
     progress = tqdm(
-        total=len(sources), initial=resumed_at, unit="episode", desc=f"convert -> {options.layout}",
-        disable=not options.progress, dynamic_ncols=True,
+        total=len(sources),
+        initial=resumed_at,
+        unit="episode",
+        desc=f"convert -> {options.layout}",
+        disable=not options.progress,
+        dynamic_ncols=True,
     )
     with progress:
         for position, outcome in _ordered(_encode_job, jobs, _worker_count(options.workers)):
@@ -103,10 +124,12 @@ def convert(sources: list[EpisodeSource], destination: str | os.PathLike, option
             progress.update(1)
 
     final = _checkpoint(len(sources), next_index, skipped, registry)
-    rows = writer.finish(final) if isinstance(writer, WdsWriter) else writer.finish(final, registry.streams)
+    rows = writer.finish(final, registry.streams)
     if not rows:
         raise SourceError(
-            str(root), None, f"no episode could be converted ({len(skipped)} skipped)",
+            str(root),
+            None,
+            f"no episode could be converted ({len(skipped)} skipped)",
             "fix the errors listed above",
         )
     schema = DatasetSchema(
@@ -141,7 +164,8 @@ def _prepare_destination(root: Path, sources: list[EpisodeSource], options: Conv
         elif options.resume:
             if (root / DATASET_FILE).exists():
                 raise DestinationError(
-                    f"'{root}' is already a complete store; nothing to resume (pass --overwrite to convert again)"
+                    f"'{root}' is already a complete store; nothing to resume"
+                    " (pass --overwrite to convert again)"
                 )
             if not options_path.exists():
                 raise DestinationError(
@@ -202,7 +226,9 @@ def _worker_count(requested: int | None) -> int:
     return requested if requested else (os.cpu_count() or 1)
 
 
-def _checkpoint(next_position: int, next_index: int, skipped: list, registry: StreamRegistry) -> dict[str, Any]:
+def _checkpoint(
+    next_position: int, next_index: int, skipped: list, registry: StreamRegistry
+) -> dict[str, Any]:
     return {
         "next_position": next_position,
         "next_index": next_index,

@@ -36,8 +36,10 @@ class StreamRegistry:
         extra = sorted(set(incoming) - set(self._streams))
         if missing or extra:
             raise SourceError(
-                episode.source, None,
-                f"streams differ from earlier episodes (missing: {missing or 'none'}, new: {extra or 'none'})",
+                episode.source,
+                None,
+                "streams differ from earlier episodes"
+                f" (missing: {missing or 'none'}, new: {extra or 'none'})",
                 "give every episode the same cameras, audio and low-dim streams, or pass --skip-bad",
             )
         merged = {}
@@ -58,6 +60,8 @@ class StreamRegistry:
             if getattr(known, field.name) != getattr(new, field.name)
         ]
         raise SourceError(
-            source, None, f"stream '{known.name}' differs from earlier episodes: " + "; ".join(differences),
+            source,
+            None,
+            f"stream '{known.name}' differs from earlier episodes: " + "; ".join(differences),
             "re-record or re-export it to match, or pass --skip-bad",
         )

@@ -66,7 +66,11 @@ def manifest_schema(streams: list[Stream]) -> pa.Schema:
         if stream.kind == "text":
             continue
         name = stream.name
-        fields += [(f"{name}/count", pa.int64()), (f"{name}/t_start", pa.float64()), (f"{name}/t_end", pa.float64())]
+        fields += [
+            (f"{name}/count", pa.int64()),
+            (f"{name}/t_start", pa.float64()),
+            (f"{name}/t_end", pa.float64()),
+        ]
         if stream.kind == "video":
             fields += [(f"{name}/segments", pa.list_(SEGMENT)), (f"{name}/timestamps", PIECE)]
         elif stream.kind == "audio":
@@ -76,7 +80,9 @@ def manifest_schema(streams: list[Stream]) -> pa.Schema:
     return pa.schema(fields)
 
 
-def base_row(index: int, source: str, task: str, duration: float, metadata: dict, shard: str) -> dict[str, Any]:
+def base_row(
+    index: int, source: str, task: str, duration: float, metadata: dict, shard: str
+) -> dict[str, Any]:
     return {
         "episode_index": index,
         "key": episode_key(index),

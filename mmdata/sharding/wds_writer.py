@@ -18,6 +18,7 @@ from typing import Any
 from mmdata.codecs.lowdim import encode_npy
 from mmdata.codecs.video_encode import VIDEO_CODECS
 from mmdata.conversion.encode import EncodedEpisode
+from mmdata.schema import Stream
 from mmdata.sharding.checksum import checksum_bytes
 from mmdata.sharding.layout import PARTIAL_DIR, SHARDS_DIR
 from mmdata.sharding.manifest import Piece, base_row, episode_key
@@ -83,7 +84,9 @@ class WdsWriter:
         self.partial.mkdir(exist_ok=True)
         checkpoint = None
         index = 0
-        while (self.partial / f"shard-{index:06d}.json").exists() and (self.root / shard_name(index)).exists():
+        while (self.partial / f"shard-{index:06d}.json").exists() and (
+            self.root / shard_name(index)
+        ).exists():
             record = json.loads((self.partial / f"shard-{index:06d}.json").read_text())
             self._rows.extend(record["rows"])
             checkpoint = record["checkpoint"]
@@ -111,8 +114,8 @@ class WdsWriter:
         self._shard_rows.append(_episode_row(episode, index, key, shard, written))
         self._checkpoint = checkpoint
 
-    def finish(self, checkpoint: dict[str, Any]) -> list[dict[str, Any]]:
-        """Close the last shard and return every manifest row in episode order."""
+    def finish(self, checkpoint: dict[str, Any], streams: list[Stream]) -> list[dict[str, Any]]:
+        """Close the last shard (saving `checkpoint` beside it); every manifest row in episode order."""
         self._checkpoint = checkpoint
         if self._tar is not None:
             self._close_shard()
@@ -120,7 +123,8 @@ class WdsWriter:
 
     def _open_shard(self) -> None:
         path = self.root / f"{shard_name(self._shard_index)}.tmp"
-        self._tar = tarfile.open(path, "w", format=tarfile.USTAR_FORMAT)
+        # Kept open across add() calls until the shard is full; closed in _close_shard.
+        self._tar = tarfile.open(path, "w", format=tarfile.USTAR_FORMAT)  # noqa: SIM115
 
     def _add_member(self, name: str, data: bytes) -> int:
         assert self._tar is not None
@@ -157,11 +161,14 @@ def _episode_row(
 ) -> dict[str, Any]:
     row = base_row(index, episode.source, episode.task, episode.duration, episode.metadata, shard)
     row["members"] = [
-        {"name": name, "offset": p.offset, "size": p.size, "checksum": p.checksum} for name, p in pieces.items()
+        {"name": name, "offset": p.offset, "size": p.size, "checksum": p.checksum}
+        for name, p in pieces.items()
     ]
     for video in episode.videos:
         name = video.spec.name
-        segment_pieces = [pieces[segment_member(key, name, i, video.spec.codec)] for i in range(len(video.segments))]
+        segment_pieces = [
+            pieces[segment_member(key, name, i, video.spec.codec)] for i in range(len(video.segments))
+        ]
         first_frames = [sum(video.segment_frames[:i]) for i in range(len(video.segments))]
         row[f"{name}/count"] = len(video.timestamps)
         row[f"{name}/t_start"] = float(video.timestamps[0])

@@ -39,7 +39,11 @@ def _create_bytes_array(group: zarr.Group, path: str, per_shard: int) -> zarr.Ar
         # zarr-python's VariableLengthBytes has no v3 spec yet; we read it with zarr-python only.
         warnings.simplefilter("ignore")
         return group.create_array(
-            path, shape=(0,), chunks=(1,), shards=(per_shard,), dtype=zarr.dtype.VariableLengthBytes(),
+            path,
+            shape=(0,),
+            chunks=(1,),
+            shards=(per_shard,),
+            dtype=zarr.dtype.VariableLengthBytes(),
             overwrite=True,
         )
 
@@ -109,6 +113,7 @@ class ZarrWriter:
         os.replace(temporary, path)
 
     def finish(self, checkpoint: dict[str, Any], streams: list[Stream]) -> list[dict[str, Any]]:
+        """Write every cached episode into the arrays; the checkpoint is already in the cache."""
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*does not have a Zarr V3 specification")
             return self._write_store(streams)
@@ -133,7 +138,9 @@ class ZarrWriter:
         def numeric(path: str, shape: tuple[int, ...], dtype: str) -> None:
             row_bytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize or 1
             rows = int(max(1, min(65536, TARGET_CHUNK_BYTES // row_bytes)))
-            array = group.create_array(path, shape=(0, *shape), chunks=(rows, *shape), dtype=dtype, overwrite=True)
+            array = group.create_array(
+                path, shape=(0, *shape), chunks=(rows, *shape), dtype=dtype, overwrite=True
+            )
             appenders[path] = _BlockAppender(array, rows)
 
         def blobs(path: str, per_shard: int) -> None:
@@ -165,10 +172,13 @@ class ZarrWriter:
             first_frames = np.concatenate([[0], np.cumsum(video.segment_frames)[:-1]])
             row[f"{name}/segments"] = [
                 {
-                    "first_frame": int(frame), "num_frames": int(count),
+                    "first_frame": int(frame),
+                    "num_frames": int(count),
                     **Piece(f"video/{name}", first + i, len(data), checksum_bytes(data)).to_dict(),
                 }
-                for i, (frame, count, data) in enumerate(zip(first_frames, video.segment_frames, video.segments))
+                for i, (frame, count, data) in enumerate(
+                    zip(first_frames, video.segment_frames, video.segments)
+                )
             ]
             row[f"{name}/timestamps"] = rows_piece(f"timestamps/{name}", video.timestamps)
             row[f"{name}/count"] = len(video.timestamps)
@@ -177,7 +187,9 @@ class ZarrWriter:
         for audio in episode.audio:
             name = audio.spec.name
             element = appenders[f"audio/{name}"].append([audio.data])
-            row[f"{name}/data"] = Piece(f"audio/{name}", element, len(audio.data), checksum_bytes(audio.data)).to_dict()
+            row[f"{name}/data"] = Piece(
+                f"audio/{name}", element, len(audio.data), checksum_bytes(audio.data)
+            ).to_dict()
             row[f"{name}/count"] = audio.num_samples
             row[f"{name}/t_start"] = audio.t_start
             row[f"{name}/t_end"] = audio.t_end

@@ -6,9 +6,10 @@ worker processes, which do the heavy reading and encoding.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any, Iterator
+from typing import Any
 
 import av
 import numpy as np
@@ -29,13 +30,17 @@ class CameraSource:
         try:
             return probe_video(self.path)
         except DecodeError as exc:
-            raise SourceError(episode, self.path, f"unreadable video: {exc}", "re-export or replace the file") from exc
+            raise SourceError(
+                episode, self.path, f"unreadable video: {exc}", "re-export or replace the file"
+            ) from exc
 
     def frames(self, episode: str, fps: Fraction) -> Iterator[tuple[av.VideoFrame | np.ndarray, float]]:
         try:
             yield from iter_video_frames(self.path, fps)
         except DecodeError as exc:
-            raise SourceError(episode, self.path, f"video stops decoding: {exc}", "re-export or replace the file") from exc
+            raise SourceError(
+                episode, self.path, f"video stops decoding: {exc}", "re-export or replace the file"
+            ) from exc
 
 
 @dataclass(frozen=True)
@@ -52,7 +57,9 @@ class AudioSource:
                 data = handle.read()
             clip, codec = decode_audio(data)
         except (DecodeError, OSError) as exc:
-            raise SourceError(episode, self.path, f"unreadable audio: {exc}", "re-export or replace the file") from exc
+            raise SourceError(
+                episode, self.path, f"unreadable audio: {exc}", "re-export or replace the file"
+            ) from exc
         return clip, codec, data
 
 
@@ -81,12 +88,16 @@ class LowdimSource:
             raise SourceError(episode, self.path, f"not a readable .npy array: {exc}") from exc
         if values.ndim == 0 or values.dtype.kind not in "biuf":
             raise SourceError(
-                episode, self.path, f"holds a {values.dtype} array of shape {values.shape}",
+                episode,
+                self.path,
+                f"holds a {values.dtype} array of shape {values.shape}",
                 "low-dimensional streams are numeric arrays [T, ...]",
             )
         if not self.rate:
             raise SourceError(
-                episode, self.path, f"no sampling rate for stream '{self.name}'",
+                episode,
+                self.path,
+                f"no sampling rate for stream '{self.name}'",
                 f'add "rates": {{"{self.name}": <Hz>}} to meta.json',
             )
         return values, np.arange(values.shape[0], dtype=np.float64) / float(self.rate)
@@ -97,7 +108,9 @@ class LowdimSource:
         try:
             table = pq.read_table(self.path, columns=["timestamp", self.column])
         except (OSError, ValueError, KeyError) as exc:
-            raise SourceError(episode, self.path, f"cannot read columns timestamp, {self.column}: {exc}") from exc
+            raise SourceError(
+                episode, self.path, f"cannot read columns timestamp, {self.column}: {exc}"
+            ) from exc
         timestamps = table.column("timestamp").to_numpy().astype(np.float64)
         column = table.column(self.column).combine_chunks()
         try:
@@ -110,8 +123,10 @@ class LowdimSource:
 def _column_to_array(column) -> np.ndarray:
     import pyarrow as pa
 
-    if pa.types.is_list(column.type) or pa.types.is_fixed_size_list(column.type) or pa.types.is_large_list(
-        column.type
+    if (
+        pa.types.is_list(column.type)
+        or pa.types.is_fixed_size_list(column.type)
+        or pa.types.is_large_list(column.type)
     ):
         lengths = column.value_lengths().to_numpy(zero_copy_only=False)
         if len(lengths) and (lengths != lengths[0]).any():

@@ -1,10 +1,10 @@
 """The raw layout: one folder per episode, written by any recorder.
 
-    <episode>/<camera>.mp4|.mkv|.webm|.mov|.avi   one file per camera, any codec PyAV reads
-    <episode>/audio.wav|.flac|.mp3|.opus|.ogg     optional
-    <episode>/<name>.npy                          low-dim stream [T, ...] at meta.json's rate
-    <episode>/lowdim.parquet                      low-dim streams with a `timestamp` column
-    <episode>/meta.json                           {"task": ..., "rates": {name: Hz}, "metadata": {...}}
+<episode>/<camera>.mp4|.mkv|.webm|.mov|.avi   one file per camera, any codec PyAV reads
+<episode>/audio.wav|.flac|.mp3|.opus|.ogg     optional
+<episode>/<name>.npy                          low-dim stream [T, ...] at meta.json's rate
+<episode>/lowdim.parquet                      low-dim streams with a `timestamp` column
+<episode>/meta.json                           {"task": ..., "rates": {name: Hz}, "metadata": {...}}
 """
 
 from __future__ import annotations
@@ -32,7 +32,9 @@ def discover_raw_episodes(root: str | os.PathLike) -> list[EpisodeSource]:
     """
     root = Path(root)
     if not root.is_dir():
-        raise SourceError(str(root), None, "the source is not a folder", "give the folder that holds one folder per episode")
+        raise SourceError(
+            str(root), None, "the source is not a folder", "give the folder that holds one folder per episode"
+        )
     folders = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     if not folders:
         raise SourceError(str(root), None, "holds no episode folders", "see the raw layout in the README")
@@ -67,7 +69,9 @@ def _describe(folder: Path) -> EpisodeSource:
     problem = None
     if duplicates:
         problem = SourceError(
-            name, str(folder), f"stream name(s) {duplicates} given by more than one file",
+            name,
+            str(folder),
+            f"stream name(s) {duplicates} given by more than one file",
             "rename the files so each stream has one source",
         )
     return EpisodeSource(
@@ -102,7 +106,9 @@ def _parquet_streams(path: Path, episode: str) -> list[LowdimSource]:
         raise SourceError(episode, str(path), f"unreadable Parquet file: {exc}") from exc
     if "timestamp" not in columns:
         raise SourceError(
-            episode, str(path), f"no 'timestamp' column (columns: {columns})",
+            episode,
+            str(path),
+            f"no 'timestamp' column (columns: {columns})",
             "add a timestamp column in seconds from the episode start",
         )
     return [LowdimSource(c, str(path), column=c) for c in columns if c != "timestamp"]
@@ -113,7 +119,11 @@ def _require_common_streams(episodes: list[EpisodeSource]) -> list[EpisodeSource
     described = [e for e in episodes if e.problem is None]
     expected: dict[str, str] = {}
     for episode in described:
-        for group, kind in ((episode.cameras, "camera"), (episode.audio, "audio"), (episode.lowdim, "low-dim")):
+        for group, kind in (
+            (episode.cameras, "camera"),
+            (episode.audio, "audio"),
+            (episode.lowdim, "low-dim"),
+        ):
             for stream in group:
                 expected.setdefault(stream.name, kind)
     checked = []
@@ -128,7 +138,8 @@ def _require_common_streams(episodes: list[EpisodeSource]) -> list[EpisodeSource
                 episode = EpisodeSource(
                     name=episode.name,
                     problem=SourceError(
-                        episode.name, hint,
+                        episode.name,
+                        hint,
                         f"missing {kind} file for stream '{first}' that other episodes have"
                         + (f" (also missing: {missing[1:]})" if len(missing) > 1 else ""),
                         "add the file, or pass --skip-bad to convert the other episodes",

@@ -29,28 +29,65 @@ def add_parser(commands) -> None:
     )
     parser.add_argument("source", help="folder with one sub-folder per episode")
     parser.add_argument("destination", help="local folder for the store (created; must be empty)")
-    parser.add_argument("--to", dest="layout", choices=["wds", "zarr"], default="wds",
-                        help="store layout: WebDataset tar shards or a Zarr v3 store (default wds)")
-    parser.add_argument("--from", dest="source_format", choices=["raw"], default="raw",
-                        help="input format (default raw: the folder layout in the README)")
+    parser.add_argument(
+        "--to",
+        dest="layout",
+        choices=["wds", "zarr"],
+        default="wds",
+        help="store layout: WebDataset tar shards or a Zarr v3 store (default wds)",
+    )
+    parser.add_argument(
+        "--from",
+        dest="source_format",
+        choices=["raw"],
+        default="raw",
+        help="input format (default raw: the folder layout in the README)",
+    )
     video = parser.add_argument_group("video")
-    video.add_argument("--video-codec", choices=sorted(VIDEO_CODECS), default=DEFAULTS.codec,
-                       help=f"codec of stored segments (default {DEFAULTS.codec})")
-    video.add_argument("--segment-frames", type=int, default=DEFAULTS.segment_frames,
-                       help=f"frames per stored segment (default {DEFAULTS.segment_frames})")
-    video.add_argument("--gop", type=int, default=DEFAULTS.gop,
-                       help=f"key-frame interval inside a segment (default {DEFAULTS.gop})")
-    video.add_argument("--crf", type=int, default=DEFAULTS.crf,
-                       help=f"constant rate factor, lower is better quality (default {DEFAULTS.crf})")
-    video.add_argument("--preset", default=DEFAULTS.preset,
-                       help=f"encoder speed preset for h264/hevc (default {DEFAULTS.preset})")
+    video.add_argument(
+        "--video-codec",
+        choices=sorted(VIDEO_CODECS),
+        default=DEFAULTS.codec,
+        help=f"codec of stored segments (default {DEFAULTS.codec})",
+    )
+    video.add_argument(
+        "--segment-frames",
+        type=int,
+        default=DEFAULTS.segment_frames,
+        help=f"frames per stored segment (default {DEFAULTS.segment_frames})",
+    )
+    video.add_argument(
+        "--gop",
+        type=int,
+        default=DEFAULTS.gop,
+        help=f"key-frame interval inside a segment (default {DEFAULTS.gop})",
+    )
+    video.add_argument(
+        "--crf",
+        type=int,
+        default=DEFAULTS.crf,
+        help=f"constant rate factor, lower is better quality (default {DEFAULTS.crf})",
+    )
+    video.add_argument(
+        "--preset",
+        default=DEFAULTS.preset,
+        help=f"encoder speed preset for h264/hevc (default {DEFAULTS.preset})",
+    )
     parser.add_argument("--shard-size", default="1GB", help="target size of a WebDataset shard (default 1GB)")
-    parser.add_argument("--workers", type=int, default=None,
-                        help="episodes encoded in parallel (default: all cores)")
-    parser.add_argument("--duration-tolerance", type=float, default=0.1,
-                        help="seconds a low-dim stream may differ from the video's length (default 0.1)")
-    parser.add_argument("--skip-bad", action="store_true",
-                        help="skip episodes that cannot be converted and report them, instead of stopping")
+    parser.add_argument(
+        "--workers", type=int, default=None, help="episodes encoded in parallel (default: all cores)"
+    )
+    parser.add_argument(
+        "--duration-tolerance",
+        type=float,
+        default=0.1,
+        help="seconds a low-dim stream may differ from the video's length (default 0.1)",
+    )
+    parser.add_argument(
+        "--skip-bad",
+        action="store_true",
+        help="skip episodes that cannot be converted and report them, instead of stopping",
+    )
     existing = parser.add_mutually_exclusive_group()
     existing.add_argument("--resume", action="store_true", help="continue an interrupted conversion into DST")
     existing.add_argument("--overwrite", action="store_true", help="replace whatever DST holds")
@@ -67,7 +104,11 @@ def run(args: argparse.Namespace) -> int:
     destination = args.destination.removeprefix("file://")
     sources = discover_raw_episodes(args.source)
     video = VideoEncoding(
-        codec=args.video_codec, segment_frames=args.segment_frames, gop=args.gop, crf=args.crf, preset=args.preset
+        codec=args.video_codec,
+        segment_frames=args.segment_frames,
+        gop=args.gop,
+        crf=args.crf,
+        preset=args.preset,
     )
     options = ConvertOptions(
         layout=args.layout,

@@ -45,14 +45,17 @@ def _demo(root: Path, args: argparse.Namespace) -> int:
     started = time.perf_counter()
     raw = root / "raw"
     spec = SynthSpec(episodes=args.episodes, min_seconds=2.0, max_seconds=8.0)
-    print(f"1. synthesizing {spec.episodes} episodes ({spec.min_seconds:g}-{spec.max_seconds:g} s) into {raw}")
+    print(
+        f"1. synthesizing {spec.episodes} episodes ({spec.min_seconds:g}-{spec.max_seconds:g} s) into {raw}"
+    )
     write_synthetic_dataset(raw, spec)
     sources = discover_raw_episodes(raw)
     failures = 0
     for step, layout in enumerate(("wds", "zarr"), start=2):
         store = root / f"demo.{layout}"
-        options = ConvertOptions(layout=layout, shard_bytes=2_000_000, workers=args.workers, overwrite=True,
-                                 progress=False)
+        options = ConvertOptions(
+            layout=layout, shard_bytes=2_000_000, workers=args.workers, overwrite=True, progress=False
+        )
         report = convert(sources, store, options)
         print(
             f"{step}. converted to {layout}: {report.converted} episodes in {report.seconds:.1f} s,"
@@ -63,7 +66,8 @@ def _demo(root: Path, args: argparse.Namespace) -> int:
         print(f"   verify: {status}, {verified.pieces} pieces, {verified.frames_decoded} frames decoded")
         failures += len(verified.failures)
         failures += _check_read_back(str(store), raw)
-    print(f"demo finished in {time.perf_counter() - started:.1f} s: {'all checks passed' if not failures else f'{failures} checks FAILED'}")
+    verdict = "all checks passed" if not failures else f"{failures} checks FAILED"
+    print(f"demo finished in {time.perf_counter() - started:.1f} s: {verdict}")
     return 0 if not failures else 1
 
 

@@ -38,16 +38,26 @@ def summarize(dataset: Dataset) -> dict[str, Any]:
         if isinstance(stream, VideoStream):
             segments = table.column(f"{stream.name}/segments").to_pylist()
             entry.update(
-                codec=stream.codec, width=stream.width, height=stream.height, fps=stream.fps,
-                segment_frames=stream.segment_frames, gop=stream.gop, crf=stream.crf,
-                segments=sum(len(s) for s in segments), bytes=sum(p["size"] for s in segments for p in s),
+                codec=stream.codec,
+                width=stream.width,
+                height=stream.height,
+                fps=stream.fps,
+                segment_frames=stream.segment_frames,
+                gop=stream.gop,
+                crf=stream.crf,
+                segments=sum(len(s) for s in segments),
+                bytes=sum(p["size"] for s in segments for p in s),
             )
         else:
             pieces = table.column(f"{stream.name}/data").to_pylist()
             entry["bytes"] = sum(p["size"] for p in pieces)
             if isinstance(stream, AudioStream):
-                entry.update(codec=stream.codec, sample_rate=stream.sample_rate, channels=stream.channels,
-                             sample_dtype=stream.sample_dtype)
+                entry.update(
+                    codec=stream.codec,
+                    sample_rate=stream.sample_rate,
+                    channels=stream.channels,
+                    sample_dtype=stream.sample_dtype,
+                )
             elif isinstance(stream, LowdimStream):
                 entry.update(shape=list(stream.shape), dtype=stream.dtype, rate=stream.rate)
         streams.append(entry)
@@ -85,7 +95,8 @@ def _describe(entry: dict[str, Any]) -> str:
             f" {entry['count']} samples, {format_bytes(entry['bytes'])}"
         )
     rate = f"@ {entry['rate']:g} Hz" if entry["rate"] else "explicit timestamps"
-    return f"{entry['dtype']} {tuple(entry['shape'])} {rate}; {entry['count']} rows, {format_bytes(entry['bytes'])}"
+    size = format_bytes(entry["bytes"])
+    return f"{entry['dtype']} {tuple(entry['shape'])} {rate}; {entry['count']} rows, {size}"
 
 
 def run(args: argparse.Namespace) -> int:

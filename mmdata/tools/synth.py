@@ -22,16 +22,23 @@ def add_parser(commands) -> None:
     parser.add_argument("--episodes", type=int, default=12, help="number of episodes (default 12)")
     parser.add_argument("--min-seconds", type=float, default=3.0, help="shortest episode (default 3)")
     parser.add_argument("--max-seconds", type=float, default=60.0, help="longest episode (default 60)")
-    parser.add_argument("--lowdim-format", choices=["npy", "parquet"], default="npy",
-                        help="write state/action as .npy files or one lowdim.parquet (default npy)")
+    parser.add_argument(
+        "--lowdim-format",
+        choices=["npy", "parquet"],
+        default="npy",
+        help="write state/action as .npy files or one lowdim.parquet (default npy)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     spec = SynthSpec(
-        episodes=args.episodes, min_seconds=args.min_seconds, max_seconds=args.max_seconds,
-        lowdim_format=args.lowdim_format, seed=args.seed,
+        episodes=args.episodes,
+        min_seconds=args.min_seconds,
+        max_seconds=args.max_seconds,
+        lowdim_format=args.lowdim_format,
+        seed=args.seed,
     )
     folders = write_synthetic_dataset(args.destination, spec)
     print(f"wrote {len(folders)} episodes to {args.destination}")
