@@ -80,19 +80,13 @@ class Dataset:
     ) -> EpisodeData:
         """Decoded values of `streams` (default: all) with timestamps in [t0, t1) seconds."""
         row = self.manifest.row(index)
-        names = (
-            list(streams)
-            if streams is not None
-            else [s.name for s in self.schema.streams if s.kind != "text"]
-        )
+        names = list(streams) if streams is not None else [s.name for s in self.schema.streams if s.kind != "text"]
         start = -math.inf if t0 is None else float(t0)
         end = math.inf if t1 is None else float(t1)
         episode = EpisodeData(index, row["key"], row["task"], json.loads(row["metadata"] or "{}"))
         for name in names:
             kind = self.schema.stream(name).kind
-            reader = {"video": self._read_video, "audio": self._read_audio, "lowdim": self._read_lowdim}.get(
-                kind
-            )
+            reader = {"video": self._read_video, "audio": self._read_audio, "lowdim": self._read_lowdim}.get(kind)
             if reader is None:
                 continue
             episode.streams[name] = reader(row, name, start, end)

@@ -90,9 +90,10 @@ def draw_index_stripe(frame: np.ndarray, index: int) -> None:
 def read_index_stripe(frame: np.ndarray) -> int:
     """The frame index drawn by `draw_index_stripe`, read back from a decoded frame."""
     block = frame.shape[1] // STRIPE_BITS
+    margin = min(3, block // 4)
     index = 0
     for bit in range(STRIPE_BITS):
-        patch = frame[3 : STRIPE_HEIGHT - 3, bit * block + 3 : (bit + 1) * block - 3]
+        patch = frame[3 : STRIPE_HEIGHT - 3, bit * block + margin : (bit + 1) * block - margin]
         if patch.mean() > 128:
             index |= 1 << bit
     return index

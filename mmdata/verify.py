@@ -82,9 +82,7 @@ class _EpisodeChecker:
 
     def check(self, row: dict) -> list[str]:
         for member in row["members"]:
-            self.blob(
-                Piece(row["shard"], member["offset"], member["size"], member["checksum"]), member["name"]
-            )
+            self.blob(Piece(row["shard"], member["offset"], member["size"], member["checksum"]), member["name"])
         for stream in self.dataset.schema.streams:
             if isinstance(stream, VideoStream):
                 self._check_video(row, stream)

@@ -50,6 +50,4 @@ def raw_copy(raw_dataset, tmp_path) -> Path:
 
 
 def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "mmdata", *args], capture_output=True, text=True, timeout=timeout
-    )
+    return subprocess.run([sys.executable, "-m", "mmdata", *args], capture_output=True, text=True, timeout=timeout)

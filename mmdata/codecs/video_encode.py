@@ -64,8 +64,7 @@ class VideoEncoding:
                 "crf": str(self.crf),
                 "preset": self.preset,
                 "x265-params": (
-                    f"keyint={gop}:min-keyint={gop}:scenecut=0:open-gop=0"
-                    ":pools=1:frame-threads=1:log-level=error"
+                    f"keyint={gop}:min-keyint={gop}:scenecut=0:open-gop=0:pools=1:frame-threads=1:log-level=error"
                 ),
             }
         return {

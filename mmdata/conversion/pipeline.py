@@ -80,16 +80,12 @@ class ConversionReport:
     resumed_at: int = 0
 
 
-def convert(
-    sources: list[EpisodeSource], destination: str | os.PathLike, options: ConvertOptions
-) -> ConversionReport:
+def convert(sources: list[EpisodeSource], destination: str | os.PathLike, options: ConvertOptions) -> ConversionReport:
     """Convert `sources` into a store at `destination` (a local folder)."""
     started = time.perf_counter()
     root = Path(destination)
     _prepare_destination(root, sources, options)
-    writer: StoreWriter = (
-        WdsWriter(root, options.shard_bytes) if options.layout == "wds" else ZarrWriter(root)
-    )
+    writer: StoreWriter = WdsWriter(root, options.shard_bytes) if options.layout == "wds" else ZarrWriter(root)
     checkpoint = writer.restore() or {"next_position": 0, "next_index": 0, "skipped": [], "streams": []}
     resumed_at = checkpoint["next_position"]
     registry = StreamRegistry(checkpoint["streams"])
@@ -164,8 +160,7 @@ def _prepare_destination(root: Path, sources: list[EpisodeSource], options: Conv
         elif options.resume:
             if (root / DATASET_FILE).exists():
                 raise DestinationError(
-                    f"'{root}' is already a complete store; nothing to resume"
-                    " (pass --overwrite to convert again)"
+                    f"'{root}' is already a complete store; nothing to resume (pass --overwrite to convert again)"
                 )
             if not options_path.exists():
                 raise DestinationError(
@@ -226,9 +221,7 @@ def _worker_count(requested: int | None) -> int:
     return requested if requested else (os.cpu_count() or 1)
 
 
-def _checkpoint(
-    next_position: int, next_index: int, skipped: list, registry: StreamRegistry
-) -> dict[str, Any]:
+def _checkpoint(next_position: int, next_index: int, skipped: list, registry: StreamRegistry) -> dict[str, Any]:
     return {
         "next_position": next_position,
         "next_index": next_index,

@@ -38,8 +38,7 @@ class StreamRegistry:
             raise SourceError(
                 episode.source,
                 None,
-                "streams differ from earlier episodes"
-                f" (missing: {missing or 'none'}, new: {extra or 'none'})",
+                f"streams differ from earlier episodes (missing: {missing or 'none'}, new: {extra or 'none'})",
                 "give every episode the same cameras, audio and low-dim streams, or pass --skip-bad",
             )
         merged = {}

@@ -20,15 +20,9 @@ import pyarrow.parquet as pq
 
 from mmdata.schema import Stream
 
-PIECE = pa.struct(
-    [("path", pa.string()), ("offset", pa.int64()), ("size", pa.int64()), ("checksum", pa.string())]
-)
-SEGMENT = pa.struct(
-    [("first_frame", pa.int64()), ("num_frames", pa.int64()), *[(f.name, f.type) for f in PIECE]]
-)
-MEMBER = pa.struct(
-    [("name", pa.string()), ("offset", pa.int64()), ("size", pa.int64()), ("checksum", pa.string())]
-)
+PIECE = pa.struct([("path", pa.string()), ("offset", pa.int64()), ("size", pa.int64()), ("checksum", pa.string())])
+SEGMENT = pa.struct([("first_frame", pa.int64()), ("num_frames", pa.int64()), *[(f.name, f.type) for f in PIECE]])
+MEMBER = pa.struct([("name", pa.string()), ("offset", pa.int64()), ("size", pa.int64()), ("checksum", pa.string())])
 
 
 @dataclass(frozen=True)
@@ -80,9 +74,7 @@ def manifest_schema(streams: list[Stream]) -> pa.Schema:
     return pa.schema(fields)
 
 
-def base_row(
-    index: int, source: str, task: str, duration: float, metadata: dict, shard: str
-) -> dict[str, Any]:
+def base_row(index: int, source: str, task: str, duration: float, metadata: dict, shard: str) -> dict[str, Any]:
     return {
         "episode_index": index,
         "key": episode_key(index),

@@ -50,9 +50,7 @@ def episode_members(episode: EncodedEpisode, key: str, index: int) -> list[tuple
     for video in episode.videos:
         name = video.spec.name
         members.append((f"{key}.{name}.timestamps.npy", encode_npy(video.timestamps)))
-        members += [
-            (segment_member(key, name, i, video.spec.codec), data) for i, data in enumerate(video.segments)
-        ]
+        members += [(segment_member(key, name, i, video.spec.codec), data) for i, data in enumerate(video.segments)]
     for audio in episode.audio:
         members.append((f"{key}.{audio.spec.name}.{audio.spec.codec}", audio.data))
     for stream in episode.lowdim:
@@ -84,9 +82,7 @@ class WdsWriter:
         self.partial.mkdir(exist_ok=True)
         checkpoint = None
         index = 0
-        while (self.partial / f"shard-{index:06d}.json").exists() and (
-            self.root / shard_name(index)
-        ).exists():
+        while (self.partial / f"shard-{index:06d}.json").exists() and (self.root / shard_name(index)).exists():
             record = json.loads((self.partial / f"shard-{index:06d}.json").read_text())
             self._rows.extend(record["rows"])
             checkpoint = record["checkpoint"]
@@ -156,19 +152,14 @@ class WdsWriter:
         self._tar = None
 
 
-def _episode_row(
-    episode: EncodedEpisode, index: int, key: str, shard: str, pieces: dict[str, Piece]
-) -> dict[str, Any]:
+def _episode_row(episode: EncodedEpisode, index: int, key: str, shard: str, pieces: dict[str, Piece]) -> dict[str, Any]:
     row = base_row(index, episode.source, episode.task, episode.duration, episode.metadata, shard)
     row["members"] = [
-        {"name": name, "offset": p.offset, "size": p.size, "checksum": p.checksum}
-        for name, p in pieces.items()
+        {"name": name, "offset": p.offset, "size": p.size, "checksum": p.checksum} for name, p in pieces.items()
     ]
     for video in episode.videos:
         name = video.spec.name
-        segment_pieces = [
-            pieces[segment_member(key, name, i, video.spec.codec)] for i in range(len(video.segments))
-        ]
+        segment_pieces = [pieces[segment_member(key, name, i, video.spec.codec)] for i in range(len(video.segments))]
         first_frames = [sum(video.segment_frames[:i]) for i in range(len(video.segments))]
         row[f"{name}/count"] = len(video.timestamps)
         row[f"{name}/t_start"] = float(video.timestamps[0])

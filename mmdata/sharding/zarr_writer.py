@@ -138,9 +138,7 @@ class ZarrWriter:
         def numeric(path: str, shape: tuple[int, ...], dtype: str) -> None:
             row_bytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize or 1
             rows = int(max(1, min(65536, TARGET_CHUNK_BYTES // row_bytes)))
-            array = group.create_array(
-                path, shape=(0, *shape), chunks=(rows, *shape), dtype=dtype, overwrite=True
-            )
+            array = group.create_array(path, shape=(0, *shape), chunks=(rows, *shape), dtype=dtype, overwrite=True)
             appenders[path] = _BlockAppender(array, rows)
 
         def blobs(path: str, per_shard: int) -> None:
@@ -176,9 +174,7 @@ class ZarrWriter:
                     "num_frames": int(count),
                     **Piece(f"video/{name}", first + i, len(data), checksum_bytes(data)).to_dict(),
                 }
-                for i, (frame, count, data) in enumerate(
-                    zip(first_frames, video.segment_frames, video.segments)
-                )
+                for i, (frame, count, data) in enumerate(zip(first_frames, video.segment_frames, video.segments))
             ]
             row[f"{name}/timestamps"] = rows_piece(f"timestamps/{name}", video.timestamps)
             row[f"{name}/count"] = len(video.timestamps)
@@ -187,9 +183,7 @@ class ZarrWriter:
         for audio in episode.audio:
             name = audio.spec.name
             element = appenders[f"audio/{name}"].append([audio.data])
-            row[f"{name}/data"] = Piece(
-                f"audio/{name}", element, len(audio.data), checksum_bytes(audio.data)
-            ).to_dict()
+            row[f"{name}/data"] = Piece(f"audio/{name}", element, len(audio.data), checksum_bytes(audio.data)).to_dict()
             row[f"{name}/count"] = audio.num_samples
             row[f"{name}/t_start"] = audio.t_start
             row[f"{name}/t_end"] = audio.t_end

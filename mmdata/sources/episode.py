@@ -30,9 +30,7 @@ class CameraSource:
         try:
             return probe_video(self.path)
         except DecodeError as exc:
-            raise SourceError(
-                episode, self.path, f"unreadable video: {exc}", "re-export or replace the file"
-            ) from exc
+            raise SourceError(episode, self.path, f"unreadable video: {exc}", "re-export or replace the file") from exc
 
     def frames(self, episode: str, fps: Fraction) -> Iterator[tuple[av.VideoFrame | np.ndarray, float]]:
         try:
@@ -57,9 +55,7 @@ class AudioSource:
                 data = handle.read()
             clip, codec = decode_audio(data)
         except (DecodeError, OSError) as exc:
-            raise SourceError(
-                episode, self.path, f"unreadable audio: {exc}", "re-export or replace the file"
-            ) from exc
+            raise SourceError(episode, self.path, f"unreadable audio: {exc}", "re-export or replace the file") from exc
         return clip, codec, data
 
 
@@ -108,9 +104,7 @@ class LowdimSource:
         try:
             table = pq.read_table(self.path, columns=["timestamp", self.column])
         except (OSError, ValueError, KeyError) as exc:
-            raise SourceError(
-                episode, self.path, f"cannot read columns timestamp, {self.column}: {exc}"
-            ) from exc
+            raise SourceError(episode, self.path, f"cannot read columns timestamp, {self.column}: {exc}") from exc
         timestamps = table.column("timestamp").to_numpy().astype(np.float64)
         column = table.column(self.column).combine_chunks()
         try:
@@ -123,11 +117,7 @@ class LowdimSource:
 def _column_to_array(column) -> np.ndarray:
     import pyarrow as pa
 
-    if (
-        pa.types.is_list(column.type)
-        or pa.types.is_fixed_size_list(column.type)
-        or pa.types.is_large_list(column.type)
-    ):
+    if pa.types.is_list(column.type) or pa.types.is_fixed_size_list(column.type) or pa.types.is_large_list(column.type):
         lengths = column.value_lengths().to_numpy(zero_copy_only=False)
         if len(lengths) and (lengths != lengths[0]).any():
             raise ValueError("rows have different lengths; every row of a stream needs the same shape")

@@ -45,9 +45,7 @@ def _demo(root: Path, args: argparse.Namespace) -> int:
     started = time.perf_counter()
     raw = root / "raw"
     spec = SynthSpec(episodes=args.episodes, min_seconds=2.0, max_seconds=8.0)
-    print(
-        f"1. synthesizing {spec.episodes} episodes ({spec.min_seconds:g}-{spec.max_seconds:g} s) into {raw}"
-    )
+    print(f"1. synthesizing {spec.episodes} episodes ({spec.min_seconds:g}-{spec.max_seconds:g} s) into {raw}")
     write_synthetic_dataset(raw, spec)
     sources = discover_raw_episodes(raw)
     failures = 0

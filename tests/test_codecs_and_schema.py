@@ -1,0 +1,100 @@
+"""Segment encoding per codec, variable frame rate sources, and the dataset.json contract."""
+
+from __future__ import annotations
+
+import io
+from fractions import Fraction
+
+import av
+import numpy as np
+import pytest
+
+import mmdata
+from mmdata.codecs.audio import AudioClip, decode_audio, encode_flac
+from mmdata.codecs.video_decode import decode_segment
+from mmdata.codecs.video_encode import VideoEncoding, encode_segments
+from mmdata.conversion.pipeline import ConvertOptions, convert
+from mmdata.errors import MmdataError, StoreError
+from mmdata.schema import DatasetSchema, LowdimStream, TextStream, VideoStream
+from mmdata.sources.raw import discover_raw_episodes
+from mmdata.synthetic import read_index_stripe, synthetic_frame, write_wav
+from mmdata.tools.formatting import parse_size
+
+FRAMES = [synthetic_frame(i, 0, 64, 128) for i in range(40)]
+
+
+@pytest.mark.parametrize("codec", ["h264", "hevc", "vp9"])
+def test_segments_hold_their_frames_with_key_frames_every_gop(codec):
+    encoding = VideoEncoding(codec=codec, segment_frames=16, gop=8)
+    segments = list(encode_segments(FRAMES, Fraction(30), 128, 64, encoding))
+    assert [count for count, _ in segments] == [16, 16, 8]
+    assert segments == list(encode_segments(FRAMES, Fraction(30), 128, 64, encoding)), "encoding is deterministic"
+    for number, (count, data) in enumerate(segments):
+        with av.open(io.BytesIO(data)) as container:
+            keys = [p.is_keyframe for p in container.demux(video=0) if p.size]
+        assert keys[0] and sum(keys) == -(-count // 8)
+        frames = decode_segment(data)
+        assert [read_index_stripe(f) for f in frames] == list(range(16 * number, 16 * number + count))
+    picked = decode_segment(segments[1][1], [5, 2, 5])
+    assert [read_index_stripe(f) for f in picked] == [21, 18, 21]
+
+
+def test_encoding_rejects_a_gop_longer_than_a_segment():
+    with pytest.raises(MmdataError, match="--gop 64 exceeds --segment-frames 32"):
+        VideoEncoding(segment_frames=32, gop=64)
+
+
+def test_flac_round_trip_is_sample_exact_for_stereo_int16():
+    samples = np.random.default_rng(1).integers(-32768, 32767, size=(20000, 2)).astype(np.int16)
+    clip, codec = decode_audio(encode_flac(AudioClip(samples, 44100)))
+    assert codec == "flac" and clip.sample_rate == 44100
+    assert np.array_equal(clip.samples, samples)
+
+
+def test_variable_frame_rate_timestamps_come_from_the_container(tmp_path):
+    """Frames with irregular presentation times keep those times, not index / fps."""
+    times = np.cumsum([0.0] + [0.02 if i % 3 else 0.05 for i in range(59)])
+    episode = tmp_path / "raw" / "episode_0000"
+    episode.mkdir(parents=True)
+    with av.open(str(episode / "cam.mp4"), "w") as container:
+        stream = container.add_stream("libx264", rate=30)
+        stream.width, stream.height, stream.pix_fmt = 128, 64, "yuv420p"
+        stream.codec_context.time_base = Fraction(1, 1000)
+        for index, t in enumerate(times):
+            frame = av.VideoFrame.from_ndarray(synthetic_frame(index, 0, 64, 128), format="rgb24")
+            frame.pts, frame.time_base = round(t * 1000), Fraction(1, 1000)
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode(None))
+    write_wav(episode / "audio.wav", np.zeros(int(times[-1] * 8000), np.int16), 8000)
+    options = ConvertOptions(layout="wds", workers=1, progress=False)
+    convert(discover_raw_episodes(tmp_path / "raw"), tmp_path / "out", options)
+    dataset = mmdata.open_dataset(str(tmp_path / "out"))
+    frames = dataset.read_episode(0, streams=["cam"])["cam"]
+    assert np.allclose(frames.timestamps, times, atol=1e-3)
+    window = dataset.read_episode(0, streams=["cam"], t0=times[10] - 0.005, t1=times[20] - 0.005)["cam"]
+    assert [read_index_stripe(f) for f in window.values] == list(range(10, 20))
+
+
+def test_dataset_json_round_trips_and_rejects_other_versions():
+    schema = DatasetSchema(
+        layout="zarr",
+        streams=[
+            TextStream(),
+            VideoStream("cam", 30.0, 96, 64, "h264", 32, 16, crf=20),
+            LowdimStream("state", (14,), "float32", 50.0),
+        ],
+        num_episodes=4,
+    )
+    assert DatasetSchema.from_json(schema.to_json()) == schema
+    with pytest.raises(StoreError, match="format version 99; this mmdata reads version 1"):
+        DatasetSchema.from_json(schema.to_json().replace('"format_version": 1', '"format_version": 99'))
+    with pytest.raises(StoreError, match="does not describe an mmdata store"):
+        DatasetSchema.from_json("{}")
+
+
+def test_sizes_parse_in_decimal_and_binary_units():
+    assert parse_size("1GB") == 10**9
+    assert parse_size("64MiB") == 64 * 2**20
+    assert parse_size("1500") == 1500
+    with pytest.raises(MmdataError, match="write it like 1GB"):
+        parse_size("lots")
