@@ -8,6 +8,7 @@ import pytest
 
 import mmdata
 from mmdata.codecs.audio import decode_audio
+from mmdata.sharding.manifest import Piece
 from mmdata.synthetic import read_index_stripe
 
 
@@ -95,3 +96,30 @@ def test_fsspec_urls_read_the_same_episode(store, scheme):
     local = mmdata.open_dataset(str(store)).read_episode(2, t0=1.0, t1=1.5)
     for name in ("cam_wrist", "state", "audio"):
         assert np.array_equal(remote[name].values, local[name].values)
+
+
+def test_opus_audio_is_stored_as_recorded(raw_copy, tmp_path):
+    import av
+
+    from mmdata.conversion.pipeline import ConvertOptions, convert
+    from mmdata.sources.raw import discover_raw_episodes
+
+    for folder in sorted(raw_copy.iterdir()):
+        clip, _ = decode_audio(str(folder / "audio.wav"))
+        (folder / "audio.wav").unlink()
+        with av.open(str(folder / "audio.opus"), "w") as container:
+            stream = container.add_stream("libopus", rate=48000, layout="mono")
+            resampled = np.repeat(clip.samples[:, 0], 3)
+            frame = av.AudioFrame.from_ndarray(resampled.reshape(1, -1), format="s16", layout="mono")
+            frame.sample_rate = 48000
+            container.mux(stream.encode(frame))
+            container.mux(stream.encode(None))
+    convert(discover_raw_episodes(raw_copy), tmp_path / "out", ConvertOptions(workers=1, progress=False))
+    dataset = mmdata.open_dataset(str(tmp_path / "out"))
+    audio_spec = dataset.schema.stream("audio")
+    assert (audio_spec.codec, audio_spec.sample_rate, audio_spec.sample_dtype) == ("opus", 48000, "float32")
+    row = dataset.manifest.row(0)
+    stored = dataset.pieces.read_bytes(Piece.from_dict(row["audio/data"]))
+    assert stored == (raw_copy / "episode_0000" / "audio.opus").read_bytes()
+    audio = dataset.read_episode(0, streams=["audio"])["audio"]
+    assert audio.values.dtype == np.float32 and len(audio.values) == row["audio/count"]

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from mmdata.codecs.video_encode import VIDEO_CODECS, VideoEncoding
 from mmdata.conversion.encode import EncodeOptions
 from mmdata.conversion.pipeline import ConversionReport, ConvertOptions, convert
-from mmdata.errors import DestinationError
+from mmdata.errors import DestinationError, SourceError
 from mmdata.sources.raw import discover_raw_episodes
 from mmdata.tools.formatting import format_bytes, format_seconds, parse_size
 
@@ -118,7 +119,15 @@ def run(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         progress=not args.quiet,
     )
-    report = convert(sources, destination, options)
+    try:
+        report = convert(sources, destination, options)
+    except SourceError:
+        print(
+            "mmdata convert: finished shards are kept; fix the episode and run the same command with"
+            " --resume (add --skip-bad to leave it out)",
+            file=sys.stderr,
+        )
+        raise
     print_report(report)
     return 0
 
