@@ -49,10 +49,11 @@ class ZarrPieceReader:
         import zarr
         from zarr.storage import FsspecStore, LocalStore
 
-        if fs.protocol in ("file", ("file", "local")) or "file" in fs.protocol:
+        protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+        if "file" in protocols:
             store = LocalStore(root, read_only=True)
         else:
-            store = FsspecStore.from_url(f"{_protocol(fs)}://{root.lstrip('/')}", read_only=True)
+            store = FsspecStore.from_url(f"{protocols[0]}://{root.lstrip('/')}", read_only=True)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             self.group = zarr.open_group(store, mode="r", zarr_format=3)
@@ -73,10 +74,6 @@ class ZarrPieceReader:
 
     def rows_checksum(self, piece: Piece, count: int) -> str:
         return checksum_array(self.read_rows(piece, count))
-
-
-def _protocol(fs: fsspec.AbstractFileSystem) -> str:
-    return fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
 
 
 def piece_reader(layout: str, fs: fsspec.AbstractFileSystem, root: str) -> PieceReader:
