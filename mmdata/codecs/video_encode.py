@@ -116,6 +116,10 @@ def _encode_one_segment(
     # bitexact: no random UIDs or encoder tags, so the same input gives the same bytes.
     with av.open(buffer, "w", format=container_format, options={"fflags": "+bitexact"}) as out:
         stream = out.add_stream(encoder_name, rate=fps)
+        # Frames are stamped 0, 1, 2, ... in units of 1/fps; frames decoded from a recording carry
+        # their container's time base, which must not leak in (it would collapse every pts to 0).
+        time_base = 1 / Fraction(fps)
+        stream.codec_context.time_base = time_base
         stream.width = width
         stream.height = height
         stream.pix_fmt = "yuv420p"
@@ -125,6 +129,7 @@ def _encode_one_segment(
         for index, frame in enumerate(frames):
             video_frame = _as_video_frame(frame, width, height)
             video_frame.pts = index
+            video_frame.time_base = time_base
             out.mux(stream.encode(video_frame))
         out.mux(stream.encode(None))
     return buffer.getvalue()

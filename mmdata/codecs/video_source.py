@@ -49,7 +49,6 @@ def iter_video_frames(path: str, fps: Fraction) -> Iterator[tuple[av.VideoFrame,
     try:
         with av.open(path) as container:
             stream = container.streams.video[0]
-            stream.thread_type = "AUTO"
             for index, frame in enumerate(container.decode(stream)):
                 timestamp = frame.time if frame.time is not None else float(index / fps)
                 yield frame, float(timestamp)

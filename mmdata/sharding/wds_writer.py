@@ -13,7 +13,7 @@ import json
 import os
 import tarfile
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from mmdata.codecs.lowdim import encode_npy
 from mmdata.codecs.video_encode import VIDEO_CODECS
@@ -74,6 +74,7 @@ class WdsWriter:
         self._shard_rows: list[dict[str, Any]] = []
         self._shard_index = 0
         self._tar: tarfile.TarFile | None = None
+        self._file: BinaryIO | None = None
         self._checkpoint: dict[str, Any] | None = None
 
     def restore(self) -> dict[str, Any] | None:
@@ -119,8 +120,9 @@ class WdsWriter:
 
     def _open_shard(self) -> None:
         path = self.root / f"{shard_name(self._shard_index)}.tmp"
-        # Kept open across add() calls until the shard is full; closed in _close_shard.
-        self._tar = tarfile.open(path, "w", format=tarfile.USTAR_FORMAT)  # noqa: SIM115
+        # Both stay open across add() calls until the shard is full; _close_shard closes them.
+        self._file = open(path, "wb")  # noqa: SIM115
+        self._tar = tarfile.TarFile(fileobj=self._file, mode="w", format=tarfile.USTAR_FORMAT)
 
     def _add_member(self, name: str, data: bytes) -> int:
         assert self._tar is not None
@@ -134,13 +136,12 @@ class WdsWriter:
         return data_offset
 
     def _close_shard(self) -> None:
-        assert self._tar is not None
-        temporary = Path(self._tar.name)
-        fileobj = self._tar.fileobj
+        assert self._tar is not None and self._file is not None
         self._tar.close()
-        del fileobj
-        with open(temporary, "rb+") as handle:
-            os.fsync(handle.fileno())
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        temporary = Path(self._file.name)
         os.replace(temporary, self.root / shard_name(self._shard_index))
         record = {"rows": self._shard_rows, "checkpoint": self._checkpoint}
         sidecar = self.partial / f"shard-{self._shard_index:06d}.json"
@@ -150,6 +151,7 @@ class WdsWriter:
         self._shard_rows = []
         self._shard_index += 1
         self._tar = None
+        self._file = None
 
 
 def _episode_row(episode: EncodedEpisode, index: int, key: str, shard: str, pieces: dict[str, Piece]) -> dict[str, Any]:
