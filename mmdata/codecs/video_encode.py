@@ -47,10 +47,6 @@ class VideoEncoding:
                 " one key frame at least, so the key-frame interval cannot be longer than it"
             )
 
-    @property
-    def extension(self) -> str:
-        return VIDEO_CODECS[self.codec][2]
-
     def encoder_options(self) -> dict[str, str]:
         gop = self.gop
         if self.codec == "h264":

@@ -1,4 +1,7 @@
-"""Encode one source episode into the pieces a store holds, independent of the store's layout."""
+"""Encode one source episode into the pieces a store holds, independent of the store's layout.
+
+Every encoded stream offers `count` (frames, samples or rows), `t_start` and `t_end` in seconds.
+"""
 
 from __future__ import annotations
 
@@ -22,20 +25,33 @@ class EncodedVideo:
     timestamps: np.ndarray
 
     @property
+    def count(self) -> int:
+        return len(self.timestamps)
+
+    @property
+    def t_start(self) -> float:
+        return float(self.timestamps[0])
+
+    @property
     def t_end(self) -> float:
         return float(self.timestamps[-1] + 1.0 / self.spec.fps)
+
+    @property
+    def first_frames(self) -> list[int]:
+        """Index of each segment's first frame within the episode."""
+        return [int(f) for f in np.cumsum([0, *self.segment_frames[:-1]])]
 
 
 @dataclass
 class EncodedAudio:
     spec: AudioStream
     data: bytes
-    num_samples: int
+    count: int
     t_start: float
 
     @property
     def t_end(self) -> float:
-        return self.t_start + self.num_samples / self.spec.sample_rate
+        return self.t_start + self.count / self.spec.sample_rate
 
 
 @dataclass
@@ -43,6 +59,14 @@ class EncodedLowdim:
     spec: LowdimStream
     values: np.ndarray
     timestamps: np.ndarray
+
+    @property
+    def count(self) -> int:
+        return len(self.values)
+
+    @property
+    def t_start(self) -> float:
+        return float(self.timestamps[0]) if len(self.timestamps) else 0.0
 
     @property
     def t_end(self) -> float:
@@ -71,11 +95,6 @@ class EncodedEpisode:
     def duration(self) -> float:
         ends = [s.t_end for s in (*self.videos, *self.audio, *self.lowdim)]
         return max(ends, default=0.0)
-
-    @property
-    def nbytes(self) -> int:
-        video = sum(len(s) for v in self.videos for s in v.segments)
-        return video + sum(len(a.data) for a in self.audio) + sum(s.values.nbytes for s in self.lowdim)
 
 
 @dataclass(frozen=True)

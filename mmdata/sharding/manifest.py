@@ -87,6 +87,12 @@ def base_row(index: int, source: str, task: str, duration: float, metadata: dict
     }
 
 
+def span_columns(stream: Any) -> dict[str, Any]:
+    """The `<stream>/count`, `/t_start` and `/t_end` columns of an encoded stream."""
+    name = stream.spec.name
+    return {f"{name}/count": stream.count, f"{name}/t_start": stream.t_start, f"{name}/t_end": stream.t_end}
+
+
 def write_manifest(rows: list[dict[str, Any]], streams: list[Stream], path: str) -> None:
     """Write the manifest atomically: a reader sees the old file or the whole new one."""
     table = pa.Table.from_pylist(rows, schema=manifest_schema(streams))

@@ -21,7 +21,7 @@ from mmdata.conversion.encode import EncodedEpisode
 from mmdata.schema import Stream
 from mmdata.sharding.checksum import checksum_bytes
 from mmdata.sharding.layout import PARTIAL_DIR, SHARDS_DIR
-from mmdata.sharding.manifest import Piece, base_row, episode_key
+from mmdata.sharding.manifest import Piece, base_row, episode_key, span_columns
 
 TAR_BLOCK = 512
 
@@ -162,26 +162,19 @@ def _episode_row(episode: EncodedEpisode, index: int, key: str, shard: str, piec
     for video in episode.videos:
         name = video.spec.name
         segment_pieces = [pieces[segment_member(key, name, i, video.spec.codec)] for i in range(len(video.segments))]
-        first_frames = [sum(video.segment_frames[:i]) for i in range(len(video.segments))]
-        row[f"{name}/count"] = len(video.timestamps)
-        row[f"{name}/t_start"] = float(video.timestamps[0])
-        row[f"{name}/t_end"] = video.t_end
+        row.update(span_columns(video))
         row[f"{name}/timestamps"] = pieces[f"{key}.{name}.timestamps.npy"].to_dict()
         row[f"{name}/segments"] = [
             {"first_frame": first, "num_frames": count, **piece.to_dict()}
-            for first, count, piece in zip(first_frames, video.segment_frames, segment_pieces)
+            for first, count, piece in zip(video.first_frames, video.segment_frames, segment_pieces)
         ]
     for audio in episode.audio:
         name = audio.spec.name
-        row[f"{name}/count"] = audio.num_samples
-        row[f"{name}/t_start"] = audio.t_start
-        row[f"{name}/t_end"] = audio.t_end
+        row.update(span_columns(audio))
         row[f"{name}/data"] = pieces[f"{key}.{name}.{audio.spec.codec}"].to_dict()
     for stream in episode.lowdim:
         name = stream.spec.name
-        row[f"{name}/count"] = len(stream.values)
-        row[f"{name}/t_start"] = float(stream.timestamps[0]) if len(stream.timestamps) else 0.0
-        row[f"{name}/t_end"] = stream.t_end
+        row.update(span_columns(stream))
         row[f"{name}/data"] = pieces[f"{key}.{name}.npy"].to_dict()
         row[f"{name}/timestamps"] = pieces[f"{key}.{name}.timestamps.npy"].to_dict()
     return row

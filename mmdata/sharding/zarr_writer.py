@@ -26,7 +26,7 @@ from mmdata.conversion.encode import EncodedEpisode
 from mmdata.schema import LowdimStream, Stream
 from mmdata.sharding.checksum import checksum_array, checksum_bytes
 from mmdata.sharding.layout import PARTIAL_DIR
-from mmdata.sharding.manifest import Piece, base_row
+from mmdata.sharding.manifest import Piece, base_row, span_columns
 
 SEGMENTS_PER_SHARD = 256
 AUDIO_PER_SHARD = 64
@@ -167,33 +167,26 @@ class ZarrWriter:
         for video in episode.videos:
             name = video.spec.name
             first = appenders[f"video/{name}"].append(list(video.segments))
-            first_frames = np.concatenate([[0], np.cumsum(video.segment_frames)[:-1]])
             row[f"{name}/segments"] = [
                 {
-                    "first_frame": int(frame),
-                    "num_frames": int(count),
+                    "first_frame": frame,
+                    "num_frames": count,
                     **Piece(f"video/{name}", first + i, len(data), checksum_bytes(data)).to_dict(),
                 }
-                for i, (frame, count, data) in enumerate(zip(first_frames, video.segment_frames, video.segments))
+                for i, (frame, count, data) in enumerate(zip(video.first_frames, video.segment_frames, video.segments))
             ]
             row[f"{name}/timestamps"] = rows_piece(f"timestamps/{name}", video.timestamps)
-            row[f"{name}/count"] = len(video.timestamps)
-            row[f"{name}/t_start"] = float(video.timestamps[0])
-            row[f"{name}/t_end"] = video.t_end
+            row.update(span_columns(video))
         for audio in episode.audio:
             name = audio.spec.name
             element = appenders[f"audio/{name}"].append([audio.data])
             row[f"{name}/data"] = Piece(f"audio/{name}", element, len(audio.data), checksum_bytes(audio.data)).to_dict()
-            row[f"{name}/count"] = audio.num_samples
-            row[f"{name}/t_start"] = audio.t_start
-            row[f"{name}/t_end"] = audio.t_end
+            row.update(span_columns(audio))
         for stream in episode.lowdim:
             name = stream.spec.name
             row[f"{name}/data"] = rows_piece(f"data/{name}", stream.values)
             row[f"{name}/timestamps"] = rows_piece(f"timestamps/{name}", stream.timestamps)
-            row[f"{name}/count"] = len(stream.values)
-            row[f"{name}/t_start"] = float(stream.timestamps[0]) if len(stream.timestamps) else 0.0
-            row[f"{name}/t_end"] = stream.t_end
+            row.update(span_columns(stream))
         return row
 
     @staticmethod
