@@ -65,8 +65,7 @@ class _EpisodeChecker:
 
     def rows(self, piece: Piece, count: int, what: str):
         try:
-            values = self.dataset.pieces.read_rows(piece, count)
-            checksum = self.dataset.pieces.rows_checksum(piece, count)
+            values, checksum = self.dataset.pieces.read_rows_with_checksum(piece, count)
         except (OSError, MmdataError, ValueError, KeyError) as exc:
             self.problems.append(f"{what}: cannot read {piece.path}@{piece.offset}: {exc}")
             return None

@@ -21,8 +21,8 @@ class PieceReader(Protocol):
     def read_rows(self, piece: Piece, count: int) -> np.ndarray:
         """A numeric array of `count` rows: low-dim values or timestamps."""
 
-    def rows_checksum(self, piece: Piece, count: int) -> str:
-        """The checksum of a rows piece, computed the way the writer computed it."""
+    def read_rows_with_checksum(self, piece: Piece, count: int) -> tuple[np.ndarray, str]:
+        """The rows and their checksum, computed the way the writer computed it, from one read."""
 
 
 class WdsPieceReader:
@@ -38,8 +38,9 @@ class WdsPieceReader:
     def read_rows(self, piece: Piece, count: int) -> np.ndarray:
         return decode_npy(self.read_bytes(piece))
 
-    def rows_checksum(self, piece: Piece, count: int) -> str:
-        return checksum_bytes(self.read_bytes(piece))
+    def read_rows_with_checksum(self, piece: Piece, count: int) -> tuple[np.ndarray, str]:
+        data = self.read_bytes(piece)
+        return decode_npy(data), checksum_bytes(data)
 
 
 class ZarrPieceReader:
@@ -72,8 +73,9 @@ class ZarrPieceReader:
     def read_rows(self, piece: Piece, count: int) -> np.ndarray:
         return self._array(piece.path)[piece.offset : piece.offset + count]
 
-    def rows_checksum(self, piece: Piece, count: int) -> str:
-        return checksum_array(self.read_rows(piece, count))
+    def read_rows_with_checksum(self, piece: Piece, count: int) -> tuple[np.ndarray, str]:
+        values = self.read_rows(piece, count)
+        return values, checksum_array(values)
 
 
 def piece_reader(layout: str, fs: fsspec.AbstractFileSystem, root: str) -> PieceReader:
