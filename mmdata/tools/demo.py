@@ -63,13 +63,13 @@ def _demo(root: Path, args: argparse.Namespace) -> int:
         status = "OK" if verified.ok else f"FAILED ({len(verified.failures)} episodes)"
         print(f"   verify: {status}, {verified.pieces} pieces, {verified.frames_decoded} frames decoded")
         failures += len(verified.failures)
-        failures += _check_read_back(str(store), raw)
+        failures += _check_read_back(str(store), raw, spec)
     verdict = "all checks passed" if not failures else f"{failures} checks FAILED"
     print(f"demo finished in {time.perf_counter() - started:.1f} s: {verdict}")
     return 0 if not failures else 1
 
 
-def _check_read_back(store: str, raw: Path) -> int:
+def _check_read_back(store: str, raw: Path, spec: SynthSpec) -> int:
     """Read a one-second window of three episodes and compare it with the source files."""
     dataset = open_dataset(store)
     failures = 0
@@ -78,12 +78,12 @@ def _check_read_back(store: str, raw: Path) -> int:
         source = raw / dataset.manifest.row(index)["source"]
         camera = episode["cam_high"]
         stripes = [read_index_stripe(frame) for frame in camera.values]
-        expected = np.rint(camera.timestamps * 30).astype(int).tolist()
+        expected = np.rint(camera.timestamps * spec.fps).astype(int).tolist()
         state = episode["state"]
-        source_state = np.load(source / "state.npy")[np.rint(state.timestamps * 50).astype(int)]
+        source_state = np.load(source / "state.npy")[np.rint(state.timestamps * spec.lowdim_rate).astype(int)]
         audio = episode["audio"]
         source_audio, _ = decode_audio(str(source / "audio.wav"))
-        first = int(round(audio.timestamps[0] * 16000))
+        first = int(round(audio.timestamps[0] * spec.audio_rate))
         checks = {
             "frames": stripes == expected,
             "state": np.array_equal(state.values, source_state),
