@@ -34,6 +34,18 @@ def segment_member(key: str, stream: str, segment: int, codec: str) -> str:
     return f"{key}.{stream}.{segment:05d}.{VIDEO_CODECS[codec][2]}"
 
 
+def timestamps_member(key: str, stream: str) -> str:
+    return f"{key}.{stream}.timestamps.npy"
+
+
+def values_member(key: str, stream: str) -> str:
+    return f"{key}.{stream}.npy"
+
+
+def audio_member(key: str, stream: str, codec: str) -> str:
+    return f"{key}.{stream}.{codec}"
+
+
 def episode_members(episode: EncodedEpisode, key: str, index: int) -> list[tuple[str, bytes]]:
     """The tar members of one episode, in a fixed order: meta, task, then each stream."""
     meta = {
@@ -49,13 +61,13 @@ def episode_members(episode: EncodedEpisode, key: str, index: int) -> list[tuple
     ]
     for video in episode.videos:
         name = video.spec.name
-        members.append((f"{key}.{name}.timestamps.npy", encode_npy(video.timestamps)))
+        members.append((timestamps_member(key, name), encode_npy(video.timestamps)))
         members += [(segment_member(key, name, i, video.spec.codec), data) for i, data in enumerate(video.segments)]
     for audio in episode.audio:
-        members.append((f"{key}.{audio.spec.name}.{audio.spec.codec}", audio.data))
+        members.append((audio_member(key, audio.spec.name, audio.spec.codec), audio.data))
     for stream in episode.lowdim:
-        members.append((f"{key}.{stream.spec.name}.npy", encode_npy(stream.values)))
-        members.append((f"{key}.{stream.spec.name}.timestamps.npy", encode_npy(stream.timestamps)))
+        members.append((values_member(key, stream.spec.name), encode_npy(stream.values)))
+        members.append((timestamps_member(key, stream.spec.name), encode_npy(stream.timestamps)))
     return members
 
 
@@ -163,7 +175,7 @@ def _episode_row(episode: EncodedEpisode, index: int, key: str, shard: str, piec
         name = video.spec.name
         segment_pieces = [pieces[segment_member(key, name, i, video.spec.codec)] for i in range(len(video.segments))]
         row.update(span_columns(video))
-        row[f"{name}/timestamps"] = pieces[f"{key}.{name}.timestamps.npy"].to_dict()
+        row[f"{name}/timestamps"] = pieces[timestamps_member(key, name)].to_dict()
         row[f"{name}/segments"] = [
             {"first_frame": first, "num_frames": count, **piece.to_dict()}
             for first, count, piece in zip(video.first_frames, video.segment_frames, segment_pieces)
@@ -171,10 +183,10 @@ def _episode_row(episode: EncodedEpisode, index: int, key: str, shard: str, piec
     for audio in episode.audio:
         name = audio.spec.name
         row.update(span_columns(audio))
-        row[f"{name}/data"] = pieces[f"{key}.{name}.{audio.spec.codec}"].to_dict()
+        row[f"{name}/data"] = pieces[audio_member(key, name, audio.spec.codec)].to_dict()
     for stream in episode.lowdim:
         name = stream.spec.name
         row.update(span_columns(stream))
-        row[f"{name}/data"] = pieces[f"{key}.{name}.npy"].to_dict()
-        row[f"{name}/timestamps"] = pieces[f"{key}.{name}.timestamps.npy"].to_dict()
+        row[f"{name}/data"] = pieces[values_member(key, name)].to_dict()
+        row[f"{name}/timestamps"] = pieces[timestamps_member(key, name)].to_dict()
     return row
