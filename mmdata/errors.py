@@ -39,3 +39,11 @@ class IntegrityError(StoreError):
 
 class DecodeError(MmdataError):
     """Encoded bytes could not be decoded by the chosen backend."""
+
+
+class UnsupportedCodecError(MmdataError):
+    """The chosen decoding backend cannot decode a stream's codec; raised when the reader is built."""
+
+
+class AlignmentError(MmdataError):
+    """A requested time has no stored value within the tolerance the caller set."""

@@ -1,0 +1,92 @@
+"""The interface every video decoding backend implements."""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from mmdata.codecs.decoders.requests import ClipRequest, DecodeStats
+from mmdata.errors import DecodeError, UnsupportedCodecError
+
+OnError = Literal["raise", "skip"]
+
+
+class VideoDecoder(ABC):
+    """Decodes batches of clip requests to uint8 frames `[F, H, W, 3]`, one array per request.
+
+    A decoder is built once per loader for the codecs of its streams; it holds no per-episode
+    state, so its memory does not grow with the dataset, and it is safe to build before
+    DataLoader workers fork (backends with native resources create them lazily per process).
+    """
+
+    name: str = ""
+    device: str = "cpu"
+    codecs: frozenset[str] = frozenset()
+
+    def __init__(self) -> None:
+        self.stats = DecodeStats()
+
+    def check_codecs(self, codecs: Sequence[str]) -> None:
+        """Fail now, at build time, for a codec this backend cannot decode, naming one that can."""
+        from mmdata.codecs.decoders.select import backends_for_codec
+
+        for codec in codecs:
+            if codec not in self.codecs:
+                able = [name for name in backends_for_codec(codec) if name != self.name]
+                fix = f"use decoder='{able[0]}'" if able else "no installed backend decodes it"
+                raise UnsupportedCodecError(
+                    f"decoder '{self.name}' ({self.device}) cannot decode {codec} video; {fix}"
+                    f" (decoder '{self.name}' decodes {', '.join(sorted(self.codecs))})"
+                )
+
+    def decode(self, requests: Sequence[ClipRequest], on_error: OnError = "raise") -> list[Any]:
+        """Frames for every request, in order; with on_error="skip" a request that fails is None."""
+        started = time.perf_counter()
+        try:
+            return self._decode_batch(list(requests), on_error)
+        finally:
+            self.stats.seconds += time.perf_counter() - started
+
+    @abstractmethod
+    def _decode_batch(self, requests: list[ClipRequest], on_error: OnError) -> list[Any]:
+        """Frames (or None when skipped) for every request, counted into `self.stats`."""
+
+    def _count(self, request: ClipRequest, decoded: int) -> None:
+        self.stats.requests += 1
+        self.stats.frames_delivered += len(request.frames)
+        self.stats.frames_decoded += decoded
+
+    def _failed(self, request: ClipRequest, error: Exception, on_error: OnError) -> None:
+        message = f"{request.place()}: {request.codec} video does not decode with '{self.name}': {error}"
+        if on_error == "raise":
+            raise DecodeError(message) from error
+        self.stats.skipped += 1
+        if len(self.stats.skipped_where) < 100:
+            self.stats.skipped_where.append(message)
+        return None
+
+    @abstractmethod
+    def describe(self) -> str:
+        """One line naming the backend and its settings, for logs and benchmark tables."""
+
+
+class SequentialDecoder(VideoDecoder):
+    """A CPU backend that decodes one request after another in the calling process."""
+
+    def _decode_batch(self, requests: list[ClipRequest], on_error: OnError) -> list[Any]:
+        results: list[Any] = []
+        for request in requests:
+            try:
+                frames, decoded = self._decode_one(request)
+            except DecodeError as exc:
+                results.append(self._failed(request, exc, on_error))
+                continue
+            self._count(request, decoded)
+            results.append(frames)
+        return results
+
+    @abstractmethod
+    def _decode_one(self, request: ClipRequest) -> tuple[Any, int]:
+        """(frames, number of frames decoded) for one request; raises DecodeError."""

@@ -1,0 +1,109 @@
+"""Join closed-GOP segments that share stream parameters into one stream, without re-encoding.
+
+A GPU decoder session costs milliseconds to open; decoding each small segment in its own
+session leaves NVDEC idle. Segments encoded with the same parameters (codec, size, parameter
+sets) are independent closed GOPs, so their packets can be muxed back to back, with shifted
+timestamps, into one valid stream that one session decodes end to end.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+import av
+import numpy as np
+
+from mmdata.codecs.decoders.requests import ClipRequest, frames_decoded_from_key_frames
+from mmdata.errors import DecodeError
+
+_CONTAINERS = {"h264": "mp4", "hevc": "mp4", "av1": "mp4", "mpeg4": "mp4", "vp9": "webm", "vp8": "webm"}
+
+
+@dataclass
+class JoinedStream:
+    """One decoder session's input: encoded bytes, the frames to take, and the requests they answer."""
+
+    data: bytes
+    frames: np.ndarray
+    requests: list[int]
+    frames_per_request: list[int]
+    frames_decoded: int
+
+
+def stream_parameters(data: bytes) -> tuple:
+    """What two segments must share to be decoded by one session: codec, size, format, parameter sets."""
+    with av.open(io.BytesIO(data)) as container:
+        context = container.streams.video[0].codec_context
+        return (context.name, context.width, context.height, context.format.name, bytes(context.extradata or b""))
+
+
+def group_by_parameters(requests: list[ClipRequest]) -> tuple[list[list[int]], dict[int, Exception]]:
+    """Positions of requests grouped by stream parameters (in first-seen order), and unreadable ones."""
+    groups: dict[tuple, list[int]] = {}
+    failed: dict[int, Exception] = {}
+    for position, request in enumerate(requests):
+        try:
+            key = stream_parameters(request.data)
+        except (av.error.FFmpegError, IndexError) as exc:
+            failed[position] = exc
+            continue
+        groups.setdefault(key, []).append(position)
+    return list(groups.values()), failed
+
+
+def join_segments(requests: list[ClipRequest], positions: list[int]) -> JoinedStream:
+    """Mux the segments of `requests[positions]` into one stream; frames index into the joined stream."""
+    first = requests[positions[0]]
+    container_format = _CONTAINERS.get(first.codec)
+    if container_format is None:
+        raise DecodeError(f"cannot join {first.codec} segments into one stream")
+    buffer = io.BytesIO()
+    frames: list[np.ndarray] = []
+    decoded = 0
+    frame_offset = 0
+    time_offset = 0
+    with av.open(buffer, "w", format=container_format) as out:
+        out_stream = None
+        for position in positions:
+            request = requests[position]
+            with av.open(io.BytesIO(request.data)) as container:
+                stream = container.streams.video[0]
+                if out_stream is None:
+                    out_stream = out.add_stream_from_template(stream)
+                count, end = 0, 0
+                for packet in container.demux(stream):
+                    if packet.dts is None:
+                        continue
+                    end = max(end, packet.pts + (packet.duration or 1))
+                    packet.pts += time_offset
+                    packet.dts += time_offset
+                    packet.stream = out_stream
+                    out.mux(packet)
+                    count += 1
+            if request.frames and max(request.frames) >= count:
+                last = max(request.frames)
+                raise DecodeError(f"{request.place()}: segment has {count} frames; frame {last} requested")
+            frames.append(frame_offset + np.asarray(request.frames, dtype=np.int32))
+            decoded += frames_decoded_from_key_frames(request.frames, request.gop)
+            frame_offset += count
+            time_offset += end
+    return JoinedStream(
+        data=buffer.getvalue(),
+        frames=np.concatenate(frames) if frames else np.empty(0, np.int32),
+        requests=list(positions),
+        frames_per_request=[len(requests[p].frames) for p in positions],
+        frames_decoded=decoded,
+    )
+
+
+def lone_segment(requests: list[ClipRequest], position: int) -> JoinedStream:
+    """One request's segment as a session of its own (no joining)."""
+    request = requests[position]
+    return JoinedStream(
+        data=request.data,
+        frames=np.asarray(request.frames, dtype=np.int32),
+        requests=[position],
+        frames_per_request=[len(request.frames)],
+        frames_decoded=frames_decoded_from_key_frames(request.frames, request.gop),
+    )

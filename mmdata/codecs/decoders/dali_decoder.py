@@ -1,0 +1,223 @@
+"""NVIDIA DALI decoding: NVDEC on the GPU (`mixed`) or DALI's CPU decoder, a whole batch per call.
+
+On the GPU the fixed cost is the decoder session, not the frames: with `reuse_sessions` the
+requests' segments that share stream parameters are joined into a few long streams (see
+`concat`), each decoded by one session with `frames=` picking what the requests asked for.
+Several pipelines run in parallel threads to keep several NVDEC engines busy. GPU frames reach
+torch through DLPack, without a trip through host memory.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import av
+import numpy as np
+
+from mmdata.codecs.decoders.base import OnError, VideoDecoder
+from mmdata.codecs.decoders.concat import JoinedStream, group_by_parameters, join_segments, lone_segment
+from mmdata.codecs.decoders.requests import ClipRequest
+from mmdata.errors import DecodeError
+
+DALI_GPU_CODECS = frozenset({"h264", "hevc", "vp9", "vp8", "av1", "mjpeg", "mpeg4"})
+DALI_CPU_CODECS = frozenset({"vp8", "vp9", "mjpeg"})
+
+
+def dali_available() -> bool:
+    try:
+        import nvidia.dali  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+class DaliDecoder(VideoDecoder):
+    """`fn.decoders.video` over external-source bytes; `device` is "gpu" (NVDEC) or "cpu"."""
+
+    def __init__(
+        self,
+        device: str = "gpu",
+        pipelines: int = 4,
+        batch_size: int = 8,
+        reuse_sessions: bool = True,
+        device_id: int = 0,
+        num_threads: int = 2,
+        streams_per_call: int | None = None,
+    ):
+        super().__init__()
+        if device not in ("gpu", "cpu"):
+            raise ValueError(f"DALI device must be 'gpu' or 'cpu', not '{device}'")
+        self.device = device
+        self.name = "dali" if device == "gpu" else "dali-cpu"
+        self.codecs = DALI_GPU_CODECS if device == "gpu" else DALI_CPU_CODECS
+        self.pipelines = pipelines
+        self.batch_size = batch_size
+        self.reuse_sessions = reuse_sessions
+        self.device_id = device_id
+        self.num_threads = num_threads
+        self.streams_per_call = streams_per_call or pipelines * batch_size
+        self._built: list[Any] = []
+        self._owner_pid: int | None = None
+        self._pool: ThreadPoolExecutor | None = None
+
+    def describe(self) -> str:
+        import nvidia.dali
+
+        reuse = "joined streams" if self.reuse_sessions else "one session per request"
+        return (
+            f"dali {nvidia.dali.__version__} ({self.device}, {self.pipelines} pipeline(s) x batch {self.batch_size},"
+            f" {reuse})"
+        )
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.update(_built=[], _owner_pid=None, _pool=None)
+        return state
+
+    def prepare(self, requests: list[ClipRequest]) -> tuple[list[JoinedStream], dict[int, Exception]]:
+        """Host-side work for a batch (joining segments): can run in a loader worker ahead of decode."""
+        if not self.reuse_sessions:
+            return [lone_segment(requests, i) for i, r in enumerate(requests) if r.frames], {}
+        groups, failed = group_by_parameters(requests)
+        chunks = max(1, min(self.streams_per_call, len(requests)))
+        work: list[JoinedStream] = []
+        for group in groups:
+            parts = max(1, round(chunks * len(group) / len(requests)))
+            for positions in np.array_split(np.asarray(group), parts):
+                positions = [int(p) for p in positions if requests[int(p)].frames]
+                if not positions:
+                    continue
+                try:
+                    work.append(join_segments(requests, positions))
+                except (DecodeError, av.error.FFmpegError, IndexError) as exc:
+                    for position in positions:  # retried one by one, to find the bad segment
+                        failed.setdefault(position, exc)
+        return work, failed
+
+    def _decode_batch(self, requests: list[ClipRequest], on_error: OnError) -> list[Any]:
+        work, failed = self.prepare(requests)
+        return self.decode_prepared(requests, work, failed, on_error)
+
+    def decode_prepared(
+        self, requests: list[ClipRequest], work: list[JoinedStream], failed: dict[int, Exception], on_error: OnError
+    ) -> list[Any]:
+        """Frames per request from prepared work; requests that failed to join are retried alone."""
+        results: list[Any] = [None] * len(requests)
+        for position, request in enumerate(requests):
+            if not request.frames:
+                results[position] = self._empty()
+        retry = sorted(failed)
+        for item, outcome in zip(work, self._run_all(work)):
+            if isinstance(outcome, Exception):
+                retry.extend(item.requests)
+                continue
+            self._scatter(requests, item, outcome, results)
+        for position in retry:
+            request = requests[position]
+            single = lone_segment(requests, position)
+            (outcome,) = self._run_all([single])
+            if isinstance(outcome, Exception):
+                results[position] = self._failed(request, outcome, on_error)
+            else:
+                self._scatter(requests, single, outcome, results)
+        return results
+
+    def _scatter(self, requests: list[ClipRequest], item: JoinedStream, frames: Any, results: list[Any]) -> None:
+        start = 0
+        for position, count in zip(item.requests, item.frames_per_request):
+            results[position] = frames[start : start + count]
+            start += count
+            self._count(requests[position], 0)
+        self.stats.frames_decoded += item.frames_decoded
+
+    def _run_all(self, work: list[JoinedStream]) -> list[Any]:
+        """Decode every work item, spread over the pipelines; an item that fails gives its exception."""
+        if not work:
+            return []
+        pipelines = self._pipelines()
+        slices = [list(range(i, len(work), len(pipelines))) for i in range(len(pipelines))]
+        outcomes: list[Any] = [None] * len(work)
+
+        def run_slice(index: int) -> None:
+            for start in range(0, len(slices[index]), self.batch_size):
+                positions = slices[index][start : start + self.batch_size]
+                try:
+                    frames = self._run_pipeline(index, [work[p] for p in positions])
+                except Exception as exc:  # DALI raises RuntimeError/IndexError and invalidates the pipeline
+                    self._rebuild(index)
+                    for position in positions:
+                        outcomes[position] = DecodeError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+                    continue
+                for position, value in zip(positions, frames):
+                    outcomes[position] = value
+
+        used = [i for i in range(len(pipelines)) if slices[i]]
+        if len(used) == 1:
+            run_slice(used[0])
+        else:
+            list(self._thread_pool().map(run_slice, used))
+        return outcomes
+
+    def _run_pipeline(self, index: int, items: list[JoinedStream]) -> list[Any]:
+        pipeline = self._built[index]
+        pipeline.feed_input("encoded", [np.frombuffer(item.data, dtype=np.uint8) for item in items])
+        pipeline.feed_input("frames", [item.frames for item in items])
+        (output,) = pipeline.run()
+        if self.device == "gpu":
+            import torch
+
+            return [torch.from_dlpack(output[i]).clone() for i in range(len(items))]
+        return [np.array(output[i]) for i in range(len(items))]
+
+    def _empty(self) -> Any:
+        if self.device == "gpu":
+            import torch
+
+            return torch.empty((0, 0, 0, 3), dtype=torch.uint8, device=f"cuda:{self.device_id}")
+        return np.empty((0, 0, 0, 3), dtype=np.uint8)
+
+    def _pipelines(self) -> list[Any]:
+        if self._owner_pid != os.getpid():
+            self._built = [self._build() for _ in range(self.pipelines)]
+            self._owner_pid = os.getpid()
+            self._pool = None
+        return self._built
+
+    def _rebuild(self, index: int) -> None:
+        self._built[index] = self._build()
+
+    def _thread_pool(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=self.pipelines, thread_name_prefix="mmdata-dali")
+        return self._pool
+
+    def _build(self) -> Any:
+        from nvidia.dali import fn, pipeline_def, types
+
+        gpu = self.device == "gpu"
+
+        @pipeline_def(
+            batch_size=self.batch_size,
+            num_threads=self.num_threads,
+            device_id=self.device_id if gpu else None,
+            exec_dynamic=True,
+            prefetch_queue_depth=1,
+        )
+        def clip_pipeline():
+            encoded = fn.external_source(name="encoded", dtype=types.UINT8, ndim=1)
+            frames = fn.external_source(name="frames", dtype=types.INT32, ndim=1)
+            return fn.decoders.video(encoded, device="mixed" if gpu else "cpu", frames=frames)
+
+        pipeline = clip_pipeline()
+        pipeline.build()
+        return pipeline

@@ -1,0 +1,92 @@
+"""What a video decoder is asked for and what it reports: clip requests and decode statistics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class SegmentRef:
+    """Where a segment lives, so that an error can name it."""
+
+    episode: str
+    stream: str
+    segment: int
+
+    def __str__(self) -> str:
+        return f"episode '{self.episode}', stream '{self.stream}', segment {self.segment}"
+
+
+@dataclass(frozen=True)
+class ClipRequest:
+    """Frames `frames` (indices inside the segment, any order, repeats allowed) of one encoded segment.
+
+    `gop` is the segment's key-frame interval when known; backends that seek use it to count the
+    frames they had to decode.
+    """
+
+    data: bytes
+    frames: tuple[int, ...]
+    codec: str
+    where: SegmentRef | None = None
+    gop: int | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "frames", tuple(int(i) for i in self.frames))
+        if any(i < 0 for i in self.frames):
+            raise ValueError(f"{self.place()}: negative frame index in {list(self.frames)}")
+
+    def place(self) -> str:
+        return str(self.where) if self.where is not None else "segment"
+
+
+@dataclass
+class DecodeStats:
+    """Running totals of one decoder: how much it decoded for how much it delivered."""
+
+    requests: int = 0
+    frames_delivered: int = 0
+    frames_decoded: int = 0
+    skipped: int = 0
+    seconds: float = 0.0
+    skipped_where: list[str] = field(default_factory=list)
+
+    @property
+    def decode_waste(self) -> float:
+        """Frames decoded per frame delivered (1.0 means nothing was decoded in vain)."""
+        return self.frames_decoded / self.frames_delivered if self.frames_delivered else 0.0
+
+    def snapshot(self) -> dict:
+        return {
+            "requests": self.requests,
+            "frames_delivered": self.frames_delivered,
+            "frames_decoded": self.frames_decoded,
+            "decode_waste": round(self.decode_waste, 4),
+            "skipped": self.skipped,
+            "seconds": round(self.seconds, 6),
+        }
+
+
+def frames_decoded_from_key_frames(frames: tuple[int, ...], gop: int | None) -> int:
+    """Frames a seeking decoder decodes for `frames`: from the key frame before each run to its end.
+
+    Runs of wanted frames closer than a key-frame interval are decoded in one pass; a decoder
+    that cannot seek (gop None) decodes from the segment's first frame.
+    """
+    if not frames:
+        return 0
+    wanted = np.unique(np.asarray(frames))
+    if not gop:
+        return int(wanted[-1]) + 1
+    decoded = 0
+    run_start = (int(wanted[0]) // gop) * gop
+    previous = int(wanted[0])
+    for index in wanted[1:]:
+        key = (int(index) // gop) * gop
+        if key > previous:
+            decoded += previous - run_start + 1
+            run_start = key
+        previous = int(index)
+    return decoded + previous - run_start + 1

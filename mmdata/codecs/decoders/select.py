@@ -1,0 +1,92 @@
+"""Choose and build a video decoding backend once, for the codecs a reader will meet."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from mmdata.codecs.decoders.base import VideoDecoder
+from mmdata.codecs.decoders.dali_decoder import (
+    DALI_CPU_CODECS,
+    DALI_GPU_CODECS,
+    DaliDecoder,
+    cuda_available,
+    dali_available,
+)
+from mmdata.codecs.decoders.decord_decoder import DECORD_CODECS, DecordDecoder, decord_available
+from mmdata.codecs.decoders.pyav_decoder import PYAV_CODECS, PyAvDecoder
+from mmdata.errors import MmdataError, UnsupportedCodecError
+
+BACKEND_NAMES = ("auto", "dali", "dali-cpu", "pyav", "decord")
+_CODECS = {"dali": DALI_GPU_CODECS, "dali-cpu": DALI_CPU_CODECS, "pyav": PYAV_CODECS, "decord": DECORD_CODECS}
+
+# Fastest CPU backend first, per codec, as measured by benchmarks/decode_bench.py
+# (benchmarks/results/decode_cpu.json; the reasons are in docs/architecture.md).
+CPU_PREFERENCE: dict[str, tuple[str, ...]] = {
+    "h264": ("pyav", "decord"),
+    "hevc": ("pyav", "decord"),
+    "vp9": ("pyav", "dali-cpu", "decord"),
+}
+_DEFAULT_CPU_PREFERENCE = ("pyav", "decord", "dali-cpu")
+
+
+def backend_available(name: str) -> bool:
+    """Whether `name` can run here: its library is installed and, for "dali", a CUDA GPU is visible."""
+    if name == "pyav":
+        return True
+    if name == "decord":
+        return decord_available()
+    if name == "dali-cpu":
+        return dali_available()
+    if name == "dali":
+        return dali_available() and cuda_available()
+    return False
+
+
+def backends_for_codec(codec: str) -> list[str]:
+    """The backends available here that decode `codec`, fastest first."""
+    order = ["dali", *CPU_PREFERENCE.get(codec, _DEFAULT_CPU_PREFERENCE)]
+    order += [name for name in _CODECS if name not in order]
+    return [name for name in order if codec in _CODECS[name] and backend_available(name)]
+
+
+def choose_backend(codecs: Sequence[str]) -> str:
+    """What `auto` means here: DALI on the GPU when it decodes every codec, else the fastest CPU backend."""
+    codecs = list(dict.fromkeys(codecs))
+    if backend_available("dali") and all(c in DALI_GPU_CODECS for c in codecs):
+        return "dali"
+    first = codecs[0] if codecs else "h264"
+    for name in [*CPU_PREFERENCE.get(first, _DEFAULT_CPU_PREFERENCE), "pyav"]:
+        if name != "dali" and backend_available(name) and all(c in _CODECS[name] for c in codecs):
+            return name
+    raise UnsupportedCodecError(f"no installed decoder reads all of {', '.join(codecs)}")
+
+
+def make_video_decoder(name: str = "auto", codecs: Sequence[str] = (), **options: Any) -> VideoDecoder:
+    """Build the backend `name` ("auto", "dali", "dali-cpu", "pyav", "decord") for `codecs`.
+
+    Fails here, not on the first sample, when the backend is missing or cannot decode a codec.
+    `options` go to the backend (e.g. `pipelines=`, `reuse_sessions=` for DALI, `threads=` for CPU).
+    """
+    if name not in BACKEND_NAMES:
+        raise MmdataError(f"unknown decoder '{name}'; choose one of {', '.join(BACKEND_NAMES)}")
+    if name == "auto":
+        name = choose_backend(codecs)
+    if not backend_available(name):
+        raise MmdataError(_why_unavailable(name))
+    if name == "pyav":
+        decoder: VideoDecoder = PyAvDecoder(**options)
+    elif name == "decord":
+        decoder = DecordDecoder(**options)
+    else:
+        decoder = DaliDecoder(device="gpu" if name == "dali" else "cpu", **options)
+    decoder.check_codecs(codecs)
+    return decoder
+
+
+def _why_unavailable(name: str) -> str:
+    if name == "decord":
+        return "decoder 'decord' needs the decord package: pip install decord"
+    if not dali_available():
+        return f"decoder '{name}' needs NVIDIA DALI: pip install 'mmdata[dali]' (CUDA 13) or 'mmdata[dali-cu12]'"
+    return "decoder 'dali' needs a CUDA GPU visible to torch; use decoder='dali-cpu' (VP8/VP9/MJPEG) or 'pyav'"
