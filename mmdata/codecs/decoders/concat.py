@@ -34,20 +34,32 @@ class JoinedStream:
 def stream_parameters(data: bytes) -> tuple:
     """What two segments must share to be decoded by one session: codec, size, format, parameter sets."""
     with av.open(io.BytesIO(data)) as container:
-        context = container.streams.video[0].codec_context
-        return (context.name, context.width, context.height, context.format.name, bytes(context.extradata or b""))
+        return _parameters(container.streams.video[0])
+
+
+def _parameters(stream) -> tuple:
+    context = stream.codec_context
+    return (context.name, context.width, context.height, context.format.name, bytes(context.extradata or b""))
 
 
 def group_by_parameters(requests: list[ClipRequest]) -> tuple[list[list[int]], dict[int, Exception]]:
-    """Positions of requests grouped by stream parameters (in first-seen order), and unreadable ones."""
+    """Positions of requests grouped by stream parameters (in first-seen order), and unreadable ones.
+
+    Segments of one stored stream share their parameters (one encoder configuration per camera),
+    so a request that names its stream is grouped by it without opening its bytes; `join_segments`
+    still checks that the parameters agree.
+    """
     groups: dict[tuple, list[int]] = {}
     failed: dict[int, Exception] = {}
     for position, request in enumerate(requests):
-        try:
-            key = stream_parameters(request.data)
-        except (av.error.FFmpegError, IndexError) as exc:
-            failed[position] = exc
-            continue
+        if request.where is not None:
+            key: tuple = ("stream", request.codec, request.where.stream)
+        else:
+            try:
+                key = stream_parameters(request.data)
+            except (av.error.FFmpegError, IndexError) as exc:
+                failed[position] = exc
+                continue
         groups.setdefault(key, []).append(position)
     return list(groups.values()), failed
 
@@ -64,13 +76,15 @@ def join_segments(requests: list[ClipRequest], positions: list[int]) -> JoinedSt
     frame_offset = 0
     time_offset = 0
     with av.open(buffer, "w", format=container_format) as out:
-        out_stream = None
+        out_stream, parameters = None, None
         for position in positions:
             request = requests[position]
             with av.open(io.BytesIO(request.data)) as container:
                 stream = container.streams.video[0]
                 if out_stream is None:
-                    out_stream = out.add_stream_from_template(stream)
+                    out_stream, parameters = out.add_stream_from_template(stream), _parameters(stream)
+                elif _parameters(stream) != parameters:
+                    raise DecodeError(f"{request.place()}: encoded with other parameters than the segments beside it")
                 count, end = 0, 0
                 for packet in container.demux(stream):
                     if packet.dts is None:
