@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import sys
 import time
 from multiprocessing import Pool
@@ -97,7 +98,8 @@ def _cpu_work(requests):
     return sum(len(r.frames) for r in requests)
 
 
-def run_cpu(label: str, batches, processes: int) -> dict:
+def run_cpu(label: str, batches, processes: int | None = None) -> dict:
+    processes = processes or os.cpu_count()
     chunks = [b[i : i + 16] for b in batches for i in range(0, len(b), 16)]
     with Pool(processes) as pool:
         pool.map(_cpu_work, chunks[: processes * 2])
@@ -111,6 +113,7 @@ def run_cpu(label: str, batches, processes: int) -> dict:
 
 
 def run_pipelined(label: str, batches, workers: int, rounds: int = 3, **options) -> dict:
+    options = {"reuse_sessions": True, **options}
     """Joining in `workers` processes (as loader workers would), decoding in the main process."""
     decoder = DaliDecoder(device=DEVICE, **options)
     decoder.decode(batches[0])
@@ -142,65 +145,67 @@ def main() -> None:
     small = [v for v in corpus if v.codec == CODEC and v.width == 224]
     large = [v for v in corpus if v.codec == CODEC and v.width == 640]
     count = BATCH * (4 if DEVICE == "gpu" else 1)
-    clips = {s: batches_of(clip_samples(small, s, count, seed=1)) for s in ("whole", 32, 8)}
     log(f"device {results['device']}; {len(small)} videos 224x224, {len(large)} 640x480")
-    run_gpu(
-        "clips224 whole-video, session per request, 1 pipeline",
-        clips["whole"],
-        pipelines=1,
-        batch_size=8,
-        reuse_sessions=False,
-        max_batches=2,
-    )
-    run_gpu(
-        "clips224 segments gop32, session per request, 1 pipeline",
-        clips[32],
-        pipelines=1,
-        batch_size=8,
-        reuse_sessions=False,
-        max_batches=2,
-    )
-    run_gpu(
-        "clips224 segments gop32, session per request, 8 pipelines",
-        clips[32],
-        pipelines=8,
-        batch_size=8,
-        reuse_sessions=False,
-        max_batches=3,
-    )
-    for pipelines, batch_size in ((1, 8), (4, 4), (8, 4), (8, 8)):
-        run_gpu(
-            f"clips224 segments gop32, joined, {pipelines} pipelines",
+    clips = {s: batches_of(clip_samples(small, s, count, seed=1)) for s in ("whole", 32, 8, 2)}
+    sparse = {gop: batches_of(sparse_samples(small, gop, count, seed=3)) for gop in (2, 8, 32)}
+    big = batches_of(clip_samples(large, 8, BATCH * 2, seed=2)) if large else []
+    alone = {"reuse_sessions": False, "batch_size": 8, "max_batches": 2}
+    configs = [
+        (
+            "clips224 whole-video, session per request, 1 pipeline",
+            run_gpu,
+            clips["whole"],
+            {"pipelines": 1, **alone},
+        ),
+        (
+            "clips224 segments gop32, session per request, 1 pipeline",
+            run_gpu,
             clips[32],
-            pipelines=pipelines,
-            batch_size=batch_size,
-            reuse_sessions=True,
-        )
-    run_gpu("clips224 segments gop8, joined, 8 pipelines", clips[8], pipelines=8, batch_size=4, reuse_sessions=True)
-    run_pipelined(
-        "clips224 segments gop32, joined in 12 workers, 8 pipelines, end to end",
-        clips[32],
-        workers=12,
-        pipelines=8,
-        batch_size=4,
-        reuse_sessions=True,
-    )
-    if large:
-        big = batches_of(clip_samples(large, 32, BATCH * 2, seed=2))
-        run_gpu("clips640x480 segments gop32, joined, 8 pipelines", big, pipelines=8, batch_size=4, reuse_sessions=True)
-        run_cpu("clips640x480 segments gop32, pyav, all host cores", big, os.cpu_count())
-    for gop in (2, 8, 32):
-        sparse = batches_of(sparse_samples(small, gop, count, seed=3))
-        run_gpu(
-            f"sparse224 2 cams x 2 frames, gop{gop}, joined, 8 pipelines",
-            sparse,
-            pipelines=8,
-            batch_size=4,
-            reuse_sessions=True,
-        )
-        run_cpu(f"sparse224 2 cams x 2 frames, gop{gop}, pyav, all host cores", sparse, os.cpu_count())
-    run_cpu("clips224 segments gop32, pyav, all host cores", clips[32], os.cpu_count())
-    run_cpu("clips224 whole-video, pyav, all host cores", clips["whole"], os.cpu_count())
+            {"pipelines": 1, **alone},
+        ),
+        (
+            "clips224 segments gop32, session per request, 8 pipelines",
+            run_gpu,
+            clips[32],
+            {"pipelines": 8, **alone},
+        ),
+        ("clips224 segments gop32, joined, 1 pipeline", run_gpu, clips[32], {"pipelines": 1, "batch_size": 8}),
+        ("clips224 segments gop32, joined, 8 pipelines", run_gpu, clips[32], {"pipelines": 8, "batch_size": 4}),
+        ("clips224 segments gop8, joined, 8 pipelines x 1", run_gpu, clips[8], {"pipelines": 8, "batch_size": 1}),
+        ("clips224 segments gop8, joined, 8 pipelines x 4", run_gpu, clips[8], {"pipelines": 8, "batch_size": 4}),
+        ("clips224 segments gop8, joined, 16 pipelines x 2", run_gpu, clips[8], {"pipelines": 16, "batch_size": 2}),
+        ("clips224 segments gop2, joined, 8 pipelines x 4", run_gpu, clips[2], {"pipelines": 8, "batch_size": 4}),
+        (
+            "clips224 segments gop8, joined in 14 workers, 8 pipelines x 4, end to end",
+            run_pipelined,
+            clips[8],
+            {"workers": 14, "pipelines": 8, "batch_size": 4},
+        ),
+        ("clips640x480 segments gop8, joined, 8 pipelines x 4", run_gpu, big, {"pipelines": 8, "batch_size": 4}),
+        ("clips640x480 segments gop8, pyav, all host cores", run_cpu, big, {}),
+        *[
+            (
+                f"sparse224 2 cams x 2 frames, gop{gop}, joined, 8 pipelines x 4",
+                run_gpu,
+                sparse[gop],
+                {"pipelines": 8, "batch_size": 4},
+            )
+            for gop in (2, 8, 32)
+        ],
+        *[
+            (f"sparse224 2 cams x 2 frames, gop{gop}, pyav, all host cores", run_cpu, sparse[gop], {})
+            for gop in (2, 8, 32)
+        ],
+        ("clips224 segments gop8, pyav, all host cores", run_cpu, clips[8], {}),
+        ("clips224 segments gop32, pyav, all host cores", run_cpu, clips[32], {}),
+        ("clips224 whole-video, pyav, all host cores", run_cpu, clips["whole"], {}),
+    ]
+    only = re.compile(os.environ.get("DECODE_ONLY", ""))
+    for label, runner, batches, options in configs:
+        if batches and only.search(label):
+            if runner is run_gpu:
+                options = {"reuse_sessions": True, **options}
+            runner(label, batches, **options)
     out_path.write_text(json.dumps(results, indent=2))
 
 

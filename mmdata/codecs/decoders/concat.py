@@ -65,16 +65,20 @@ def group_by_parameters(requests: list[ClipRequest]) -> tuple[list[list[int]], d
 
 
 def join_segments(requests: list[ClipRequest], positions: list[int]) -> JoinedStream:
-    """Mux the segments of `requests[positions]` into one stream; frames index into the joined stream."""
+    """Mux the segments of `requests[positions]` into one stream; frames index into the joined stream.
+
+    Only the closed GOPs that hold a requested frame are kept (a GOP references nothing outside
+    itself), so the session decodes from the key frame before each wanted frame and no further
+    than the end of its GOP. Timestamps are rewritten to run on without gaps.
+    """
     first = requests[positions[0]]
     container_format = _CONTAINERS.get(first.codec)
     if container_format is None:
         raise DecodeError(f"cannot join {first.codec} segments into one stream")
     buffer = io.BytesIO()
     frames: list[np.ndarray] = []
-    decoded = 0
-    frame_offset = 0
-    time_offset = 0
+    kept_frames = 0
+    clock = 0
     with av.open(buffer, "w", format=container_format) as out:
         out_stream, parameters = None, None
         for position in positions:
@@ -85,30 +89,47 @@ def join_segments(requests: list[ClipRequest], positions: list[int]) -> JoinedSt
                     out_stream, parameters = out.add_stream_from_template(stream), _parameters(stream)
                 elif _parameters(stream) != parameters:
                     raise DecodeError(f"{request.place()}: encoded with other parameters than the segments beside it")
-                count, end = 0, 0
-                for packet in container.demux(stream):
-                    if packet.dts is None:
+                packets = [packet for packet in container.demux(stream) if packet.dts is not None]
+                order = {pts: index for index, pts in enumerate(sorted(packet.pts for packet in packets))}
+                if request.frames and max(request.frames) >= len(packets):
+                    last = max(request.frames)
+                    raise DecodeError(f"{request.place()}: segment has {len(packets)} frames; frame {last} requested")
+                wanted = set(request.frames)
+                new_index: dict[int, int] = {}
+                for gop in _closed_gops(packets):
+                    shown = sorted(order[packet.pts] for packet in gop)
+                    if wanted.isdisjoint(shown):
                         continue
-                    end = max(end, packet.pts + (packet.duration or 1))
-                    packet.pts += time_offset
-                    packet.dts += time_offset
-                    packet.stream = out_stream
-                    out.mux(packet)
-                    count += 1
-            if request.frames and max(request.frames) >= count:
-                last = max(request.frames)
-                raise DecodeError(f"{request.place()}: segment has {count} frames; frame {last} requested")
-            frames.append(frame_offset + np.asarray(request.frames, dtype=np.int32))
-            decoded += frames_decoded_from_key_frames(request.frames, request.gop)
-            frame_offset += count
-            time_offset += end
+                    first_pts = min(packet.pts for packet in gop)
+                    end_pts = max(packet.pts + (packet.duration or 1) for packet in gop)
+                    shift = clock - first_pts
+                    for packet in gop:
+                        packet.pts += shift
+                        packet.dts += shift
+                        packet.stream = out_stream
+                        out.mux(packet)
+                    clock += end_pts - first_pts
+                    for index in shown:
+                        new_index[index] = kept_frames
+                        kept_frames += 1
+            frames.append(np.asarray([new_index[i] for i in request.frames], dtype=np.int32))
     return JoinedStream(
         data=buffer.getvalue(),
         frames=np.concatenate(frames) if frames else np.empty(0, np.int32),
         requests=list(positions),
         frames_per_request=[len(requests[p].frames) for p in positions],
-        frames_decoded=decoded,
+        frames_decoded=kept_frames,
     )
+
+
+def _closed_gops(packets: list) -> list[list]:
+    """Packets in decode order, cut before every key frame."""
+    gops: list[list] = []
+    for packet in packets:
+        if packet.is_keyframe or not gops:
+            gops.append([])
+        gops[-1].append(packet)
+    return gops
 
 
 def lone_segment(requests: list[ClipRequest], position: int) -> JoinedStream:
