@@ -148,6 +148,7 @@ def main() -> None:
     log(f"device {results['device']}; {len(small)} videos 224x224, {len(large)} 640x480")
     clips = {s: batches_of(clip_samples(small, s, count, seed=1)) for s in ("whole", 32, 8, 2)}
     sparse = {gop: batches_of(sparse_samples(small, gop, count, seed=3)) for gop in (2, 8, 32)}
+    short = {n: batches_of(clip_samples(small, 2, count, seed=4, length=n)) for n in (4, 8)}
     big = batches_of(clip_samples(large, 8, BATCH * 2, seed=2)) if large else []
     alone = {"reuse_sessions": False, "batch_size": 8, "max_batches": 2}
     configs = [
@@ -175,6 +176,26 @@ def main() -> None:
         ("clips224 segments gop8, joined, 8 pipelines x 4", run_gpu, clips[8], {"pipelines": 8, "batch_size": 4}),
         ("clips224 segments gop8, joined, 16 pipelines x 2", run_gpu, clips[8], {"pipelines": 16, "batch_size": 2}),
         ("clips224 segments gop2, joined, 8 pipelines x 4", run_gpu, clips[2], {"pipelines": 8, "batch_size": 4}),
+        ("clips224 segments gop8, joined, 24 pipelines x 2", run_gpu, clips[8], {"pipelines": 24, "batch_size": 2}),
+        ("clips224 segments gop8, joined, 32 pipelines x 1", run_gpu, clips[8], {"pipelines": 32, "batch_size": 1}),
+        ("clips224 segments gop2, joined, 16 pipelines x 2", run_gpu, clips[2], {"pipelines": 16, "batch_size": 2}),
+        ("clips224 segments gop2, joined, 32 pipelines x 1", run_gpu, clips[2], {"pipelines": 32, "batch_size": 1}),
+        (
+            "clips224 segments gop2, joined in 14 workers, 32 pipelines x 1, end to end",
+            run_pipelined,
+            clips[2],
+            {"workers": 14, "pipelines": 32, "batch_size": 1},
+        ),
+        *[
+            (
+                f"short{n} clips224 segments gop2, joined, 16 pipelines x 2",
+                run_gpu,
+                short[n],
+                {"pipelines": 16, "batch_size": 2},
+            )
+            for n in (4, 8)
+        ],
+        *[(f"short{n} clips224 segments gop2, pyav, all host cores", run_cpu, short[n], {}) for n in (4, 8)],
         (
             "clips224 segments gop8, joined in 14 workers, 8 pipelines x 4, end to end",
             run_pipelined,
