@@ -12,10 +12,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from mmdata.codecs.audio import decode_audio
-from mmdata.codecs.video_decode import decode_segment
+from mmdata.codecs.align import Interpolation, frame_indices_at, sample_range, values_at
+from mmdata.codecs.audio import AudioClip, decode_audio, resample
+from mmdata.codecs.decoders import ClipRequest, SegmentRef, VideoDecoder, make_video_decoder
+from mmdata.codecs.decoders.base import OnError
 from mmdata.errors import StoreError
-from mmdata.schema import DatasetSchema
+from mmdata.schema import DatasetSchema, VideoStream
 from mmdata.sharding.filesystem import join, resolve
 from mmdata.sharding.layout import DATASET_FILE, MANIFEST_FILE, PARTIAL_DIR
 from mmdata.sharding.manifest import Manifest, Piece
@@ -24,10 +26,29 @@ from mmdata.sharding.readers import PieceReader, piece_reader
 
 @dataclass
 class StreamData:
-    """Values of one stream in a time range and the time of each value (seconds)."""
+    """Values of one stream and the time of each value (seconds).
 
-    values: np.ndarray
+    `is_pad` marks values asked for outside the episode (clamped to its edge, or silence for audio).
+    Video values are numpy arrays, or torch CUDA tensors when the decoder is DALI on the GPU.
+    """
+
+    values: Any
     timestamps: np.ndarray
+    is_pad: np.ndarray | None = None
+
+
+@dataclass
+class FramePlan:
+    """What decoding a set of frames of one camera takes: the segment requests, and how to reorder.
+
+    `positions[i]` is where the i-th requested frame lands in the requests' outputs, concatenated.
+    Plans of many samples can share one decoder call (one batch for DALI).
+    """
+
+    requests: list[ClipRequest]
+    positions: np.ndarray
+    timestamps: np.ndarray
+    is_pad: np.ndarray
 
 
 @dataclass
@@ -43,15 +64,26 @@ class EpisodeData:
 
 
 class Dataset:
-    """A converted store. Reads only what a request needs: the manifest, then pieces by address."""
+    """A converted store. Reads only what a request needs: the manifest, then pieces by address.
 
-    def __init__(self, url: str):
+    `decoder` is a backend name (see `mmdata.codecs.decoders.make_video_decoder`; "auto" picks
+    the fastest CPU backend here, since `read_episode` hands back numpy arrays) or a built
+    `VideoDecoder`. It is checked against the store's codecs now, not on the first frame.
+    """
+
+    def __init__(self, url: str, decoder: str | VideoDecoder = "auto"):
         self.url = url
         self.fs, self.root = resolve(url)
         self.schema = self._read_schema()
         with self.fs.open(join(self.root, MANIFEST_FILE), "rb") as handle:
             self.manifest = Manifest(pq.read_table(handle))
         self.pieces: PieceReader = piece_reader(self.schema.layout, self.fs, self.root)
+        codecs = [s.codec for s in self.schema.streams if isinstance(s, VideoStream)]
+        if isinstance(decoder, VideoDecoder):
+            decoder.check_codecs(codecs)
+            self.decoder = decoder
+        else:
+            self.decoder = make_video_decoder(decoder, codecs, device="cpu")
 
     def _read_schema(self) -> DatasetSchema:
         path = join(self.root, DATASET_FILE)
@@ -93,25 +125,138 @@ class Dataset:
         return episode
 
     def _read_video(self, row: dict, name: str, start: float, end: float) -> StreamData:
-        timestamps = self.pieces.read_rows(Piece.from_dict(row[f"{name}/timestamps"]), row[f"{name}/count"])
+        timestamps = self._timestamps(row, name)
         wanted = np.flatnonzero((timestamps >= start) & (timestamps < end))
         stream = self.schema.stream(name)
         if len(wanted) == 0:
             return StreamData(np.empty((0, stream.height, stream.width, 3), np.uint8), timestamps[wanted])
-        clips = []
-        for segment in row[f"{name}/segments"]:
-            first, count = segment["first_frame"], segment["num_frames"]
-            inside = wanted[(wanted >= first) & (wanted < first + count)]
-            if len(inside):
-                data = self.pieces.read_bytes(Piece.from_dict(segment))
-                clips.append(decode_segment(data, inside - first))
-        return StreamData(np.concatenate(clips), timestamps[wanted])
+        plan = self._frame_plan(row, stream, wanted, timestamps[wanted], np.zeros(len(wanted), bool))
+        return self.assemble_frames(plan, self.decoder.decode(plan.requests))
+
+    def plan_frames(self, index: int, stream: str, times: Sequence[float], tolerance: float | None = None) -> FramePlan:
+        """The segment requests that deliver camera `stream` at `times` (seconds) of episode `index`.
+
+        Each time maps to the frame with the nearest stored timestamp, which must lie within
+        `tolerance` seconds (default: half a frame period); times outside the episode clamp to its
+        first or last frame and are flagged in `is_pad`. Only the segments holding those frames
+        are read, and each frame is decoded once however often it is asked for.
+        """
+        row = self.manifest.row(index)
+        spec = self._video_stream(stream)
+        timestamps = self._timestamps(row, stream)
+        limit = 0.5 / spec.fps if tolerance is None else float(tolerance)
+        indices, is_pad = frame_indices_at(timestamps, np.asarray(times), limit, episode=row["key"], stream=stream)
+        return self._frame_plan(row, spec, indices, timestamps[indices], is_pad)
+
+    def frames_at(
+        self,
+        index: int,
+        stream: str,
+        times: Sequence[float],
+        tolerance: float | None = None,
+        on_error: OnError = "raise",
+    ) -> StreamData | None:
+        """Frames `[len(times), H, W, 3]` of camera `stream` at `times`; see `plan_frames`.
+
+        With on_error="skip" a segment that does not decode makes this return None, and the
+        decoder's `stats.skipped` counts it.
+        """
+        plan = self.plan_frames(index, stream, times, tolerance)
+        decoded = self.decoder.decode(plan.requests, on_error)
+        if any(frames is None for frames in decoded):
+            return None
+        return self.assemble_frames(plan, decoded)
+
+    @staticmethod
+    def assemble_frames(plan: FramePlan, decoded: list[Any]) -> StreamData:
+        """The frames of a plan in the order they were asked for, from its decoded requests."""
+        if decoded and not isinstance(decoded[0], np.ndarray):
+            import torch
+
+            frames = torch.cat(decoded)[torch.as_tensor(plan.positions, device=decoded[0].device)]
+        else:
+            frames = np.concatenate(decoded)[plan.positions]
+        return StreamData(frames, plan.timestamps, plan.is_pad)
+
+    def _frame_plan(
+        self, row: dict, spec: VideoStream, indices: np.ndarray, timestamps: np.ndarray, is_pad: np.ndarray
+    ) -> FramePlan:
+        segments = row[f"{spec.name}/segments"]
+        firsts = np.array([segment["first_frame"] for segment in segments])
+        unique = np.unique(indices)
+        owner = np.searchsorted(firsts, unique, side="right") - 1
+        requests = []
+        for number in np.unique(owner):
+            segment = segments[number]
+            inside = unique[owner == number] - segment["first_frame"]
+            requests.append(
+                ClipRequest(
+                    self.pieces.read_bytes(Piece.from_dict(segment)),
+                    tuple(inside),
+                    spec.codec,
+                    SegmentRef(row["key"], spec.name, int(number)),
+                    spec.gop,
+                )
+            )
+        return FramePlan(requests, np.searchsorted(unique, indices), timestamps, is_pad)
+
+    def values_at(
+        self, index: int, stream: str, times: Sequence[float], interpolation: Interpolation = "nearest"
+    ) -> StreamData:
+        """Low-dim `stream` at `times`: "nearest", "previous" (zero-order hold) or "linear"; padded at the edges."""
+        row = self.manifest.row(index)
+        count = row[f"{stream}/count"]
+        timestamps = self.pieces.read_rows(Piece.from_dict(row[f"{stream}/timestamps"]), count)
+        values = self.pieces.read_rows(Piece.from_dict(row[f"{stream}/data"]), count)
+        picked, is_pad = values_at(timestamps, values, np.asarray(times, dtype=np.float64), interpolation)
+        return StreamData(picked, np.asarray(times, dtype=np.float64), is_pad)
+
+    def audio_between(
+        self,
+        index: int,
+        stream: str,
+        t0: float,
+        t1: float,
+        sample_rate: int | None = None,
+        mono: bool = False,
+    ) -> StreamData:
+        """Audio samples `[S, C]` with t0 <= t < t1, sample-exact at the stored rate.
+
+        Time outside the recording is silence, flagged in `is_pad`. With `sample_rate` or `mono`
+        the window is resampled / downmixed to float32 after it is cut.
+        """
+        row = self.manifest.row(index)
+        clip, _ = decode_audio(self.pieces.read_bytes(Piece.from_dict(row[f"{stream}/data"])))
+        t_start = row[f"{stream}/t_start"]
+        first, last = sample_range(t_start, clip.sample_rate, t0, t1)
+        inside_first, inside_last = max(first, 0), min(max(last, 0), len(clip.samples))
+        samples = np.zeros((last - first, clip.channels), clip.samples.dtype)
+        if inside_last > inside_first:
+            samples[inside_first - first : inside_last - first] = clip.samples[inside_first:inside_last]
+        positions = np.arange(first, last)
+        is_pad = (positions < 0) | (positions >= len(clip.samples))
+        window = resample(AudioClip(samples, clip.sample_rate, t_start + first / clip.sample_rate), sample_rate, mono)
+        if window.sample_rate != clip.sample_rate:
+            times = window.t_start + np.arange(len(window.samples)) / window.sample_rate
+            is_pad = pad_by_time(times, t_start, len(clip.samples) / clip.sample_rate)
+        else:
+            times = t_start + positions / clip.sample_rate
+        return StreamData(window.samples, times, is_pad)
+
+    def _timestamps(self, row: dict, name: str) -> np.ndarray:
+        return self.pieces.read_rows(Piece.from_dict(row[f"{name}/timestamps"]), row[f"{name}/count"])
+
+    def _video_stream(self, name: str) -> VideoStream:
+        stream = self.schema.stream(name)
+        if not isinstance(stream, VideoStream):
+            raise StoreError(f"stream '{name}' of '{self.url}' is {stream.kind}, not video")
+        return stream
 
     def _read_audio(self, row: dict, name: str, start: float, end: float) -> StreamData:
         clip, _ = decode_audio(self.pieces.read_bytes(Piece.from_dict(row[f"{name}/data"])))
         rate, t_start = clip.sample_rate, row[f"{name}/t_start"]
-        first = 0 if start == -math.inf else max(0, math.ceil((start - t_start) * rate - 1e-9))
-        last = len(clip.samples) if end == math.inf else max(first, math.ceil((end - t_start) * rate - 1e-9))
+        low, high = max(start, t_start), min(end, t_start + len(clip.samples) / rate)
+        first, last = sample_range(t_start, rate, low, high) if high > low else (0, 0)
         samples = clip.samples[first:last]
         return StreamData(samples, t_start + np.arange(first, first + len(samples)) / rate)
 
@@ -123,6 +268,14 @@ class Dataset:
         return StreamData(values[inside], timestamps[inside])
 
 
-def open_dataset(path_or_url: str) -> Dataset:
-    """Open a store written by `mmdata convert`: a local folder or an fsspec URL."""
-    return Dataset(str(path_or_url))
+def pad_by_time(times: np.ndarray, t_start: float, duration: float) -> np.ndarray:
+    return (times < t_start - 1e-9) | (times >= t_start + duration - 1e-9)
+
+
+def open_dataset(path_or_url: str, decoder: str | VideoDecoder = "auto") -> Dataset:
+    """Open a store written by `mmdata convert`: a local folder or an fsspec URL.
+
+    `decoder` picks the video backend ("auto", "pyav", "decord", "dali-cpu", "dali") or takes a
+    built `VideoDecoder`; a codec it cannot decode fails here.
+    """
+    return Dataset(str(path_or_url), decoder)

@@ -47,3 +47,7 @@ class UnsupportedCodecError(MmdataError):
 
 class AlignmentError(MmdataError):
     """A requested time has no stored value within the tolerance the caller set."""
+
+
+class MissingDependencyError(MmdataError):
+    """An optional feature needs a package that is not installed; the message names the extra to install."""

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from tqdm import tqdm
 
 from mmdata.codecs.audio import decode_audio
-from mmdata.codecs.video_decode import decode_segment
+from mmdata.codecs.decoders.pyav_decoder import decode_all_frames
 from mmdata.dataset import Dataset
 from mmdata.errors import MmdataError
 from mmdata.schema import AudioStream, LowdimStream, VideoStream
@@ -101,7 +101,7 @@ class _EpisodeChecker:
             if data is None:
                 continue
             try:
-                frames = decode_segment(data)
+                frames = decode_all_frames(data)
             except MmdataError as exc:
                 self.problems.append(f"{what}: {exc}")
                 continue

@@ -11,7 +11,8 @@ import pytest
 
 import mmdata
 from mmdata.codecs.audio import AudioClip, decode_audio, encode_flac
-from mmdata.codecs.video_decode import decode_segment
+from mmdata.codecs.decoders import ClipRequest, make_video_decoder
+from mmdata.codecs.decoders.pyav_decoder import decode_all_frames
 from mmdata.codecs.video_encode import VideoEncoding, encode_segments
 from mmdata.conversion.pipeline import ConvertOptions, convert
 from mmdata.errors import MmdataError, StoreError
@@ -33,9 +34,9 @@ def test_segments_hold_their_frames_with_key_frames_every_gop(codec):
         with av.open(io.BytesIO(data)) as container:
             keys = [p.is_keyframe for p in container.demux(video=0) if p.size]
         assert keys[0] and sum(keys) == -(-count // 8)
-        frames = decode_segment(data)
+        frames = decode_all_frames(data)
         assert [read_index_stripe(f) for f in frames] == list(range(16 * number, 16 * number + count))
-    picked = decode_segment(segments[1][1], [5, 2, 5])
+    (picked,) = make_video_decoder("pyav", [codec]).decode([ClipRequest(segments[1][1], (5, 2, 5), codec)])
     assert [read_index_stripe(f) for f in picked] == [21, 18, 21]
 
 

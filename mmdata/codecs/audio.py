@@ -98,3 +98,41 @@ def encode_flac(clip: AudioClip) -> bytes:
             out.mux(stream.encode(frame))
         out.mux(stream.encode(None))
     return buffer.getvalue()
+
+
+def as_float(samples: np.ndarray) -> np.ndarray:
+    """Samples as float32 in [-1, 1], whatever their stored integer type."""
+    if samples.dtype == np.int16:
+        return samples.astype(np.float32) / 32768.0
+    if samples.dtype == np.int32:
+        return (samples.astype(np.float64) / 2147483648.0).astype(np.float32)
+    return samples.astype(np.float32, copy=False)
+
+
+def resample(clip: AudioClip, sample_rate: int | None = None, mono: bool = False) -> AudioClip:
+    """The clip as float32 at `sample_rate` (FFmpeg's resampler), averaged to one channel if `mono`.
+
+    Without a rate change or downmix the samples are returned as they are (sample-exact).
+    """
+    target_rate = sample_rate or clip.sample_rate
+    if target_rate == clip.sample_rate and (not mono or clip.channels == 1):
+        return clip
+    samples = as_float(clip.samples)
+    if mono and clip.channels > 1:
+        samples = samples.mean(axis=1, keepdims=True)
+    if target_rate == clip.sample_rate or len(samples) == 0:
+        return AudioClip(np.ascontiguousarray(samples), clip.sample_rate, clip.t_start)
+    layout = _CHANNEL_LAYOUTS.get(samples.shape[1])
+    if layout is None:
+        raise DecodeError(f"resampling supports 1 to 8 channels, not {samples.shape[1]}")
+    resampler = av.AudioResampler(format="flt", layout=layout, rate=target_rate)
+    frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(samples).reshape(1, -1), format="flt", layout=layout)
+    frame.sample_rate = clip.sample_rate
+    frame.pts = 0
+    chunks = [
+        f.to_ndarray().reshape(-1, samples.shape[1]) for f in [*resampler.resample(frame), *resampler.resample(None)]
+    ]
+    out = np.concatenate(chunks) if chunks else np.zeros((0, samples.shape[1]), np.float32)
+    expected = round(len(samples) * target_rate / clip.sample_rate)
+    out = np.pad(out, ((0, max(0, expected - len(out))), (0, 0)))[:expected]
+    return AudioClip(np.ascontiguousarray(out, dtype=np.float32), target_rate, clip.t_start)

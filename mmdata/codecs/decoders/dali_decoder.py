@@ -19,7 +19,7 @@ import numpy as np
 from mmdata.codecs.decoders.base import OnError, VideoDecoder
 from mmdata.codecs.decoders.concat import JoinedStream, group_by_parameters, join_segments, lone_segment
 from mmdata.codecs.decoders.requests import ClipRequest
-from mmdata.errors import DecodeError
+from mmdata.errors import DecodeError, MmdataError
 
 DALI_GPU_CODECS = frozenset({"h264", "hevc", "vp9", "vp8", "av1", "mjpeg", "mpeg4"})
 DALI_CPU_CODECS = frozenset({"vp8", "vp9", "mjpeg"})
@@ -187,6 +187,13 @@ class DaliDecoder(VideoDecoder):
         return np.empty((0, 0, 0, 3), dtype=np.uint8)
 
     def _pipelines(self) -> list[Any]:
+        if self._built and self._owner_pid != os.getpid():
+            raise MmdataError(
+                f"decoder '{self.name}' already ran DALI in process {self._owner_pid}, and this process was"
+                " forked from it; DALI cannot start again in a forked child once initialised (it would hang)."
+                " Decode only in the workers (do not decode in the parent before they start), or start workers"
+                " with multiprocessing_context='spawn' or 'forkserver'"
+            )
         if self._owner_pid != os.getpid():
             self._built = [self._build() for _ in range(self.pipelines)]
             self._owner_pid = os.getpid()

@@ -29,23 +29,24 @@ class DecordDecoder(SequentialDecoder):
 
     def __init__(self, threads: int = 1):
         super().__init__()
-        import decord
-
-        self._decord = decord
         self.threads = threads
 
     def describe(self) -> str:
-        return f"decord {self._decord.__version__} (CPU, {self.threads} thread(s) per decoder)"
+        import decord
+
+        return f"decord {decord.__version__} (CPU, {self.threads} thread(s) per decoder)"
 
     def _decode_one(self, request: ClipRequest) -> tuple[np.ndarray, int]:
+        import decord
+
         if not request.frames:
             return np.empty((0, 0, 0, 3), dtype=np.uint8), 0
         try:
-            reader = self._decord.VideoReader(io.BytesIO(request.data), num_threads=self.threads)
+            reader = decord.VideoReader(io.BytesIO(request.data), num_threads=self.threads)
             length = len(reader)
             if max(request.frames) >= length:
                 raise DecodeError(f"segment has {length} frames; frame {max(request.frames)} requested")
             frames = reader.get_batch(list(request.frames)).asnumpy()
-        except self._decord.DECORDError as exc:
+        except decord.DECORDError as exc:
             raise DecodeError(str(exc).splitlines()[0]) from exc
         return frames, frames_decoded_from_key_frames(request.frames, request.gop)

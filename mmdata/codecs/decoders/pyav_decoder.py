@@ -6,12 +6,24 @@ import io
 
 import av
 import numpy as np
+from av.video.reformatter import Interpolation, VideoReformatter
 
 from mmdata.codecs.decoders.base import SequentialDecoder
 from mmdata.codecs.decoders.requests import ClipRequest
 from mmdata.errors import DecodeError
 
 PYAV_CODECS = frozenset({"h264", "hevc", "vp9", "vp8", "av1", "mjpeg", "mpeg4"})
+
+# Exact rounding and full-resolution chroma interpolation: FFmpeg's default YUV->RGB path rounds
+# down (about 1.3 levels darker on average); with these flags PyAV gives the very pixels DALI's
+# decoder gives (mean difference 0.0 on the same bytes) and lands closer to the source.
+RGB_CONVERSION = Interpolation.BILINEAR | Interpolation.ACCURATE_RND | Interpolation.FULL_CHR_H_INT
+
+
+def to_rgb(frame: av.VideoFrame, reformatter: VideoReformatter | None = None) -> np.ndarray:
+    """A decoded frame as uint8 RGB `[H, W, 3]`, converted the way every mmdata backend converts."""
+    converter = reformatter or VideoReformatter()
+    return converter.reformat(frame, format="rgb24", interpolation=RGB_CONVERSION, threads=1).to_ndarray()
 
 
 class PyAvDecoder(SequentialDecoder):
@@ -23,6 +35,10 @@ class PyAvDecoder(SequentialDecoder):
     def __init__(self, threads: int = 1):
         super().__init__()
         self.threads = threads
+        self._reformatter: VideoReformatter | None = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_reformatter": None}
 
     def describe(self) -> str:
         return f"pyav {av.__version__} (CPU, {self.threads} thread(s) per decoder)"
@@ -35,12 +51,16 @@ class PyAvDecoder(SequentialDecoder):
                 stream = container.streams.video[0]
                 stream.codec_context.thread_count = self.threads
                 packets = [packet for packet in container.demux(stream) if packet.size]
-                return self._decode_packets(stream.codec_context, packets, request.frames)
+                if self._reformatter is None:
+                    self._reformatter = VideoReformatter()
+                return self._decode_packets(stream.codec_context, packets, request.frames, self._reformatter)
         except (av.error.FFmpegError, IndexError) as exc:
             raise DecodeError(str(exc) or type(exc).__name__) from exc
 
     @staticmethod
-    def _decode_packets(context, packets: list, wanted_frames: tuple[int, ...]) -> tuple[np.ndarray, int]:
+    def _decode_packets(
+        context, packets: list, wanted_frames: tuple[int, ...], reformatter: VideoReformatter
+    ) -> tuple[np.ndarray, int]:
         if not packets:
             raise DecodeError("segment holds no video packets")
         order = {pts: index for index, pts in enumerate(sorted(packet.pts for packet in packets))}
@@ -60,7 +80,7 @@ class PyAvDecoder(SequentialDecoder):
                     index = order.get(frame.pts)
                     count += 1
                     if index in wanted_lookup:
-                        decoded[index] = frame.to_ndarray(format="rgb24")
+                        decoded[index] = to_rgb(frame, reformatter)
                 if last in decoded:
                     break
         missing = [i for i in wanted if i not in decoded]
@@ -80,3 +100,16 @@ def _runs(wanted: list[int], key_frames: list[tuple[int, int]]) -> list[tuple[in
         else:
             runs[-1] = (runs[-1][0], index)
     return runs
+
+
+def decode_all_frames(data: bytes) -> np.ndarray:
+    """Every frame of an encoded segment or file, in presentation order, as uint8 `[F, H, W, 3]`."""
+    try:
+        with av.open(io.BytesIO(data)) as container:
+            reformatter = VideoReformatter()
+            frames = [to_rgb(frame, reformatter) for frame in container.decode(video=0)]
+    except (av.error.FFmpegError, IndexError) as exc:
+        raise DecodeError(f"video does not decode: {exc}") from exc
+    if not frames:
+        raise DecodeError("video holds no frames")
+    return np.stack(frames)

@@ -29,6 +29,11 @@ CPU_PREFERENCE: dict[str, tuple[str, ...]] = {
 }
 _DEFAULT_CPU_PREFERENCE = ("pyav", "decord", "dali-cpu")
 
+# Below this many frames per request the host's cores beat NVDEC with joined sessions: measured on
+# an H200 host (16 cores) with 224x224 H.264, 4-frame clips ran at 4,185 frames/s on PyAV against
+# 3,424 with DALI, 8-frame clips at 4,637 against 6,180 (benchmarks/results/decode_gpu_h200.md).
+GPU_MIN_FRAMES_PER_REQUEST = 8
+
 
 def backend_available(name: str) -> bool:
     """Whether `name` can run here: its library is installed and, for "dali", a CUDA GPU is visible."""
@@ -50,10 +55,16 @@ def backends_for_codec(codec: str) -> list[str]:
     return [name for name in order if codec in _CODECS[name] and backend_available(name)]
 
 
-def choose_backend(codecs: Sequence[str]) -> str:
-    """What `auto` means here: DALI on the GPU when it decodes every codec, else the fastest CPU backend."""
+def choose_backend(codecs: Sequence[str], device: str = "auto", frames_per_request: int | None = None) -> str:
+    """What `auto` means here.
+
+    DALI on the GPU when `device` allows it ("auto" or "cuda"), a GPU and DALI are present, DALI
+    decodes every codec, and requests are long enough for the GPU to win (`frames_per_request`,
+    when known, at least GPU_MIN_FRAMES_PER_REQUEST); otherwise the fastest CPU backend.
+    """
     codecs = list(dict.fromkeys(codecs))
-    if backend_available("dali") and all(c in DALI_GPU_CODECS for c in codecs):
+    gpu_wins = frames_per_request is None or frames_per_request >= GPU_MIN_FRAMES_PER_REQUEST
+    if device != "cpu" and gpu_wins and backend_available("dali") and all(c in DALI_GPU_CODECS for c in codecs):
         return "dali"
     first = codecs[0] if codecs else "h264"
     for name in [*CPU_PREFERENCE.get(first, _DEFAULT_CPU_PREFERENCE), "pyav"]:
@@ -62,16 +73,23 @@ def choose_backend(codecs: Sequence[str]) -> str:
     raise UnsupportedCodecError(f"no installed decoder reads all of {', '.join(codecs)}")
 
 
-def make_video_decoder(name: str = "auto", codecs: Sequence[str] = (), **options: Any) -> VideoDecoder:
+def make_video_decoder(
+    name: str = "auto",
+    codecs: Sequence[str] = (),
+    device: str = "auto",
+    frames_per_request: int | None = None,
+    **options: Any,
+) -> VideoDecoder:
     """Build the backend `name` ("auto", "dali", "dali-cpu", "pyav", "decord") for `codecs`.
 
     Fails here, not on the first sample, when the backend is missing or cannot decode a codec.
-    `options` go to the backend (e.g. `pipelines=`, `reuse_sessions=` for DALI, `threads=` for CPU).
+    `device` and `frames_per_request` steer "auto" (see `choose_backend`); `options` go to the
+    backend (e.g. `pipelines=`, `reuse_sessions=` for DALI, `threads=` for the CPU backends).
     """
     if name not in BACKEND_NAMES:
         raise MmdataError(f"unknown decoder '{name}'; choose one of {', '.join(BACKEND_NAMES)}")
     if name == "auto":
-        name = choose_backend(codecs)
+        name = choose_backend(codecs, device, frames_per_request)
     if not backend_available(name):
         raise MmdataError(_why_unavailable(name))
     if name == "pyav":

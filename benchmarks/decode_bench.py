@@ -1,0 +1,108 @@
+"""Clip and sparse-window decoding on this machine's CPU, per backend and codec, in one run.
+
+Measures delivered frames/s for
+- 16-frame clips (stride 2, random starts) stored as 32-frame closed-GOP segments vs as whole
+  videos (key frame every 250 frames), at 224x224 and 640x480, per backend and codec;
+- sparse policy windows (frames at t - 0.1 s and t from 2 cameras) and clips, for key-frame
+  intervals 2, 8 and 32 inside the segments, with decode waste (frames decoded / delivered)
+  and storage cost (bytes per frame).
+
+usage: python benchmarks/decode_bench.py [--out benchmarks/results/decode_cpu.json] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from decode_workload import clip_samples, load_or_encode, measure, sparse_samples  # noqa: E402
+
+from mmdata.codecs.decoders import backends_for_codec, make_video_decoder  # noqa: E402
+
+
+def row_for(decoder_name: str, codec: str, samples, label: str, min_seconds: float) -> dict:
+    decoder = make_video_decoder(decoder_name, [codec])
+    fps, batches = measure(decoder.decode, samples, batch=16, min_seconds=min_seconds, max_batches=40)
+    row = {
+        "case": label,
+        "decoder": decoder_name,
+        "codec": codec,
+        "delivered_fps": round(fps),
+        "decode_waste": round(decoder.stats.decode_waste, 2),
+        "batches": batches,
+    }
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="benchmarks/results/decode_cpu.json")
+    parser.add_argument(
+        "--corpus",
+        default="benchmarks/.cache/decode_corpus.pkl",
+        help="encoded videos, made on the first run and reused",
+    )
+    parser.add_argument("--quick", action="store_true", help="224x224 H.264 only, shorter runs")
+    args = parser.parse_args()
+    codecs = ["h264"] if args.quick else ["h264", "hevc", "vp9"]
+    resolutions = [(224, 224)] if args.quick else [(224, 224), (640, 480)]
+    min_seconds = 0.5 if args.quick else 1.5
+    started = time.perf_counter()
+    corpus = load_or_encode(
+        Path(args.corpus + (".quick" if args.quick else "")),
+        codecs=codecs,
+        resolutions=resolutions,
+        videos=2,
+        seconds=10,
+        gops=[2, 8, 32],
+    )
+    print(f"corpus ready in {time.perf_counter() - started:.0f} s", flush=True)
+    rows = []
+    for codec in codecs:
+        for width, height in resolutions:
+            videos = [v for v in corpus if v.codec == codec and v.width == width]
+            size = f"{width}x{height}"
+            for backend in backends_for_codec(codec):
+                whole = row_for(
+                    backend, codec, clip_samples(videos, "whole", 64, seed=1), f"clips {size} whole-video", min_seconds
+                )
+                segments = row_for(
+                    backend, codec, clip_samples(videos, 32, 64, seed=1), f"clips {size} segments gop32", min_seconds
+                )
+                segments["speedup_vs_whole"] = round(segments["delivered_fps"] / whole["delivered_fps"], 2)
+                rows += [whole, segments]
+    gop_rows = []
+    for codec in codecs:
+        videos = [v for v in corpus if v.codec == codec and v.width == 224]
+        for gop in (2, 8, 32):
+            bytes_per_frame = sum(len(b) for v in videos for b in v.segments[gop]) / sum(v.frames for v in videos)
+            for backend in backends_for_codec(codec)[:1]:
+                for label, samples in (
+                    ("sparse 224x224 2 cams x 2 frames", sparse_samples(videos, gop, 64, seed=3)),
+                    ("clips 224x224", clip_samples(videos, gop, 64, seed=1)),
+                ):
+                    row = row_for(backend, codec, samples, f"{label} gop{gop}", min_seconds)
+                    row.update(gop=gop, bytes_per_frame=round(bytes_per_frame))
+                    gop_rows.append(row)
+    result = {
+        "machine": f"{platform.node()}: {platform.processor() or platform.machine()}, {os.cpu_count()} cores (no GPU)",
+        "python": platform.python_version(),
+        "date": time.strftime("%Y-%m-%d"),
+        "clips": rows,
+        "key_frame_interval": gop_rows,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out} in {time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

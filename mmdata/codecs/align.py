@@ -1,0 +1,112 @@
+"""Put streams with their own clocks on requested times: frames by nearest timestamp, low-dim
+values by nearest / previous / linear, audio by sample range. Timestamps, never index arithmetic,
+so variable-frame-rate sources line up too.
+
+Times outside an episode clamp to its edge and are flagged in an `is_pad` mask, as LeRobot's
+`delta_timestamps` do (`<stream>_is_pad`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import numpy as np
+
+from mmdata.errors import AlignmentError
+
+Interpolation = Literal["nearest", "previous", "linear"]
+INTERPOLATIONS = ("nearest", "previous", "linear")
+_EDGE = 1e-9
+
+
+def pad_mask(timestamps: np.ndarray, times: np.ndarray) -> np.ndarray:
+    """True where a requested time lies before the first or after the last stored timestamp."""
+    return (times < timestamps[0] - _EDGE) | (times > timestamps[-1] + _EDGE)
+
+
+def nearest_indices(timestamps: np.ndarray, times: np.ndarray) -> np.ndarray:
+    """Index of the stored timestamp nearest each requested time (ties go to the earlier one)."""
+    right = np.clip(np.searchsorted(timestamps, times, side="left"), 0, len(timestamps) - 1)
+    left = np.clip(right - 1, 0, len(timestamps) - 1)
+    take_left = np.abs(times - timestamps[left]) <= np.abs(timestamps[right] - times)
+    return np.where(take_left, left, right)
+
+
+def frame_indices_at(
+    timestamps: np.ndarray,
+    times: np.ndarray,
+    tolerance: float,
+    *,
+    episode: str,
+    stream: str,
+    clamp_to_episode: bool = True,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(frame index, is_pad) for each requested time, by the stored frame timestamps.
+
+    A time inside the episode must have a frame within `tolerance` seconds; a time outside it is
+    clamped to the first or last frame and flagged, unless `clamp_to_episode` is False, in which
+    case it too must be within tolerance.
+    """
+    times = np.asarray(times, dtype=np.float64)
+    if len(timestamps) == 0:
+        raise AlignmentError(f"episode '{episode}', stream '{stream}' holds no frames")
+    is_pad = pad_mask(timestamps, times) if clamp_to_episode else np.zeros(len(times), bool)
+    clamped = np.clip(times, timestamps[0], timestamps[-1]) if clamp_to_episode else times
+    indices = nearest_indices(timestamps, clamped)
+    distance = np.abs(timestamps[indices] - clamped)
+    outside = np.flatnonzero(distance > tolerance + _EDGE)
+    if len(outside):
+        at = int(outside[0])
+        nearest = int(indices[at])
+        raise AlignmentError(
+            f"episode '{episode}', stream '{stream}': no frame within {tolerance:g} s of t={times[at]:.6f} s;"
+            f" the nearest is frame {nearest} at t={timestamps[nearest]:.6f} s"
+            f" ({len(outside)} of {len(times)} requested times are off; raise the tolerance or request times"
+            f" the stream was recorded at)"
+        )
+    return indices, is_pad
+
+
+def values_at(
+    timestamps: np.ndarray, values: np.ndarray, times: np.ndarray, mode: Interpolation = "nearest"
+) -> tuple[np.ndarray, np.ndarray]:
+    """(values, is_pad) of a low-dim stream at `times`.
+
+    "nearest" takes the closest sample, "previous" the last one at or before the time
+    (zero-order hold, what a controller saw), "linear" interpolates between the two neighbours
+    (float output). Times outside the stream clamp to its first or last value.
+    """
+    if mode not in INTERPOLATIONS:
+        raise ValueError(f"interpolation '{mode}' is not one of {', '.join(INTERPOLATIONS)}")
+    times = np.asarray(times, dtype=np.float64)
+    if len(timestamps) == 0:
+        raise AlignmentError("the stream holds no values in this episode")
+    is_pad = pad_mask(timestamps, times)
+    clamped = np.clip(times, timestamps[0], timestamps[-1])
+    if mode == "nearest":
+        return values[nearest_indices(timestamps, clamped)], is_pad
+    after = np.searchsorted(timestamps, clamped + _EDGE, side="right")
+    before = np.clip(after - 1, 0, len(timestamps) - 1)
+    if mode == "previous":
+        return values[before], is_pad
+    following = np.clip(before + 1, 0, len(timestamps) - 1)
+    span = timestamps[following] - timestamps[before]
+    weight = np.divide(clamped - timestamps[before], span, out=np.zeros_like(clamped), where=span > 0)
+    weight = weight.reshape((-1,) + (1,) * (values.ndim - 1))
+    low = values[before].astype(np.float64)
+    high = values[following].astype(np.float64)
+    result = low + weight * (high - low)
+    dtype = values.dtype if np.issubdtype(values.dtype, np.floating) else np.float32
+    return result.astype(dtype), is_pad
+
+
+def sample_range(t_start: float, sample_rate: int, t0: float, t1: float) -> tuple[int, int]:
+    """[first, last) sample indices (relative to a clip starting at `t_start`) covering [t0, t1).
+
+    Sample k is at t_start + k / rate; the range holds exactly the samples with t0 <= t < t1,
+    so adjacent windows share no sample and miss none.
+    """
+    first = math.ceil((t0 - t_start) * sample_rate - 1e-6)
+    last = math.ceil((t1 - t_start) * sample_rate - 1e-6)
+    return first, max(first, last)

@@ -1,0 +1,154 @@
+"""Every decoding backend returns the frames a full PyAV decode gives, for random clip requests."""
+
+from __future__ import annotations
+
+import multiprocessing
+import pickle
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from mmdata.codecs.decoders import (
+    ClipRequest,
+    SegmentRef,
+    backend_available,
+    frames_decoded_from_key_frames,
+    make_video_decoder,
+)
+from mmdata.codecs.decoders.concat import join_segments
+from mmdata.codecs.decoders.pyav_decoder import decode_all_frames
+from mmdata.codecs.video_encode import VideoEncoding, encode_segments
+from mmdata.errors import MmdataError, UnsupportedCodecError
+from mmdata.synthetic import read_index_stripe, synthetic_frame
+
+SEGMENT, GOP = 16, 4
+# Mean absolute RGB difference allowed against the PyAV reference. PyAV and DALI convert YUV to RGB
+# with exact rounding (identical pixels); decord uses FFmpeg's default conversion, which rounds
+# down, and exposes no option to change it, so its frames sit about 1.25 levels lower.
+RGB_TOLERANCE = {"pyav": 1.0, "dali-cpu": 1.0, "decord": 1.5}
+PAIRS = [
+    ("pyav", {}, "h264"),
+    ("pyav", {}, "hevc"),
+    ("pyav", {}, "vp9"),
+    ("decord", {}, "h264"),
+    ("decord", {}, "hevc"),
+    ("decord", {}, "vp9"),
+    ("dali-cpu", {"reuse_sessions": True, "pipelines": 2, "batch_size": 2}, "vp9"),
+    ("dali-cpu", {"reuse_sessions": False, "pipelines": 1, "batch_size": 4}, "vp9"),
+]
+
+
+@pytest.fixture(scope="module")
+def segments() -> dict[str, list[bytes]]:
+    frames = [synthetic_frame(i, 0, 64, 128) for i in range(40)]
+    return {
+        codec: [data for _, data in encode_segments(frames, Fraction(30), 128, 64, VideoEncoding(codec, SEGMENT, GOP))]
+        for codec in ("h264", "hevc", "vp9")
+    }
+
+
+def random_requests(codec: str, segments: list[bytes], seed: int, count: int = 10) -> list[ClipRequest]:
+    rng = np.random.default_rng(seed)
+    requests = []
+    for _ in range(count):
+        number = int(rng.integers(len(segments)))
+        length = SEGMENT if number < len(segments) - 1 else 40 - SEGMENT * number
+        frames = rng.integers(0, length, size=int(rng.integers(1, 7)))
+        requests.append(ClipRequest(segments[number], tuple(frames), codec, SegmentRef("ep", "cam", number), GOP))
+    return requests
+
+
+@pytest.mark.parametrize(("backend", "options", "codec"), PAIRS, ids=[f"{b}-{c}-{o}" for b, o, c in PAIRS])
+def test_backend_frames_match_a_full_pyav_decode(backend, options, codec, segments):
+    if not backend_available(backend):
+        pytest.fail(f"backend {backend} is a test dependency (pip install -e '.[dev]') but is not importable")
+    decoder = make_video_decoder(backend, [codec], **options)
+    requests = random_requests(codec, segments[codec], seed=len(backend) + len(codec))
+    reference = [decode_all_frames(data) for data in segments[codec]]
+    outputs = decoder.decode(requests)
+    for request, frames in zip(requests, outputs):
+        number = request.where.segment
+        expected = reference[number][list(request.frames)]
+        assert frames.shape == expected.shape and frames.dtype == np.uint8
+        difference = np.abs(frames.astype(np.int16) - expected).mean()
+        assert difference < RGB_TOLERANCE[backend], f"{backend} differs from PyAV on {codec} by {difference:.2f}"
+        assert [read_index_stripe(f) for f in frames] == [SEGMENT * number + i for i in request.frames]
+    assert decoder.stats.requests == len(requests)
+    assert decoder.stats.frames_delivered == sum(len(r.frames) for r in requests)
+    assert decoder.stats.decode_waste >= 1.0
+
+
+def test_pyav_decodes_from_the_key_frame_before_the_wanted_frames(segments):
+    decoder = make_video_decoder("pyav", ["h264"])
+    decoder.decode([ClipRequest(segments["h264"][0], (9, 10), "h264", gop=GOP)])
+    assert decoder.stats.frames_decoded == 3, "frames 8, 9, 10: from the key frame at 8 to the last wanted"
+
+
+def test_decode_waste_counts_runs_between_key_frames():
+    assert frames_decoded_from_key_frames((9, 10), 4) == 3
+    assert frames_decoded_from_key_frames((1, 13), 4) == 2 + 2
+    assert frames_decoded_from_key_frames((1, 5), 4) == 2 + 2, "frame 5 starts again at key frame 4"
+    assert frames_decoded_from_key_frames((1, 3), 4) == 4, "frame 3 continues the run from key frame 0"
+    assert frames_decoded_from_key_frames((5,), None) == 6
+
+
+def test_joined_stream_keeps_only_the_gops_holding_wanted_frames(segments):
+    requests = [
+        ClipRequest(segments["h264"][0], (1, 13), "h264", gop=GOP),
+        ClipRequest(segments["h264"][2], (6,), "h264", gop=GOP),
+    ]
+    joined = join_segments(requests, [0, 1])
+    frames = decode_all_frames(joined.data)
+    assert joined.frames_decoded == len(frames) == 3 * GOP
+    assert [read_index_stripe(f) for f in frames[joined.frames]] == [1, 13, 38]
+
+
+def test_unsupported_codec_fails_at_build_time_naming_a_backend_that_can():
+    with pytest.raises(UnsupportedCodecError, match="'dali-cpu' .*cannot decode h264 video; use decoder='pyav'"):
+        make_video_decoder("dali-cpu", ["h264"])
+
+
+def test_unknown_backend_name_is_refused():
+    with pytest.raises(MmdataError, match="unknown decoder 'ffmpeg'; choose one of auto, dali"):
+        make_video_decoder("ffmpeg", ["h264"])
+
+
+def test_auto_picks_a_cpu_backend_without_a_gpu():
+    assert make_video_decoder("auto", ["h264", "vp9"]).device == "cpu"
+    assert make_video_decoder("auto", ["h264"], device="cpu", frames_per_request=2).name in ("pyav", "decord")
+
+
+def _decode_in_child(decoder, request, queue):
+    try:
+        queue.put(decoder.decode([request])[0].shape)
+    except MmdataError as exc:
+        queue.put(str(exc))
+
+
+def _run_in_forked_child(decoder, request):
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_decode_in_child, args=(decoder, request, queue))
+    child.start()
+    answer = queue.get(timeout=60)
+    child.join(10)
+    return answer
+
+
+@pytest.mark.parametrize(("backend", "codec"), [("pyav", "h264"), ("decord", "h264"), ("dali-cpu", "vp9")])
+def test_decoder_built_before_fork_decodes_in_a_forked_worker(backend, codec, segments):
+    decoder = make_video_decoder(backend, [codec])
+    request = ClipRequest(segments[codec][0], (0, 3), codec, gop=GOP)
+    assert _run_in_forked_child(decoder, request) == (2, 64, 128, 3)
+    assert pickle.loads(pickle.dumps(decoder)).decode([request])[0].shape == (2, 64, 128, 3)
+
+
+def test_dali_used_before_fork_fails_clearly_in_the_child_instead_of_hanging(segments):
+    decoder = make_video_decoder("dali-cpu", ["vp9"])
+    request = ClipRequest(segments["vp9"][0], (0,), "vp9", gop=GOP)
+    decoder.decode([request])
+    assert "forked from it" in _run_in_forked_child(decoder, request)
+    assert pickle.loads(pickle.dumps(decoder)).decode([request])[0].shape == (1, 64, 128, 3), (
+        "spawned workers get a fresh one"
+    )
