@@ -26,6 +26,8 @@ from decode_workload import clip_samples, load_or_encode, measure, sparse_sample
 
 from mmdata.codecs.decoders import backends_for_codec, make_video_decoder  # noqa: E402
 
+GOPS = [2, 4, 8, 32]
+
 
 def row_for(decoder_name: str, codec: str, samples, label: str, min_seconds: float) -> dict:
     decoder = make_video_decoder(decoder_name, [codec])
@@ -82,9 +84,9 @@ def main() -> None:
     gop_rows = []
     for codec in codecs:
         videos = [v for v in corpus if v.codec == codec and v.width == 224]
-        for gop in (2, 8, 32):
+        for gop in GOPS:
             bytes_per_frame = sum(len(b) for v in videos for b in v.segments[gop]) / sum(v.frames for v in videos)
-            for backend in backends_for_codec(codec)[:1]:
+            for backend in backends_for_codec(codec):
                 for label, samples in (
                     ("sparse 224x224 2 cams x 2 frames", sparse_samples(videos, gop, 64, seed=3)),
                     ("clips 224x224", clip_samples(videos, gop, 64, seed=1)),

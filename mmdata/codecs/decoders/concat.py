@@ -39,7 +39,8 @@ def stream_parameters(data: bytes) -> tuple:
 
 def _parameters(stream) -> tuple:
     context = stream.codec_context
-    return (context.name, context.width, context.height, context.format.name, bytes(context.extradata or b""))
+    pixel_format = context.format.name if context.format is not None else None
+    return (context.name, context.width, context.height, pixel_format, bytes(context.extradata or b""))
 
 
 def group_by_parameters(requests: list[ClipRequest]) -> tuple[list[list[int]], dict[int, Exception]]:
