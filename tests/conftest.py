@@ -5,13 +5,16 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+from fractions import Fraction
 from pathlib import Path
 
+import av
+import numpy as np
 import pytest
 
 from mmdata.conversion.pipeline import ConvertOptions, convert
 from mmdata.sources.raw import discover_raw_episodes
-from mmdata.synthetic import SynthSpec, write_synthetic_dataset
+from mmdata.synthetic import SynthSpec, synthetic_frame, write_synthetic_dataset, write_wav
 
 SMALL = SynthSpec(episodes=3, min_seconds=1.5, max_seconds=3.0)
 LAYOUTS = ("wds", "zarr")
@@ -39,6 +42,30 @@ def stores(raw_dataset, tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(params=LAYOUTS)
 def store(request, stores) -> Path:
     return stores[request.param]
+
+
+VFR_TIMES = np.cumsum([0.0] + [0.02 if i % 3 else 0.05 for i in range(59)])
+
+
+@pytest.fixture(scope="session")
+def vfr_store(tmp_path_factory) -> Path:
+    """A store converted from one camera recorded at a variable frame rate (frames 20 or 50 ms apart)."""
+    root = tmp_path_factory.mktemp("vfr")
+    episode = root / "raw" / "episode_0000"
+    episode.mkdir(parents=True)
+    with av.open(str(episode / "cam.mp4"), "w") as container:
+        stream = container.add_stream("libx264", rate=30)
+        stream.width, stream.height, stream.pix_fmt = 128, 64, "yuv420p"
+        stream.codec_context.time_base = Fraction(1, 1000)
+        for index, t in enumerate(VFR_TIMES):
+            frame = av.VideoFrame.from_ndarray(synthetic_frame(index, 0, 64, 128), format="rgb24")
+            frame.pts, frame.time_base = round(t * 1000), Fraction(1, 1000)
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode(None))
+    write_wav(episode / "audio.wav", np.zeros(int(VFR_TIMES[-1] * 8000), np.int16), 8000)
+    options = ConvertOptions(layout="wds", workers=1, progress=False)
+    convert(discover_raw_episodes(root / "raw"), root / "out", options)
+    return root / "out"
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ from mmdata.codecs.audio import AudioClip, decode_audio
 from mmdata.codecs.audio_features import mel_spectrogram
 from mmdata.errors import AlignmentError, MissingDependencyError
 from mmdata.synthetic import read_index_stripe
+from tests.conftest import VFR_TIMES
 
 
 def stripes(frames) -> list[int]:
@@ -51,6 +52,17 @@ def test_frames_outside_the_episode_clamp_to_its_edges_and_are_flagged(store):
     clip = dataset.frames_at(0, "cam_high", [-0.5, 0.0, count / 30.0 + 1.0])
     assert stripes(clip.values) == [0, 0, count - 1]
     assert clip.is_pad.tolist() == [True, False, True]
+
+
+def test_variable_frame_rate_frames_are_found_by_timestamp_not_index(vfr_store):
+    dataset = mmdata.open_dataset(str(vfr_store))
+    picks = [3, 4, 5, 17, 40, 58]
+    clip = dataset.frames_at(0, "cam", VFR_TIMES[picks] + 0.004, tolerance=0.005)
+    assert stripes(clip.values) == picks
+    index_arithmetic = np.round(VFR_TIMES[picks] * dataset.schema.stream("cam").fps).astype(int)
+    assert index_arithmetic.tolist() != picks, "a constant-rate guess would pick other frames"
+    with pytest.raises(AlignmentError, match="nearest is frame 3 at t=0.090000 s"):
+        dataset.frames_at(0, "cam", [VFR_TIMES[3] + 0.012], tolerance=0.005)
 
 
 def test_values_at_interpolation_modes_match_hand_computed_values():

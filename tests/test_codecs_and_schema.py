@@ -14,12 +14,11 @@ from mmdata.codecs.audio import AudioClip, decode_audio, encode_flac
 from mmdata.codecs.decoders import ClipRequest, make_video_decoder
 from mmdata.codecs.decoders.pyav_decoder import decode_all_frames
 from mmdata.codecs.video_encode import VideoEncoding, encode_segments
-from mmdata.conversion.pipeline import ConvertOptions, convert
 from mmdata.errors import MmdataError, StoreError
 from mmdata.schema import DatasetSchema, LowdimStream, TextStream, VideoStream
-from mmdata.sources.raw import discover_raw_episodes
-from mmdata.synthetic import read_index_stripe, synthetic_frame, write_wav
+from mmdata.synthetic import read_index_stripe, synthetic_frame
 from mmdata.tools.formatting import parse_size
+from tests.conftest import VFR_TIMES
 
 FRAMES = [synthetic_frame(i, 0, 64, 128) for i in range(40)]
 
@@ -52,27 +51,12 @@ def test_flac_round_trip_is_sample_exact_for_stereo_int16():
     assert np.array_equal(clip.samples, samples)
 
 
-def test_variable_frame_rate_timestamps_come_from_the_container(tmp_path):
+def test_variable_frame_rate_timestamps_come_from_the_container(vfr_store):
     """Frames with irregular presentation times keep those times, not index / fps."""
-    times = np.cumsum([0.0] + [0.02 if i % 3 else 0.05 for i in range(59)])
-    episode = tmp_path / "raw" / "episode_0000"
-    episode.mkdir(parents=True)
-    with av.open(str(episode / "cam.mp4"), "w") as container:
-        stream = container.add_stream("libx264", rate=30)
-        stream.width, stream.height, stream.pix_fmt = 128, 64, "yuv420p"
-        stream.codec_context.time_base = Fraction(1, 1000)
-        for index, t in enumerate(times):
-            frame = av.VideoFrame.from_ndarray(synthetic_frame(index, 0, 64, 128), format="rgb24")
-            frame.pts, frame.time_base = round(t * 1000), Fraction(1, 1000)
-            container.mux(stream.encode(frame))
-        container.mux(stream.encode(None))
-    write_wav(episode / "audio.wav", np.zeros(int(times[-1] * 8000), np.int16), 8000)
-    options = ConvertOptions(layout="wds", workers=1, progress=False)
-    convert(discover_raw_episodes(tmp_path / "raw"), tmp_path / "out", options)
-    dataset = mmdata.open_dataset(str(tmp_path / "out"))
+    dataset = mmdata.open_dataset(str(vfr_store))
     frames = dataset.read_episode(0, streams=["cam"])["cam"]
-    assert np.allclose(frames.timestamps, times, atol=1e-3)
-    window = dataset.read_episode(0, streams=["cam"], t0=times[10] - 0.005, t1=times[20] - 0.005)["cam"]
+    assert np.allclose(frames.timestamps, VFR_TIMES, atol=1e-3)
+    window = dataset.read_episode(0, streams=["cam"], t0=VFR_TIMES[10] - 0.005, t1=VFR_TIMES[20] - 0.005)["cam"]
     assert [read_index_stripe(f) for f in window.values] == list(range(10, 20))
 
 
