@@ -65,11 +65,17 @@ def encode_corpus(codecs, resolutions, videos: int, seconds: float, gops) -> lis
 
 
 def load_or_encode(path: Path, **kwargs) -> list[StoredVideo]:
+    """The corpus cached at `path` when it was made with the same arguments (or none are given),
+    else a fresh one."""
     if path.exists():
-        return pickle.loads(path.read_bytes())
+        cached = pickle.loads(path.read_bytes())
+        if not isinstance(cached, dict):  # a bare list, as the first GPU runs carried it
+            cached = {"arguments": None, "videos": cached}
+        if not kwargs or cached["arguments"] == repr(sorted(kwargs.items())):
+            return cached["videos"]
     corpus = encode_corpus(**kwargs)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(pickle.dumps(corpus))
+    path.write_bytes(pickle.dumps({"arguments": repr(sorted(kwargs.items())), "videos": corpus}))
     return corpus
 
 

@@ -27,7 +27,8 @@ def to_rgb(frame: av.VideoFrame, reformatter: VideoReformatter | None = None) ->
 
 
 class PyAvDecoder(SequentialDecoder):
-    """Demuxes a segment's packets, then decodes only from the key frame before each wanted run."""
+    """Demuxes a segment's packets, then decodes only from the key frame before each wanted run,
+    and skips the unwanted frames that no other frame references."""
 
     name = "pyav"
     codecs = PYAV_CODECS
@@ -76,6 +77,9 @@ class PyAvDecoder(SequentialDecoder):
         for key_position, last in _runs(wanted, key_frames):
             context.flush_buffers()
             for packet in [*packets[key_position:], None]:
+                if packet is not None:
+                    # Frames nothing refers to are skipped unless wanted (B-frames between clip frames).
+                    context.skip_frame = "DEFAULT" if order[packet.pts] in wanted_lookup else "NONREF"
                 for frame in context.decode(packet):
                     index = order.get(frame.pts)
                     count += 1
