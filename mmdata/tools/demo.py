@@ -64,6 +64,7 @@ def _demo(root: Path, args: argparse.Namespace) -> int:
         print(f"   verify: {status}, {verified.pieces} pieces, {verified.frames_decoded} frames decoded")
         failures += len(verified.failures)
         failures += _check_read_back(str(store), raw, spec)
+        failures += _check_policy_windows(str(store), spec)
     verdict = "all checks passed" if not failures else f"{failures} checks FAILED"
     print(f"demo finished in {time.perf_counter() - started:.1f} s: {verdict}")
     return 0 if not failures else 1
@@ -96,4 +97,29 @@ def _check_read_back(store: str, raw: Path, spec: SynthSpec) -> int:
             f" {camera.values.shape[1:]}, {len(state.values)} state rows, {len(audio.values)} audio samples"
             f" -> {'matches source' if not failed else 'MISMATCH in ' + ', '.join(failed)}"
         )
+    return failures
+
+
+def _check_policy_windows(store: str, spec: SynthSpec) -> int:
+    """Sample policy windows by time, as training does: 2 frames per camera, 10 future actions, 1 s of audio."""
+    dataset = open_dataset(store)
+    rng = np.random.default_rng(0)
+    failures = 0
+    for _ in range(4):
+        index = int(rng.integers(len(dataset)))
+        anchor = int(rng.integers(dataset.manifest.row(index)["cam_high/count"])) / spec.fps
+        times = [anchor - 0.1, anchor]
+        for camera in ("cam_high", "cam_wrist"):
+            frames = dataset.frames_at(index, camera, times)
+            expected = [max(0, round(t * spec.fps)) for t in times]
+            failures += [read_index_stripe(f) for f in frames.values] != expected
+            failures += frames.is_pad.tolist() != [t < 0 for t in times]
+        actions = dataset.values_at(index, "action", [anchor + k / spec.lowdim_rate for k in range(10)])
+        audio = dataset.audio_between(index, "audio", anchor - 1.0, anchor)
+        failures += len(actions.values) != 10 or len(audio.values) != spec.audio_rate
+    print(
+        f"   policy windows (decoder '{dataset.decoder.name}'): 4 anchors x 2 cameras x 2 frames, 10 actions,"
+        f" 1 s audio -> {'frames at the right times' if not failures else f'{failures} MISMATCHES'};"
+        f" decode waste {dataset.decoder.stats.decode_waste:.2f}"
+    )
     return failures
