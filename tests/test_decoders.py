@@ -15,6 +15,7 @@ from mmdata.codecs.decoders import (
     backend_available,
     frames_decoded_from_key_frames,
     make_video_decoder,
+    select,
 )
 from mmdata.codecs.decoders.concat import join_segments
 from mmdata.codecs.decoders.pyav_decoder import decode_all_frames
@@ -117,6 +118,15 @@ def test_unknown_backend_name_is_refused():
 def test_auto_picks_a_cpu_backend_without_a_gpu():
     assert make_video_decoder("auto", ["h264", "vp9"]).device == "cpu"
     assert make_video_decoder("auto", ["h264"], device="cpu", frames_per_request=2).name in ("pyav", "decord")
+
+
+def test_auto_sends_only_large_frames_and_long_requests_to_the_gpu(monkeypatch):
+    monkeypatch.setattr(select, "backend_available", lambda name: True)
+    assert select.choose_backend(["h264"], frames_per_request=16, frame_pixels=640 * 480) == "dali"
+    assert select.choose_backend(["h264"], frames_per_request=16, frame_pixels=224 * 224) == "pyav"
+    assert select.choose_backend(["h264"], frames_per_request=2, frame_pixels=640 * 480) == "pyav"
+    assert select.choose_backend(["h264"], device="cpu") == "pyav"
+    assert select.choose_backend(["vp9", "h264"]) == "dali"
 
 
 def _decode_in_child(decoder, request, queue):

@@ -32,7 +32,7 @@ class VideoEncoding:
 
     codec: str = "h264"
     segment_frames: int = 32
-    gop: int = 32
+    gop: int = 8
     crf: int = 20
     preset: str = "fast"
 

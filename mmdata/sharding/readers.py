@@ -9,6 +9,7 @@ import fsspec
 import numpy as np
 
 from mmdata.codecs.lowdim import decode_npy
+from mmdata.errors import IntegrityError
 from mmdata.sharding.checksum import checksum_array, checksum_bytes
 from mmdata.sharding.filesystem import join, read_range
 from mmdata.sharding.manifest import Piece
@@ -68,10 +69,20 @@ class ZarrPieceReader:
         return self._arrays[path]
 
     def read_bytes(self, piece: Piece) -> bytes:
-        return bytes(self._array(piece.path)[piece.offset : piece.offset + 1][0])
+        return bytes(self._read(piece, 1)[0])
 
     def read_rows(self, piece: Piece, count: int) -> np.ndarray:
-        return self._array(piece.path)[piece.offset : piece.offset + count]
+        return self._read(piece, count)
+
+    def _read(self, piece: Piece, count: int):
+        array = self._array(piece.path)
+        try:
+            return array[piece.offset : piece.offset + count]
+        except (RuntimeError, ValueError) as exc:  # a compressed chunk or shard index that does not decode
+            raise IntegrityError(
+                f"{piece.path}[{piece.offset}:{piece.offset + count}] does not decode ({exc});"
+                " the store is damaged: restore it or convert again"
+            ) from exc
 
     def read_rows_with_checksum(self, piece: Piece, count: int) -> tuple[np.ndarray, str]:
         values = self.read_rows(piece, count)

@@ -29,10 +29,14 @@ CPU_PREFERENCE: dict[str, tuple[str, ...]] = {
 }
 _DEFAULT_CPU_PREFERENCE = ("pyav", "decord", "dali-cpu")
 
-# Below this many frames per request the host's cores beat NVDEC with joined sessions: measured on
-# an H200 host (16 cores) with 224x224 H.264, 4-frame clips ran at 4,185 frames/s on PyAV against
-# 3,424 with DALI, 8-frame clips at 4,637 against 6,180 (benchmarks/results/decode_gpu_h200.md).
+# Where NVDEC beats the host's cores, as measured on an H200 host with 16 cores (H.264, joined
+# sessions against PyAV in 16 processes on the same requests; benchmarks/results/decode_gpu_h200.md):
+# 16-frame clips at 640x480 ran 5,337 frames/s on the GPU against 3,427 on the CPU, while at
+# 224x224 the CPU won every pattern (16-frame clips 16,013 against 9,959; 8-frame clips 9,605
+# against 5,924; 2-frame windows 7,555 against 3,241). So `auto` sends a stream to the GPU only
+# when its frames are large and its requests long.
 GPU_MIN_FRAMES_PER_REQUEST = 8
+GPU_MIN_FRAME_PIXELS = 640 * 480
 
 
 def backend_available(name: str) -> bool:
@@ -55,15 +59,23 @@ def backends_for_codec(codec: str) -> list[str]:
     return [name for name in order if codec in _CODECS[name] and backend_available(name)]
 
 
-def choose_backend(codecs: Sequence[str], device: str = "auto", frames_per_request: int | None = None) -> str:
+def choose_backend(
+    codecs: Sequence[str],
+    device: str = "auto",
+    frames_per_request: int | None = None,
+    frame_pixels: int | None = None,
+) -> str:
     """What `auto` means here.
 
     DALI on the GPU when `device` allows it ("auto" or "cuda"), a GPU and DALI are present, DALI
-    decodes every codec, and requests are long enough for the GPU to win (`frames_per_request`,
-    when known, at least GPU_MIN_FRAMES_PER_REQUEST); otherwise the fastest CPU backend.
+    decodes every codec, and the work is of the kind where the GPU was measured to win: frames of
+    at least GPU_MIN_FRAME_PIXELS and requests of at least GPU_MIN_FRAMES_PER_REQUEST frames (each
+    condition applies when its figure is given). Otherwise the fastest CPU backend for the codecs.
     """
     codecs = list(dict.fromkeys(codecs))
-    gpu_wins = frames_per_request is None or frames_per_request >= GPU_MIN_FRAMES_PER_REQUEST
+    gpu_wins = (frames_per_request is None or frames_per_request >= GPU_MIN_FRAMES_PER_REQUEST) and (
+        frame_pixels is None or frame_pixels >= GPU_MIN_FRAME_PIXELS
+    )
     if device != "cpu" and gpu_wins and backend_available("dali") and all(c in DALI_GPU_CODECS for c in codecs):
         return "dali"
     first = codecs[0] if codecs else "h264"
@@ -78,18 +90,19 @@ def make_video_decoder(
     codecs: Sequence[str] = (),
     device: str = "auto",
     frames_per_request: int | None = None,
+    frame_pixels: int | None = None,
     **options: Any,
 ) -> VideoDecoder:
     """Build the backend `name` ("auto", "dali", "dali-cpu", "pyav", "decord") for `codecs`.
 
     Fails here, not on the first sample, when the backend is missing or cannot decode a codec.
-    `device` and `frames_per_request` steer "auto" (see `choose_backend`); `options` go to the
+    `device`, `frames_per_request` and `frame_pixels` steer "auto" (see `choose_backend`); `options` go to the
     backend (e.g. `pipelines=`, `reuse_sessions=` for DALI, `threads=` for the CPU backends).
     """
     if name not in BACKEND_NAMES:
         raise MmdataError(f"unknown decoder '{name}'; choose one of {', '.join(BACKEND_NAMES)}")
     if name == "auto":
-        name = choose_backend(codecs, device, frames_per_request)
+        name = choose_backend(codecs, device, frames_per_request, frame_pixels)
     if not backend_available(name):
         raise MmdataError(_why_unavailable(name))
     if name == "pyav":
