@@ -39,6 +39,16 @@ def test_segments_hold_their_frames_with_key_frames_every_gop(codec):
     assert [read_index_stripe(f) for f in picked] == [21, 18, 21]
 
 
+@pytest.mark.parametrize("count", [1, 2, 3, 8])
+def test_short_hevc_segments_carry_valid_timestamps(count):
+    """x265 stamps garbage DTS on streams shorter than its B-frame delay; short segments use no B-frames."""
+    ((_, data),) = encode_segments(FRAMES[:count], Fraction(30), 128, 64, VideoEncoding("hevc", 32, 8))
+    with av.open(io.BytesIO(data)) as container:
+        packets = [p for p in container.demux(video=0) if p.size]
+    assert len(packets) == count and all(p.dts == p.pts for p in packets)
+    assert [read_index_stripe(f) for f in decode_all_frames(data)] == list(range(count))
+
+
 def test_encoding_rejects_a_gop_longer_than_a_segment():
     with pytest.raises(MmdataError, match="--gop 64 exceeds --segment-frames 32"):
         VideoEncoding(segment_frames=32, gop=64)

@@ -26,6 +26,12 @@ VIDEO_CODECS = {
 }
 
 
+# x265 leaves its B-frame delay time uninitialised when a stream ends before the delay has been
+# measured, and then stamps packets with garbage DTS that the muxer rejects at random
+# (Multicorewareinc/x265 issue 781). Segments this short are encoded without B-frames.
+X265_SHORT_SEGMENT_FRAMES = 8
+
+
 @dataclass(frozen=True)
 class VideoEncoding:
     """How cameras are stored: codec, frames per segment, key-frame interval, quality."""
@@ -47,7 +53,8 @@ class VideoEncoding:
                 " one key frame at least, so the key-frame interval cannot be longer than it"
             )
 
-    def encoder_options(self) -> dict[str, str]:
+    def encoder_options(self, frames: int | None = None) -> dict[str, str]:
+        """FFmpeg encoder options for a segment of `frames` frames (when known)."""
         gop = self.gop
         if self.codec == "h264":
             return {
@@ -56,13 +63,10 @@ class VideoEncoding:
                 "x264-params": f"keyint={gop}:min-keyint={gop}:scenecut=0:open-gop=0:threads=1",
             }
         if self.codec == "hevc":
-            return {
-                "crf": str(self.crf),
-                "preset": self.preset,
-                "x265-params": (
-                    f"keyint={gop}:min-keyint={gop}:scenecut=0:open-gop=0:pools=1:frame-threads=1:log-level=error"
-                ),
-            }
+            params = f"keyint={gop}:min-keyint={gop}:scenecut=0:open-gop=0:pools=1:frame-threads=1:log-level=error"
+            if frames is not None and frames <= X265_SHORT_SEGMENT_FRAMES:
+                params += ":bframes=0"
+            return {"crf": str(self.crf), "preset": self.preset, "x265-params": params}
         return {
             "crf": str(self.crf),
             "b:v": "0",
@@ -121,7 +125,7 @@ def _encode_one_segment(
         stream.pix_fmt = "yuv420p"
         stream.gop_size = encoding.gop
         stream.codec_context.flags |= Flags.bitexact
-        stream.options = encoding.encoder_options()
+        stream.options = encoding.encoder_options(len(frames))
         for index, frame in enumerate(frames):
             video_frame = _as_video_frame(frame, width, height)
             video_frame.pts = index
