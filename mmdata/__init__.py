@@ -4,16 +4,20 @@ __version__ = "0.1.0"
 
 from mmdata.dataset import Dataset, EpisodeData, StreamData, open_dataset  # noqa: E402
 from mmdata.errors import (  # noqa: E402
+    AlignmentError,
     DecodeError,
     DestinationError,
     IntegrityError,
+    MissingDependencyError,
     MmdataError,
     SourceError,
     StoreError,
+    UnsupportedCodecError,
 )
 from mmdata.schema import AudioStream, DatasetSchema, LowdimStream, TextStream, VideoStream  # noqa: E402
 
 __all__ = [
+    "AlignmentError",
     "AudioStream",
     "Dataset",
     "DatasetSchema",
@@ -22,11 +26,13 @@ __all__ = [
     "EpisodeData",
     "IntegrityError",
     "LowdimStream",
+    "MissingDependencyError",
     "MmdataError",
     "SourceError",
     "StoreError",
     "StreamData",
     "TextStream",
+    "UnsupportedCodecError",
     "VideoStream",
     "open_dataset",
 ]

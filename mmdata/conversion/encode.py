@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import av
 import numpy as np
 
 from mmdata.codecs.audio import encode_flac, to_flac_samples
@@ -138,6 +139,13 @@ def _encode_camera(episode: str, camera: CameraSource, encoding: VideoEncoding) 
         if isinstance(exc, SourceError):
             raise
         raise SourceError(episode, camera.path, str(exc)) from exc
+    except av.error.FFmpegError as exc:
+        raise SourceError(
+            episode,
+            camera.path,
+            f"encoding to {encoding.codec} failed: {exc}",
+            "try another --video-codec, and report it with this file if it persists",
+        ) from exc
     if not encoded:
         raise SourceError(episode, camera.path, "the video holds no frames", "re-export or replace the file")
     spec = VideoStream(
