@@ -2,7 +2,8 @@
 
 Measures delivered frames/s for
 - 16-frame clips (stride 2, random starts) stored as 32-frame closed-GOP segments vs as whole
-  videos (key frame every 250 frames), at 224x224 and 640x480, per backend and codec;
+  videos (key frame every 250 frames), at 224x224 and 640x480, per backend and codec; whole
+  videos are read both by each backend's own seeking decoder and naively from the first frame;
 - sparse policy windows (frames at t - 0.1 s and t from 2 cameras) and clips, for key-frame
   intervals 2, 8 and 32 inside the segments, with decode waste (frames decoded / delivered)
   and storage cost (bytes per frame).
@@ -13,6 +14,7 @@ usage: python benchmarks/decode_bench.py [--out benchmarks/results/decode_cpu.js
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import platform
@@ -22,9 +24,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import av  # noqa: E402
+import numpy as np  # noqa: E402
 from decode_workload import clip_samples, load_or_encode, measure, sparse_samples  # noqa: E402
 
 from mmdata.codecs.decoders import backends_for_codec, make_video_decoder  # noqa: E402
+from mmdata.codecs.decoders.pyav_decoder import to_rgb  # noqa: E402
 
 GOPS = [2, 4, 8, 32]
 
@@ -38,6 +43,34 @@ def row_for(decoder_name: str, codec: str, samples, label: str, min_seconds: flo
         "codec": codec,
         "delivered_fps": round(fps),
         "decode_waste": round(decoder.stats.decode_waste, 2),
+        "batches": batches,
+    }
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def decode_from_the_start(requests) -> list:
+    """The naive whole-video reader: decode every frame from the file's first, keep the wanted ones."""
+    outputs = []
+    for request in requests:
+        wanted, frames = set(request.frames), {}
+        with av.open(io.BytesIO(request.data)) as container:
+            for index, frame in enumerate(container.decode(video=0)):
+                if index in wanted:
+                    frames[index] = to_rgb(frame)
+                if index >= max(request.frames):
+                    break
+        outputs.append(np.stack([frames[i] for i in request.frames]))
+    return outputs
+
+
+def naive_row(codec: str, samples, label: str, min_seconds: float) -> dict:
+    fps, batches = measure(decode_from_the_start, samples, batch=16, min_seconds=min_seconds, max_batches=40)
+    row = {
+        "case": label,
+        "decoder": "pyav, from the first frame",
+        "codec": codec,
+        "delivered_fps": round(fps),
         "batches": batches,
     }
     print(json.dumps(row), flush=True)
@@ -72,6 +105,10 @@ def main() -> None:
         for width, height in resolutions:
             videos = [v for v in corpus if v.codec == codec and v.width == width]
             size = f"{width}x{height}"
+            naive = naive_row(
+                codec, clip_samples(videos, "whole", 64, seed=1), f"clips {size} whole-video", min_seconds
+            )
+            rows.append(naive)
             for backend in backends_for_codec(codec):
                 whole = row_for(
                     backend, codec, clip_samples(videos, "whole", 64, seed=1), f"clips {size} whole-video", min_seconds
@@ -81,6 +118,7 @@ def main() -> None:
                     label = f"clips {size} segments gop{gop}"
                     segments = row_for(backend, codec, clip_samples(videos, gop, 64, seed=1), label, min_seconds)
                     segments["speedup_vs_whole"] = round(segments["delivered_fps"] / whole["delivered_fps"], 2)
+                    segments["speedup_vs_naive_whole"] = round(segments["delivered_fps"] / naive["delivered_fps"], 2)
                     rows.append(segments)
     gop_rows = []
     for codec in codecs:
