@@ -1,0 +1,75 @@
+"""Token cost of samples: what a sample weighs in the model's sequence, from its stream lengths."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+TokensPer = Mapping[str, float | Callable[[np.ndarray], np.ndarray]]
+
+
+def token_costs(stream_lengths: Mapping[str, np.ndarray], tokens_per: TokensPer) -> np.ndarray:
+    """Tokens per sample: sum over streams of (length x tokens per unit), or a callable per stream.
+
+    `stream_lengths[s]` holds, per sample, the stream's length in its own unit (frames for a
+    camera, steps for actions, seconds for audio); `tokens_per[s]` converts it. A callable gets
+    the whole length array and returns token counts. Costs are rounded up to whole tokens.
+    """
+    missing = [name for name in tokens_per if name not in stream_lengths]
+    if missing:
+        raise ValueError(f"tokens_per names streams with no lengths: {', '.join(missing)}")
+    total: np.ndarray | None = None
+    for name, per in tokens_per.items():
+        lengths = np.asarray(stream_lengths[name], dtype=np.float64)
+        tokens = np.asarray(per(lengths) if callable(per) else lengths * float(per), dtype=np.float64)
+        total = tokens if total is None else total + tokens
+    if total is None:
+        raise ValueError("tokens_per is empty: give at least one stream's tokens per unit")
+    return np.ceil(total - 1e-9).astype(np.int64)
+
+
+@dataclass
+class Chunked:
+    """Samples after long ones were split or dropped: each row is (sample, chunk index, tokens)."""
+
+    sample: np.ndarray
+    chunk: np.ndarray
+    tokens: np.ndarray
+    dropped: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+def fit_to_budget(costs: np.ndarray, budget: int, long: Literal["split", "drop"] = "split") -> Chunked:
+    """Make every sample fit one micro-batch of `budget` tokens.
+
+    Longer samples are cut into consecutive chunks of at most `budget` tokens, each keeping its
+    chunk index (long-horizon world-model sequences), or dropped and listed, as chosen.
+    """
+    costs = np.asarray(costs, dtype=np.int64)
+    if budget < 1:
+        raise ValueError(f"token budget must be at least 1, not {budget}")
+    if len(costs) and costs.min() < 1:
+        bad = int(np.flatnonzero(costs < 1)[0])
+        raise ValueError(f"sample {bad} costs {int(costs[bad])} tokens; every sample must cost at least 1")
+    if long not in ("split", "drop"):
+        raise ValueError(f"long samples are 'split' or 'drop', not '{long}'")
+    too_long = costs > budget
+    if long == "drop" or not too_long.any():
+        keep = np.flatnonzero(~too_long) if long == "drop" else np.arange(len(costs))
+        return Chunked(
+            keep,
+            np.zeros(len(keep), np.int64),
+            costs[keep],
+            np.flatnonzero(too_long) if long == "drop" else np.empty(0, np.int64),
+        )
+    pieces = -(-costs // budget)
+    sample = np.repeat(np.arange(len(costs)), pieces)
+    starts = np.repeat(np.cumsum(pieces) - pieces, pieces)
+    chunk = np.arange(len(sample)) - starts
+    tokens = np.minimum(budget, costs[sample] - chunk * budget)
+    return Chunked(sample, chunk, tokens, np.empty(0, np.int64))
