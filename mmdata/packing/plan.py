@@ -4,7 +4,8 @@ A pure function of (token costs, seed, epoch, configuration). Samples are shuffl
 packed window by window (so batches stay random rather than sorted by length over the epoch),
 each window's micro-batches sorted by load and dealt out R at a time, so the ranks of a step
 carry nearly equal work. Under-filled micro-batches are carried into the next window and packed
-again with fresh samples; what is left at the end of the epoch is reported, never lost quietly.
+again with fresh samples; the last ones are spread over the ranks as a final step. Only when
+fewer samples remain than there are ranks are they left out, and then they are reported.
 """
 
 from __future__ import annotations
@@ -123,11 +124,39 @@ def plan_packing(costs: np.ndarray, config: PackingConfig, seed: int = 0, epoch:
             step_batches.append(np.asarray(ids, dtype=np.int64))
         left = by_load[emit:]
         carry = pool[np.concatenate([members_of[b] for b in left])] if len(left) else np.empty(0, np.int64)
+        if last and len(carry):
+            final = _spread_over_ranks(carry, rows.tokens, ranks, config.budget)
+            if final is not None:
+                ids = []
+                for members in final:
+                    ids.append(len(batches))
+                    batches.append(members)
+                step_batches.append(np.asarray(ids, dtype=np.int64))
+                carry = np.empty(0, np.int64)
     sizes = np.array([len(b) for b in batches], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     members = np.concatenate(batches) if batches else np.empty(0, np.int64)
     steps = np.stack(step_batches) if step_batches else np.empty((0, ranks), np.int64)
     return PackingPlan(config, rows, steps, offsets, members, deferred=carry)
+
+
+def _spread_over_ranks(rows: np.ndarray, tokens: np.ndarray, ranks: int, budget: int) -> list[np.ndarray] | None:
+    """The epoch's last rows as one more step: longest first onto the lightest rank (LPT).
+
+    None when some rank would get nothing (fewer rows than ranks) or a rank would overflow;
+    those rows are then reported as deferred.
+    """
+    if len(rows) < ranks:
+        return None
+    loads = np.zeros(ranks, dtype=np.int64)
+    members: list[list[int]] = [[] for _ in range(ranks)]
+    for row in rows[np.argsort(-tokens[rows], kind="stable")]:
+        rank = int(np.argmin(loads))
+        loads[rank] += tokens[row]
+        members[rank].append(int(row))
+    if loads.max() > budget:
+        return None
+    return [np.asarray(m, dtype=np.int64) for m in members]
 
 
 def _members_by_bin(assignment: np.ndarray, count: int) -> list[np.ndarray]:

@@ -1,0 +1,151 @@
+"""The packer: property tests over random lengths, kernels against plain Python, bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mmdata.packing import PackingConfig, fit_to_budget, plan_packing, plan_stats, token_costs
+from mmdata.packing.kernels import best_fit_decreasing, first_fit_decreasing
+
+lengths_strategy = st.lists(st.integers(1, 3000), min_size=1, max_size=400)
+
+
+def python_first_fit_decreasing(lengths: list[int], capacity: int) -> tuple[list[int], int]:
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    room: list[int] = []
+    assignment = [0] * len(lengths)
+    for item in order:
+        for index, free in enumerate(room):
+            if free >= lengths[item]:
+                room[index] -= lengths[item]
+                assignment[item] = index
+                break
+        else:
+            room.append(capacity - lengths[item])
+            assignment[item] = len(room) - 1
+    return assignment, len(room)
+
+
+def python_best_fit_decreasing_bins(lengths: list[int], capacity: int) -> int:
+    room: list[int] = []
+    for length in sorted(lengths, reverse=True):
+        fits = [i for i, free in enumerate(room) if free >= length]
+        if fits:
+            best = min(fits, key=lambda i: room[i])
+            room[best] -= length
+        else:
+            room.append(capacity - length)
+    return len(room)
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths_strategy, st.integers(3000, 9000))
+def test_segment_tree_ffd_matches_plain_first_fit_decreasing(lengths, capacity):
+    assignment, bins = first_fit_decreasing(np.array(lengths, dtype=np.int64), capacity)
+    assert (assignment.tolist(), bins) == python_first_fit_decreasing(lengths, capacity)
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths_strategy, st.integers(3000, 9000))
+def test_best_fit_decreasing_never_overfills_and_matches_plain_bin_count(lengths, capacity):
+    lengths_array = np.array(lengths, dtype=np.int64)
+    assignment, bins = best_fit_decreasing(lengths_array, capacity)
+    assert np.bincount(assignment, weights=lengths_array, minlength=bins).max() <= capacity
+    assert bins == python_best_fit_decreasing_bins(lengths, capacity)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 6000), min_size=1, max_size=600),
+    budget=st.integers(1000, 5000),
+    ranks=st.integers(1, 8),
+    window=st.integers(8, 300),
+    seed=st.integers(0, 2**16),
+    algorithm=st.sampled_from(["ffd", "bfd"]),
+    long=st.sampled_from(["split", "drop"]),
+)
+def test_every_sample_is_planned_once_or_reported(lengths, budget, ranks, window, seed, algorithm, long):
+    config = PackingConfig(budget=budget, ranks=ranks, window=window, algorithm=algorithm, long=long)
+    plan = plan_packing(np.array(lengths), config, seed=seed, epoch=1)
+    rows = plan.rows
+    planned = np.concatenate([plan.members, plan.deferred])
+    assert np.array_equal(np.sort(planned), np.arange(len(rows))), "each chunk once, planned or deferred"
+    covered = set(rows.sample.tolist()) | set(plan.dropped_samples.tolist())
+    assert covered == set(range(len(lengths))), "every sample is planned, split or reported dropped"
+    for sample in set(rows.sample.tolist()):
+        assert rows.tokens[rows.sample == sample].sum() == lengths[sample], "chunks add up to the sample"
+    assert plan.steps.shape[1] == ranks, "every rank gets a micro-batch at every step"
+    for step in range(len(plan)):
+        for rank in range(ranks):
+            assert plan.lengths(step, rank).sum() <= budget
+    if long == "drop":
+        assert set(plan.dropped_samples.tolist()) == {i for i, n in enumerate(lengths) if n > budget}
+
+
+@settings(max_examples=25, deadline=None)
+@given(lengths=st.lists(st.integers(1, 2000), min_size=50, max_size=400), seed=st.integers(0, 1000))
+def test_plan_is_a_pure_function_of_seed_and_epoch(lengths, seed):
+    config = PackingConfig(budget=4096, ranks=2, window=64)
+    costs = np.array(lengths)
+
+    def order(plan):
+        return np.concatenate([plan.members, plan.deferred])
+
+    first, again = plan_packing(costs, config, seed, 0), plan_packing(costs, config, seed, 0)
+    assert np.array_equal(first.steps, again.steps) and np.array_equal(order(first), order(again))
+    assert not np.array_equal(order(first), order(plan_packing(costs, config, seed, 1)))
+    assert not np.array_equal(order(first), order(plan_packing(costs, config, seed + 1, 0)))
+
+
+def test_plan_on_log_normal_lengths_is_dense_and_balanced():
+    rng = np.random.default_rng(0)
+    costs = np.exp(rng.normal(6.5, 1.0, size=20000)).astype(np.int64).clip(1, 60000)
+    stats = plan_stats(plan_packing(costs, PackingConfig(budget=16384, ranks=8), seed=0))
+    assert stats.efficiency > 0.995 and stats.rank_token_spread < 0.005
+    assert stats.deferred_samples < 0.01 * len(costs)
+
+
+def test_balancing_attention_cost_evens_sum_of_squares():
+    rng = np.random.default_rng(1)
+    costs = np.exp(rng.normal(6.0, 1.2, size=20000)).astype(np.int64).clip(1, 16384)
+    by_tokens = plan_stats(plan_packing(costs, PackingConfig(budget=16384, ranks=8, balance="tokens")))
+    by_attention = plan_stats(plan_packing(costs, PackingConfig(budget=16384, ranks=8, balance="attention")))
+    assert by_attention.rank_attention_spread < by_tokens.rank_attention_spread
+
+
+def test_long_samples_are_split_into_ordered_chunks():
+    rows = fit_to_budget(np.array([10, 25, 7]), budget=10)
+    assert rows.sample.tolist() == [0, 1, 1, 1, 2]
+    assert rows.chunk.tolist() == [0, 0, 1, 2, 0]
+    assert rows.tokens.tolist() == [10, 10, 10, 5, 7]
+
+
+def test_token_costs_add_streams_with_rates_and_callables():
+    costs = token_costs(
+        {"cam": np.array([16, 4]), "action": np.array([50, 50]), "audio": np.array([1.0, 0.5])},
+        {"cam": 256, "action": 1, "audio": lambda seconds: np.ceil(seconds * 50)},
+    )
+    assert costs.tolist() == [16 * 256 + 50 + 50, 4 * 256 + 50 + 25]
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: fit_to_budget(np.array([3, 0, 2]), 10), "sample 1 costs 0 tokens"),
+        (lambda: fit_to_budget(np.array([-4]), 10), "sample 0 costs -4 tokens"),
+        (lambda: PackingConfig(budget=0), "token budget must be at least 1"),
+        (lambda: PackingConfig(budget=100, ranks=0), "ranks must be at least 1"),
+        (lambda: token_costs({"cam": np.array([1])}, {"state": 1}), "tokens_per names streams with no lengths"),
+    ],
+)
+def test_bad_input_raises_clear_value_errors(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_budget_smaller_than_every_sample_with_drop_reports_them_all():
+    plan = plan_packing(np.array([50, 60]), PackingConfig(budget=10, long="drop"))
+    assert len(plan) == 0 and plan.dropped_samples.tolist() == [0, 1]
