@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmdata.packing import PackingConfig, fit_to_budget, plan_packing, plan_stats, token_costs
+from mmdata.packing import PackingConfig, fit_to_budget, plan_packing, plan_padded, plan_stats, token_costs
 from mmdata.packing.kernels import best_fit_decreasing, first_fit_decreasing
 
 lengths_strategy = st.lists(st.integers(1, 3000), min_size=1, max_size=400)
@@ -123,6 +123,11 @@ def test_long_samples_are_split_into_ordered_chunks():
     assert rows.tokens.tolist() == [10, 10, 10, 5, 7]
 
 
+def test_long_samples_split_on_unit_boundaries():
+    rows = fit_to_budget(np.array([1000, 300]), budget=600, unit=256)
+    assert rows.sample.tolist() == [0, 0, 1] and rows.tokens.tolist() == [512, 488, 300]
+
+
 def test_token_costs_add_streams_with_rates_and_callables():
     costs = token_costs(
         {"cam": np.array([16, 4]), "action": np.array([50, 50]), "audio": np.array([1.0, 0.5])},
@@ -139,6 +144,7 @@ def test_token_costs_add_streams_with_rates_and_callables():
         (lambda: PackingConfig(budget=0), "token budget must be at least 1"),
         (lambda: PackingConfig(budget=100, ranks=0), "ranks must be at least 1"),
         (lambda: token_costs({"cam": np.array([1])}, {"state": 1}), "tokens_per names streams with no lengths"),
+        (lambda: fit_to_budget(np.array([300]), 200, unit=256), "budget 200 is smaller than the smallest chunk"),
     ],
 )
 def test_bad_input_raises_clear_value_errors(call, message):
@@ -149,3 +155,33 @@ def test_bad_input_raises_clear_value_errors(call, message):
 def test_budget_smaller_than_every_sample_with_drop_reports_them_all():
     plan = plan_packing(np.array([50, 60]), PackingConfig(budget=10, long="drop"))
     assert len(plan) == 0 and plan.dropped_samples.tolist() == [0, 1]
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 3000), min_size=1, max_size=500),
+    batch_size=st.integers(1, 16),
+    ranks=st.integers(1, 4),
+    window=st.integers(16, 200),
+    seed=st.integers(0, 1000),
+)
+def test_padded_plan_batches_one_bucket_each_and_loses_nothing(lengths, batch_size, ranks, window, seed):
+    boundaries = [128, 512, 1024, 2048]
+    plan = plan_padded(np.array(lengths), batch_size, boundaries, ranks=ranks, seed=seed, window=window)
+    planned = np.concatenate([*plan.batches, plan.deferred]) if plan.batches else plan.deferred
+    assert np.array_equal(np.sort(planned), np.arange(len(plan.rows)))
+    assert len(plan.deferred) < ranks
+    assert all(len(b) > 0 for b in plan.batches) and plan.steps.shape[1] == ranks
+    last_step = set(plan.steps[-1].tolist()) if len(plan) else set()
+    for index, batch in enumerate(plan.batches):
+        if index not in last_step:
+            assert len(batch) == batch_size
+            assert len(np.unique(np.searchsorted(boundaries, plan.rows.tokens[batch]))) == 1
+
+
+def test_bucketing_cuts_padding_against_random_batches():
+    rng = np.random.default_rng(0)
+    costs = np.exp(rng.normal(6.0, 1.0, size=5000)).astype(np.int64).clip(1, 4096)
+    bucketed = plan_padded(costs, 16, [64, 128, 256, 512, 1024, 2048, 4096], seed=0)
+    single_bucket = plan_padded(costs, 16, [4096], seed=0)
+    assert bucketed.padding_fraction() < single_bucket.padding_fraction() / 2, "power-of-two buckets halve padding"

@@ -6,6 +6,7 @@ per-micro-batch `packed_layout` / `padded_layout`.
 
 from mmdata.packing.cost import Chunked, fit_to_budget, token_costs
 from mmdata.packing.layouts import PackedLayout, PaddedLayout, pack_values, packed_layout, padded_layout
+from mmdata.packing.padded_plan import PaddedPlan, plan_padded
 from mmdata.packing.plan import PackingConfig, PackingPlan, plan_packing
 from mmdata.packing.stats import PlanStats, plan_stats
 
@@ -15,11 +16,13 @@ __all__ = [
     "PackingConfig",
     "PackingPlan",
     "PaddedLayout",
+    "PaddedPlan",
     "PlanStats",
     "fit_to_budget",
     "pack_values",
     "packed_layout",
     "padded_layout",
+    "plan_padded",
     "plan_packing",
     "plan_stats",
     "token_costs",

@@ -44,32 +44,36 @@ class Chunked:
         return len(self.tokens)
 
 
-def fit_to_budget(costs: np.ndarray, budget: int, long: Literal["split", "drop"] = "split") -> Chunked:
+def fit_to_budget(costs: np.ndarray, budget: int, long: Literal["split", "drop"] = "split", unit: int = 1) -> Chunked:
     """Make every sample fit one micro-batch of `budget` tokens.
 
-    Longer samples are cut into consecutive chunks of at most `budget` tokens, each keeping its
-    chunk index (long-horizon world-model sequences), or dropped and listed, as chosen.
+    Longer samples are cut into consecutive chunks (long-horizon world-model sequences), each
+    keeping its chunk index, or dropped and listed, as chosen. Cuts fall on multiples of `unit`
+    tokens (e.g. the tokens of one frame), so no frame is split between chunks.
     """
     costs = np.asarray(costs, dtype=np.int64)
     if budget < 1:
         raise ValueError(f"token budget must be at least 1, not {budget}")
+    if unit < 1:
+        raise ValueError(f"the indivisible unit must be at least 1 token, not {unit}")
+    if budget < unit:
+        raise ValueError(
+            f"token budget {budget} is smaller than the smallest chunk ({unit} tokens, one indivisible unit);"
+            " raise the budget or lower the tokens per frame"
+        )
     if len(costs) and costs.min() < 1:
         bad = int(np.flatnonzero(costs < 1)[0])
         raise ValueError(f"sample {bad} costs {int(costs[bad])} tokens; every sample must cost at least 1")
     if long not in ("split", "drop"):
         raise ValueError(f"long samples are 'split' or 'drop', not '{long}'")
     too_long = costs > budget
-    if long == "drop" or not too_long.any():
-        keep = np.flatnonzero(~too_long) if long == "drop" else np.arange(len(costs))
-        return Chunked(
-            keep,
-            np.zeros(len(keep), np.int64),
-            costs[keep],
-            np.flatnonzero(too_long) if long == "drop" else np.empty(0, np.int64),
-        )
-    pieces = -(-costs // budget)
+    if long == "drop":
+        keep = np.flatnonzero(~too_long)
+        return Chunked(keep, np.zeros(len(keep), np.int64), costs[keep], np.flatnonzero(too_long))
+    chunk_size = budget // unit * unit
+    pieces = np.where(too_long, -(-costs // chunk_size), 1)
     sample = np.repeat(np.arange(len(costs)), pieces)
     starts = np.repeat(np.cumsum(pieces) - pieces, pieces)
     chunk = np.arange(len(sample)) - starts
-    tokens = np.minimum(budget, costs[sample] - chunk * budget)
+    tokens = np.minimum(np.where(too_long[sample], chunk_size, costs[sample]), costs[sample] - chunk * chunk_size)
     return Chunked(sample, chunk, tokens, np.empty(0, np.int64))

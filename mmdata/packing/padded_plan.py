@@ -1,0 +1,93 @@
+"""The plan for the padded layout: samples bucketed by length, `batch_size` per micro-batch.
+
+For models that want `[B, T_max]` rows: each micro-batch holds samples of one length bucket, so
+little of it is padding, and a step deals R micro-batches of the same bucket to the R ranks, so
+their work is even. Like the packed plan, a pure function of (costs, seed, epoch, settings),
+shuffled within windows; leftovers roll into the next window, the last ones are spread over
+the ranks, and only fewer than R samples can be left out (reported).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from mmdata.packing.cost import Chunked, fit_to_budget
+from mmdata.packing.kernels import bucket_indices
+
+
+@dataclass
+class PaddedPlan:
+    rows: Chunked
+    steps: np.ndarray  # [S, R] micro-batch index
+    batches: list[np.ndarray]  # row indices per micro-batch
+    deferred: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def micro_batch(self, step: int, rank: int) -> np.ndarray:
+        return self.batches[self.steps[step, rank]]
+
+    def padding_fraction(self) -> float:
+        """Share of the padded `[B, T_max]` tokens, over the whole plan, that are padding."""
+        real = padded = 0
+        for batch in self.batches:
+            tokens = self.rows.tokens[batch]
+            real += int(tokens.sum())
+            padded += int(tokens.max()) * len(tokens)
+        return 1.0 - real / padded if padded else 0.0
+
+
+def plan_padded(
+    costs: np.ndarray,
+    batch_size: int,
+    boundaries: Sequence[int],
+    ranks: int = 1,
+    seed: int = 0,
+    epoch: int = 0,
+    window: int = 8192,
+    max_len: int | None = None,
+) -> PaddedPlan:
+    """Micro-batches of `batch_size` samples from one length bucket (`boundaries`, ascending).
+
+    Samples longer than `max_len` (default: the last boundary) are split into chunks first.
+    """
+    if batch_size < 1 or ranks < 1 or window < 1:
+        raise ValueError("batch_size, ranks and window must each be at least 1")
+    bounds = np.asarray(sorted(boundaries), dtype=np.int64)
+    if len(bounds) == 0 or bounds[0] < 1:
+        raise ValueError("give at least one positive bucket boundary")
+    rows = fit_to_budget(costs, int(max_len or bounds[-1]))
+    rng = np.random.default_rng([seed, epoch])
+    order = rng.permutation(len(rows)).astype(np.int64)
+    bucket_of = bucket_indices(rows.tokens, bounds)
+    batches: list[np.ndarray] = []
+    steps: list[list[int]] = []
+    carry = np.empty(0, np.int64)
+    starts = list(range(0, len(order), window)) or [0]
+    for number, start in enumerate(starts):
+        pool = np.concatenate([carry, order[start : start + window]])
+        full: list[np.ndarray] = []
+        left: list[np.ndarray] = []
+        for bucket in np.unique(bucket_of[pool]):
+            members = pool[bucket_of[pool] == bucket]
+            whole = len(members) // batch_size * batch_size
+            full += list(members[:whole].reshape(-1, batch_size))
+            left.append(members[whole:])
+        emit = len(full) // ranks * ranks
+        left += full[emit:]
+        groups = np.arange(emit).reshape(-1, ranks) if emit else np.empty((0, ranks), np.int64)
+        for group in groups[rng.permutation(len(groups))]:
+            steps.append([len(batches) + i for i in range(ranks)])
+            batches += [full[i] for i in rng.permutation(group)]
+        carry = np.concatenate(left) if left else np.empty(0, np.int64)
+        if number == len(starts) - 1 and len(carry) >= ranks:
+            by_length = carry[np.argsort(rows.tokens[carry], kind="stable")]
+            steps.append([len(batches) + i for i in range(ranks)])
+            batches += list(np.array_split(by_length, ranks))
+            carry = np.empty(0, np.int64)
+    step_array = np.asarray(steps, dtype=np.int64) if steps else np.empty((0, ranks), np.int64)
+    return PaddedPlan(rows, step_array, batches, carry)
