@@ -62,7 +62,6 @@ def best_fit_decreasing(lengths, capacity):
     counts = np.zeros(2 * size, dtype=np.int64)  # bins whose remaining capacity is each value
     head = np.full(capacity + 1, -1, dtype=np.int64)  # a stack of bins per remaining capacity
     next_bin = np.full(max(n, 1), -1, dtype=np.int64)
-    remaining = np.zeros(max(n, 1), dtype=np.int64)
     assignment = np.empty(n, dtype=np.int64)
     bins = 0
     for k in range(n):
@@ -82,7 +81,6 @@ def best_fit_decreasing(lengths, capacity):
             room = value
         assignment[item] = chosen
         room -= need
-        remaining[chosen] = room
         next_bin[chosen] = head[room]
         head[room] = chosen
         _add(counts, size, room, 1)
@@ -129,3 +127,4 @@ def bin_loads(assignment, bins, lengths):
 def bucket_indices(lengths, boundaries):
     """Bucket per item: the first boundary >= its length (len(boundaries) when longer than all)."""
     return np.searchsorted(boundaries, lengths, side="left")
+
