@@ -127,4 +127,3 @@ def bin_loads(assignment, bins, lengths):
 def bucket_indices(lengths, boundaries):
     """Bucket per item: the first boundary >= its length (len(boundaries) when longer than all)."""
     return np.searchsorted(boundaries, lengths, side="left")
-
