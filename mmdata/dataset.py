@@ -204,12 +204,10 @@ class Dataset:
         self, index: int, stream: str, times: Sequence[float], interpolation: Interpolation = "nearest"
     ) -> StreamData:
         """Low-dim `stream` at `times`: "nearest", "previous" (zero-order hold) or "linear"; padded at the edges."""
-        row = self.manifest.row(index)
-        count = row[f"{stream}/count"]
-        timestamps = self.pieces.read_rows(Piece.from_dict(row[f"{stream}/timestamps"]), count)
-        values = self.pieces.read_rows(Piece.from_dict(row[f"{stream}/data"]), count)
-        picked, is_pad = values_at(timestamps, values, np.asarray(times, dtype=np.float64), interpolation)
-        return StreamData(picked, np.asarray(times, dtype=np.float64), is_pad)
+        timestamps, values = self._lowdim(self.manifest.row(index), stream)
+        times = np.asarray(times, dtype=np.float64)
+        picked, is_pad = values_at(timestamps, values, times, interpolation)
+        return StreamData(picked, times, is_pad)
 
     def audio_between(
         self,
@@ -225,9 +223,7 @@ class Dataset:
         Time outside the recording is silence, flagged in `is_pad`. With `sample_rate` or `mono`
         the window is resampled / downmixed to float32 after it is cut.
         """
-        row = self.manifest.row(index)
-        clip, _ = decode_audio(self.pieces.read_bytes(Piece.from_dict(row[f"{stream}/data"])))
-        t_start = row[f"{stream}/t_start"]
+        clip, t_start = self._audio_clip(self.manifest.row(index), stream)
         first, last = sample_range(t_start, clip.sample_rate, t0, t1)
         inside_first, inside_last = max(first, 0), min(max(last, 0), len(clip.samples))
         samples = np.zeros((last - first, clip.channels), clip.samples.dtype)
@@ -238,13 +234,24 @@ class Dataset:
         window = resample(AudioClip(samples, clip.sample_rate, t_start + first / clip.sample_rate), sample_rate, mono)
         if window.sample_rate != clip.sample_rate:
             times = window.t_start + np.arange(len(window.samples)) / window.sample_rate
-            is_pad = pad_by_time(times, t_start, len(clip.samples) / clip.sample_rate)
+            is_pad = _pad_by_time(times, t_start, len(clip.samples) / clip.sample_rate)
         else:
             times = t_start + positions / clip.sample_rate
         return StreamData(window.samples, times, is_pad)
 
     def _timestamps(self, row: dict, name: str) -> np.ndarray:
         return self.pieces.read_rows(Piece.from_dict(row[f"{name}/timestamps"]), row[f"{name}/count"])
+
+    def _lowdim(self, row: dict, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """(timestamps, values) of a low-dim stream in one episode."""
+        return self._timestamps(row, name), self.pieces.read_rows(
+            Piece.from_dict(row[f"{name}/data"]), row[f"{name}/count"]
+        )
+
+    def _audio_clip(self, row: dict, name: str) -> tuple[AudioClip, float]:
+        """An episode's whole audio track, decoded, and the time of its first sample."""
+        clip, _ = decode_audio(self.pieces.read_bytes(Piece.from_dict(row[f"{name}/data"])))
+        return clip, row[f"{name}/t_start"]
 
     def _video_stream(self, name: str) -> VideoStream:
         stream = self.schema.stream(name)
@@ -253,22 +260,20 @@ class Dataset:
         return stream
 
     def _read_audio(self, row: dict, name: str, start: float, end: float) -> StreamData:
-        clip, _ = decode_audio(self.pieces.read_bytes(Piece.from_dict(row[f"{name}/data"])))
-        rate, t_start = clip.sample_rate, row[f"{name}/t_start"]
+        clip, t_start = self._audio_clip(row, name)
+        rate = clip.sample_rate
         low, high = max(start, t_start), min(end, t_start + len(clip.samples) / rate)
         first, last = sample_range(t_start, rate, low, high) if high > low else (0, 0)
         samples = clip.samples[first:last]
         return StreamData(samples, t_start + np.arange(first, first + len(samples)) / rate)
 
     def _read_lowdim(self, row: dict, name: str, start: float, end: float) -> StreamData:
-        count = row[f"{name}/count"]
-        timestamps = self.pieces.read_rows(Piece.from_dict(row[f"{name}/timestamps"]), count)
-        values = self.pieces.read_rows(Piece.from_dict(row[f"{name}/data"]), count)
+        timestamps, values = self._lowdim(row, name)
         inside = (timestamps >= start) & (timestamps < end)
         return StreamData(values[inside], timestamps[inside])
 
 
-def pad_by_time(times: np.ndarray, t_start: float, duration: float) -> np.ndarray:
+def _pad_by_time(times: np.ndarray, t_start: float, duration: float) -> np.ndarray:
     return (times < t_start - 1e-9) | (times >= t_start + duration - 1e-9)
 
 

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from decode_workload import clip_samples, load_or_encode, sparse_samples  # noqa: E402
+from decode_workload import SEGMENT_FRAMES, clip_samples, load_or_encode, sparse_samples  # noqa: E402
 
 from mmdata.codecs.decoders.dali_decoder import DaliDecoder  # noqa: E402
 from mmdata.codecs.decoders.pyav_decoder import PyAvDecoder  # noqa: E402
@@ -83,7 +83,7 @@ def check(requests, outputs) -> bool:
     """Every delivered frame carries the index stripe of the frame asked for."""
     for request, frames in list(zip(requests, outputs))[:64]:
         video = int(request.where.episode.rsplit("-", 1)[1])
-        base = request.where.segment * 32 if request.gop != 250 else 0
+        base = request.where.segment * SEGMENT_FRAMES
         got = [read_index_stripe(f) for f in np.asarray(frames.cpu() if DEVICE == "gpu" else frames)]
         want = [(base + i + 1000 * video) & 0xFFFF for i in request.frames]
         if got != want:

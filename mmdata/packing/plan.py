@@ -112,7 +112,8 @@ def plan_packing(costs: np.ndarray, config: PackingConfig, seed: int = 0, epoch:
             full = int(np.sum(loads >= config.fill * config.budget))
             emit = (full // ranks) * ranks
             # keep the carry below half a window, so a run of large samples cannot snowball
-            while emit + ranks <= count and _rows_in(by_load[emit:], assignment) > config.window // 2:
+            rows_from = np.append(np.cumsum(np.bincount(assignment, minlength=count)[by_load][::-1])[::-1], 0)
+            while emit + ranks <= count and rows_from[emit] > config.window // 2:
                 emit += ranks
         members_of = _members_by_bin(assignment, count)
         groups = by_load[:emit].reshape(-1, ranks) if emit else np.empty((0, ranks), np.int64)
@@ -163,7 +164,3 @@ def _members_by_bin(assignment: np.ndarray, count: int) -> list[np.ndarray]:
     order = np.argsort(assignment, kind="stable")
     bounds = np.searchsorted(assignment[order], np.arange(count + 1))
     return [order[bounds[b] : bounds[b + 1]] for b in range(count)]
-
-
-def _rows_in(bins: np.ndarray, assignment: np.ndarray) -> int:
-    return int(np.isin(assignment, bins).sum())

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import av
 import numpy as np
 
+from mmdata.codecs.decoders.pyav_decoder import presentation_order
 from mmdata.codecs.decoders.requests import ClipRequest, frames_decoded_from_key_frames
 from mmdata.errors import DecodeError
 
@@ -91,7 +92,7 @@ def join_segments(requests: list[ClipRequest], positions: list[int]) -> JoinedSt
                 elif _parameters(stream) != parameters:
                     raise DecodeError(f"{request.place()}: encoded with other parameters than the segments beside it")
                 packets = [packet for packet in container.demux(stream) if packet.dts is not None]
-                order = {pts: index for index, pts in enumerate(sorted(packet.pts for packet in packets))}
+                order = presentation_order(packets)
                 if request.frames and max(request.frames) >= len(packets):
                     last = max(request.frames)
                     raise DecodeError(f"{request.place()}: segment has {len(packets)} frames; frame {last} requested")

@@ -194,10 +194,9 @@ class DaliDecoder(VideoDecoder):
                 " Decode only in the workers (do not decode in the parent before they start), or start workers"
                 " with multiprocessing_context='spawn' or 'forkserver'"
             )
-        if self._owner_pid != os.getpid():
+        if not self._built:
             self._built = [self._build() for _ in range(self.pipelines)]
             self._owner_pid = os.getpid()
-            self._pool = None
         return self._built
 
     def _rebuild(self, index: int) -> None:

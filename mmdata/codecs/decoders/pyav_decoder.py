@@ -26,6 +26,11 @@ def to_rgb(frame: av.VideoFrame, reformatter: VideoReformatter | None = None) ->
     return converter.reformat(frame, format="rgb24", interpolation=RGB_CONVERSION, threads=1).to_ndarray()
 
 
+def presentation_order(packets: list[av.Packet]) -> dict[int, int]:
+    """Each packet's frame index in presentation order, keyed by pts (decode order differs with B-frames)."""
+    return {pts: index for index, pts in enumerate(sorted(packet.pts for packet in packets))}
+
+
 class PyAvDecoder(SequentialDecoder):
     """Demuxes a segment's packets, then decodes only from the key frame before each wanted run,
     and skips the unwanted frames that no other frame references."""
@@ -64,7 +69,7 @@ class PyAvDecoder(SequentialDecoder):
     ) -> tuple[np.ndarray, int]:
         if not packets:
             raise DecodeError("segment holds no video packets")
-        order = {pts: index for index, pts in enumerate(sorted(packet.pts for packet in packets))}
+        order = presentation_order(packets)
         wanted = sorted(set(wanted_frames))
         if wanted and wanted[-1] >= len(packets):
             raise DecodeError(f"segment has {len(packets)} frames; frame {wanted[-1]} requested")
