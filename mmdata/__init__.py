@@ -10,15 +10,37 @@ from mmdata.errors import (  # noqa: E402
     IntegrityError,
     MissingDependencyError,
     MmdataError,
+    SampleError,
     SourceError,
     StoreError,
     UnsupportedCodecError,
 )
+from mmdata.loading import (  # noqa: E402
+    Audio,
+    DataLoader,
+    Episodes,
+    Frames,
+    Sequences,
+    SpecError,
+    Values,
+    Windows,
+)
 from mmdata.schema import AudioStream, DatasetSchema, LowdimStream, TextStream, VideoStream  # noqa: E402
+from mmdata.sharding.epoch_plan import ResumeError  # noqa: E402
 
 __all__ = [
     "AlignmentError",
+    "Audio",
     "AudioStream",
+    "DataLoader",
+    "Episodes",
+    "Frames",
+    "ResumeError",
+    "SampleError",
+    "Sequences",
+    "SpecError",
+    "Values",
+    "Windows",
     "Dataset",
     "DatasetSchema",
     "DecodeError",

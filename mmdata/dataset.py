@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from mmdata.cache import ByteBudgetCache
 from mmdata.codecs.align import Interpolation, frame_indices_at, sample_range, values_at
 from mmdata.codecs.audio import AudioClip, decode_audio, resample
 from mmdata.codecs.decoders import ClipRequest, SegmentRef, VideoDecoder, make_video_decoder
@@ -69,15 +70,18 @@ class Dataset:
     `decoder` is a backend name (see `mmdata.codecs.decoders.make_video_decoder`; "auto" picks
     the fastest CPU backend here, since `read_episode` hands back numpy arrays) or a built
     `VideoDecoder`. It is checked against the store's codecs now, not on the first frame.
+    `verify` checks every piece read against the manifest's checksum; `cache_bytes` keeps that
+    much of recently read timestamps, low-dim arrays and decoded audio for the next request.
     """
 
-    def __init__(self, url: str, decoder: str | VideoDecoder = "auto"):
+    def __init__(self, url: str, decoder: str | VideoDecoder = "auto", verify: bool = False, cache_bytes: int = 0):
         self.url = url
         self.fs, self.root = resolve(url)
         self.schema = self._read_schema()
         with self.fs.open(join(self.root, MANIFEST_FILE), "rb") as handle:
             self.manifest = Manifest(pq.read_table(handle))
-        self.pieces: PieceReader = piece_reader(self.schema.layout, self.fs, self.root)
+        self.pieces: PieceReader = piece_reader(self.schema.layout, self.fs, self.root, verify)
+        self.cache = ByteBudgetCache(cache_bytes)
         codecs = [s.codec for s in self.schema.streams if isinstance(s, VideoStream)]
         if isinstance(decoder, VideoDecoder):
             decoder.check_codecs(codecs)
@@ -240,17 +244,23 @@ class Dataset:
         return StreamData(window.samples, times, is_pad)
 
     def _timestamps(self, row: dict, name: str) -> np.ndarray:
-        return self.pieces.read_rows(Piece.from_dict(row[f"{name}/timestamps"]), row[f"{name}/count"])
+        piece = Piece.from_dict(row[f"{name}/timestamps"])
+        return self.cache.get(
+            ("timestamps", row["key"], name), lambda: self.pieces.read_rows(piece, row[f"{name}/count"])
+        )
 
     def _lowdim(self, row: dict, name: str) -> tuple[np.ndarray, np.ndarray]:
         """(timestamps, values) of a low-dim stream in one episode."""
-        return self._timestamps(row, name), self.pieces.read_rows(
-            Piece.from_dict(row[f"{name}/data"]), row[f"{name}/count"]
+        piece = Piece.from_dict(row[f"{name}/data"])
+        values = self.cache.get(
+            ("values", row["key"], name), lambda: self.pieces.read_rows(piece, row[f"{name}/count"])
         )
+        return self._timestamps(row, name), values
 
     def _audio_clip(self, row: dict, name: str) -> tuple[AudioClip, float]:
         """An episode's whole audio track, decoded, and the time of its first sample."""
-        clip, _ = decode_audio(self.pieces.read_bytes(Piece.from_dict(row[f"{name}/data"])))
+        piece = Piece.from_dict(row[f"{name}/data"])
+        clip = self.cache.get(("audio", row["key"], name), lambda: decode_audio(self.pieces.read_bytes(piece))[0])
         return clip, row[f"{name}/t_start"]
 
     def _video_stream(self, name: str) -> VideoStream:
@@ -277,10 +287,12 @@ def _pad_by_time(times: np.ndarray, t_start: float, duration: float) -> np.ndarr
     return (times < t_start - 1e-9) | (times >= t_start + duration - 1e-9)
 
 
-def open_dataset(path_or_url: str, decoder: str | VideoDecoder = "auto") -> Dataset:
+def open_dataset(
+    path_or_url: str, decoder: str | VideoDecoder = "auto", verify: bool = False, cache_bytes: int = 0
+) -> Dataset:
     """Open a store written by `mmdata convert`: a local folder or an fsspec URL.
 
     `decoder` picks the video backend ("auto", "pyav", "decord", "dali-cpu", "dali") or takes a
-    built `VideoDecoder`; a codec it cannot decode fails here.
+    built `VideoDecoder`; a codec it cannot decode fails here. See `Dataset` for the rest.
     """
-    return Dataset(str(path_or_url), decoder)
+    return Dataset(str(path_or_url), decoder, verify, cache_bytes)

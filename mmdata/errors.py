@@ -38,7 +38,9 @@ class IntegrityError(StoreError):
 
 
 class DecodeError(MmdataError):
-    """Encoded bytes could not be decoded by the chosen backend."""
+    """Encoded bytes could not be decoded by the chosen backend; `where` names the segment when known."""
+
+    where = None
 
 
 class UnsupportedCodecError(MmdataError):
@@ -51,3 +53,7 @@ class AlignmentError(MmdataError):
 
 class MissingDependencyError(MmdataError):
     """An optional feature needs a package that is not installed; the message names the extra to install."""
+
+
+class SampleError(MmdataError):
+    """A training sample could not be read or decoded; names the shard, the episode and the stream."""

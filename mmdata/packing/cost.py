@@ -77,3 +77,11 @@ def fit_to_budget(costs: np.ndarray, budget: int, long: Literal["split", "drop"]
     chunk = np.arange(len(sample)) - starts
     tokens = np.minimum(np.where(too_long[sample], chunk_size, costs[sample]), costs[sample] - chunk * chunk_size)
     return Chunked(sample, chunk, tokens, np.empty(0, np.int64))
+
+
+def check_order(order: np.ndarray, rows: int) -> np.ndarray:
+    """`order` as int64 row indices, after checking they are distinct and in [0, rows)."""
+    order = np.asarray(order, dtype=np.int64)
+    if len(order) and (order.min() < 0 or order.max() >= rows or len(np.unique(order)) != len(order)):
+        raise ValueError(f"order must list distinct row indices in [0, {rows})")
+    return order

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mmdata.packing.cost import Chunked, fit_to_budget
+from mmdata.packing.cost import Chunked, check_order, fit_to_budget
 from mmdata.packing.kernels import bucket_indices
 
 
@@ -30,6 +30,10 @@ class PaddedPlan:
 
     def micro_batch(self, step: int, rank: int) -> np.ndarray:
         return self.batches[self.steps[step, rank]]
+
+    def micro_batch_sizes(self) -> np.ndarray:
+        """Rows per step, summed over ranks."""
+        return np.array([len(b) for b in self.batches], dtype=np.int64)[self.steps].sum(axis=1)
 
     def padding_fraction(self) -> float:
         """Share of the padded `[B, T_max]` tokens, over the whole plan, that are padding."""
@@ -50,10 +54,12 @@ def plan_padded(
     epoch: int = 0,
     window: int = 8192,
     max_len: int | None = None,
+    order: np.ndarray | None = None,
 ) -> PaddedPlan:
     """Micro-batches of `batch_size` samples from one length bucket (`boundaries`, ascending).
 
     Samples longer than `max_len` (default: the last boundary) are split into chunks first.
+    `order` is the sequence rows are taken in (possibly a subset), as for `plan_packing`.
     """
     if batch_size < 1 or ranks < 1 or window < 1:
         raise ValueError("batch_size, ranks and window must each be at least 1")
@@ -62,7 +68,7 @@ def plan_padded(
         raise ValueError("give at least one positive bucket boundary")
     rows = fit_to_budget(costs, int(max_len or bounds[-1]))
     rng = np.random.default_rng([seed, epoch])
-    order = rng.permutation(len(rows)).astype(np.int64)
+    order = rng.permutation(len(rows)).astype(np.int64) if order is None else check_order(order, len(rows))
     bucket_of = bucket_indices(rows.tokens, bounds)
     batches: list[np.ndarray] = []
     steps: list[list[int]] = []

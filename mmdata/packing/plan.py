@@ -15,7 +15,7 @@ from typing import Literal
 
 import numpy as np
 
-from mmdata.packing.cost import Chunked, fit_to_budget
+from mmdata.packing.cost import Chunked, check_order, fit_to_budget
 from mmdata.packing.kernels import best_fit_decreasing, bin_loads, first_fit_decreasing
 
 _KERNELS = {"ffd": first_fit_decreasing, "bfd": best_fit_decreasing}
@@ -71,6 +71,10 @@ class PackingPlan:
         batch = self.steps[step, rank]
         return self.members[self.batch_offsets[batch] : self.batch_offsets[batch + 1]]
 
+    def micro_batch_sizes(self) -> np.ndarray:
+        """Rows per step, summed over ranks."""
+        return np.diff(self.batch_offsets)[self.steps].sum(axis=1)
+
     def lengths(self, step: int, rank: int) -> np.ndarray:
         return self.rows.tokens[self.micro_batch(step, rank)]
 
@@ -85,11 +89,18 @@ class PackingPlan:
         return np.unique(self.rows.sample[self.deferred])
 
 
-def plan_packing(costs: np.ndarray, config: PackingConfig, seed: int = 0, epoch: int = 0) -> PackingPlan:
-    """Pack samples of `costs` tokens into micro-batches, balanced over `config.ranks` ranks."""
+def plan_packing(
+    costs: np.ndarray, config: PackingConfig, seed: int = 0, epoch: int = 0, order: np.ndarray | None = None
+) -> PackingPlan:
+    """Pack samples of `costs` tokens into micro-batches, balanced over `config.ranks` ranks.
+
+    `order` lists the rows (after splitting) in the order windows are cut from, and may leave
+    rows out (a loader's locality-aware shuffle, or the rest of an epoch); by default all rows
+    in a random order drawn from (seed, epoch).
+    """
     rows = fit_to_budget(costs, config.budget, config.long)
     rng = np.random.default_rng([seed, epoch])
-    order = rng.permutation(len(rows)).astype(np.int64)
+    order = rng.permutation(len(rows)).astype(np.int64) if order is None else check_order(order, len(rows))
     kernel = _KERNELS[config.algorithm]
     batches: list[np.ndarray] = []
     step_batches: list[np.ndarray] = []

@@ -61,7 +61,9 @@ class VideoDecoder(ABC):
     def _failed(self, request: ClipRequest, error: Exception, on_error: OnError) -> None:
         message = f"{request.place()}: {request.codec} video does not decode with '{self.name}': {error}"
         if on_error == "raise":
-            raise DecodeError(message) from error
+            failure = DecodeError(message)
+            failure.where = request.where
+            raise failure from error
         self.stats.skipped += 1
         if len(self.stats.skipped_where) < 100:
             self.stats.skipped_where.append(message)

@@ -1,0 +1,93 @@
+"""Collate a read micro-batch into the tensors a training step takes.
+
+Per stream, "packed" concatenates the samples along time (`<stream>` `[sum T_i, ...]`, with
+`<stream>_cu_seqlens`), and "padded" stacks them into `[B, T_max, ...]` (with
+`<stream>_lengths`); both carry `<stream>_is_pad`, True where a value lies outside the episode
+or is padding. The token layout of the micro-batch (from the samples' token costs) comes with it:
+`cu_seqlens`, `max_seqlen`, `position_ids`, `document_ids` and optionally a dense
+`attention_mask` when packed; `key_padding_mask` and `position_ids` when padded. Each batch also
+names its samples: `sample_index`, `episode_index`, `chunk_index`, `time`, `task`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from mmdata.loading.read import MicroBatch
+from mmdata.packing.layouts import MaskKind, packed_layout, padded_layout
+
+Layout = Literal["packed", "padded"]
+LAYOUTS = ("packed", "padded")
+
+
+def collate(
+    batch: MicroBatch,
+    layout: Layout = "packed",
+    attention_mask: MaskKind | None = None,
+    pad_to_multiple: int | None = None,
+) -> dict[str, Any]:
+    """The tensors of one micro-batch in `layout`; see the module docstring for the keys."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout is 'packed' or 'padded', not '{layout}'")
+    out: dict[str, Any] = {}
+    for name, values in batch.values.items():
+        tensors = [_tensor(v) for v in values]
+        masks = [_tensor(m).to(torch.bool) for m in batch.is_pad[name]]
+        lengths = [len(t) for t in tensors]
+        if layout == "packed":
+            out[name] = torch.cat(tensors)
+            out[f"{name}_is_pad"] = torch.cat(masks)
+            out[f"{name}_cu_seqlens"] = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32)
+        else:
+            out[name], out[f"{name}_is_pad"] = _stack_padded(tensors, masks)
+            out[f"{name}_lengths"] = torch.tensor(lengths, dtype=torch.int64)
+    costs = [sample.cost for sample in batch.samples]
+    if layout == "packed":
+        tokens = packed_layout(costs, pad_to_multiple)
+        out.update(
+            seq_lens=torch.from_numpy(tokens.seq_lens),
+            cu_seqlens=torch.from_numpy(tokens.cu_seqlens),
+            max_seqlen=tokens.max_seqlen,
+            position_ids=torch.from_numpy(tokens.position_ids),
+            document_ids=torch.from_numpy(tokens.document_ids),
+        )
+        if attention_mask is not None:
+            out["attention_mask"] = torch.from_numpy(tokens.attention_mask(attention_mask))
+    else:
+        tokens = padded_layout(costs, pad_to_multiple)
+        out.update(
+            seq_lens=torch.from_numpy(tokens.seq_lens),
+            key_padding_mask=torch.from_numpy(np.ascontiguousarray(tokens.key_padding_mask)),
+            position_ids=torch.from_numpy(np.ascontiguousarray(tokens.position_ids)),
+        )
+    out.update(
+        sample_index=torch.tensor([s.index for s in batch.samples], dtype=torch.int64),
+        episode_index=torch.tensor([s.episode for s in batch.samples], dtype=torch.int64),
+        chunk_index=torch.tensor([s.chunk for s in batch.samples], dtype=torch.int64),
+        time=torch.tensor([s.start for s in batch.samples], dtype=torch.float64),
+        task=list(batch.tasks),
+    )
+    return out
+
+
+def _tensor(value: Any) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value
+    return torch.from_numpy(np.ascontiguousarray(value))
+
+
+def _stack_padded(tensors: Sequence[torch.Tensor], masks: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    longest = max(len(t) for t in tensors)
+    if all(len(t) == longest for t in tensors):
+        return torch.stack(list(tensors)), torch.stack(list(masks))
+    first = tensors[0]
+    stacked = first.new_zeros((len(tensors), longest, *first.shape[1:]))
+    is_pad = torch.ones((len(tensors), longest), dtype=torch.bool, device=masks[0].device)
+    for row, (values, mask) in enumerate(zip(tensors, masks)):
+        stacked[row, : len(values)] = values
+        is_pad[row, : len(mask)] = mask
+    return stacked, is_pad

@@ -1,0 +1,399 @@
+"""`mmdata.DataLoader`: deterministic, rank-aware, resumable batches of windows or sequences.
+
+plan (manifest -> samples -> order -> packed steps per rank) -> read (workers: byte ranges,
+decode, align) -> collate (packed or padded tensors) -> device. The plan of an epoch is a pure
+function of (manifest, spec, batching, seed, epoch, world size); each rank iterates its own
+steps with no collective call, and workers take every `num_workers`-th step, so batches come out
+in plan order whatever the worker count.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from mmdata.codecs.decoders import VideoDecoder, make_video_decoder
+from mmdata.dataset import Dataset
+from mmdata.loading.collate import LAYOUTS, Layout, collate
+from mmdata.loading.episodes import Episodes
+from mmdata.loading.read import MicroBatch, OnError, SampleReader, SampleRef, decode_pending
+from mmdata.loading.samples import SampleTable, enumerate_samples
+from mmdata.loading.specs import Frames, Spec, SpecError
+from mmdata.loading.state import LoaderState, fingerprint
+from mmdata.packing import PackingConfig, plan_packing, plan_padded
+from mmdata.packing.layouts import MaskKind
+from mmdata.schema import VideoStream
+from mmdata.sharding.distributed import rank_and_world
+from mmdata.sharding.epoch_plan import EpochPlan, ResumeError, plan_epoch
+from mmdata.sharding.order import SHUFFLES, Shuffle, sample_order
+
+
+class DataLoader:
+    """Batches of `spec` samples from the store at `dataset` (a path, a URL, or an open `Dataset`).
+
+    Batching: `batch_tokens` packs samples by token cost (`tokens_per` stream: tokens per frame,
+    per value, per second of audio; 1 by default) into micro-batches of at most that many
+    tokens, balanced across ranks; `batch_size` takes that many samples of similar cost per
+    micro-batch instead. `layout` ("packed" or "padded", see `mmdata.loading.collate`) shapes the
+    tensors. Each rank gets the same number of steps; `len(loader)` is that number for the epoch.
+
+    `decoder="auto"` decodes video on the GPU with DALI in the main process when `device` is a
+    CUDA device and the work suits it, else in the workers on the fastest CPU backend.
+    `on_error="skip"` replaces a sample that fails to read with another of its micro-batch and
+    counts it in `stats()`; "raise" stops with the shard, episode and stream named.
+    `state_dict()` / `load_state_dict()` resume exactly, also with another world size or worker count.
+    """
+
+    def __init__(
+        self,
+        dataset: str | Dataset,
+        spec: Spec,
+        *,
+        tokens_per: Mapping[str, float] | None = None,
+        batch_tokens: int | None = None,
+        batch_size: int | None = None,
+        layout: Layout | None = None,
+        episodes: Episodes | None = None,
+        seed: int = 0,
+        shuffle: Shuffle = "locality",
+        shuffle_window: int = 8192,
+        shards_per_group: int = 8,
+        balance: str = "tokens",
+        num_workers: int = 0,
+        prefetch_factor: int = 2,
+        device: str | torch.device = "cpu",
+        decoder: str | VideoDecoder = "auto",
+        rank: int | None = None,
+        world_size: int | None = None,
+        on_error: OnError = "raise",
+        attention_mask: MaskKind | None = None,
+        pad_to_multiple: int | None = None,
+        verify: bool = True,
+        cache_bytes: int = 256 << 20,
+    ):
+        if (batch_tokens is None) == (batch_size is None):
+            raise ValueError(
+                "give exactly one of batch_tokens (token-budgeted packing) or batch_size (samples per batch)"
+            )
+        layout = layout or ("packed" if batch_tokens is not None else "padded")
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout is 'packed' or 'padded', not '{layout}'")
+        if shuffle not in SHUFFLES:
+            raise ValueError(f"shuffle is one of {', '.join(SHUFFLES)}, not '{shuffle}'")
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error is 'raise' or 'skip', not '{on_error}'")
+        if num_workers < 0:
+            raise ValueError(f"num_workers must be 0 or more, not {num_workers}")
+        self.rank, self.world_size = rank_and_world(rank, world_size)
+        self.device = torch.device(device)
+        self.spec = spec
+        self.layout = layout
+        self.num_workers = num_workers
+        self.prefetch_factor = prefetch_factor
+        self.on_error = on_error
+        self.attention_mask = attention_mask
+        self.pad_to_multiple = pad_to_multiple
+        self.shuffle, self.shuffle_window, self.shards_per_group = shuffle, shuffle_window, shards_per_group
+        self.batch_tokens, self.batch_size, self.balance = batch_tokens, batch_size, balance
+
+        self.dataset = dataset if isinstance(dataset, Dataset) else Dataset(str(dataset), "pyav", verify, cache_bytes)
+        schema = self.dataset.schema
+        spec.check_against(schema)
+        self.decoder = self._build_decoder(decoder)
+        self.decode_in_main = self.decoder.device == "gpu"
+        if not self.decode_in_main:
+            self.dataset.decoder = self.decoder
+        table = self.dataset.table
+        selected = episodes.select(table) if episodes is not None else np.arange(table.num_rows)
+        self.samples: SampleTable = enumerate_samples(table, spec, selected)
+        self.costs = self.samples.costs(tokens_per)
+        if batch_tokens is not None and self.costs.max() > batch_tokens:
+            worst = int(np.argmax(self.costs))
+            raise SpecError(
+                f"batch_tokens={batch_tokens} is smaller than one sample: sample {worst} (episode"
+                f" {int(self.samples.episode[worst])}) costs {int(self.costs[worst])} tokens; raise batch_tokens"
+                " to at least that, lower tokens_per, or shorten the samples (Sequences(max_seconds=...))"
+            )
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, not {batch_size}")
+        self._keys = table.column("key").to_pylist()
+        self._shards = table.column("shard").to_pylist()
+        self._fingerprint = fingerprint(
+            table.column("key").to_pylist(),
+            table.column("duration").to_pylist(),
+            spec.describe(),
+            episodes.describe() if episodes is not None else None,
+            dict(tokens_per or {}),
+            [batch_tokens, batch_size, balance, shuffle, shuffle_window, shards_per_group],
+        )
+        self._state = LoaderState(seed, 0, self._fingerprint)
+        self._plan_cache: tuple[tuple, EpochPlan] | None = None
+        self._stats = LoaderStats()
+
+    # plan
+
+    def _build_decoder(self, decoder: str | VideoDecoder) -> VideoDecoder:
+        cameras = [self.dataset.schema.stream(n) for n, s in self.spec.streams.items() if isinstance(s, Frames)]
+        codecs = [c.codec for c in cameras if isinstance(c, VideoStream)]
+        if isinstance(decoder, VideoDecoder):
+            decoder.check_codecs(codecs)
+            return decoder
+        frames = max((len(s.offsets) for s in self.spec.streams.values() if isinstance(s, Frames)), default=None)
+        pixels = min((c.width * c.height for c in cameras), default=None)
+        device = "cuda" if self.device.type == "cuda" else "cpu"
+        return make_video_decoder(decoder, codecs, device=device, frames_per_request=frames, frame_pixels=pixels)
+
+    def _pack(self, order: np.ndarray, ranks: int, stretch: int):
+        seed = (
+            self._state.seed
+            if stretch == 0
+            else int(np.random.SeedSequence([self._state.seed, stretch]).generate_state(1)[0])
+        )
+        epoch = self._state.epoch
+        if self.batch_tokens is not None:
+            config = PackingConfig(self.batch_tokens, ranks, self.shuffle_window, balance=self.balance, long="drop")
+            return plan_packing(self.costs, config, seed, epoch, order)
+        boundaries = np.unique(np.ceil(np.quantile(self.costs, np.linspace(0, 1, 9)[1:]))).astype(np.int64)
+        return plan_padded(
+            self.costs,
+            self.batch_size,
+            boundaries,
+            ranks,
+            seed,
+            epoch,
+            self.shuffle_window,
+            int(self.costs.max()),
+            order,
+        )
+
+    def epoch_plan(self) -> EpochPlan:
+        """The plan of the current epoch at this world size, from where the state says the run is."""
+        key = (self._state.seed, self._state.epoch, tuple(self._state.stretches), self.world_size)
+        if self._plan_cache is None or self._plan_cache[0] != key:
+            order = sample_order(
+                self.samples.shard, self._state.seed, self._state.epoch, self.shuffle, self.shards_per_group
+            )
+            plan = plan_epoch(order, self._pack, self._state.stretches, self.world_size)
+            self._plan_cache = (key, plan)
+        return self._plan_cache[1]
+
+    def __len__(self) -> int:
+        return self.epoch_plan().total_steps
+
+    @property
+    def epoch(self) -> int:
+        return self._state.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start epoch `epoch` from its beginning (a no-op when already in it); epochs also advance on their own."""
+        if epoch != self._state.epoch:
+            self._state.epoch = int(epoch)
+            self._state.stretches = []
+            self._state.samples_consumed = 0
+
+    # state
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the run stands (a few hundred bytes); save it with the model checkpoint."""
+        state = self._state.to_dict()
+        if not self._state.stretches:
+            state["world_size"] = self.world_size
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from `state`: the same batches as the run that saved it, or, at another world size,
+        the rest of its epoch with no sample repeated or left out."""
+        loaded = LoaderState.from_dict(state)
+        if loaded.fingerprint != self._fingerprint:
+            raise ResumeError(
+                "the saved loader state was made for other data or other sampling/batching settings"
+                " (dataset manifest, spec, episode filter, tokens_per, batch size or shuffle differ);"
+                " build the loader as before, or start the run fresh"
+            )
+        self._state = loaded
+        self.epoch_plan()
+
+    # iteration
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        plan = self.epoch_plan()
+        steps = [(step, self._refs(samples)) for step, samples in plan.rank_steps(self.rank)]
+        source = _StepSource(
+            self.dataset,
+            self.spec,
+            self.on_error,
+            self.decode_in_main,
+            self.layout,
+            self.attention_mask,
+            self.pad_to_multiple,
+            steps,
+        )
+        stream: Any = source
+        if self.num_workers > 0 and steps:
+            stream = torch.utils.data.DataLoader(
+                source,
+                batch_size=None,
+                num_workers=min(self.num_workers, len(steps)),
+                prefetch_factor=self.prefetch_factor,
+                pin_memory=self.device.type == "cuda",
+            )
+        expected = plan.steps_before + plan.resume_step
+        waited = time.perf_counter()
+        for step, output, info in stream:
+            if step != expected:
+                raise RuntimeError(f"loader produced step {step} where step {expected} was due")
+            if isinstance(output, MicroBatch):
+                started = time.perf_counter()
+                decode_pending(self.decoder, output, self.on_error)
+                info["seconds"]["video"] = info["seconds"].get("video", 0.0) + time.perf_counter() - started
+                output = _collate_timed(output, info, self.layout, self.attention_mask, self.pad_to_multiple)
+            batch = self._to_device(output)
+            self._stats.add(info, time.perf_counter() - waited)
+            expected += 1
+            self._advance(plan)
+            yield batch
+            waited = time.perf_counter()
+
+    def _refs(self, samples: np.ndarray) -> list[SampleRef]:
+        table = self.samples
+        refs = []
+        for index in samples.tolist():
+            episode = int(table.episode[index])
+            refs.append(
+                SampleRef(
+                    index,
+                    episode,
+                    self._keys[episode],
+                    self._shards[episode],
+                    float(table.start[index]),
+                    float(table.end[index]),
+                    int(table.chunk[index]),
+                    int(self.costs[index]),
+                )
+            )
+        return refs
+
+    def _advance(self, plan: EpochPlan) -> None:
+        """Count one step as consumed; after the epoch's last step, the state points at the next epoch."""
+        state = self._state
+        if not state.stretches or state.stretches[-1].world_size != self.world_size:
+            state.stretches = list(plan.stretches)
+        last = state.stretches[-1]
+        state.stretches[-1] = type(last)(last.world_size, last.steps + 1)
+        state.samples_consumed = plan.samples_consumed(state.stretches[-1].steps)
+        self._plan_cache = ((state.seed, state.epoch, tuple(state.stretches), self.world_size), plan)
+        if state.stretches[-1].steps == len(plan.plan):
+            state.epoch += 1
+            state.stretches = []
+            state.samples_consumed = 0
+
+    def _to_device(self, batch: dict[str, Any]) -> dict[str, Any]:
+        if self.device.type == "cpu":
+            return batch
+        return {k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+    # observability
+
+    def stats(self) -> dict[str, Any]:
+        """Totals so far: steps, samples, skipped samples, seconds per stage, data wait, decode counts."""
+        snapshot = self._stats.snapshot()
+        snapshot["decoder"] = self.decoder.describe()
+        if self.decode_in_main:
+            snapshot["main_process_decode"] = self.decoder.stats.snapshot()
+        return snapshot
+
+
+class _StepSource(IterableDataset):
+    """The steps of one rank; each DataLoader worker reads every `num_workers`-th of them."""
+
+    def __init__(self, dataset, spec, on_error, defer_video, layout, attention_mask, pad_to_multiple, steps):
+        self.dataset, self.spec, self.on_error, self.defer_video = dataset, spec, on_error, defer_video
+        self.layout, self.attention_mask, self.pad_to_multiple = layout, attention_mask, pad_to_multiple
+        self.steps = steps
+
+    def __iter__(self):
+        worker = get_worker_info()
+        number, count = (worker.id, worker.num_workers) if worker is not None else (0, 1)
+        reader = SampleReader(self.dataset, self.spec, self.on_error, self.defer_video)
+        for step, samples in self.steps[number::count]:
+            batch = reader.read(step, samples)
+            info = {
+                "worker": number,
+                "samples": len(batch.samples),
+                "failed": dict(batch.failed),
+                "seconds": batch.seconds,
+                "peak_rss": peak_rss_bytes(),
+                "decoded": self.dataset.decoder.stats.frames_decoded,
+                "delivered": self.dataset.decoder.stats.frames_delivered,
+            }
+            if batch.pending:
+                yield step, batch, info
+            else:
+                yield step, _collate_timed(batch, info, self.layout, self.attention_mask, self.pad_to_multiple), info
+
+
+def _collate_timed(batch: MicroBatch, info: dict, layout, attention_mask, pad_to_multiple) -> dict[str, Any]:
+    started = time.perf_counter()
+    out = collate(batch, layout, attention_mask, pad_to_multiple)
+    info["seconds"]["collate"] = info["seconds"].get("collate", 0.0) + time.perf_counter() - started
+    info["failed"] = dict(batch.failed)
+    return out
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory (VmHWM), in bytes."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class LoaderStats:
+    """Running totals the loader keeps as batches reach the training loop."""
+
+    def __init__(self):
+        self.steps = self.samples = 0
+        self.data_wait = 0.0
+        self.seconds: dict[str, float] = {}
+        self.skipped: list[str] = []
+        self.skipped_count = 0
+        self.peak_rss: dict[int, int] = {}
+        self.frames: dict[int, tuple[int, int]] = {}
+
+    def add(self, info: dict, waited: float) -> None:
+        self.steps += 1
+        self.samples += info["samples"]
+        self.data_wait += waited
+        for stage, seconds in info["seconds"].items():
+            self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds
+        self.skipped_count += len(info["failed"])
+        self.skipped += list(info["failed"].values())[: max(0, 100 - len(self.skipped))]
+        self.peak_rss[info["worker"]] = max(self.peak_rss.get(info["worker"], 0), info["peak_rss"])
+        self.frames[info["worker"]] = (info["decoded"], info["delivered"])
+
+    def snapshot(self) -> dict[str, Any]:
+        decoded = sum(d for d, _ in self.frames.values())
+        delivered = sum(d for _, d in self.frames.values())
+        return {
+            "steps": self.steps,
+            "samples": self.samples,
+            "skipped_samples": self.skipped_count,
+            "skipped": list(self.skipped),
+            "data_wait_seconds": round(self.data_wait, 6),
+            "stage_seconds": {k: round(v, 6) for k, v in self.seconds.items()},
+            "frames_decoded": decoded,
+            "frames_delivered": delivered,
+            "decode_waste": round(decoded / delivered, 4) if delivered else 0.0,
+            "peak_rss_bytes_per_worker": dict(self.peak_rss),
+        }

@@ -1,0 +1,222 @@
+"""Read one micro-batch: every sample's streams at the spec's times, video decoded in one batch.
+
+Runs in DataLoader workers. Cameras are planned per sample (which segments, which frames), and
+the frames of all samples of a stream go to the decoder in one call. With `defer_video` the
+plans, encoded bytes included, travel to the main process instead, where a GPU decoder takes
+the whole micro-batch at once (`decode_pending`). A sample that fails is named (shard, episode,
+stream) and either stops the run or is replaced by another sample of its micro-batch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from mmdata.codecs.audio import as_float
+from mmdata.codecs.decoders import VideoDecoder
+from mmdata.dataset import Dataset, FramePlan
+from mmdata.errors import DecodeError, MmdataError, SampleError
+from mmdata.loading.samples import audio_samples, grid_times
+from mmdata.loading.specs import Audio, Frames, Sequences, Spec, Values, Windows
+
+OnError = Literal["raise", "skip"]
+
+
+@dataclass(frozen=True)
+class SampleRef:
+    """A planned sample: its number in the epoch's sample table, episode (row, key, shard), time span, cost."""
+
+    index: int
+    episode: int
+    key: str
+    shard: str
+    start: float
+    end: float
+    chunk: int
+    cost: int
+
+
+@dataclass
+class MicroBatch:
+    """One rank's micro-batch, read: per stream, each sample's values and `is_pad` mask.
+
+    `pending` holds camera plans still to decode (deferred video); `failed` maps a sample's
+    position to what went wrong; `replaced` lists (position, substitute position) pairs.
+    """
+
+    step: int
+    samples: list[SampleRef]
+    tasks: list[str]
+    values: dict[str, list[Any]] = field(default_factory=dict)
+    is_pad: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    pending: dict[str, list[FramePlan | None]] = field(default_factory=dict)
+    failed: dict[int, str] = field(default_factory=dict)
+    replaced: list[tuple[int, int]] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def add_time(self, stage: str, seconds: float) -> None:
+        self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds
+
+
+class SampleReader:
+    """Reads micro-batches of a spec from an open `Dataset` (one per worker process)."""
+
+    def __init__(self, dataset: Dataset, spec: Spec, on_error: OnError = "raise", defer_video: bool = False):
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error is 'raise' or 'skip', not '{on_error}'")
+        self.dataset = dataset
+        self.spec = spec
+        self.on_error = on_error
+        self.defer_video = defer_video
+
+    def read(self, step: int, samples: Sequence[SampleRef]) -> MicroBatch:
+        rows = [self.dataset.manifest.row(sample.episode) for sample in samples]
+        batch = MicroBatch(step, list(samples), [row["task"] for row in rows])
+        for name, stream in self.spec.streams.items():
+            started = time.perf_counter()
+            if isinstance(stream, Frames):
+                plans = [
+                    self._attempt(batch, position, name, self._plan_frames, sample, name, stream)
+                    for position, sample in enumerate(samples)
+                ]
+                batch.add_time("read", time.perf_counter() - started)
+                batch.pending[name] = plans
+                if not self.defer_video:
+                    decode_pending(self.dataset.decoder, batch, self.on_error)
+                continue
+            read = self._values if isinstance(stream, Values) else self._audio
+            for position, sample in enumerate(samples):
+                data = self._attempt(batch, position, name, read, sample, name, stream)
+                values, is_pad = data if data is not None else (None, None)
+                batch.values.setdefault(name, []).append(values)
+                batch.is_pad.setdefault(name, []).append(is_pad)
+            batch.add_time("audio" if isinstance(stream, Audio) else "lowdim", time.perf_counter() - started)
+        if not batch.pending:
+            replace_failed(batch)
+        return batch
+
+    def _attempt(self, batch: MicroBatch, position: int, stream: str, read: Callable[..., Any], *args: Any) -> Any:
+        """`read(*args)`, or None when the sample already failed or fails now (recorded, or raised)."""
+        if position in batch.failed:
+            return None
+        try:
+            return read(*args)
+        except (MmdataError, OSError) as exc:
+            sample = batch.samples[position]
+            message = (
+                f"{sample_place(sample, stream)}: {exc}; run `mmdata verify {self.dataset.url}` to list every"
+                " damaged episode, or pass on_error='skip'"
+            )
+            if self.on_error == "raise":
+                raise SampleError(message) from exc
+            batch.failed[position] = message
+            return None
+
+    def _plan_frames(self, sample: SampleRef, name: str, stream: Frames) -> FramePlan:
+        return self.dataset.plan_frames(sample.episode, name, self._times(sample, name, stream), stream.tolerance)
+
+    def _values(self, sample: SampleRef, name: str, stream: Values) -> tuple[np.ndarray, np.ndarray]:
+        data = self.dataset.values_at(sample.episode, name, self._times(sample, name, stream), stream.interpolation)
+        return data.values, data.is_pad
+
+    def _audio(self, sample: SampleRef, name: str, stream: Audio) -> tuple[np.ndarray, np.ndarray]:
+        if isinstance(self.spec, Windows):
+            t0, t1 = sample.start + stream.window[0], sample.start + stream.window[1]
+        else:
+            t0, t1 = sample.start, sample.end
+        data = self.dataset.audio_between(sample.episode, name, t0, t1, stream.sample_rate, stream.mono)
+        data.values = as_float(data.values)
+        if not isinstance(self.spec, Windows):
+            return data.values, data.is_pad
+        rate = stream.sample_rate or self.dataset.schema.stream(name).sample_rate
+        wanted = audio_samples(t1 - t0, rate)
+        values, is_pad = data.values[:wanted], data.is_pad[:wanted]
+        if len(values) < wanted:
+            missing = wanted - len(values)
+            values = np.concatenate([values, np.zeros((missing, *values.shape[1:]), values.dtype)])
+            is_pad = np.concatenate([is_pad, np.ones(missing, bool)])
+        return values, is_pad
+
+    def _times(self, sample: SampleRef, name: str, stream: Frames | Values) -> np.ndarray:
+        if isinstance(self.spec, Sequences):
+            return grid_times(sample.start, sample.end, self.spec.rate_of(name))
+        return sample.start + np.asarray(stream.offsets)
+
+
+def decode_pending(decoder: VideoDecoder, batch: MicroBatch, on_error: OnError) -> None:
+    """Decode every pending camera plan of the micro-batch, one decoder call per stream."""
+    for name, plans in list(batch.pending.items()):
+        started = time.perf_counter()
+        live = [p for p, plan in enumerate(plans) if plan is not None and p not in batch.failed]
+        requests = [request for p in live for request in plans[p].requests]
+        try:
+            decoded = decoder.decode(requests, "skip" if on_error == "skip" else "raise")
+        except DecodeError as exc:
+            key = exc.where.episode if exc.where is not None else None
+            culprit = next((s for s in batch.samples if s.key == key), batch.samples[0])
+            raise SampleError(f"shard '{culprit.shard}', {exc}") from exc
+        values: list[Any] = [None] * len(plans)
+        masks: list[Any] = [None] * len(plans)
+        cursor = 0
+        for p in live:
+            count = len(plans[p].requests)
+            parts = decoded[cursor : cursor + count]
+            cursor += count
+            if any(part is None for part in parts):
+                where = ", ".join(str(r.where) for r, part in zip(plans[p].requests, parts) if part is None)
+                batch.failed[p] = f"shard '{batch.samples[p].shard}', {where}: video does not decode"
+                continue
+            frames = Dataset.assemble_frames(plans[p], parts)
+            values[p], masks[p] = frames.values, frames.is_pad
+        batch.values[name], batch.is_pad[name] = values, masks
+        del batch.pending[name]
+        batch.add_time("video", time.perf_counter() - started)
+    replace_failed(batch)
+
+
+def replace_failed(batch: MicroBatch) -> None:
+    """Put in place of each failed sample a copy of another sample of the same micro-batch.
+
+    The substitute is the sample of the largest cost not above the failed one's (so the
+    micro-batch stays within its token budget; with equal costs, the next one after it), chosen
+    only from samples that were read, so the choice is the same on every run. A failed sample
+    with no such substitute is removed. Ranks keep their step count either way.
+    """
+    if not batch.failed:
+        return
+    good = [p for p in range(len(batch.samples)) if p not in batch.failed]
+    if not good:
+        first = next(iter(batch.failed.values()))
+        raise SampleError(f"every sample of step {batch.step}'s micro-batch failed; the first: {first}")
+    removed = []
+    for position in sorted(batch.failed):
+        cost = batch.samples[position].cost
+        fitting = [p for p in good if batch.samples[p].cost <= cost]
+        if not fitting:
+            removed.append(position)
+            continue
+        best = max(batch.samples[p].cost for p in fitting)
+        candidates = [p for p in fitting if batch.samples[p].cost == best]
+        substitute = min(candidates, key=lambda p: (p - position) % len(batch.samples))
+        batch.replaced.append((position, substitute))
+        batch.samples[position] = batch.samples[substitute]
+        batch.tasks[position] = batch.tasks[substitute]
+        for name in batch.values:
+            batch.values[name][position] = batch.values[name][substitute]
+            batch.is_pad[name][position] = batch.is_pad[name][substitute]
+    for position in reversed(removed):
+        del batch.samples[position], batch.tasks[position]
+        for name in batch.values:
+            del batch.values[name][position], batch.is_pad[name][position]
+
+
+def sample_place(sample: SampleRef, stream: str) -> str:
+    """Where a sample lives, for error messages: shard, episode, stream, time."""
+    return (
+        f"shard '{sample.shard}', episode '{sample.key}', stream '{stream}'"
+        f" (sample {sample.index} at t={sample.start:.3f} s)"
+    )

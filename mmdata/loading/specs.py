@@ -1,0 +1,204 @@
+"""What a training sample is: `Windows` around anchor times, or `Sequences` of whole episodes.
+
+A spec names streams of the store and says, per stream, which times to read: `Frames` of a
+camera, `Values` of a low-dim stream, an `Audio` range. Specs are plain, frozen, picklable
+values; `check_against(schema)` rejects, before anything is read, a stream that does not exist,
+a stream of the wrong kind, and offsets denser than the stream was recorded at.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from mmdata.codecs.align import INTERPOLATIONS, Interpolation
+from mmdata.schema import AudioStream, DatasetSchema, LowdimStream, VideoStream
+
+
+class SpecError(ValueError):
+    """A sampling spec asks for something the store cannot give; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class Frames:
+    """Frames of a camera at `offsets` seconds from the anchor (`Windows`), or at the sequence rate.
+
+    Each time takes the frame with the nearest timestamp, within `tolerance` seconds (default:
+    half a frame period of the camera).
+    """
+
+    offsets: tuple[float, ...] = (0.0,)
+    tolerance: float | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "offsets", _offsets(self.offsets))
+
+
+@dataclass(frozen=True)
+class Values:
+    """A low-dim stream at `offsets` seconds from the anchor, or at `rate` Hz over a sequence.
+
+    `interpolation` is "nearest", "previous" (zero-order hold) or "linear"; only "linear" may ask
+    for values denser than the stream was recorded at.
+    """
+
+    offsets: tuple[float, ...] = (0.0,)
+    interpolation: Interpolation = "nearest"
+    rate: float | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "offsets", _offsets(self.offsets))
+        if self.interpolation not in INTERPOLATIONS:
+            raise SpecError(f"interpolation '{self.interpolation}' is not one of {', '.join(INTERPOLATIONS)}")
+
+
+@dataclass(frozen=True)
+class Audio:
+    """Audio samples in [anchor + window[0], anchor + window[1]) seconds (or the whole sequence).
+
+    Samples come as float32 in [-1, 1]; `sample_rate` resamples and `mono` downmixes after
+    cutting; samples outside the recording are silence, flagged in the `_is_pad` mask.
+    """
+
+    window: tuple[float, float] = (-1.0, 0.0)
+    sample_rate: int | None = None
+    mono: bool = False
+
+    def __post_init__(self):
+        low, high = (float(x) for x in self.window)
+        if not high > low:
+            raise SpecError(f"audio window {self.window} must end after it starts")
+        object.__setattr__(self, "window", (low, high))
+
+
+StreamSpec = Frames | Values | Audio
+
+
+@dataclass(frozen=True)
+class Windows:
+    """One sample per anchor time: every episode is visited at `anchor_fps` anchors per second.
+
+    Each stream is read at its offsets around the anchor (history frames, a future action chunk,
+    an audio range). Anchors lie in [0, duration) of the episode; what a window needs from beyond
+    an episode's edge is clamped to it and flagged in `<stream>_is_pad`, as LeRobot does.
+    """
+
+    anchor_fps: float
+    streams: Mapping[str, StreamSpec]
+
+    def __post_init__(self):
+        if not self.anchor_fps > 0:
+            raise SpecError(f"anchor_fps must be positive, not {self.anchor_fps}")
+        object.__setattr__(self, "streams", _streams(self.streams))
+
+    def describe(self) -> dict:
+        return {"kind": "windows", "anchor_fps": self.anchor_fps, "streams": _describe(self.streams)}
+
+    def check_against(self, schema: DatasetSchema) -> None:
+        for name, stream in self.streams.items():
+            _check_stream(schema, name, stream, np.diff(stream.offsets) if hasattr(stream, "offsets") else None)
+
+
+@dataclass(frozen=True)
+class Sequences:
+    """Whole episodes, or consecutive chunks of at most `max_seconds`, for world models.
+
+    Cameras and low-dim streams are read on a grid of `fps` per second from the chunk's start
+    (a `Values(rate=...)` keeps its own rate; offsets are not used here), audio over the whole
+    chunk. Chunks shorter than `min_seconds` (an episode's tail) are left out.
+    """
+
+    fps: float
+    streams: Mapping[str, StreamSpec]
+    max_seconds: float | None = None
+    min_seconds: float = 0.0
+
+    def __post_init__(self):
+        if not self.fps > 0:
+            raise SpecError(f"fps must be positive, not {self.fps}")
+        if self.max_seconds is not None and not self.max_seconds > 0:
+            raise SpecError(f"max_seconds must be positive, not {self.max_seconds}")
+        object.__setattr__(self, "streams", _streams(self.streams))
+
+    def rate_of(self, name: str) -> float:
+        """Values per second of a camera or low-dim stream in a sequence."""
+        stream = self.streams[name]
+        return float(getattr(stream, "rate", None) or self.fps)
+
+    def describe(self) -> dict:
+        return {
+            "kind": "sequences",
+            "fps": self.fps,
+            "max_seconds": self.max_seconds,
+            "min_seconds": self.min_seconds,
+            "streams": _describe(self.streams),
+        }
+
+    def check_against(self, schema: DatasetSchema) -> None:
+        for name, stream in self.streams.items():
+            spacing = None if isinstance(stream, Audio) else np.array([1.0 / self.rate_of(name)])
+            _check_stream(schema, name, stream, spacing)
+
+
+Spec = Windows | Sequences
+
+
+def _offsets(offsets: Sequence[float]) -> tuple[float, ...]:
+    values = tuple(float(x) for x in offsets)
+    if not values:
+        raise SpecError("give at least one offset")
+    if any(b <= a for a, b in zip(values, values[1:])):
+        raise SpecError(f"offsets must increase: {list(values)}")
+    return values
+
+
+def _streams(streams: Mapping[str, StreamSpec]) -> dict[str, StreamSpec]:
+    if not streams:
+        raise SpecError("a spec needs at least one stream")
+    for name, stream in streams.items():
+        if not isinstance(stream, (Frames, Values, Audio)):
+            raise SpecError(f"stream '{name}': expected Frames, Values or Audio, got {type(stream).__name__}")
+    return dict(streams)
+
+
+def _describe(streams: Mapping[str, StreamSpec]) -> dict:
+    return {name: {"type": type(s).__name__, **s.__dict__} for name, s in streams.items()}
+
+
+_EXPECTED = {Frames: VideoStream, Values: LowdimStream, Audio: AudioStream}
+
+
+def _check_stream(schema: DatasetSchema, name: str, spec: StreamSpec, spacing: np.ndarray | None) -> None:
+    try:
+        stored = schema.stream(name)
+    except KeyError as exc:
+        raise SpecError(str(exc.args[0])) from None
+    expected = _EXPECTED[type(spec)]
+    if not isinstance(stored, expected):
+        raise SpecError(
+            f"stream '{name}' is {stored.kind}, so it cannot be read as {type(spec).__name__}"
+            f" (use {_SPEC_FOR[stored.kind]} for it)"
+        )
+    if spacing is None or len(spacing) == 0:
+        return
+    finest = float(np.min(spacing))
+    if isinstance(stored, VideoStream):
+        period = 1.0 / stored.fps
+        if finest < period * (1 - 1e-6):
+            raise SpecError(
+                f"stream '{name}' is recorded at {stored.fps:g} frames/s, but the spec asks for frames"
+                f" {finest:g} s apart, which would repeat frames; space them at least {period:g} s apart"
+            )
+    elif isinstance(stored, LowdimStream) and stored.rate and spec.interpolation != "linear":
+        period = 1.0 / stored.rate
+        if finest < period * (1 - 1e-6):
+            raise SpecError(
+                f"stream '{name}' is recorded at {stored.rate:g} Hz, but the spec asks for values {finest:g} s"
+                f" apart ({1 / finest:g} Hz); space them at least {period:g} s apart, or use"
+                " interpolation='linear' to resample it"
+            )
+
+
+_SPEC_FOR = {"video": "Frames", "lowdim": "Values", "audio": "Audio", "text": "the 'task' key of each batch"}
