@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -43,7 +43,9 @@ class DataLoader:
     tensors. Each rank gets the same number of steps; `len(loader)` is that number for the epoch.
 
     `decoder="auto"` decodes video on the GPU with DALI in the main process when `device` is a
-    CUDA device and the work suits it, else in the workers on the fastest CPU backend.
+    CUDA device and the work suits it, else in the workers on the fastest CPU backend;
+    `decode_in` overrides where ("main": workers send encoded segments, and the main process
+    decodes each micro-batch in one decoder call).
     `on_error="skip"` replaces a sample that fails to read with another of its micro-batch and
     counts it in `stats()`; "raise" stops with the shard, episode and stream named.
     `state_dict()` / `load_state_dict()` resume exactly, also with another world size or worker count.
@@ -63,11 +65,12 @@ class DataLoader:
         shuffle: Shuffle = "locality",
         shuffle_window: int = 8192,
         shards_per_group: int = 8,
-        balance: str = "tokens",
+        balance: Literal["tokens", "attention"] = "tokens",
         num_workers: int = 0,
         prefetch_factor: int = 2,
         device: str | torch.device = "cpu",
         decoder: str | VideoDecoder = "auto",
+        decode_in: Literal["workers", "main"] | None = None,
         rank: int | None = None,
         world_size: int | None = None,
         on_error: OnError = "raise",
@@ -105,7 +108,9 @@ class DataLoader:
         schema = self.dataset.schema
         spec.check_against(schema)
         self.decoder = self._build_decoder(decoder)
-        self.decode_in_main = self.decoder.device == "gpu"
+        if decode_in not in (None, "workers", "main"):
+            raise ValueError(f"decode_in is 'workers' or 'main', not '{decode_in}'")
+        self.decode_in_main = decode_in == "main" if decode_in else self.decoder.device == "gpu"
         if not self.decode_in_main:
             self.dataset.decoder = self.decoder
         table = self.dataset.table

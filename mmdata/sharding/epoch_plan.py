@@ -23,9 +23,11 @@ class ResumeError(MmdataError):
 
 
 class RankPlan(Protocol):
-    """What a packer returns: `len()` steps, each of one micro-batch of samples per rank."""
+    """What a packer returns: `len()` steps, each of one micro-batch of samples per rank, and the
+    samples `deferred` at the epoch's end (fewer than would give every rank one more micro-batch)."""
 
     steps: np.ndarray
+    deferred: np.ndarray
 
     def __len__(self) -> int: ...
 
@@ -63,6 +65,11 @@ class EpochPlan:
     def resume_step(self) -> int:
         """Steps of the current plan already completed."""
         return self.stretches[-1].steps
+
+    @property
+    def left_out(self) -> np.ndarray:
+        """Samples of the epoch that no step holds: too few at the end to give every rank one more."""
+        return np.asarray(self.plan.deferred, dtype=np.int64)
 
     @property
     def total_steps(self) -> int:

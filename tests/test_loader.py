@@ -1,0 +1,344 @@
+"""mmdata.DataLoader: exactly-once epochs over ranks and workers, determinism, exact and elastic resume,
+windows that hold the values at the requested times, and clear errors for bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pyarrow.compute as pc
+import pytest
+import torch
+
+import mmdata
+from mmdata.synthetic import episode_seconds, read_index_stripe, synthetic_audio, synthetic_lowdim
+from tests.conftest import SMALL
+
+LOWDIM_WINDOWS = mmdata.Windows(anchor_fps=10, streams={"state": mmdata.Values(offsets=[-0.1, 0.0])})
+POLICY_WINDOWS = mmdata.Windows(
+    anchor_fps=10,
+    streams={
+        "cam_high": mmdata.Frames(offsets=[-0.1, 0.0]),
+        "state": mmdata.Values(offsets=[-0.1, 0.0]),
+        "action": mmdata.Values(offsets=[i / 50 for i in range(50)]),
+        "audio": mmdata.Audio(window=(-1.0, 0.0)),
+    },
+)
+POLICY_TOKENS = {"cam_high": 64, "audio": 50}
+
+
+def run(loader) -> list[dict]:
+    return list(loader)
+
+
+def sample_ids(batches) -> list[int]:
+    return [int(i) for batch in batches for i in batch["sample_index"]]
+
+
+def assert_same_batches(first: list[dict], second: list[dict]) -> None:
+    assert len(first) == len(second)
+    for a, b in zip(first, second):
+        assert a.keys() == b.keys()
+        for key in a:
+            if isinstance(a[key], torch.Tensor):
+                assert torch.equal(a[key], b[key]), key
+            else:
+                assert a[key] == b[key], key
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 8])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_every_planned_sample_is_seen_once_per_epoch_across_ranks(stores, world_size, workers):
+    loaders = [
+        mmdata.DataLoader(
+            stores["wds"],
+            LOWDIM_WINDOWS,
+            tokens_per={"state": 5},
+            batch_tokens=40,
+            rank=rank,
+            world_size=world_size,
+            num_workers=workers,
+        )
+        for rank in range(world_size)
+    ]
+    steps, left_out = len(loaders[0]), loaders[0].epoch_plan().left_out
+    per_rank = [run(loader) for loader in loaders]
+    assert all(len(batches) == steps for batches in per_rank)
+    seen = [i for batches in per_rank for i in sample_ids(batches)]
+    assert len(seen) == len(set(seen))
+    assert sorted(seen + left_out.tolist()) == list(range(len(loaders[0].samples)))
+    assert len(left_out) < world_size
+
+
+def test_same_seed_gives_identical_batches_and_another_seed_or_epoch_does_not(stores):
+    def build(seed):
+        return mmdata.DataLoader(stores["wds"], POLICY_WINDOWS, tokens_per=POLICY_TOKENS, batch_tokens=2048, seed=seed)
+
+    first, again = run(build(0)), run(build(0))
+    assert_same_batches(first, again)
+    assert sample_ids(run(build(1))) != sample_ids(first)
+    loader = build(0)
+    run(loader)
+    assert loader.epoch == 1
+    assert sample_ids(run(loader)) != sample_ids(first)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("layout", ["wds", "zarr"])
+def test_resume_after_k_steps_matches_the_uninterrupted_run(stores, layout, workers):
+    def build():
+        return mmdata.DataLoader(
+            stores[layout], POLICY_WINDOWS, tokens_per=POLICY_TOKENS, batch_tokens=1024, num_workers=workers, seed=3
+        )
+
+    uninterrupted = run(build())
+    interrupted = build()
+    k = len(uninterrupted) // 2
+    for step, _ in enumerate(interrupted):
+        if step + 1 == k:
+            break
+    state = interrupted.state_dict()
+    assert len(json.dumps(state)) < 4096
+    resumed = build()
+    resumed.load_state_dict(json.loads(json.dumps(state)))
+    assert_same_batches(run(resumed), uninterrupted[k:])
+    assert resumed.epoch == 1
+
+
+@pytest.mark.parametrize(("before", "after"), [(4, 2), (2, 3)])
+def test_elastic_resume_covers_the_rest_of_the_epoch_exactly_once(stores, before, after):
+    def build(rank, world):
+        return mmdata.DataLoader(
+            stores["wds"], LOWDIM_WINDOWS, tokens_per={"state": 5}, batch_tokens=20, rank=rank, world_size=world, seed=7
+        )
+
+    first = [build(rank, before) for rank in range(before)]
+    k = len(first[0]) // 2
+    seen = []
+    for loader in first:
+        for step, batch in enumerate(loader):
+            seen += sample_ids([batch])
+            if step + 1 == k:
+                break
+    states = [loader.state_dict() for loader in first]
+    assert all(state == states[0] for state in states)
+    second = [build(rank, after) for rank in range(after)]
+    for loader in second:
+        loader.load_state_dict(states[0])
+    total, left_out = len(second[0]), second[0].epoch_plan().left_out.tolist()
+    rest = [run(loader) for loader in second]
+    assert len({len(batches) for batches in rest}) == 1
+    seen += [i for batches in rest for i in sample_ids(batches)]
+    assert len(seen) == len(set(seen))
+    assert sorted(seen + left_out) == list(range(len(second[0].samples)))
+    assert total == k + len(rest[0])
+
+
+def test_windows_hold_the_frames_values_and_audio_at_the_requested_times(stores):
+    spec = mmdata.Windows(
+        anchor_fps=7,
+        streams={
+            "cam_high": mmdata.Frames(offsets=[-0.2, -0.1, 0.0]),
+            "state": mmdata.Values(offsets=[-0.3, 0.0]),
+            "action": mmdata.Values(offsets=[0.0, 0.5, 1.0]),
+            "audio": mmdata.Audio(window=(-0.5, 0.0)),
+        },
+    )
+    loader = mmdata.DataLoader(stores["zarr"], spec, batch_size=8, seed=11)
+    seconds = episode_seconds(SMALL)
+    dataset = mmdata.open_dataset(stores["zarr"])
+    checked_edges = {"start": False, "end": False}
+    for batch in loader:
+        for row, (episode, anchor) in enumerate(zip(batch["episode_index"].tolist(), batch["time"].tolist())):
+            source = int(dataset.manifest.row(episode)["source"].split("_")[-1])
+            duration = seconds[source]
+            frames = round(duration * SMALL.fps)
+            for column, offset in enumerate([-0.2, -0.1, 0.0]):
+                t = anchor + offset
+                expected = min(max(round(t * SMALL.fps), 0), frames - 1)
+                assert read_index_stripe(batch["cam_high"][row, column].numpy()) == expected
+                assert bool(batch["cam_high_is_pad"][row, column]) == (t < -1e-9 or expected < round(t * SMALL.fps))
+            state, action = synthetic_lowdim(duration, SMALL.lowdim_rate, SMALL.dof, SMALL.seed * 1000 + source)
+            last = (len(state) - 1) / SMALL.lowdim_rate
+            for name, values, offsets in (("state", state, [-0.3, 0.0]), ("action", action, [0.0, 0.5, 1.0])):
+                for column, offset in enumerate(offsets):
+                    t = anchor + offset
+                    index = min(max(round(t * SMALL.lowdim_rate), 0), len(values) - 1)
+                    np.testing.assert_array_equal(batch[name][row, column].numpy(), values[index])
+                    pad = t < -1e-9 or t > last + 1e-9
+                    assert bool(batch[f"{name}_is_pad"][row, column]) == pad
+                    checked_edges["start" if t < 0 else "end"] |= pad
+            audio = synthetic_audio(duration, SMALL.audio_rate).astype(np.float32) / 32768.0
+            first = int(np.ceil((anchor - 0.5) * SMALL.audio_rate - 1e-6))
+            indices = first + np.arange(int(0.5 * SMALL.audio_rate))
+            inside = (indices >= 0) & (indices < len(audio))
+            expected_audio = np.where(inside, audio[np.clip(indices, 0, len(audio) - 1)], 0.0)
+            np.testing.assert_array_equal(batch["audio"][row, :, 0].numpy(), expected_audio)
+            np.testing.assert_array_equal(batch["audio_is_pad"][row].numpy(), ~inside)
+    assert checked_edges == {"start": True, "end": True}
+
+
+def test_sequences_are_chunked_packed_within_budget_and_cover_every_chunk_once(stores):
+    spec = mmdata.Sequences(
+        fps=10, max_seconds=1.0, streams={"cam_high": mmdata.Frames(), "action": mmdata.Values(rate=50)}
+    )
+    loader = mmdata.DataLoader(stores["wds"], spec, tokens_per={"cam_high": 16}, batch_tokens=700, num_workers=2)
+    seen, left_out = [], loader.epoch_plan().left_out.tolist()
+    for batch in loader:
+        assert int(batch["cu_seqlens"][-1]) <= 700
+        frames_per_sample = torch.diff(batch["cam_high_cu_seqlens"])
+        actions_per_sample = torch.diff(batch["action_cu_seqlens"])
+        expected_tokens = frames_per_sample * 16 + actions_per_sample
+        assert torch.equal(batch["seq_lens"].long(), expected_tokens.long())
+        starts = batch["cam_high_cu_seqlens"][:-1].long()
+        for start, anchor in zip(starts, batch["time"]):
+            assert read_index_stripe(batch["cam_high"][start].numpy()) == round(float(anchor) * 30)
+        seen += sample_ids([batch])
+    assert sorted(seen + left_out) == list(range(len(loader.samples)))
+    assert len(set(loader.samples.chunk.tolist())) > 1
+
+
+def test_padded_layout_pads_sequences_to_the_longest_and_flags_the_padding(stores):
+    spec = mmdata.Sequences(fps=5, max_seconds=2.0, streams={"state": mmdata.Values()})
+    batches = run(mmdata.DataLoader(stores["wds"], spec, batch_size=4, layout="padded", shuffle="none"))
+    for batch in batches:
+        lengths = batch["state_lengths"]
+        assert batch["state"].shape[:2] == (len(lengths), int(lengths.max()))
+        for row, length in enumerate(lengths.tolist()):
+            assert not batch["state_is_pad"][row, :length].any()
+            assert batch["state_is_pad"][row, length:].all()
+            assert batch["key_padding_mask"][row].sum() == batch["seq_lens"][row]
+
+
+def test_decoding_in_the_main_process_gives_the_same_batches_as_in_workers(stores):
+    def build(decode_in):
+        return mmdata.DataLoader(
+            stores["wds"],
+            POLICY_WINDOWS,
+            tokens_per=POLICY_TOKENS,
+            batch_tokens=1024,
+            num_workers=2,
+            decode_in=decode_in,
+        )
+
+    assert_same_batches(run(build("main")), run(build("workers")))
+
+
+def test_episode_filters_select_by_id_task_and_manifest_expression(stores):
+    dataset = mmdata.open_dataset(stores["wds"])
+    tasks = dataset.table.column("task").to_pylist()
+    durations = dataset.table.column("duration").to_pylist()
+
+    def episodes_seen(episodes):
+        loader = mmdata.DataLoader(stores["wds"], LOWDIM_WINDOWS, batch_size=16, episodes=episodes)
+        return {int(e) for batch in loader for e in batch["episode_index"]}
+
+    assert episodes_seen(mmdata.Episodes(ids=[0, 2])) == {0, 2}
+    assert episodes_seen(mmdata.Episodes(tasks=[tasks[1]])) == {i for i, t in enumerate(tasks) if t == tasks[1]}
+    longest = max(durations)
+    assert episodes_seen(mmdata.Episodes(where=pc.field("duration") >= longest)) == {durations.index(longest)}
+    assert episodes_seen(mmdata.Episodes(where=lambda row: row["episode_index"] != 0)) == {1, 2}
+
+
+def test_a_spec_naming_a_missing_stream_fails_when_the_loader_is_built(stores):
+    spec = mmdata.Windows(anchor_fps=10, streams={"cam_top": mmdata.Frames()})
+    with pytest.raises(mmdata.SpecError, match="no stream named 'cam_top'.*cam_high"):
+        mmdata.DataLoader(stores["wds"], spec, batch_size=4)
+
+
+def test_a_stream_read_as_the_wrong_kind_fails_naming_the_right_spec(stores):
+    spec = mmdata.Windows(anchor_fps=10, streams={"state": mmdata.Frames()})
+    with pytest.raises(mmdata.SpecError, match="stream 'state' is lowdim.*Values"):
+        mmdata.DataLoader(stores["wds"], spec, batch_size=4)
+
+
+def test_offsets_denser_than_the_recorded_rate_fail_naming_the_rate(stores):
+    dense_values = mmdata.Windows(anchor_fps=10, streams={"state": mmdata.Values(offsets=[0.0, 0.01])})
+    with pytest.raises(mmdata.SpecError, match="recorded at 50 Hz.*interpolation='linear'"):
+        mmdata.DataLoader(stores["wds"], dense_values, batch_size=4)
+    dense_frames = mmdata.Windows(anchor_fps=10, streams={"cam_high": mmdata.Frames(offsets=[0.0, 0.01])})
+    with pytest.raises(mmdata.SpecError, match="recorded at 30 frames/s"):
+        mmdata.DataLoader(stores["wds"], dense_frames, batch_size=4)
+    resampled = mmdata.Windows(
+        anchor_fps=10, streams={"state": mmdata.Values(offsets=[0.0, 0.01], interpolation="linear")}
+    )
+    assert len(mmdata.DataLoader(stores["wds"], resampled, batch_size=4)) > 0
+
+
+def test_a_token_budget_smaller_than_one_sample_fails_with_the_sample_cost(stores):
+    with pytest.raises(mmdata.SpecError, match="smaller than one sample.*costs 614 tokens"):
+        mmdata.DataLoader(stores["wds"], POLICY_WINDOWS, tokens_per={"cam_high": 256, "audio": 50}, batch_tokens=600)
+
+
+def test_bad_loader_arguments_are_value_errors(stores):
+    with pytest.raises(ValueError, match="exactly one of batch_tokens"):
+        mmdata.DataLoader(stores["wds"], LOWDIM_WINDOWS)
+    with pytest.raises(ValueError, match="rank 2 is outside a world of 2"):
+        mmdata.DataLoader(stores["wds"], LOWDIM_WINDOWS, batch_size=2, rank=2, world_size=2)
+    with pytest.raises(mmdata.SpecError, match="tokens_per names streams the spec does not read: audio"):
+        mmdata.DataLoader(stores["wds"], LOWDIM_WINDOWS, batch_tokens=64, tokens_per={"audio": 1})
+
+
+def test_a_state_from_another_spec_is_refused(stores):
+    loader = mmdata.DataLoader(stores["wds"], LOWDIM_WINDOWS, batch_size=4)
+    other = mmdata.DataLoader(stores["wds"], LOWDIM_WINDOWS, batch_size=8)
+    with pytest.raises(mmdata.ResumeError, match="other data or other sampling"):
+        other.load_state_dict(loader.state_dict())
+    with pytest.raises(mmdata.ResumeError, match="not an mmdata.DataLoader state"):
+        other.load_state_dict({"epoch": 3})
+
+
+@pytest.fixture
+def damaged_store(stores, tmp_path):
+    """The WebDataset store with one video segment of one episode overwritten with noise."""
+    copy = tmp_path / "damaged.wds"
+    shutil.copytree(stores["wds"], copy)
+    row = mmdata.open_dataset(copy).manifest.row(1)
+    segment = row["cam_high/segments"][0]
+    with open(copy / segment["path"], "r+b") as shard:
+        shard.seek(segment["offset"] + 64)
+        shard.write(np.random.default_rng(0).integers(0, 256, segment["size"] - 64, dtype=np.uint8).tobytes())
+    return copy, row["key"], segment["path"]
+
+
+def test_a_corrupt_shard_met_mid_epoch_stops_the_run_naming_shard_and_episode(damaged_store):
+    path, key, shard = damaged_store
+    loader = mmdata.DataLoader(path, POLICY_WINDOWS, tokens_per=POLICY_TOKENS, batch_tokens=1024, shuffle="none")
+    with pytest.raises(mmdata.SampleError, match=rf"shard '{shard}', episode '{key}', stream 'cam_high'.*checksum"):
+        run(loader)
+
+
+def test_skipping_corrupt_samples_replaces_them_deterministically_and_keeps_ranks_in_step(damaged_store):
+    path, _, _ = damaged_store
+
+    def build(rank):
+        return mmdata.DataLoader(
+            path,
+            POLICY_WINDOWS,
+            tokens_per=POLICY_TOKENS,
+            batch_tokens=1024,
+            on_error="skip",
+            rank=rank,
+            world_size=2,
+            num_workers=2,
+        )
+
+    loaders = [build(0), build(1)]
+    steps = len(loaders[0])
+    per_rank = [run(loader) for loader in loaders]
+    assert len(per_rank[0]) == len(per_rank[1]) == steps
+    skipped = sum(loader.stats()["skipped_samples"] for loader in loaders)
+    assert skipped > 0
+    assert all("checksum" in message for loader in loaders for message in loader.stats()["skipped"])
+    for batches in per_rank:
+        for batch in batches:
+            assert int(batch["cu_seqlens"][-1]) <= 1024
+    assert_same_batches(run(build(0)), per_rank[0])
+
+
+def test_the_default_rank_comes_from_torchrun_environment(stores, monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    loader = mmdata.DataLoader(stores["wds"], LOWDIM_WINDOWS, batch_size=4)
+    assert (loader.rank, loader.world_size) == (1, 3)
