@@ -17,7 +17,7 @@ from typing import Any, Literal
 import numpy as np
 
 from mmdata.codecs.audio import as_float
-from mmdata.codecs.decoders import VideoDecoder
+from mmdata.codecs.decoders import ClipRequest, VideoDecoder
 from mmdata.dataset import Dataset, FramePlan
 from mmdata.errors import DecodeError, MmdataError, SampleError
 from mmdata.loading.samples import audio_samples, grid_times
@@ -153,12 +153,14 @@ def decode_pending(decoder: VideoDecoder, batch: MicroBatch, on_error: OnError) 
         started = time.perf_counter()
         live = [p for p, plan in enumerate(plans) if plan is not None and p not in batch.failed]
         requests = [request for p in live for request in plans[p].requests]
+        merged, sources = merge_requests(requests)
         try:
-            decoded = decoder.decode(requests, "skip" if on_error == "skip" else "raise")
+            outputs = decoder.decode(merged, on_error)
         except DecodeError as exc:
             key = exc.where.episode if exc.where is not None else None
             culprit = next((s for s in batch.samples if s.key == key), batch.samples[0])
             raise SampleError(f"shard '{culprit.shard}', {exc}") from exc
+        decoded = [None if outputs[m] is None else outputs[m][picks] for m, picks in sources]
         values: list[Any] = [None] * len(plans)
         masks: list[Any] = [None] * len(plans)
         cursor = 0
@@ -176,6 +178,35 @@ def decode_pending(decoder: VideoDecoder, batch: MicroBatch, on_error: OnError) 
         del batch.pending[name]
         batch.add_time("video", time.perf_counter() - started)
     replace_failed(batch)
+
+
+def merge_requests(requests: Sequence[ClipRequest]) -> tuple[list[ClipRequest], list[tuple[int, np.ndarray]]]:
+    """One request per segment, for the union of the frames the samples ask of it.
+
+    Windows of a shuffled micro-batch often share a segment (a 32-frame segment holds 3.2 s of
+    10 Hz anchors); decoding it once serves them all. Returns the merged requests and, per
+    original request, (merged index, positions of its frames in that request's output).
+    """
+    index_of: dict[Any, int] = {}
+    members: list[list[ClipRequest]] = []
+    for request in requests:
+        key = request.where if request.where is not None else id(request)
+        if key not in index_of:
+            index_of[key] = len(members)
+            members.append([])
+        members[index_of[key]].append(request)
+    merged = []
+    unions = []
+    for group in members:
+        union = np.unique(np.concatenate([np.asarray(r.frames, dtype=np.int64) for r in group]))
+        first = group[0]
+        merged.append(ClipRequest(first.data, tuple(union.tolist()), first.codec, first.where, first.gop))
+        unions.append(union)
+    sources = []
+    for request in requests:
+        m = index_of[request.where if request.where is not None else id(request)]
+        sources.append((m, np.searchsorted(unions[m], np.asarray(request.frames, dtype=np.int64))))
+    return merged, sources
 
 
 def replace_failed(batch: MicroBatch) -> None:

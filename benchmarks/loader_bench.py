@@ -1,0 +1,139 @@
+"""mmdata.DataLoader against the naive webdataset + PyAV loader, same data and workers, in one run.
+
+The spec is the loader issue's policy window: 2 frames of cam_high (t - 0.1 s, t), 2 states,
+a 50-step action chunk and 1 s of 16 kHz audio per anchor, anchors at 10 Hz. Each loader runs
+for `--seconds` after one warm-up batch, epoch after epoch; samples/s and delivered
+frames/s are compared, and the results are written with the machine named.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from naive_loader import naive_loader, write_naive_shards
+
+import mmdata
+from mmdata.conversion.pipeline import ConvertOptions, convert
+from mmdata.loading.dataloader import peak_rss_bytes
+from mmdata.sources.raw import discover_raw_episodes
+from mmdata.synthetic import SynthSpec, write_synthetic_dataset
+
+RESULTS = Path(__file__).parent / "results"
+POLICY_WINDOWS = mmdata.Windows(
+    anchor_fps=10,
+    streams={
+        "cam_high": mmdata.Frames(offsets=[-0.1, 0.0]),
+        "state": mmdata.Values(offsets=[-0.1, 0.0]),
+        "action": mmdata.Values(offsets=[i / 50 for i in range(50)]),
+        "audio": mmdata.Audio(window=(-1.0, 0.0), sample_rate=16000),
+    },
+)
+TOKENS_PER = {"cam_high": 256, "action": 1, "state": 1, "audio": 50}
+FRAMES_PER_SAMPLE = 2
+
+
+def machine_name() -> str:
+    cpu = platform.processor() or platform.machine()
+    return f"{platform.node() or 'host'}: {os.cpu_count()} cores {cpu}, {platform.system()}"
+
+
+def measure(loader, seconds: float, count_samples) -> dict:
+    """Samples/s after a warm-up batch, for `seconds`, starting new epochs as needed (worker
+    start-up at each epoch counts, as it does in training)."""
+    iterator = iter(loader)
+    next(iterator)
+    samples = batches = 0
+    started = time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        for batch in iterator:
+            samples += count_samples(batch)
+            batches += 1
+            if time.perf_counter() - started > seconds:
+                break
+        iterator = iter(loader)
+    elapsed = time.perf_counter() - started
+    return {
+        "samples": samples,
+        "batches": batches,
+        "seconds": round(elapsed, 3),
+        "samples_per_s": round(samples / elapsed, 1),
+        "frames_per_s": round(samples * FRAMES_PER_SAMPLE / elapsed, 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--episodes", type=int, default=8)
+    parser.add_argument("--min-seconds", type=float, default=5.0)
+    parser.add_argument("--max-seconds", type=float, default=30.0)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--seconds", type=float, default=20.0, help="measuring time per loader")
+    parser.add_argument("--batch-tokens", type=int, default=16384)
+    parser.add_argument("--tag", default="cpu", help="suffix of the results file name")
+    args = parser.parse_args()
+
+    spec = SynthSpec(episodes=args.episodes, min_seconds=args.min_seconds, max_seconds=args.max_seconds)
+    with tempfile.TemporaryDirectory(prefix="mmdata-loader-bench-") as folder:
+        raw = Path(folder) / "raw"
+        write_synthetic_dataset(raw, spec)
+        store = Path(folder) / "store.wds"
+        convert(discover_raw_episodes(raw), store, ConvertOptions(layout="wds", progress=False))
+        shards = write_naive_shards(raw, Path(folder) / "naive")
+
+        loader = mmdata.DataLoader(
+            store, POLICY_WINDOWS, tokens_per=TOKENS_PER, batch_tokens=args.batch_tokens, num_workers=args.workers
+        )
+        per_batch = round(len(loader.samples) / max(len(loader), 1))
+        results = {"mmdata": measure(loader, args.seconds, lambda b: len(b["sample_index"]))}
+        stats = loader.stats()
+        results["mmdata"].update(
+            decoder=stats["decoder"],
+            decode_waste=stats["decode_waste"],
+            stage_seconds=stats["stage_seconds"],
+            peak_rss_mb_per_worker={k: round(v / 2**20) for k, v in stats["peak_rss_bytes_per_worker"].items()},
+        )
+        for name, once in (("naive", False), ("naive_decode_once_per_episode", True)):
+            baseline = naive_loader(shards, per_batch, args.workers, decode_once_per_episode=once)
+            results[name] = measure(baseline, args.seconds, lambda b: len(b["task"]))
+
+    base = results["naive"]["samples_per_s"]
+    fixed = results["naive_decode_once_per_episode"]["samples_per_s"]
+    ratios = {
+        "mmdata_vs_naive": round(results["mmdata"]["samples_per_s"] / base, 2),
+        "mmdata_vs_naive_decode_once": round(results["mmdata"]["samples_per_s"] / fixed, 2),
+    }
+    for name, row in results.items():
+        print(f"{name:32s} {row['samples_per_s']:9.1f} samples/s {row['frames_per_s']:9.1f} frames/s")
+    print(
+        f"mmdata vs naive: {ratios['mmdata_vs_naive']}x; vs naive decoding each episode once:"
+        f" {ratios['mmdata_vs_naive_decode_once']}x"
+    )
+    record = {
+        "benchmark": "loader_bench",
+        "machine": machine_name(),
+        "workers": args.workers,
+        "spec": POLICY_WINDOWS.describe(),
+        "tokens_per": TOKENS_PER,
+        "batch_tokens": args.batch_tokens,
+        "samples_per_batch": per_batch,
+        "dataset": {"episodes": args.episodes, "min_seconds": args.min_seconds, "max_seconds": args.max_seconds},
+        "versions": {"mmdata": mmdata.__version__, "torch": torch.__version__},
+        "main_process_peak_rss_mb": round(peak_rss_bytes() / 2**20),
+        "results": results,
+        "ratios": ratios,
+    }
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"loader_{args.tag}.json"
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"written {path}")
+
+
+if __name__ == "__main__":
+    main()
