@@ -21,7 +21,7 @@ from mmdata.codecs.decoders import VideoDecoder, make_video_decoder
 from mmdata.dataset import Dataset
 from mmdata.loading.collate import LAYOUTS, Layout, collate
 from mmdata.loading.episodes import Episodes
-from mmdata.loading.read import MicroBatch, OnError, SampleReader, SampleRef, decode_pending
+from mmdata.loading.read import MicroBatch, OnError, SampleReader, SampleRef, finish_video
 from mmdata.loading.samples import SampleTable, enumerate_samples
 from mmdata.loading.specs import Frames, Spec, SpecError
 from mmdata.loading.state import LoaderState, fingerprint
@@ -228,16 +228,8 @@ class DataLoader:
     def __iter__(self) -> Iterator[dict[str, Any]]:
         plan = self.epoch_plan()
         steps = [(step, self._refs(samples)) for step, samples in plan.rank_steps(self.rank)]
-        source = _StepSource(
-            self.dataset,
-            self.spec,
-            self.on_error,
-            self.decode_in_main,
-            self.layout,
-            self.attention_mask,
-            self.pad_to_multiple,
-            steps,
-        )
+        reader = SampleReader(self.dataset, self.spec, self.on_error, self.decode_in_main, self.decoder)
+        source = _StepSource(reader, steps, self.layout, self.attention_mask, self.pad_to_multiple)
         stream: Any = source
         if self.num_workers > 0 and steps:
             stream = torch.utils.data.DataLoader(
@@ -254,7 +246,7 @@ class DataLoader:
                 raise RuntimeError(f"loader produced step {step} where step {expected} was due")
             if isinstance(output, MicroBatch):
                 started = time.perf_counter()
-                decode_pending(self.decoder, output, self.on_error)
+                finish_video(self.decoder, output, self.on_error)
                 info["seconds"]["video"] = info["seconds"].get("video", 0.0) + time.perf_counter() - started
                 output = _collate_timed(output, info, self.layout, self.attention_mask, self.pad_to_multiple)
             batch = self._to_device(output)
@@ -316,25 +308,24 @@ class DataLoader:
 class _StepSource(IterableDataset):
     """The steps of one rank; each DataLoader worker reads every `num_workers`-th of them."""
 
-    def __init__(self, dataset, spec, on_error, defer_video, layout, attention_mask, pad_to_multiple, steps):
-        self.dataset, self.spec, self.on_error, self.defer_video = dataset, spec, on_error, defer_video
+    def __init__(self, reader: SampleReader, steps: list, layout, attention_mask, pad_to_multiple):
+        self.reader, self.steps = reader, steps
         self.layout, self.attention_mask, self.pad_to_multiple = layout, attention_mask, pad_to_multiple
-        self.steps = steps
 
     def __iter__(self):
         worker = get_worker_info()
         number, count = (worker.id, worker.num_workers) if worker is not None else (0, 1)
-        reader = SampleReader(self.dataset, self.spec, self.on_error, self.defer_video)
+        stats = self.reader.video_decoder.stats
         for step, samples in self.steps[number::count]:
-            batch = reader.read(step, samples)
+            batch = self.reader.read(step, samples)
             info = {
                 "worker": number,
                 "samples": len(batch.samples),
                 "failed": dict(batch.failed),
                 "seconds": batch.seconds,
                 "peak_rss": peak_rss_bytes(),
-                "decoded": self.dataset.decoder.stats.frames_decoded,
-                "delivered": self.dataset.decoder.stats.frames_delivered,
+                "decoded": stats.frames_decoded,
+                "delivered": stats.frames_delivered,
             }
             if batch.pending:
                 yield step, batch, info

@@ -2,8 +2,9 @@
 
 Runs in DataLoader workers. Cameras are planned per sample (which segments, which frames), and
 the frames of all samples of a stream go to the decoder in one call. With `defer_video` the
-plans, encoded bytes included, travel to the main process instead, where a GPU decoder takes
-the whole micro-batch at once (`decode_pending`). A sample that fails is named (shard, episode,
+worker does only the decoder's host-side preparation (for DALI: joining segments into streams)
+and the prepared work travels to the main process, where a GPU decoder takes the whole
+micro-batch at once (`finish_video`). A sample that fails is named (shard, episode,
 stream) and either stops the run or is replaced by another sample of its micro-batch.
 """
 
@@ -44,7 +45,7 @@ class SampleRef:
 class MicroBatch:
     """One rank's micro-batch, read: per stream, each sample's values and `is_pad` mask.
 
-    `pending` holds camera plans still to decode (deferred video); `failed` maps a sample's
+    `pending` holds cameras still to decode (deferred video); `failed` maps a sample's
     position to what went wrong; `replaced` lists (position, substitute position) pairs.
     """
 
@@ -53,7 +54,7 @@ class MicroBatch:
     tasks: list[str]
     values: dict[str, list[Any]] = field(default_factory=dict)
     is_pad: dict[str, list[np.ndarray]] = field(default_factory=dict)
-    pending: dict[str, list[FramePlan | None]] = field(default_factory=dict)
+    pending: dict[str, PendingVideo] = field(default_factory=dict)
     failed: dict[int, str] = field(default_factory=dict)
     replaced: list[tuple[int, int]] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
@@ -62,16 +63,43 @@ class MicroBatch:
         self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds
 
 
-class SampleReader:
-    """Reads micro-batches of a spec from an open `Dataset` (one per worker process)."""
+@dataclass
+class PendingVideo:
+    """One camera of a micro-batch between planning and decoding.
 
-    def __init__(self, dataset: Dataset, spec: Spec, on_error: OnError = "raise", defer_video: bool = False):
+    `plans` per sample (None where it failed), the segment requests merged across samples
+    (`merged`, and per plan request its (merged index, frame positions) in `sources`), and the
+    decoder's host-side preparation of them when it has one.
+    """
+
+    plans: list[FramePlan | None]
+    merged: list[ClipRequest]
+    sources: list[tuple[int, np.ndarray]]
+    prepared: Any = None
+
+
+class SampleReader:
+    """Reads micro-batches of a spec from an open `Dataset` (one per worker process).
+
+    `video_decoder` (default: the dataset's) decodes the cameras; with `defer_video` it only
+    prepares them here (see `prepare_video`), for the main process to finish.
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        spec: Spec,
+        on_error: OnError = "raise",
+        defer_video: bool = False,
+        video_decoder: VideoDecoder | None = None,
+    ):
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error is 'raise' or 'skip', not '{on_error}'")
         self.dataset = dataset
         self.spec = spec
         self.on_error = on_error
         self.defer_video = defer_video
+        self.video_decoder = video_decoder or dataset.decoder
 
     def read(self, step: int, samples: Sequence[SampleRef]) -> MicroBatch:
         rows = [self.dataset.manifest.row(sample.episode) for sample in samples]
@@ -84,9 +112,9 @@ class SampleReader:
                     for position, sample in enumerate(samples)
                 ]
                 batch.add_time("read", time.perf_counter() - started)
-                batch.pending[name] = plans
+                prepare_video(self.video_decoder, batch, name, plans)
                 if not self.defer_video:
-                    decode_pending(self.dataset.decoder, batch, self.on_error)
+                    finish_video(self.video_decoder, batch, self.on_error)
                 continue
             read = self._values if isinstance(stream, Values) else self._audio
             for position, sample in enumerate(samples):
@@ -147,32 +175,46 @@ class SampleReader:
         return sample.start + np.asarray(stream.offsets)
 
 
-def decode_pending(decoder: VideoDecoder, batch: MicroBatch, on_error: OnError) -> None:
-    """Decode every pending camera plan of the micro-batch, one decoder call per stream."""
-    for name, plans in list(batch.pending.items()):
+def prepare_video(decoder: VideoDecoder, batch: MicroBatch, name: str, plans: list[FramePlan | None]) -> None:
+    """Merge a camera's requests across the micro-batch and do the decoder's host-side preparation."""
+    started = time.perf_counter()
+    live = [p for p, plan in enumerate(plans) if plan is not None and p not in batch.failed]
+    merged, sources = merge_requests([request for p in live for request in plans[p].requests])
+    prepare = getattr(decoder, "prepare", None)
+    prepared = prepare(merged) if prepare is not None else None
+    batch.pending[name] = PendingVideo(
+        [plans[p] if p in live else None for p in range(len(plans))], merged, sources, prepared
+    )
+    batch.add_time("video_prepare", time.perf_counter() - started)
+
+
+def finish_video(decoder: VideoDecoder, batch: MicroBatch, on_error: OnError) -> None:
+    """Decode every pending camera of the micro-batch (one decoder call each) and fill in its values."""
+    for name, pending in list(batch.pending.items()):
         started = time.perf_counter()
-        live = [p for p, plan in enumerate(plans) if plan is not None and p not in batch.failed]
-        requests = [request for p in live for request in plans[p].requests]
-        merged, sources = merge_requests(requests)
         try:
-            outputs = decoder.decode(merged, on_error)
+            if pending.prepared is not None:
+                outputs = decoder.decode_prepared(pending.merged, *pending.prepared, on_error)
+            else:
+                outputs = decoder.decode(pending.merged, on_error)
         except DecodeError as exc:
             key = exc.where.episode if exc.where is not None else None
             culprit = next((s for s in batch.samples if s.key == key), batch.samples[0])
             raise SampleError(f"shard '{culprit.shard}', {exc}") from exc
-        decoded = [None if outputs[m] is None else outputs[m][picks] for m, picks in sources]
-        values: list[Any] = [None] * len(plans)
-        masks: list[Any] = [None] * len(plans)
+        decoded = [None if outputs[m] is None else outputs[m][picks] for m, picks in pending.sources]
+        values: list[Any] = [None] * len(pending.plans)
+        masks: list[Any] = [None] * len(pending.plans)
         cursor = 0
-        for p in live:
-            count = len(plans[p].requests)
-            parts = decoded[cursor : cursor + count]
-            cursor += count
+        for p, plan in enumerate(pending.plans):
+            if plan is None:
+                continue
+            parts = decoded[cursor : cursor + len(plan.requests)]
+            cursor += len(plan.requests)
             if any(part is None for part in parts):
-                where = ", ".join(str(r.where) for r, part in zip(plans[p].requests, parts) if part is None)
+                where = ", ".join(str(r.where) for r, part in zip(plan.requests, parts) if part is None)
                 batch.failed[p] = f"shard '{batch.samples[p].shard}', {where}: video does not decode"
                 continue
-            frames = Dataset.assemble_frames(plans[p], parts)
+            frames = Dataset.assemble_frames(plan, parts)
             values[p], masks[p] = frames.values, frames.is_pad
         batch.values[name], batch.is_pad[name] = values, masks
         del batch.pending[name]
