@@ -93,7 +93,13 @@ def main() -> None:
         per_batch = round(len(loader.samples) / max(len(loader), 1))
         results = {"mmdata": measure(loader, args.seconds, lambda b: len(b["sample_index"]))}
         stats = loader.stats()
+        timer = time.perf_counter()
+        for _ in range(10_000):
+            state = loader.state_dict()
+        state_cost_us = (time.perf_counter() - timer) / 10_000 * 1e6
         results["mmdata"].update(
+            state_dict_us=round(state_cost_us, 2),
+            state_dict_bytes=len(json.dumps(state)),
             decoder=stats["decoder"],
             decode_waste=stats["decode_waste"],
             stage_seconds=stats["stage_seconds"],
@@ -111,6 +117,7 @@ def main() -> None:
     }
     for name, row in results.items():
         print(f"{name:32s} {row['samples_per_s']:9.1f} samples/s {row['frames_per_s']:9.1f} frames/s")
+    print(f"state_dict: {results['mmdata']['state_dict_bytes']} bytes as JSON, {results['mmdata']['state_dict_us']} us")
     print(
         f"mmdata vs naive: {ratios['mmdata_vs_naive']}x; vs naive decoding each episode once:"
         f" {ratios['mmdata_vs_naive_decode_once']}x"

@@ -342,3 +342,22 @@ def test_the_default_rank_comes_from_torchrun_environment(stores, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "3")
     loader = mmdata.DataLoader(stores["wds"], LOWDIM_WINDOWS, batch_size=4)
     assert (loader.rank, loader.world_size) == (1, 3)
+
+
+def test_a_corrupt_shard_stops_the_run_when_video_is_decoded_in_the_main_process(damaged_store):
+    path, key, shard = damaged_store
+    loader = mmdata.DataLoader(
+        path, POLICY_WINDOWS, tokens_per=POLICY_TOKENS, batch_tokens=1024, shuffle="none", num_workers=2,
+        decode_in="main", verify=False,
+    )
+    with pytest.raises(mmdata.SampleError, match=rf"shard '{shard}', episode '{key}', stream 'cam_high'"):
+        run(loader)
+
+
+def test_a_cuda_device_without_index_follows_local_rank(monkeypatch):
+    from mmdata.loading.dataloader import _resolve_device
+
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert _resolve_device("cuda") == torch.device("cuda", 3)
+    assert _resolve_device("cuda:1") == torch.device("cuda", 1)
+    assert _resolve_device("cpu") == torch.device("cpu")

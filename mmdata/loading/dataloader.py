@@ -9,8 +9,11 @@ in plan order whatever the worker count.
 
 from __future__ import annotations
 
+import os
+import queue
+import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Literal
 
 import numpy as np
@@ -93,7 +96,7 @@ class DataLoader:
         if num_workers < 0:
             raise ValueError(f"num_workers must be 0 or more, not {num_workers}")
         self.rank, self.world_size = rank_and_world(rank, world_size)
-        self.device = torch.device(device)
+        self.device = _resolve_device(device)
         self.spec = spec
         self.layout = layout
         self.num_workers = num_workers
@@ -151,7 +154,14 @@ class DataLoader:
         frames = max((len(s.offsets) for s in self.spec.streams.values() if isinstance(s, Frames)), default=None)
         pixels = min((c.width * c.height for c in cameras), default=None)
         device = "cuda" if self.device.type == "cuda" else "cpu"
-        return make_video_decoder(decoder, codecs, device=device, frames_per_request=frames, frame_pixels=pixels)
+        return make_video_decoder(
+            decoder,
+            codecs,
+            device=device,
+            frames_per_request=frames,
+            frame_pixels=pixels,
+            device_id=self.device.index or 0,
+        )
 
     def _pack(self, order: np.ndarray, ranks: int, stretch: int):
         seed = (
@@ -239,22 +249,67 @@ class DataLoader:
                 prefetch_factor=self.prefetch_factor,
                 pin_memory=self.device.type == "cuda",
             )
+        batches = self._finish_in_background(stream) if self.decode_in_main else self._finish_here(stream)
         expected = plan.steps_before + plan.resume_step
         waited = time.perf_counter()
-        for step, output, info in stream:
+        for step, batch, info in batches:
             if step != expected:
                 raise RuntimeError(f"loader produced step {step} where step {expected} was due")
-            if isinstance(output, MicroBatch):
-                started = time.perf_counter()
-                finish_video(self.decoder, output, self.on_error)
-                info["seconds"]["video"] = info["seconds"].get("video", 0.0) + time.perf_counter() - started
-                output = _collate_timed(output, info, self.layout, self.attention_mask, self.pad_to_multiple)
-            batch = self._to_device(output)
             self._stats.add(info, time.perf_counter() - waited)
             expected += 1
             self._advance(plan)
             yield batch
             waited = time.perf_counter()
+
+    def _finish(self, step: int, output: Any, info: dict) -> tuple[int, dict[str, Any], dict]:
+        """Decode what the workers left pending (main-process decoding), collate, and move to the device."""
+        if isinstance(output, MicroBatch):
+            info["seconds"] = output.seconds
+            finish_video(self.decoder, output, self.on_error)
+            output = _collate_timed(output, info, self.layout, self.attention_mask, self.pad_to_multiple)
+        return step, self._to_device(output), info
+
+    def _finish_here(self, stream: Iterable) -> Iterator[tuple[int, dict[str, Any], dict]]:
+        for step, output, info in stream:
+            yield self._finish(step, output, info)
+
+    def _finish_in_background(self, stream: Iterable) -> Iterator[tuple[int, dict[str, Any], dict]]:
+        """Main-process decoding on a thread, `MAIN_DECODE_AHEAD` batches ahead of the training loop,
+        so a GPU decoder works while the model computes (DALI releases the GIL while it runs)."""
+        ready: queue.Queue = queue.Queue(maxsize=MAIN_DECODE_AHEAD)
+        stop = threading.Event()
+
+        def offer(item: Any) -> bool:
+            while not stop.is_set():
+                try:
+                    ready.put(item, timeout=0.1)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        def work() -> None:
+            try:
+                for item in stream:
+                    if not offer(self._finish(*item)):
+                        return
+                offer(_END)
+            except BaseException as exc:  # handed to the training loop, raised there
+                offer(_Failure(exc))
+
+        thread = threading.Thread(target=work, name="mmdata-decode", daemon=True)
+        thread.start()
+        try:
+            while True:
+                item = ready.get()
+                if item is _END:
+                    return
+                if isinstance(item, _Failure):
+                    raise item.error
+                yield item
+        finally:
+            stop.set()
+            thread.join(timeout=10)
 
     def _refs(self, samples: np.ndarray) -> list[SampleRef]:
         table = self.samples
@@ -303,6 +358,25 @@ class DataLoader:
         if self.decode_in_main:
             snapshot["main_process_decode"] = self.decoder.stats.snapshot()
         return snapshot
+
+
+def _resolve_device(device: str | torch.device) -> torch.device:
+    """A CUDA device without an index means this process's GPU: torchrun's LOCAL_RANK, else the current one."""
+    resolved = torch.device(device)
+    if resolved.type != "cuda" or resolved.index is not None:
+        return resolved
+    if "LOCAL_RANK" in os.environ:
+        return torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    return torch.device("cuda", torch.cuda.current_device() if torch.cuda.is_available() else 0)
+
+
+MAIN_DECODE_AHEAD = 2
+_END = object()
+
+
+class _Failure:
+    def __init__(self, error: BaseException):
+        self.error = error
 
 
 class _StepSource(IterableDataset):

@@ -10,6 +10,7 @@ torch through DLPack, without a trip through host memory.
 from __future__ import annotations
 
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -47,8 +48,8 @@ class DaliDecoder(VideoDecoder):
     def __init__(
         self,
         device: str = "gpu",
-        pipelines: int = 4,
-        batch_size: int = 8,
+        pipelines: int | None = None,
+        batch_size: int | None = None,
         reuse_sessions: bool = True,
         device_id: int = 0,
         num_threads: int = 2,
@@ -60,12 +61,15 @@ class DaliDecoder(VideoDecoder):
         self.device = device
         self.name = "dali" if device == "gpu" else "dali-cpu"
         self.codecs = DALI_GPU_CODECS if device == "gpu" else DALI_CPU_CODECS
-        self.pipelines = pipelines
-        self.batch_size = batch_size
+        # Measured on an H200 (benchmarks/results/decode_gpu_h200.md): joined streams decode fastest
+        # spread over 32 single-stream pipelines (NVDEC engines stay busy while each pipeline's host
+        # side waits); on the CPU, a few pipelines of several streams.
+        self.pipelines = pipelines or (32 if device == "gpu" else 4)
+        self.batch_size = batch_size or (1 if device == "gpu" else 8)
         self.reuse_sessions = reuse_sessions
         self.device_id = device_id
         self.num_threads = num_threads
-        self.streams_per_call = streams_per_call or pipelines * batch_size
+        self.streams_per_call = streams_per_call or self.pipelines * self.batch_size
         self._built: list[Any] = []
         self._owner_pid: int | None = None
         self._pool: ThreadPoolExecutor | None = None
@@ -106,12 +110,21 @@ class DaliDecoder(VideoDecoder):
 
     def _decode_batch(self, requests: list[ClipRequest], on_error: OnError) -> list[Any]:
         work, failed = self.prepare(requests)
-        return self.decode_prepared(requests, work, failed, on_error)
+        return self._decode_prepared(requests, work, failed, on_error)
 
     def decode_prepared(
         self, requests: list[ClipRequest], work: list[JoinedStream], failed: dict[int, Exception], on_error: OnError
     ) -> list[Any]:
         """Frames per request from prepared work; requests that failed to join are retried alone."""
+        started = time.perf_counter()
+        try:
+            return self._decode_prepared(requests, work, failed, on_error)
+        finally:
+            self.stats.seconds += time.perf_counter() - started
+
+    def _decode_prepared(
+        self, requests: list[ClipRequest], work: list[JoinedStream], failed: dict[int, Exception], on_error: OnError
+    ) -> list[Any]:
         results: list[Any] = [None] * len(requests)
         for position, request in enumerate(requests):
             if not request.frames:

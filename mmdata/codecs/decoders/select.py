@@ -91,12 +91,14 @@ def make_video_decoder(
     device: str = "auto",
     frames_per_request: int | None = None,
     frame_pixels: int | None = None,
+    device_id: int = 0,
     **options: Any,
 ) -> VideoDecoder:
     """Build the backend `name` ("auto", "dali", "dali-cpu", "pyav", "decord") for `codecs`.
 
     Fails here, not on the first sample, when the backend is missing or cannot decode a codec.
-    `device`, `frames_per_request` and `frame_pixels` steer "auto" (see `choose_backend`); `options` go to the
+    `device`, `frames_per_request` and `frame_pixels` steer "auto" (see `choose_backend`); `device_id` is the
+    CUDA device a GPU backend decodes on; `options` go to the
     backend (e.g. `pipelines=`, `reuse_sessions=` for DALI, `threads=` for the CPU backends).
     """
     if name not in BACKEND_NAMES:
@@ -110,7 +112,7 @@ def make_video_decoder(
     elif name == "decord":
         decoder = DecordDecoder(**options)
     else:
-        decoder = DaliDecoder(device="gpu" if name == "dali" else "cpu", **options)
+        decoder = DaliDecoder(device="gpu" if name == "dali" else "cpu", device_id=device_id, **options)
     decoder.check_codecs(codecs)
     return decoder
 
