@@ -102,7 +102,7 @@ def main() -> None:
             state_dict_bytes=len(json.dumps(state)),
             decoder=stats["decoder"],
             decode_waste=stats["decode_waste"],
-            stage_seconds=stats["stage_seconds"],
+            worker_stage_seconds=stats["worker_stage_seconds"],
             peak_rss_mb_per_worker={k: round(v / 2**20) for k, v in stats["peak_rss_bytes_per_worker"].items()},
         )
         for name, once in (("naive", False), ("naive_decode_once_per_episode", True)):

@@ -112,7 +112,8 @@ def measure(loader, seconds: float) -> dict:
     return {
         "batches": batches,
         "samples_per_s": round(samples / elapsed, 1),
-        "stage_seconds": stats["stage_seconds"],
+        "worker_stage_seconds": stats["worker_stage_seconds"],
+        "main_stage_seconds": stats["main_stage_seconds"],
         "data_wait_seconds": stats["data_wait_seconds"],
         "decoder": stats["decoder"],
         "main_process_decode": stats.get("main_process_decode"),

@@ -28,6 +28,8 @@ from mmdata.loading.read import MicroBatch, OnError, SampleReader, SampleRef, fi
 from mmdata.loading.samples import SampleTable, enumerate_samples
 from mmdata.loading.specs import Frames, Spec, SpecError
 from mmdata.loading.state import LoaderState, fingerprint
+from mmdata.loading.stats import LoaderStats
+from mmdata.loading.timing import enable_profiler_ranges, timed
 from mmdata.packing import PackingConfig, plan_packing, plan_padded
 from mmdata.packing.layouts import MaskKind
 from mmdata.schema import VideoStream
@@ -52,6 +54,8 @@ class DataLoader:
     `on_error="skip"` replaces a sample that fails to read with another of its micro-batch and
     counts it in `stats()`; "raise" stops with the shard, episode and stream named.
     `state_dict()` / `load_state_dict()` resume exactly, also with another world size or worker count.
+    `stats()` says where the time went; `profiler_ranges=True` also marks every stage for the PyTorch
+    profiler and Nsight (NVTX).
     """
 
     def __init__(
@@ -81,6 +85,7 @@ class DataLoader:
         pad_to_multiple: int | None = None,
         verify: bool = True,
         cache_bytes: int = 256 << 20,
+        profiler_ranges: bool = False,
     ):
         if (batch_tokens is None) == (batch_size is None):
             raise ValueError(
@@ -96,6 +101,7 @@ class DataLoader:
         if num_workers < 0:
             raise ValueError(f"num_workers must be 0 or more, not {num_workers}")
         self.rank, self.world_size = rank_and_world(rank, world_size)
+        enable_profiler_ranges(profiler_ranges)
         self.device = _resolve_device(device)
         self.spec = spec
         self.layout = layout
@@ -236,8 +242,10 @@ class DataLoader:
     # iteration
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        planning = time.perf_counter()
         plan = self.epoch_plan()
         steps = [(step, self._refs(samples)) for step, samples in plan.rank_steps(self.rank)]
+        self._stats.add_main("plan", time.perf_counter() - planning)
         reader = SampleReader(self.dataset, self.spec, self.on_error, self.decode_in_main, self.decoder)
         source = _StepSource(reader, steps, self.layout, self.attention_mask, self.pad_to_multiple)
         stream: Any = source
@@ -249,13 +257,16 @@ class DataLoader:
                 prefetch_factor=self.prefetch_factor,
                 pin_memory=self.device.type == "cuda",
             )
-        batches = self._finish_in_background(stream) if self.decode_in_main else self._finish_here(stream)
+        ready: queue.Queue | None = queue.Queue(maxsize=MAIN_DECODE_AHEAD) if self.decode_in_main else None
+        batches = self._finish_in_background(stream, ready) if ready is not None else self._finish_here(stream)
         expected = plan.steps_before + plan.resume_step
         waited = time.perf_counter()
         for step, batch, info in batches:
             if step != expected:
                 raise RuntimeError(f"loader produced step {step} where step {expected} was due")
-            self._stats.add(info, time.perf_counter() - waited)
+            for stage, seconds in info["main_seconds"].items():
+                self._stats.add_main(stage, seconds)
+            self._stats.add_step(info, time.perf_counter() - waited, ready.qsize() if ready is not None else None)
             expected += 1
             self._advance(plan)
             yield batch
@@ -263,20 +274,31 @@ class DataLoader:
 
     def _finish(self, step: int, output: Any, info: dict) -> tuple[int, dict[str, Any], dict]:
         """Decode what the workers left pending (main-process decoding), collate, and move to the device."""
+        main: dict[str, float] = {}
         if isinstance(output, MicroBatch):
-            info["seconds"] = output.seconds
+            decoded, delivered = self.decoder.stats.frames_decoded, self.decoder.stats.frames_delivered
+            output.seconds = main
             finish_video(self.decoder, output, self.on_error)
-            output = _collate_timed(output, info, self.layout, self.attention_mask, self.pad_to_multiple)
-        return step, self._to_device(output), info
+            with timed(main, "collate"):
+                collated = collate(output, self.layout, self.attention_mask, self.pad_to_multiple)
+            info["failed"] = dict(output.failed)
+            info["samples"] = len(output.samples)
+            info["decoded"] += self.decoder.stats.frames_decoded - decoded
+            info["delivered"] += self.decoder.stats.frames_delivered - delivered
+            output = collated
+        if self.device.type != "cpu":
+            with timed(main, "h2d"):
+                output = self._to_device(output)
+        info["main_seconds"] = main
+        return step, output, info
 
     def _finish_here(self, stream: Iterable) -> Iterator[tuple[int, dict[str, Any], dict]]:
         for step, output, info in stream:
             yield self._finish(step, output, info)
 
-    def _finish_in_background(self, stream: Iterable) -> Iterator[tuple[int, dict[str, Any], dict]]:
-        """Main-process decoding on a thread, `MAIN_DECODE_AHEAD` batches ahead of the training loop,
+    def _finish_in_background(self, stream: Iterable, ready: queue.Queue) -> Iterator[tuple[int, dict[str, Any], dict]]:
+        """Main-process decoding on a thread, up to `ready.maxsize` batches ahead of the training loop,
         so a GPU decoder works while the model computes (DALI releases the GIL while it runs)."""
-        ready: queue.Queue = queue.Queue(maxsize=MAIN_DECODE_AHEAD)
         stop = threading.Event()
 
         def offer(item: Any) -> bool:
@@ -345,19 +367,24 @@ class DataLoader:
             state.samples_consumed = 0
 
     def _to_device(self, batch: dict[str, Any]) -> dict[str, Any]:
-        if self.device.type == "cpu":
-            return batch
         return {k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
     # observability
 
     def stats(self) -> dict[str, Any]:
-        """Totals so far: steps, samples, skipped samples, seconds per stage, data wait, decode counts."""
+        """Totals since the loader was built (or `reset_stats`): steps, samples, tokens, bytes read,
+        seconds per stage in the workers and in the main process, data wait and its percentiles,
+        frames decoded against delivered, skipped samples, peak RSS per worker."""
         snapshot = self._stats.snapshot()
+        snapshot["workers"] = self.num_workers
         snapshot["decoder"] = self.decoder.describe()
         if self.decode_in_main:
             snapshot["main_process_decode"] = self.decoder.stats.snapshot()
         return snapshot
+
+    def reset_stats(self) -> None:
+        """Start the totals of `stats()` afresh (e.g. after warm-up)."""
+        self._stats = LoaderStats()
 
 
 def _resolve_device(device: str | torch.device) -> torch.device:
@@ -389,30 +416,28 @@ class _StepSource(IterableDataset):
     def __iter__(self):
         worker = get_worker_info()
         number, count = (worker.id, worker.num_workers) if worker is not None else (0, 1)
-        stats = self.reader.video_decoder.stats
+        decoder, pieces = self.reader.video_decoder.stats, self.reader.dataset.pieces
         for step, samples in self.steps[number::count]:
+            started = time.perf_counter()
+            before = (decoder.frames_decoded, decoder.frames_delivered, pieces.bytes_read)
             batch = self.reader.read(step, samples)
+            output: Any = batch
+            if not batch.pending:
+                with timed(batch.seconds, "collate"):
+                    output = collate(batch, self.layout, self.attention_mask, self.pad_to_multiple)
             info = {
                 "worker": number,
                 "samples": len(batch.samples),
+                "tokens": sum(sample.cost for sample in batch.samples),
                 "failed": dict(batch.failed),
                 "seconds": batch.seconds,
+                "busy": time.perf_counter() - started,
+                "bytes": pieces.bytes_read - before[2],
+                "decoded": decoder.frames_decoded - before[0],
+                "delivered": decoder.frames_delivered - before[1],
                 "peak_rss": peak_rss_bytes(),
-                "decoded": stats.frames_decoded,
-                "delivered": stats.frames_delivered,
             }
-            if batch.pending:
-                yield step, batch, info
-            else:
-                yield step, _collate_timed(batch, info, self.layout, self.attention_mask, self.pad_to_multiple), info
-
-
-def _collate_timed(batch: MicroBatch, info: dict, layout, attention_mask, pad_to_multiple) -> dict[str, Any]:
-    started = time.perf_counter()
-    out = collate(batch, layout, attention_mask, pad_to_multiple)
-    info["seconds"]["collate"] = info["seconds"].get("collate", 0.0) + time.perf_counter() - started
-    info["failed"] = dict(batch.failed)
-    return out
+            yield step, output, info
 
 
 def peak_rss_bytes() -> int:
@@ -427,43 +452,3 @@ def peak_rss_bytes() -> int:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-class LoaderStats:
-    """Running totals the loader keeps as batches reach the training loop."""
-
-    def __init__(self):
-        self.steps = self.samples = 0
-        self.data_wait = 0.0
-        self.seconds: dict[str, float] = {}
-        self.skipped: list[str] = []
-        self.skipped_count = 0
-        self.peak_rss: dict[int, int] = {}
-        self.frames: dict[int, tuple[int, int]] = {}
-
-    def add(self, info: dict, waited: float) -> None:
-        self.steps += 1
-        self.samples += info["samples"]
-        self.data_wait += waited
-        for stage, seconds in info["seconds"].items():
-            self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds
-        self.skipped_count += len(info["failed"])
-        self.skipped += list(info["failed"].values())[: max(0, 100 - len(self.skipped))]
-        self.peak_rss[info["worker"]] = max(self.peak_rss.get(info["worker"], 0), info["peak_rss"])
-        self.frames[info["worker"]] = (info["decoded"], info["delivered"])
-
-    def snapshot(self) -> dict[str, Any]:
-        decoded = sum(d for d, _ in self.frames.values())
-        delivered = sum(d for _, d in self.frames.values())
-        return {
-            "steps": self.steps,
-            "samples": self.samples,
-            "skipped_samples": self.skipped_count,
-            "skipped": list(self.skipped),
-            "data_wait_seconds": round(self.data_wait, 6),
-            "stage_seconds": {k: round(v, 6) for k, v in self.seconds.items()},
-            "frames_decoded": decoded,
-            "frames_delivered": delivered,
-            "decode_waste": round(decoded / delivered, 4) if delivered else 0.0,
-            "peak_rss_bytes_per_worker": dict(self.peak_rss),
-        }

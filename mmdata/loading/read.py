@@ -10,7 +10,6 @@ stream) and either stops the run or is replaced by another sample of its micro-b
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -23,6 +22,7 @@ from mmdata.dataset import Dataset, FramePlan
 from mmdata.errors import DecodeError, MmdataError, SampleError
 from mmdata.loading.samples import audio_samples, grid_times
 from mmdata.loading.specs import Audio, Frames, Sequences, Spec, Values, Windows
+from mmdata.loading.timing import timed
 
 OnError = Literal["raise", "skip"]
 
@@ -58,9 +58,6 @@ class MicroBatch:
     failed: dict[int, str] = field(default_factory=dict)
     replaced: list[tuple[int, int]] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
-
-    def add_time(self, stage: str, seconds: float) -> None:
-        self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds
 
 
 @dataclass
@@ -105,24 +102,23 @@ class SampleReader:
         rows = [self.dataset.manifest.row(sample.episode) for sample in samples]
         batch = MicroBatch(step, list(samples), [row["task"] for row in rows])
         for name, stream in self.spec.streams.items():
-            started = time.perf_counter()
             if isinstance(stream, Frames):
-                plans = [
-                    self._attempt(batch, position, name, self._plan_frames, sample, name, stream)
-                    for position, sample in enumerate(samples)
-                ]
-                batch.add_time("read", time.perf_counter() - started)
+                with timed(batch.seconds, "read"):
+                    plans = [
+                        self._attempt(batch, position, name, self._plan_frames, sample, name, stream)
+                        for position, sample in enumerate(samples)
+                    ]
                 prepare_video(self.video_decoder, batch, name, plans)
                 if not self.defer_video:
                     finish_video(self.video_decoder, batch, self.on_error)
                 continue
             read = self._values if isinstance(stream, Values) else self._audio
-            for position, sample in enumerate(samples):
-                data = self._attempt(batch, position, name, read, sample, name, stream)
-                values, is_pad = data if data is not None else (None, None)
-                batch.values.setdefault(name, []).append(values)
-                batch.is_pad.setdefault(name, []).append(is_pad)
-            batch.add_time("audio" if isinstance(stream, Audio) else "lowdim", time.perf_counter() - started)
+            with timed(batch.seconds, "audio" if isinstance(stream, Audio) else "lowdim"):
+                for position, sample in enumerate(samples):
+                    data = self._attempt(batch, position, name, read, sample, name, stream)
+                    values, is_pad = data if data is not None else (None, None)
+                    batch.values.setdefault(name, []).append(values)
+                    batch.is_pad.setdefault(name, []).append(is_pad)
         if not batch.pending:
             replace_failed(batch)
         return batch
@@ -177,49 +173,50 @@ class SampleReader:
 
 def prepare_video(decoder: VideoDecoder, batch: MicroBatch, name: str, plans: list[FramePlan | None]) -> None:
     """Merge a camera's requests across the micro-batch and do the decoder's host-side preparation."""
-    started = time.perf_counter()
-    live = [p for p, plan in enumerate(plans) if plan is not None and p not in batch.failed]
-    merged, sources = merge_requests([request for p in live for request in plans[p].requests])
-    prepare = getattr(decoder, "prepare", None)
-    prepared = prepare(merged) if prepare is not None else None
-    batch.pending[name] = PendingVideo(
-        [plans[p] if p in live else None for p in range(len(plans))], merged, sources, prepared
-    )
-    batch.add_time("video_prepare", time.perf_counter() - started)
+    with timed(batch.seconds, "video_prepare"):
+        live = [p for p, plan in enumerate(plans) if plan is not None and p not in batch.failed]
+        merged, sources = merge_requests([request for p in live for request in plans[p].requests])
+        prepare = getattr(decoder, "prepare", None)
+        prepared = prepare(merged) if prepare is not None else None
+        kept = [plans[p] if p in live else None for p in range(len(plans))]
+        batch.pending[name] = PendingVideo(kept, merged, sources, prepared)
 
 
 def finish_video(decoder: VideoDecoder, batch: MicroBatch, on_error: OnError) -> None:
     """Decode every pending camera of the micro-batch (one decoder call each) and fill in its values."""
     for name, pending in list(batch.pending.items()):
-        started = time.perf_counter()
-        try:
-            if pending.prepared is not None:
-                outputs = decoder.decode_prepared(pending.merged, *pending.prepared, on_error)
-            else:
-                outputs = decoder.decode(pending.merged, on_error)
-        except DecodeError as exc:
-            key = exc.where.episode if exc.where is not None else None
-            culprit = next((s for s in batch.samples if s.key == key), batch.samples[0])
-            raise SampleError(f"shard '{culprit.shard}', {exc}") from exc
-        decoded = [None if outputs[m] is None else outputs[m][picks] for m, picks in pending.sources]
-        values: list[Any] = [None] * len(pending.plans)
-        masks: list[Any] = [None] * len(pending.plans)
-        cursor = 0
-        for p, plan in enumerate(pending.plans):
-            if plan is None:
-                continue
-            parts = decoded[cursor : cursor + len(plan.requests)]
-            cursor += len(plan.requests)
-            if any(part is None for part in parts):
-                where = ", ".join(str(r.where) for r, part in zip(plan.requests, parts) if part is None)
-                batch.failed[p] = f"shard '{batch.samples[p].shard}', {where}: video does not decode"
-                continue
-            frames = Dataset.assemble_frames(plan, parts)
-            values[p], masks[p] = frames.values, frames.is_pad
-        batch.values[name], batch.is_pad[name] = values, masks
+        with timed(batch.seconds, "video"):
+            _finish_camera(decoder, batch, name, pending, on_error)
         del batch.pending[name]
-        batch.add_time("video", time.perf_counter() - started)
     replace_failed(batch)
+
+
+def _finish_camera(decoder: VideoDecoder, batch: MicroBatch, name: str, pending: PendingVideo, on_error: OnError):
+    try:
+        if pending.prepared is not None:
+            outputs = decoder.decode_prepared(pending.merged, *pending.prepared, on_error)
+        else:
+            outputs = decoder.decode(pending.merged, on_error)
+    except DecodeError as exc:
+        key = exc.where.episode if exc.where is not None else None
+        culprit = next((s for s in batch.samples if s.key == key), batch.samples[0])
+        raise SampleError(f"shard '{culprit.shard}', {exc}") from exc
+    decoded = [None if outputs[m] is None else outputs[m][picks] for m, picks in pending.sources]
+    values: list[Any] = [None] * len(pending.plans)
+    masks: list[Any] = [None] * len(pending.plans)
+    cursor = 0
+    for p, plan in enumerate(pending.plans):
+        if plan is None:
+            continue
+        parts = decoded[cursor : cursor + len(plan.requests)]
+        cursor += len(plan.requests)
+        if any(part is None for part in parts):
+            where = ", ".join(str(r.where) for r, part in zip(plan.requests, parts) if part is None)
+            batch.failed[p] = f"shard '{batch.samples[p].shard}', {where}: video does not decode"
+            continue
+        frames = Dataset.assemble_frames(plan, parts)
+        values[p], masks[p] = frames.values, frames.is_pad
+    batch.values[name], batch.is_pad[name] = values, masks
 
 
 def merge_requests(requests: Sequence[ClipRequest]) -> tuple[list[ClipRequest], list[tuple[int, np.ndarray]]]:

@@ -16,6 +16,8 @@ from mmdata.sharding.manifest import Piece
 
 
 class PieceReader(Protocol):
+    bytes_read: int  # running total of payload bytes fetched, for throughput figures
+
     def read_bytes(self, piece: Piece) -> bytes:
         """An encoded blob: a video segment, an audio file, or (WebDataset) any member."""
 
@@ -43,9 +45,11 @@ class WdsPieceReader:
         self.fs = fs
         self.root = root
         self.verify = verify
+        self.bytes_read = 0
 
     def read_bytes(self, piece: Piece) -> bytes:
         data = read_range(self.fs, join(self.root, piece.path), piece.offset, piece.size)
+        self.bytes_read += len(data)
         if self.verify:
             checked(piece, checksum_bytes(data))
         return data
@@ -79,6 +83,7 @@ class ZarrPieceReader:
             self.group = zarr.open_group(store, mode="r", zarr_format=3)
         self._arrays: dict = {}
         self.verify = verify
+        self.bytes_read = 0
 
     def _array(self, path: str):
         if path not in self._arrays:
@@ -101,6 +106,7 @@ class ZarrPieceReader:
 
     def _read(self, piece: Piece, count: int):
         array = self._array(piece.path)
+        self.bytes_read += piece.size
         try:
             return array[piece.offset : piece.offset + count]
         except (RuntimeError, ValueError) as exc:  # a compressed chunk or shard index that does not decode

@@ -1,0 +1,86 @@
+"""What the loader measured: per-stage time in workers and in the main process, data wait, bytes,
+frames decoded against delivered, skipped samples, memory. Kept as running totals plus a bounded
+window of recent per-step waits, so it costs nothing to keep on for a whole run."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+RECENT_STEPS = 10_000
+READY_WAIT_SECONDS = 0.001
+
+
+class LoaderStats:
+    """Running totals the loader keeps as batches reach the training loop."""
+
+    def __init__(self):
+        self.steps = self.samples = self.tokens = 0
+        self.bytes_read = 0
+        self.frames_decoded = self.frames_delivered = 0
+        self.data_wait = 0.0
+        self.ready_when_asked = 0
+        self.waits: deque[float] = deque(maxlen=RECENT_STEPS)
+        self.worker_seconds: dict[str, float] = {}
+        self.main_seconds: dict[str, float] = {}
+        self.worker_busy: dict[int, float] = {}
+        self.skipped: list[str] = []
+        self.skipped_count = 0
+        self.peak_rss: dict[int, int] = {}
+        self.main_queue_depths: deque[int] = deque(maxlen=RECENT_STEPS)
+
+    def add_main(self, stage: str, seconds: float) -> None:
+        self.main_seconds[stage] = self.main_seconds.get(stage, 0.0) + seconds
+
+    def add_step(self, info: dict[str, Any], waited: float, queue_depth: int | None = None) -> None:
+        """Count one batch handed to the training loop, with what its worker reported."""
+        self.steps += 1
+        self.samples += info["samples"]
+        self.tokens += info["tokens"]
+        self.bytes_read += info["bytes"]
+        self.frames_decoded += info["decoded"]
+        self.frames_delivered += info["delivered"]
+        self.data_wait += waited
+        self.waits.append(waited)
+        self.ready_when_asked += waited < READY_WAIT_SECONDS
+        if queue_depth is not None:
+            self.main_queue_depths.append(queue_depth)
+        for stage, seconds in info["seconds"].items():
+            self.worker_seconds[stage] = self.worker_seconds.get(stage, 0.0) + seconds
+        worker = info["worker"]
+        self.worker_busy[worker] = self.worker_busy.get(worker, 0.0) + info["busy"]
+        self.skipped_count += len(info["failed"])
+        self.skipped += list(info["failed"].values())[: max(0, 100 - len(self.skipped))]
+        self.peak_rss[worker] = max(self.peak_rss.get(worker, 0), info["peak_rss"])
+
+    def snapshot(self) -> dict[str, Any]:
+        waits_ms = np.asarray(self.waits, dtype=np.float64) * 1000
+        percentiles = (
+            {f"p{q}": round(float(np.percentile(waits_ms, q)), 3) for q in (50, 95, 99)}
+            | {"max": round(float(waits_ms.max()), 3)}
+            if len(waits_ms)
+            else {}
+        )
+        return {
+            "steps": self.steps,
+            "samples": self.samples,
+            "tokens": self.tokens,
+            "bytes_read": self.bytes_read,
+            "skipped_samples": self.skipped_count,
+            "skipped": list(self.skipped),
+            "data_wait_seconds": round(self.data_wait, 6),
+            "wait_ms": percentiles,
+            "ready_when_asked": round(self.ready_when_asked / self.steps, 4) if self.steps else 0.0,
+            "main_queue_depth_mean": round(float(np.mean(self.main_queue_depths)), 3)
+            if self.main_queue_depths
+            else None,
+            "worker_stage_seconds": {k: round(v, 6) for k, v in self.worker_seconds.items()},
+            "main_stage_seconds": {k: round(v, 6) for k, v in self.main_seconds.items()},
+            "worker_busy_seconds": {k: round(v, 6) for k, v in self.worker_busy.items()},
+            "frames_decoded": self.frames_decoded,
+            "frames_delivered": self.frames_delivered,
+            "decode_waste": round(self.frames_decoded / self.frames_delivered, 4) if self.frames_delivered else 0.0,
+            "peak_rss_bytes_per_worker": dict(self.peak_rss),
+        }
