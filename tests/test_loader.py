@@ -347,8 +347,14 @@ def test_the_default_rank_comes_from_torchrun_environment(stores, monkeypatch):
 def test_a_corrupt_shard_stops_the_run_when_video_is_decoded_in_the_main_process(damaged_store):
     path, key, shard = damaged_store
     loader = mmdata.DataLoader(
-        path, POLICY_WINDOWS, tokens_per=POLICY_TOKENS, batch_tokens=1024, shuffle="none", num_workers=2,
-        decode_in="main", verify=False,
+        path,
+        POLICY_WINDOWS,
+        tokens_per=POLICY_TOKENS,
+        batch_tokens=1024,
+        shuffle="none",
+        num_workers=2,
+        decode_in="main",
+        verify=False,
     )
     with pytest.raises(mmdata.SampleError, match=rf"shard '{shard}', episode '{key}', stream 'cam_high'"):
         run(loader)

@@ -1,0 +1,222 @@
+"""`mmdata bench`: is the input pipeline on the critical path of the step, and which stage?"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from mmdata.bench.naive import export_naive_shards, naive_loader, run_naive
+from mmdata.bench.presets import PRESETS, default_tokens_per, preset_spec
+from mmdata.bench.report import build_document, compare, format_table, load, parse_fraction
+from mmdata.bench.runner import run_loader, simulated_step
+from mmdata.bench.sweep import label, parse_sweep, plot_sweep
+from mmdata.dataset import open_dataset
+from mmdata.errors import MmdataError
+from mmdata.loading import DataLoader
+
+
+def add_parser(commands) -> None:
+    parser = commands.add_parser(
+        "bench",
+        help="measure the loader on a store: throughput, stalls, and where every millisecond goes",
+        description=(
+            "Run mmdata.DataLoader on DATASET for --steps steps after --warmup, and print samples/s,"
+            " frames/s, tokens/s, MB/s, packing efficiency, rank token spread, batch latency percentiles,"
+            " the input-stall fraction at a simulated --step-ms training step, decode waste, peak memory,"
+            " and the share of wall time each stage took (in the workers and in the main thread)."
+            " Without DATASET, a small synthetic store is made first."
+        ),
+        epilog=(
+            "examples:\n"
+            "  mmdata bench /data/robot.wds --spec policy --num-workers 8 --step-ms 200\n"
+            "  mmdata bench /data/robot.wds --json new.json --compare old.json --max-regression 5%\n"
+            "  mmdata bench /data/robot.wds --baseline naive\n"
+            "  mmdata bench /data/robot.wds --sweep num_workers=0,2,4 decoder=pyav,decord --plot sweep.png"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("dataset", nargs="?", help="store path or URL (default: a synthetic demo store)")
+    spec = parser.add_argument_group("what to load")
+    spec.add_argument("--spec", choices=PRESETS, default="policy", help="sampling preset (default: policy)")
+    spec.add_argument("--streams", help="comma-separated streams to read (default: all)")
+    spec.add_argument("--anchor-fps", type=float, help="anchors per second (policy 10, clips 5) or sequence fps")
+    spec.add_argument("--max-seconds", type=float, default=8.0, help="sequence chunk length (default 8 s)")
+    spec.add_argument("--tokens-per", help="tokens per frame / value / audio second, e.g. cam_high=256,audio=50")
+    loader = parser.add_argument_group("loader options")
+    batch = loader.add_mutually_exclusive_group()
+    batch.add_argument("--batch-tokens", type=int, help="token budget per micro-batch (default 16384)")
+    batch.add_argument("--batch-size", type=int, help="samples per micro-batch instead of a token budget")
+    loader.add_argument("--layout", choices=("packed", "padded"), help="default: packed with tokens, padded with size")
+    loader.add_argument("--num-workers", type=int, default=2)
+    loader.add_argument("--prefetch-factor", type=int, default=2)
+    loader.add_argument("--decoder", default="auto", help="auto, pyav, decord, dali-cpu or dali")
+    loader.add_argument("--decode-in", choices=("workers", "main"), help="where video is decoded")
+    loader.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    loader.add_argument("--seed", type=int, default=0)
+    loader.add_argument("--world-size", type=int, default=1, help="plan for this many ranks (this process is rank 0)")
+    run = parser.add_argument_group("the run")
+    run.add_argument("--steps", type=int, default=50, help="measured steps (default 50)")
+    run.add_argument("--warmup", type=int, default=3, help="steps before measuring (default 3)")
+    run.add_argument("--step-ms", type=float, default=0.0, help="simulate a training step of this many ms")
+    run.add_argument("--profile-ranges", action="store_true", help="mark stages for torch.profiler and Nsight")
+    output = parser.add_argument_group("output and comparison")
+    output.add_argument("--json", help="write the full result here (schema: docs/bench.schema.json)")
+    output.add_argument("--compare", help="an earlier --json result; exit 1 if a headline figure regressed")
+    output.add_argument("--max-regression", default="5%", help="allowed regression for --compare (default 5%%)")
+    output.add_argument("--from-json", help="report (and --compare) this earlier result instead of running")
+    output.add_argument("--baseline", choices=("naive",), help="also run the naive webdataset + PyAV loader")
+    output.add_argument("--baseline-seconds", type=float, default=20.0, help="how long to run the baseline")
+    output.add_argument("--sweep", nargs="+", metavar="NAME=V1,V2", help="run every combination of these settings")
+    output.add_argument("--plot", help="PNG of the sweep (needs matplotlib: pip install 'mmdata[bench]')")
+    parser.set_defaults(run=run_bench)
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    try:
+        limit = parse_fraction(args.max_regression)
+    except ValueError as exc:
+        raise MmdataError(f"--max-regression: {exc}") from None
+    if args.from_json:
+        document = load(args.from_json)
+    elif args.dataset:
+        document = _measure(args, args.dataset)
+    else:
+        with tempfile.TemporaryDirectory(prefix="mmdata-bench-") as folder:
+            document = _measure(args, _demo_store(Path(folder)))
+    print(format_table(document))
+    if args.json and not args.from_json:
+        Path(args.json).write_text(json.dumps(document, indent=1) + "\n")
+        print(f"\nwritten {args.json}")
+    if args.compare:
+        problems = compare(load(args.compare), document, limit)
+        if problems:
+            print(f"\nREGRESSION against {args.compare} (limit {limit:.1%}):")
+            for problem in problems:
+                print(f"  {problem}")
+            return 1
+        print(f"\nno headline figure regressed by more than {limit:.1%} against {args.compare}")
+    return 0
+
+
+def _measure(args: argparse.Namespace, dataset: str) -> dict[str, Any]:
+    schema = open_dataset(dataset).schema
+    spec = preset_spec(
+        schema, args.spec, args.streams.split(",") if args.streams else None, args.anchor_fps, args.max_seconds
+    )
+    tokens_per = default_tokens_per(spec, args.spec) | _parse_tokens(args.tokens_per)
+    options: dict[str, Any] = {
+        "tokens_per": tokens_per,
+        "batch_tokens": args.batch_tokens if args.batch_tokens or args.batch_size else 16384,
+        "batch_size": args.batch_size,
+        "layout": args.layout,
+        "num_workers": args.num_workers,
+        "prefetch_factor": args.prefetch_factor,
+        "decoder": args.decoder,
+        "decode_in": args.decode_in,
+        "device": args.device,
+        "seed": args.seed,
+        "rank": 0,
+        "world_size": args.world_size,
+        "profiler_ranges": args.profile_ranges,
+    }
+    loader = DataLoader(dataset, spec, **options)
+    measured = run_loader(loader, args.steps, args.warmup, args.step_ms)
+    config = {
+        "dataset": dataset,
+        "spec_name": args.spec,
+        "spec": spec.describe(),
+        "tokens_per": tokens_per,
+        "batch_tokens": options["batch_tokens"],
+        "batch_size": args.batch_size,
+        "layout": loader.layout,
+        "num_workers": args.num_workers,
+        "prefetch_factor": args.prefetch_factor,
+        "decoder": loader.decoder.describe(),
+        "decode_in": "main" if loader.decode_in_main else "workers",
+        "device": str(loader.device),
+        "world_size": args.world_size,
+        "seed": args.seed,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "step_ms": args.step_ms,
+        "samples": len(loader.samples),
+    }
+    if args.sweep:
+        measured["sweep"] = _sweep(args, dataset, spec, options)
+    if args.baseline:
+        measured.update(_baseline(args, dataset, spec, loader, measured["figures"]))
+    return build_document(config, measured)
+
+
+def _sweep(args: argparse.Namespace, dataset: str, spec, options: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for setting in parse_sweep(args.sweep):
+        overrides = dict(setting)
+        if "batch_size" in overrides:
+            overrides["batch_tokens"] = None
+        elif "batch_tokens" in overrides:
+            overrides["batch_size"] = None
+        loader = DataLoader(dataset, spec, **(options | overrides))
+        figures = run_loader(loader, args.steps, args.warmup, args.step_ms)["figures"]
+        rows.append({"setting": setting, "decoder": loader.decoder.describe(), "figures": figures})
+        print(
+            f"sweep {label(setting):40s} {figures['samples_per_s']:10,.1f} samples/s"
+            f" {figures['frames_per_s']:10,.1f} frames/s  stall {figures['stall_fraction']:.1%}"
+        )
+    if args.plot:
+        title = f"mmdata bench {args.spec} on {Path(dataset).name}" + (
+            f", {args.step_ms:g} ms step" if args.step_ms else ""
+        )
+        plot_sweep(rows, Path(args.plot), title, show_stalls=args.step_ms > 0)
+        print(f"plot written to {args.plot}")
+    return rows
+
+
+def _baseline(args: argparse.Namespace, dataset: str, spec, loader: DataLoader, figures: dict) -> dict[str, Any]:
+    samples_per_batch = max(1, round(figures["samples_per_s"] * figures["wall_seconds"] / max(1, figures["steps"])))
+    with tempfile.TemporaryDirectory(prefix="mmdata-naive-") as folder:
+        started = time.perf_counter()
+        shards = export_naive_shards(open_dataset(dataset), Path(folder))
+        print(f"baseline: wrote {len(shards)} naive shards in {time.perf_counter() - started:.1f} s")
+        baseline = naive_loader(shards, spec, samples_per_batch, args.num_workers)
+        measured = run_naive(baseline, spec, args.baseline_seconds, step=simulated_step(args.step_ms, loader.device))
+    measured.update(
+        name="naive",
+        description="webdataset + PyAV decoding whole videos per sample + padding collate",
+        batch_size=samples_per_batch,
+    )
+    ratios = {
+        key: round(figures[key] / measured[key], 3) if measured[key] else None
+        for key in ("samples_per_s", "frames_per_s")
+    }
+    return {"baseline": measured, "ratios": ratios}
+
+
+def _parse_tokens(text: str | None) -> dict[str, float]:
+    if not text:
+        return {}
+    tokens = {}
+    for item in text.split(","):
+        name, separator, value = item.partition("=")
+        if not separator:
+            raise MmdataError(f"--tokens-per item '{item}' must look like stream=tokens")
+        tokens[name.strip()] = float(value)
+    return tokens
+
+
+def _demo_store(folder: Path) -> str:
+    from mmdata.conversion.pipeline import ConvertOptions, convert
+    from mmdata.sources.raw import discover_raw_episodes
+    from mmdata.synthetic import SynthSpec, write_synthetic_dataset
+
+    started = time.perf_counter()
+    raw = folder / "raw"
+    write_synthetic_dataset(raw, SynthSpec(episodes=6, min_seconds=2.0, max_seconds=8.0))
+    store = folder / "demo.wds"
+    convert(discover_raw_episodes(raw), store, ConvertOptions(layout="wds", progress=False))
+    print(f"made a synthetic demo store ({store}) in {time.perf_counter() - started:.1f} s\n")
+    return str(store)

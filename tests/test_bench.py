@@ -1,0 +1,194 @@
+"""`mmdata bench` and the loader's observability: the table, the JSON schema, regression checks,
+stage shares that account for the wall time, the naive baseline, sweeps, and StepTimer."""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+import mmdata
+from mmdata.bench import StepTimer, run_loader
+from mmdata.bench.sweep import parse_sweep
+from tests.conftest import run_cli
+
+SCHEMA = json.loads((Path(__file__).parents[1] / "docs" / "bench.schema.json").read_text())
+POLICY = mmdata.Windows(
+    anchor_fps=10,
+    streams={
+        "cam_high": mmdata.Frames(offsets=[-0.1, 0.0]),
+        "state": mmdata.Values(offsets=[-0.1, 0.0]),
+        "audio": mmdata.Audio(window=(-1.0, 0.0)),
+    },
+)
+
+
+@pytest.fixture(scope="module")
+def bench_result(stores, tmp_path_factory) -> tuple[Path, str]:
+    output = tmp_path_factory.mktemp("bench") / "result.json"
+    finished = run_cli("bench", str(stores["wds"]), "--steps", "8", "--json", str(output))
+    assert finished.returncode == 0, finished.stderr
+    return output, finished.stdout
+
+
+def test_bench_prints_the_table_and_writes_json_valid_against_the_documented_schema(bench_result):
+    output, table = bench_result
+    for line in (
+        "samples/s",
+        "frames/s",
+        "tokens/s",
+        "MB/s read",
+        "packing efficiency",
+        "rank token spread",
+        "batch latency p50/p95/p99",
+        "input stall",
+        "decode waste",
+        "peak RSS per worker",
+        "main thread",
+    ):
+        assert line in table
+    document = json.loads(output.read_text())
+    jsonschema.validate(document, SCHEMA)
+    assert document["figures"]["samples_per_s"] > 0
+    assert document["versions"]["mmdata"] == mmdata.__version__
+
+
+def test_compare_exits_non_zero_on_a_planted_regression_and_zero_within_the_limit(bench_result, tmp_path):
+    output, _ = bench_result
+    measured = json.loads(output.read_text())
+
+    def check(old_figures: dict, new_figures: dict) -> tuple[int, str]:
+        paths = []
+        for name, figures in (("old", old_figures), ("new", new_figures)):
+            document = copy.deepcopy(measured)
+            document["figures"].update(figures)
+            paths.append(tmp_path / f"{name}.json")
+            paths[-1].write_text(json.dumps(document))
+        finished = run_cli("bench", "--from-json", str(paths[1]), "--compare", str(paths[0]), "--max-regression", "5%")
+        return finished.returncode, finished.stdout
+
+    code, text = check({"samples_per_s": 100.0}, {"samples_per_s": 90.0})
+    assert code == 1 and "samples_per_s fell from 100 to 90" in text
+    code, text = check({"stall_fraction": 0.0}, {"stall_fraction": 0.1})
+    assert code == 1 and "stall_fraction rose" in text
+    code, text = check({"latency_ms": {"p95": 10.0}}, {"latency_ms": {"p95": 12.0}})
+    assert code == 1 and "latency_p95_ms rose" in text
+    code, _ = check({"samples_per_s": 100.0, "frames_per_s": 100.0}, {"samples_per_s": 97.0, "frames_per_s": 120.0})
+    assert code == 0
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_stage_shares_account_for_the_wall_time_within_five_percent(stores, workers):
+    loader = mmdata.DataLoader(
+        stores["wds"], POLICY, tokens_per={"cam_high": 64}, batch_tokens=1024, num_workers=workers
+    )
+    measured = run_loader(loader, steps=12, warmup=2, step_ms=5)
+    main = measured["stages"]["main_thread"]
+    assert abs(sum(stage["share"] for stage in main.values()) - 1) < 1e-3
+    assert abs(main["unaccounted"]["share"]) < 0.05
+    if workers == 0:
+        assert main["video"]["share"] > 0.2
+    else:
+        stages = measured["stages"]["workers"]["stages"]
+        assert abs(sum(stage["share"] for stage in stages.values()) - 1) < 1e-3
+        assert stages["video"]["share"] > 0.2
+
+
+def test_step_timer_separates_waiting_for_data_from_computing():
+    def slow_batches(count, seconds):
+        for index in range(count):
+            time.sleep(seconds)
+            yield index
+
+    timer = StepTimer(slow_batches(5, 0.03), synchronize=False)
+    for _ in timer:
+        time.sleep(0.01)
+    report = timer.report()
+    assert report["steps"] == 5
+    assert report["stall_fraction"] == 1.0
+    assert report["wait_seconds"] == pytest.approx(0.15, abs=0.05)
+    assert report["compute_seconds"] == pytest.approx(0.05, abs=0.04)
+    assert "input stalls: 100.0% of steps" in timer.summary()
+    fast = StepTimer(range(5), synchronize=False)
+    for _ in fast:
+        time.sleep(0.005)
+    assert fast.report()["stall_fraction"] == 0.0
+
+
+def test_step_timer_adds_the_loader_stage_times_when_wrapping_a_loader(stores):
+    loader = mmdata.DataLoader(stores["wds"], POLICY, batch_size=8)
+    timer = StepTimer(loader, synchronize=False)
+    for _ in timer:
+        pass
+    report = timer.report()
+    assert report["steps"] == report["loader"]["steps"] > 0
+    assert report["loader"]["worker_stage_seconds"]["video"] > 0
+    assert "loader stage seconds" in timer.summary()
+
+
+def test_sweep_runs_every_combination_and_plots_them(stores, tmp_path):
+    plot, output = tmp_path / "sweep.png", tmp_path / "sweep.json"
+    finished = run_cli(
+        "bench",
+        str(stores["wds"]),
+        "--steps",
+        "3",
+        "--warmup",
+        "1",
+        "--sweep",
+        "num_workers=0,1",
+        "decoder=pyav,decord",
+        "--plot",
+        str(plot),
+        "--json",
+        str(output),
+    )
+    assert finished.returncode == 0, finished.stderr
+    rows = json.loads(output.read_text())["sweep"]
+    assert [row["setting"] for row in rows] == [
+        {"num_workers": 0, "decoder": "pyav"},
+        {"num_workers": 0, "decoder": "decord"},
+        {"num_workers": 1, "decoder": "pyav"},
+        {"num_workers": 1, "decoder": "decord"},
+    ]
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bad_sweep_axes_are_refused_with_what_can_be_swept():
+    with pytest.raises(ValueError, match="cannot sweep 'colour'.*num_workers"):
+        parse_sweep(["colour=red,blue"])
+    with pytest.raises(ValueError, match="must look like name=value1,value2"):
+        parse_sweep(["num_workers"])
+
+
+def test_naive_baseline_runs_on_the_same_episodes_and_reports_ratios(stores, tmp_path):
+    output = tmp_path / "baseline.json"
+    finished = run_cli(
+        "bench",
+        str(stores["wds"]),
+        "--steps",
+        "4",
+        "--baseline",
+        "naive",
+        "--baseline-seconds",
+        "3",
+        "--json",
+        str(output),
+    )
+    assert finished.returncode == 0, finished.stderr
+    document = json.loads(output.read_text())
+    jsonschema.validate(document, SCHEMA)
+    assert document["baseline"]["samples_per_s"] > 0
+    assert document["ratios"]["samples_per_s"] > 1
+    assert "mmdata / baseline" in finished.stdout
+
+
+def test_bench_without_a_dataset_measures_a_synthetic_demo_store():
+    finished = run_cli("bench", "--steps", "10")
+    assert finished.returncode == 0, finished.stderr
+    assert "made a synthetic demo store" in finished.stdout
+    assert "samples/s" in finished.stdout
