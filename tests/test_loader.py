@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 
 import numpy as np
 import pyarrow.compute as pc
@@ -367,3 +368,31 @@ def test_a_cuda_device_without_index_follows_local_rank(monkeypatch):
     assert _resolve_device("cuda") == torch.device("cuda", 3)
     assert _resolve_device("cuda:1") == torch.device("cuda", 1)
     assert _resolve_device("cpu") == torch.device("cpu")
+
+
+def test_workers_carry_on_into_the_next_epoch_with_the_batches_a_fresh_loader_gives(stores):
+    def build():
+        return mmdata.DataLoader(
+            stores["wds"], POLICY_WINDOWS, tokens_per=POLICY_TOKENS, batch_tokens=1024, num_workers=2, seed=4
+        )
+
+    loader = build()
+    run(loader)
+    second_epoch = run(loader)
+    assert len(loader.stats()["worker_pids"]) == 2
+    fresh = build()
+    fresh.set_epoch(1)
+    assert_same_batches(second_epoch, run(fresh))
+
+
+def test_dropping_a_loader_stops_its_workers(stores):
+    import multiprocessing
+
+    loader = mmdata.DataLoader(stores["wds"], LOWDIM_WINDOWS, batch_size=8, num_workers=2)
+    next(iter(loader))
+    assert len(multiprocessing.active_children()) >= 2
+    del loader
+    deadline = time.time() + 10
+    while multiprocessing.active_children() and time.time() < deadline:
+        time.sleep(0.05)
+    assert not multiprocessing.active_children()

@@ -4,38 +4,39 @@ plan (manifest -> samples -> order -> packed steps per rank) -> read (workers: b
 decode, align) -> collate (packed or padded tensors) -> device. The plan of an epoch is a pure
 function of (manifest, spec, batching, seed, epoch, world size); each rank iterates its own
 steps with no collective call, and workers take every `num_workers`-th step, so batches come out
-in plan order whatever the worker count.
+in plan order whatever the worker count. Workers live across epochs (see `loading/feed.py`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-import queue
-import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
 import numpy as np
 import torch
-from torch.utils.data import IterableDataset, get_worker_info
 
 from mmdata.codecs.decoders import VideoDecoder, make_video_decoder
 from mmdata.dataset import Dataset
 from mmdata.loading.collate import LAYOUTS, Layout, collate
 from mmdata.loading.episodes import Episodes
-from mmdata.loading.read import MicroBatch, OnError, SampleReader, SampleRef, finish_video
+from mmdata.loading.feed import Feed, Item, StepSource
+from mmdata.loading.planning import Batching, LoaderPlanner
+from mmdata.loading.read import MicroBatch, OnError, SampleReader, finish_video
 from mmdata.loading.samples import SampleTable, enumerate_samples
 from mmdata.loading.specs import Frames, Spec, SpecError
 from mmdata.loading.state import LoaderState, fingerprint
 from mmdata.loading.stats import LoaderStats
 from mmdata.loading.timing import enable_profiler_ranges, timed
-from mmdata.packing import PackingConfig, plan_packing, plan_padded
 from mmdata.packing.layouts import MaskKind
 from mmdata.schema import VideoStream
 from mmdata.sharding.distributed import rank_and_world
-from mmdata.sharding.epoch_plan import EpochPlan, ResumeError, plan_epoch
-from mmdata.sharding.order import SHUFFLES, Shuffle, sample_order
+from mmdata.sharding.epoch_plan import EpochPlan, ResumeError
+from mmdata.sharding.order import SHUFFLES, Shuffle
+
+MAIN_DECODE_AHEAD = 2
 
 
 class DataLoader:
@@ -110,8 +111,7 @@ class DataLoader:
         self.on_error = on_error
         self.attention_mask = attention_mask
         self.pad_to_multiple = pad_to_multiple
-        self.shuffle, self.shuffle_window, self.shards_per_group = shuffle, shuffle_window, shards_per_group
-        self.batch_tokens, self.batch_size, self.balance = batch_tokens, batch_size, balance
+        self.batch_tokens, self.batch_size = batch_tokens, batch_size
 
         self.dataset = dataset if isinstance(dataset, Dataset) else Dataset(str(dataset), "pyav", verify, cache_bytes)
         schema = self.dataset.schema
@@ -135,8 +135,9 @@ class DataLoader:
             )
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, not {batch_size}")
-        self._keys = table.column("key").to_pylist()
-        self._shards = table.column("shard").to_pylist()
+        batching = Batching(batch_tokens, batch_size, balance, shuffle, shuffle_window, shards_per_group)
+        keys, shards = table.column("key").to_pylist(), table.column("shard").to_pylist()
+        self.planner = LoaderPlanner(self.samples, self.costs, keys, shards, batching)
         self._fingerprint = fingerprint(
             table.column("key").to_pylist(),
             table.column("duration").to_pylist(),
@@ -148,6 +149,8 @@ class DataLoader:
         self._state = LoaderState(seed, 0, self._fingerprint)
         self._plan_cache: tuple[tuple, EpochPlan] | None = None
         self._stats = LoaderStats()
+        self._feed: Feed | None = None
+        self._feed_next: tuple[int, int] | None = None
 
     # plan
 
@@ -169,37 +172,11 @@ class DataLoader:
             device_id=self.device.index or 0,
         )
 
-    def _pack(self, order: np.ndarray, ranks: int, stretch: int):
-        seed = (
-            self._state.seed
-            if stretch == 0
-            else int(np.random.SeedSequence([self._state.seed, stretch]).generate_state(1)[0])
-        )
-        epoch = self._state.epoch
-        if self.batch_tokens is not None:
-            config = PackingConfig(self.batch_tokens, ranks, self.shuffle_window, balance=self.balance, long="drop")
-            return plan_packing(self.costs, config, seed, epoch, order)
-        boundaries = np.unique(np.ceil(np.quantile(self.costs, np.linspace(0, 1, 9)[1:]))).astype(np.int64)
-        return plan_padded(
-            self.costs,
-            self.batch_size,
-            boundaries,
-            ranks,
-            seed,
-            epoch,
-            self.shuffle_window,
-            int(self.costs.max()),
-            order,
-        )
-
     def epoch_plan(self) -> EpochPlan:
         """The plan of the current epoch at this world size, from where the state says the run is."""
         key = (self._state.seed, self._state.epoch, tuple(self._state.stretches), self.world_size)
         if self._plan_cache is None or self._plan_cache[0] != key:
-            order = sample_order(
-                self.samples.shard, self._state.seed, self._state.epoch, self.shuffle, self.shards_per_group
-            )
-            plan = plan_epoch(order, self._pack, self._state.stretches, self.world_size)
+            plan = self.planner.epoch_plan(*key)
             self._plan_cache = (key, plan)
         return self._plan_cache[1]
 
@@ -216,6 +193,7 @@ class DataLoader:
             self._state.epoch = int(epoch)
             self._state.stretches = []
             self._state.samples_consumed = 0
+            self.close()
 
     # state
 
@@ -237,43 +215,74 @@ class DataLoader:
                 " build the loader as before, or start the run fresh"
             )
         self._state = loaded
+        self.close()
         self.epoch_plan()
 
     # iteration
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        planning = time.perf_counter()
         plan = self.epoch_plan()
-        steps = [(step, self._refs(samples)) for step, samples in plan.rank_steps(self.rank)]
-        self._stats.add_main("plan", time.perf_counter() - planning)
-        reader = SampleReader(self.dataset, self.spec, self.on_error, self.decode_in_main, self.decoder)
-        source = _StepSource(reader, steps, self.layout, self.attention_mask, self.pad_to_multiple)
-        stream: Any = source
-        if self.num_workers > 0 and steps:
-            stream = torch.utils.data.DataLoader(
-                source,
-                batch_size=None,
-                num_workers=min(self.num_workers, len(steps)),
-                prefetch_factor=self.prefetch_factor,
-                pin_memory=self.device.type == "cuda",
-            )
-        ready: queue.Queue | None = queue.Queue(maxsize=MAIN_DECODE_AHEAD) if self.decode_in_main else None
-        batches = self._finish_in_background(stream, ready) if ready is not None else self._finish_here(stream)
-        expected = plan.steps_before + plan.resume_step
-        waited = time.perf_counter()
-        for step, batch, info in batches:
-            if step != expected:
-                raise RuntimeError(f"loader produced step {step} where step {expected} was due")
+        epoch, first = self._state.epoch, self._state.steps_in_epoch
+        feed = self._feed_from(epoch, first, plan)
+        for expected in range(first, plan.total_steps):
+            waited = time.perf_counter()
+            try:
+                got_epoch, step, batch, info = feed.next()
+            except BaseException:
+                self.close()
+                raise
+            if (got_epoch, step) != (epoch, expected):
+                self.close()
+                raise RuntimeError(f"loader produced epoch {got_epoch} step {step} where {epoch}/{expected} was due")
             for stage, seconds in info["main_seconds"].items():
                 self._stats.add_main(stage, seconds)
-            self._stats.add_step(info, time.perf_counter() - waited, ready.qsize() if ready is not None else None)
-            expected += 1
+            self._stats.add_step(info, time.perf_counter() - waited, feed.queue_depth())
             self._advance(plan)
+            self._feed_next = (self._state.epoch, self._state.steps_in_epoch)
             yield batch
-            waited = time.perf_counter()
 
-    def _finish(self, step: int, output: Any, info: dict) -> tuple[int, dict[str, Any], dict]:
+    def _feed_from(self, epoch: int, step: int, plan: EpochPlan) -> Feed:
+        """The running feed when it is at (epoch, step) of this plan; else a new one starting there."""
+        if self._feed is not None and not self._feed.failed and self._feed_next == (epoch, step):
+            return self._feed
+        self.close()
+        planning = time.perf_counter()
+        steps = self.planner.rank_steps(plan, self.rank)
+        reader = SampleReader(self.dataset, self.spec, self.on_error, self.decode_in_main, self.decoder)
+        collate_options = {
+            "layout": self.layout,
+            "attention_mask": self.attention_mask,
+            "pad_to_multiple": self.pad_to_multiple,
+        }
+        source = StepSource(
+            reader, self.planner, self._state.seed, self.rank, self.world_size, epoch, steps, collate_options
+        )
+        self._stats.add_main("plan", time.perf_counter() - planning)
+        self._feed = Feed(
+            source,
+            self._finish,
+            self.num_workers,
+            self.prefetch_factor,
+            pin_memory=self.device.type == "cuda",
+            background=self.decode_in_main,
+            ahead=MAIN_DECODE_AHEAD,
+        )
+        self._feed_next = (epoch, step)
+        return self._feed
+
+    def close(self) -> None:
+        """Stop the workers and the receiving thread (they otherwise stay up between epochs)."""
+        if self._feed is not None:
+            self._feed.close()
+        self._feed, self._feed_next = None, None
+
+    def __del__(self):
+        with contextlib.suppress(Exception):
+            self.close()
+
+    def _finish(self, item: Item) -> Item:
         """Decode what the workers left pending (main-process decoding), collate, and move to the device."""
+        epoch, step, output, info = item
         main: dict[str, float] = {}
         if isinstance(output, MicroBatch):
             decoded, delivered = self.decoder.stats.frames_decoded, self.decoder.stats.frames_delivered
@@ -290,67 +299,7 @@ class DataLoader:
             with timed(main, "h2d"):
                 output = self._to_device(output)
         info["main_seconds"] = main
-        return step, output, info
-
-    def _finish_here(self, stream: Iterable) -> Iterator[tuple[int, dict[str, Any], dict]]:
-        for step, output, info in stream:
-            yield self._finish(step, output, info)
-
-    def _finish_in_background(self, stream: Iterable, ready: queue.Queue) -> Iterator[tuple[int, dict[str, Any], dict]]:
-        """Main-process decoding on a thread, up to `ready.maxsize` batches ahead of the training loop,
-        so a GPU decoder works while the model computes (DALI releases the GIL while it runs)."""
-        stop = threading.Event()
-
-        def offer(item: Any) -> bool:
-            while not stop.is_set():
-                try:
-                    ready.put(item, timeout=0.1)
-                    return True
-                except queue.Full:
-                    continue
-            return False
-
-        def work() -> None:
-            try:
-                for item in stream:
-                    if not offer(self._finish(*item)):
-                        return
-                offer(_END)
-            except BaseException as exc:  # handed to the training loop, raised there
-                offer(_Failure(exc))
-
-        thread = threading.Thread(target=work, name="mmdata-decode", daemon=True)
-        thread.start()
-        try:
-            while True:
-                item = ready.get()
-                if item is _END:
-                    return
-                if isinstance(item, _Failure):
-                    raise item.error
-                yield item
-        finally:
-            stop.set()
-            thread.join(timeout=10)
-
-    def _refs(self, samples: np.ndarray) -> list[SampleRef]:
-        table = self.samples
-        refs = []
-        for index in samples.tolist():
-            episode = int(table.episode[index])
-            refs.append(
-                SampleRef(
-                    index,
-                    episode,
-                    self._keys[episode],
-                    self._shards[episode],
-                    float(table.start[index]),
-                    float(table.end[index]),
-                    int(table.chunk[index]),
-                    int(self.costs[index]),
-                )
-            )
-        return refs
+        return epoch, step, output, info
 
     def _advance(self, plan: EpochPlan) -> None:
         """Count one step as consumed; after the epoch's last step, the state points at the next epoch."""
@@ -395,60 +344,3 @@ def _resolve_device(device: str | torch.device) -> torch.device:
     if "LOCAL_RANK" in os.environ:
         return torch.device("cuda", int(os.environ["LOCAL_RANK"]))
     return torch.device("cuda", torch.cuda.current_device() if torch.cuda.is_available() else 0)
-
-
-MAIN_DECODE_AHEAD = 2
-_END = object()
-
-
-class _Failure:
-    def __init__(self, error: BaseException):
-        self.error = error
-
-
-class _StepSource(IterableDataset):
-    """The steps of one rank; each DataLoader worker reads every `num_workers`-th of them."""
-
-    def __init__(self, reader: SampleReader, steps: list, layout, attention_mask, pad_to_multiple):
-        self.reader, self.steps = reader, steps
-        self.layout, self.attention_mask, self.pad_to_multiple = layout, attention_mask, pad_to_multiple
-
-    def __iter__(self):
-        worker = get_worker_info()
-        number, count = (worker.id, worker.num_workers) if worker is not None else (0, 1)
-        decoder, pieces = self.reader.video_decoder.stats, self.reader.dataset.pieces
-        for step, samples in self.steps[number::count]:
-            started = time.perf_counter()
-            before = (decoder.frames_decoded, decoder.frames_delivered, pieces.bytes_read)
-            batch = self.reader.read(step, samples)
-            output: Any = batch
-            if not batch.pending:
-                with timed(batch.seconds, "collate"):
-                    output = collate(batch, self.layout, self.attention_mask, self.pad_to_multiple)
-            info = {
-                "worker": number,
-                "samples": len(batch.samples),
-                "tokens": sum(sample.cost for sample in batch.samples),
-                "failed": dict(batch.failed),
-                "seconds": batch.seconds,
-                "busy": time.perf_counter() - started,
-                "bytes": pieces.bytes_read - before[2],
-                "decoded": decoder.frames_decoded - before[0],
-                "delivered": decoder.frames_delivered - before[1],
-                "peak_rss": peak_rss_bytes(),
-            }
-            yield step, output, info
-
-
-def peak_rss_bytes() -> int:
-    """This process's peak resident memory (VmHWM), in bytes."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -30,6 +30,7 @@ class LoaderStats:
         self.skipped_count = 0
         self.peak_rss: dict[int, int] = {}
         self.main_queue_depths: deque[int] = deque(maxlen=RECENT_STEPS)
+        self.worker_pids: set[int] = set()
 
     def add_main(self, stage: str, seconds: float) -> None:
         self.main_seconds[stage] = self.main_seconds.get(stage, 0.0) + seconds
@@ -50,6 +51,7 @@ class LoaderStats:
         for stage, seconds in info["seconds"].items():
             self.worker_seconds[stage] = self.worker_seconds.get(stage, 0.0) + seconds
         worker = info["worker"]
+        self.worker_pids.add(info["pid"])
         self.worker_busy[worker] = self.worker_busy.get(worker, 0.0) + info["busy"]
         self.skipped_count += len(info["failed"])
         self.skipped += list(info["failed"].values())[: max(0, 100 - len(self.skipped))]
@@ -83,4 +85,5 @@ class LoaderStats:
             "frames_delivered": self.frames_delivered,
             "decode_waste": round(self.frames_decoded / self.frames_delivered, 4) if self.frames_delivered else 0.0,
             "peak_rss_bytes_per_worker": dict(self.peak_rss),
+            "worker_pids": sorted(self.worker_pids),
         }

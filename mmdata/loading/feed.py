@@ -1,0 +1,200 @@
+"""The stream of one rank's batches, from a starting step on, across epochs.
+
+Worker processes read every `num_workers`-th step of the stream; when an epoch's steps run out
+they plan the next epoch themselves (the plan is a pure function) and carry on, so workers are
+started once and the first batches of an epoch are ready before the previous epoch ends. With
+workers, a receiving thread takes batches from them (and, with main-process decoding, decodes
+and collates them on the device) a bounded number of batches ahead of the training loop.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from mmdata.errors import MmdataError
+from mmdata.loading.collate import collate
+from mmdata.loading.planning import LoaderPlanner, RankSteps
+from mmdata.loading.read import SampleReader
+from mmdata.loading.timing import timed
+
+Item = tuple[int, int, Any, dict]  # (epoch, step, batch or pending micro-batch, what the worker measured)
+
+
+class StepSource(IterableDataset):
+    """One rank's steps from `first_steps` of `first_epoch` on, then every following epoch."""
+
+    def __init__(
+        self,
+        reader: SampleReader,
+        planner: LoaderPlanner,
+        seed: int,
+        rank: int,
+        world_size: int,
+        first_epoch: int,
+        first_steps: RankSteps,
+        collate_options: dict[str, Any],
+    ):
+        self.reader, self.planner = reader, planner
+        self.seed, self.rank, self.world_size = seed, rank, world_size
+        self.first_epoch, self.first_steps = first_epoch, first_steps
+        self.collate_options = collate_options
+
+    def epochs(self) -> Iterator[tuple[int, RankSteps]]:
+        yield self.first_epoch, self.first_steps
+        epoch = self.first_epoch + 1
+        while True:
+            plan = self.planner.epoch_plan(self.seed, epoch, [], self.world_size)
+            steps = self.planner.rank_steps(plan, self.rank)
+            if not steps:
+                raise MmdataError(f"epoch {epoch} has no steps for rank {self.rank} of {self.world_size}")
+            yield epoch, steps
+            epoch += 1
+
+    def __iter__(self) -> Iterator[Item]:
+        worker = get_worker_info()
+        number, count = (worker.id, worker.num_workers) if worker is not None else (0, 1)
+        position = 0
+        for epoch, steps in self.epochs():
+            for step, samples in steps:
+                if position % count == number:
+                    yield self._read(epoch, step, samples, number)
+                position += 1
+
+    def _read(self, epoch: int, step: int, samples, worker: int) -> Item:
+        decoder, pieces = self.reader.video_decoder.stats, self.reader.dataset.pieces
+        started = time.perf_counter()
+        before = (decoder.frames_decoded, decoder.frames_delivered, pieces.bytes_read)
+        batch = self.reader.read(step, samples)
+        output: Any = batch
+        if not batch.pending:
+            with timed(batch.seconds, "collate"):
+                output = collate(batch, **self.collate_options)
+        info = {
+            "worker": worker,
+            "pid": os.getpid(),
+            "samples": len(batch.samples),
+            "tokens": sum(sample.cost for sample in batch.samples),
+            "failed": dict(batch.failed),
+            "seconds": batch.seconds,
+            "busy": time.perf_counter() - started,
+            "bytes": pieces.bytes_read - before[2],
+            "decoded": decoder.frames_decoded - before[0],
+            "delivered": decoder.frames_delivered - before[1],
+            "peak_rss": peak_rss_bytes(),
+        }
+        return epoch, step, output, info
+
+
+class Feed:
+    """Items of a `StepSource` as the training loop asks for them, kept alive between epochs.
+
+    `finish` completes an item in the main process (pending video, collate, device copy). With
+    workers, or when `background` is set, a thread receives and finishes items up to `ahead`
+    batches in advance; an error raised there is raised from `next()`. The feed holds `finish`
+    weakly, so a loader that is dropped is collected and closes its feed.
+    """
+
+    def __init__(
+        self,
+        source: StepSource,
+        finish: Callable[[Item], Item],
+        num_workers: int,
+        prefetch_factor: int,
+        pin_memory: bool,
+        background: bool,
+        ahead: int = 2,
+    ):
+        self._finish = weakref.WeakMethod(finish)
+        if num_workers > 0:
+            self._items: Iterator[Item] = iter(
+                torch.utils.data.DataLoader(
+                    source,
+                    batch_size=None,
+                    num_workers=num_workers,
+                    prefetch_factor=prefetch_factor,
+                    pin_memory=pin_memory,
+                )
+            )
+        else:
+            self._items = iter(source)
+        self.failed = False
+        self._ready: queue.Queue | None = None
+        self._stop = threading.Event()
+        if background or num_workers > 0:
+            self._ready = queue.Queue(maxsize=ahead)
+            self._thread = threading.Thread(target=self._receive, name="mmdata-feed", daemon=True)
+            self._thread.start()
+
+    def queue_depth(self) -> int | None:
+        """Batches finished and waiting for the training loop (None without a receiving thread)."""
+        return self._ready.qsize() if self._ready is not None else None
+
+    def next(self) -> Item:
+        try:
+            if self._ready is None:
+                return self._finished(next(self._items))
+            item = self._ready.get()
+            if isinstance(item, _Failure):
+                raise item.error
+            return item
+        except BaseException:
+            self.failed = True
+            raise
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._ready is not None:
+            self._thread.join(timeout=10)
+        self._items = iter(())
+
+    def _receive(self) -> None:
+        try:
+            for item in self._items:
+                if self._stop.is_set() or not self._offer(self._finished(item)):
+                    return
+            self._offer(_Failure(MmdataError("the loader's step stream ended unexpectedly")))
+        except BaseException as exc:  # raised in the training loop by next()
+            self._offer(_Failure(exc))
+
+    def _finished(self, item: Item) -> Item:
+        finish = self._finish()
+        if finish is None:
+            raise MmdataError("the loader this feed belonged to is gone")
+        return finish(item)
+
+    def _offer(self, item: Any) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._ready.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+
+class _Failure:
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory (VmHWM), in bytes."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
