@@ -17,11 +17,12 @@ import time
 from pathlib import Path
 
 import torch
-from naive_loader import naive_loader, write_naive_shards
 
 import mmdata
+from mmdata.bench.naive import export_naive_shards, naive_loader, run_naive
+from mmdata.bench.runner import run_for_seconds
 from mmdata.conversion.pipeline import ConvertOptions, convert
-from mmdata.loading.dataloader import peak_rss_bytes
+from mmdata.loading.feed import peak_rss_bytes
 from mmdata.sources.raw import discover_raw_episodes
 from mmdata.synthetic import SynthSpec, write_synthetic_dataset
 
@@ -44,30 +45,6 @@ def machine_name() -> str:
     return f"{platform.node() or 'host'}: {os.cpu_count()} cores {cpu}, {platform.system()}"
 
 
-def measure(loader, seconds: float, count_samples) -> dict:
-    """Samples/s after a warm-up batch, for `seconds`, starting new epochs as needed (worker
-    start-up at each epoch counts, as it does in training)."""
-    iterator = iter(loader)
-    next(iterator)
-    samples = batches = 0
-    started = time.perf_counter()
-    while time.perf_counter() - started < seconds:
-        for batch in iterator:
-            samples += count_samples(batch)
-            batches += 1
-            if time.perf_counter() - started > seconds:
-                break
-        iterator = iter(loader)
-    elapsed = time.perf_counter() - started
-    return {
-        "samples": samples,
-        "batches": batches,
-        "seconds": round(elapsed, 3),
-        "samples_per_s": round(samples / elapsed, 1),
-        "frames_per_s": round(samples * FRAMES_PER_SAMPLE / elapsed, 1),
-    }
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--episodes", type=int, default=8)
@@ -85,13 +62,17 @@ def main() -> None:
         write_synthetic_dataset(raw, spec)
         store = Path(folder) / "store.wds"
         convert(discover_raw_episodes(raw), store, ConvertOptions(layout="wds", progress=False))
-        shards = write_naive_shards(raw, Path(folder) / "naive")
+        shards = export_naive_shards(mmdata.open_dataset(store), Path(folder) / "naive")
 
         loader = mmdata.DataLoader(
             store, POLICY_WINDOWS, tokens_per=TOKENS_PER, batch_tokens=args.batch_tokens, num_workers=args.workers
         )
         per_batch = round(len(loader.samples) / max(len(loader), 1))
-        results = {"mmdata": measure(loader, args.seconds, lambda b: len(b["sample_index"]))}
+        results = {
+            "mmdata": run_for_seconds(
+                loader, args.seconds, lambda b: (len(b["sample_index"]), FRAMES_PER_SAMPLE * len(b["sample_index"]))
+            )
+        }
         stats = loader.stats()
         timer = time.perf_counter()
         for _ in range(10_000):
@@ -106,8 +87,8 @@ def main() -> None:
             peak_rss_mb_per_worker={k: round(v / 2**20) for k, v in stats["peak_rss_bytes_per_worker"].items()},
         )
         for name, once in (("naive", False), ("naive_decode_once_per_episode", True)):
-            baseline = naive_loader(shards, per_batch, args.workers, decode_once_per_episode=once)
-            results[name] = measure(baseline, args.seconds, lambda b: len(b["task"]))
+            baseline = naive_loader(shards, POLICY_WINDOWS, per_batch, args.workers, decode_once_per_episode=once)
+            results[name] = run_naive(baseline, POLICY_WINDOWS, args.seconds)
 
     base = results["naive"]["samples_per_s"]
     fixed = results["naive_decode_once_per_episode"]["samples_per_s"]

@@ -2,6 +2,7 @@
 
 __version__ = "0.1.0"
 
+from mmdata.bench.steps import StepTimer  # noqa: E402
 from mmdata.dataset import Dataset, EpisodeData, StreamData, open_dataset  # noqa: E402
 from mmdata.errors import (  # noqa: E402
     AlignmentError,
@@ -51,6 +52,7 @@ __all__ = [
     "MissingDependencyError",
     "MmdataError",
     "SourceError",
+    "StepTimer",
     "StoreError",
     "StreamData",
     "TextStream",

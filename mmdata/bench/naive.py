@@ -28,7 +28,7 @@ from mmdata.codecs.audio import as_float, decode_audio
 from mmdata.codecs.lowdim import decode_npy, encode_npy
 from mmdata.dataset import Dataset
 from mmdata.loading.samples import grid_times
-from mmdata.loading.specs import Audio, Frames, Sequences, Spec, Values
+from mmdata.loading.specs import Frames, Sequences, Spec, Values
 from mmdata.schema import VideoStream
 from mmdata.sharding.manifest import Piece
 
@@ -116,21 +116,26 @@ class NaiveSamples(IterableDataset):
         return t0 + np.asarray(stream.offsets)
 
     def _read(self, episode: dict, name: str, stream, t0: float, t1: float, decoded: dict) -> torch.Tensor:
-        if isinstance(stream, Frames):
-            if name not in decoded:
-                decoded[name] = decode_whole_video(episode[f"{name}.mp4"])
-            timestamps = decode_npy(episode[f"{name}.timestamps.npy"])
-            return torch.from_numpy(decoded[name][nearest_indices(timestamps, self._times(name, stream, t0, t1))])
-        if isinstance(stream, Values):
-            timestamps = decode_npy(episode[f"{name}.timestamps.npy"])
-            values = decode_npy(episode[f"{name}.npy"])
+        """One stream of one sample; `decoded` holds what was decoded for this episode (reset per
+        sample unless decoding once per episode)."""
+        if name not in decoded:
+            decoded[name] = self._decode(episode, name, stream)
+        if isinstance(stream, (Frames, Values)):
+            timestamps, values = decoded[name]
             return torch.from_numpy(values[nearest_indices(timestamps, self._times(name, stream, t0, t1))])
-        assert isinstance(stream, Audio)
-        clip, _ = decode_audio(episode[f"{name}.audio"])
-        t_start = float(decode_npy(episode[f"{name}.t_start.npy"])[0])
+        samples, rate, t_start = decoded[name]
         low, high = (t0 + stream.window[0], t0 + stream.window[1]) if not isinstance(self.spec, Sequences) else (t0, t1)
-        first, last = sample_range(t_start, clip.sample_rate, low, high)
-        return torch.from_numpy(as_float(clip.samples[max(first, 0) : max(last, 0)]).copy())
+        first, last = sample_range(t_start, rate, low, high)
+        return torch.from_numpy(samples[max(first, 0) : max(last, 0)].copy())
+
+    @staticmethod
+    def _decode(episode: dict, name: str, stream) -> tuple:
+        if isinstance(stream, Frames):
+            return decode_npy(episode[f"{name}.timestamps.npy"]), decode_whole_video(episode[f"{name}.mp4"])
+        if isinstance(stream, Values):
+            return decode_npy(episode[f"{name}.timestamps.npy"]), decode_npy(episode[f"{name}.npy"])
+        clip, _ = decode_audio(episode[f"{name}.audio"])
+        return as_float(clip.samples), clip.sample_rate, float(decode_npy(episode[f"{name}.t_start.npy"])[0])
 
 
 def pad_collate(samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -151,30 +156,12 @@ def run_naive(
 ) -> dict[str, Any]:
     """Samples/s and frames/s of a naive loader for about `seconds` after `warmup` batches, epoch after
     epoch, calling `step()` (the simulated training step) after every batch when given."""
-    import time
+    from mmdata.bench.runner import run_for_seconds
 
     cameras = [name for name, stream in spec.streams.items() if isinstance(stream, Frames)]
-    iterator = iter(loader)
-    for _ in range(warmup):
-        next(iterator)
-    samples = frames = batches = 0
-    started = time.perf_counter()
-    while time.perf_counter() - started < seconds:
-        for batch in iterator:
-            first = next(iter(batch.values()))
-            samples += len(first)
-            frames += sum(int(batch[name].shape[0] * batch[name].shape[1]) for name in cameras)
-            batches += 1
-            if step is not None:
-                step()
-            if time.perf_counter() - started >= seconds:
-                break
-        else:
-            iterator = iter(loader)
-    elapsed = time.perf_counter() - started
-    return {
-        "batches": batches,
-        "seconds": round(elapsed, 3),
-        "samples_per_s": round(samples / elapsed, 2),
-        "frames_per_s": round(frames / elapsed, 2),
-    }
+
+    def count(batch: dict[str, torch.Tensor]) -> tuple[int, int]:
+        samples = len(next(iter(batch.values())))
+        return samples, sum(int(batch[name].shape[0] * batch[name].shape[1]) for name in cameras)
+
+    return run_for_seconds(loader, seconds, count, warmup, step)

@@ -4,7 +4,7 @@ what it measured into the figures `mmdata bench` reports."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
 from typing import Any
 
@@ -89,6 +89,35 @@ def run_loader(loader: DataLoader, steps: int, warmup: int = 3, step_ms: float =
         "figures": figures,
         "stages": stage_breakdown(stats, wall, stall["compute_seconds"], loader.num_workers),
         "loader_stats": stats,
+    }
+
+
+def run_for_seconds(
+    batches: Iterable, seconds: float, count: Callable[[Any], tuple[int, int]], warmup: int = 1, step=None
+) -> dict[str, Any]:
+    """Samples/s and frames/s of any loader for about `seconds` after `warmup` batches, starting new
+    epochs as needed (worker start-up counts, as in training); `count(batch)` gives (samples, frames)."""
+    iterator = iter(batches)
+    for _ in range(warmup):
+        next(iterator)
+    samples = frames = count_batches = 0
+    started = time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        for batch in iterator:
+            batch_samples, batch_frames = count(batch)
+            samples, frames, count_batches = samples + batch_samples, frames + batch_frames, count_batches + 1
+            if step is not None:
+                step()
+            if time.perf_counter() - started >= seconds:
+                break
+        else:
+            iterator = iter(batches)
+    elapsed = time.perf_counter() - started
+    return {
+        "batches": count_batches,
+        "seconds": round(elapsed, 3),
+        "samples_per_s": round(samples / elapsed, 2),
+        "frames_per_s": round(frames / elapsed, 2),
     }
 
 

@@ -26,8 +26,6 @@ from mmdata.errors import DestinationError, SourceError
 from mmdata.schema import DatasetSchema, Layout, Stream, TextStream
 from mmdata.sharding.layout import DATASET_FILE, MANIFEST_FILE, PARTIAL_DIR
 from mmdata.sharding.manifest import write_manifest
-from mmdata.sharding.wds_writer import WdsWriter
-from mmdata.sharding.zarr_writer import ZarrWriter
 from mmdata.sources.episode import EpisodeSource
 
 OPTIONS_FILE = "options.json"
@@ -85,7 +83,7 @@ def convert(sources: list[EpisodeSource], destination: str | os.PathLike, option
     started = time.perf_counter()
     root = Path(destination)
     _prepare_destination(root, sources, options)
-    writer: StoreWriter = WdsWriter(root, options.shard_bytes) if options.layout == "wds" else ZarrWriter(root)
+    writer = _store_writer(options.layout, root, options.shard_bytes)
     checkpoint = writer.restore() or {"next_position": 0, "next_index": 0, "skipped": [], "streams": []}
     resumed_at = checkpoint["next_position"]
     registry = StreamRegistry(checkpoint["streams"])
@@ -252,3 +250,14 @@ def _write_atomically(path: Path, text: str) -> None:
 def _source_bytes(sources: list[EpisodeSource]) -> int:
     paths = {s.path for e in sources for s in (*e.cameras, *e.audio, *e.lowdim)}
     return sum(os.path.getsize(p) for p in paths if os.path.exists(p))
+
+
+def _store_writer(layout: str, root, shard_bytes: int) -> StoreWriter:
+    """The writer of a layout, imported when used: a WebDataset conversion does not need zarr installed."""
+    if layout == "wds":
+        from mmdata.sharding.wds_writer import WdsWriter
+
+        return WdsWriter(root, shard_bytes)
+    from mmdata.sharding.zarr_writer import ZarrWriter
+
+    return ZarrWriter(root)
