@@ -15,7 +15,12 @@ export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore
 OUT="${OUT:-/tmp}"
 STORE=.gpudata/loader_store.wds
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
-bench() { local name=$1; shift; python3 -m mmdata bench "$STORE" --device cuda --step-ms 100 --json "$OUT/bench_$name.json" "$@" 2>&1 | tee "$OUT/bench_$name.log"; }
+bench() {  # one configuration; a failure is reported and the next one still runs
+  local name=$1; shift
+  python3 -m mmdata bench "$STORE" --device cuda --step-ms 100 --json "$OUT/bench_$name.json" "$@" \
+    > "$OUT/bench_$name.log" 2>&1 || echo "bench $name exited with $?" >> "$OUT/bench_$name.log"
+  cat "$OUT/bench_$name.log"
+}
 bench clips_dali --spec clips --batch-size 256 --decoder dali --num-workers 8 --steps 10 --warmup 2
 bench clips_pyav --spec clips --batch-size 256 --decoder pyav --num-workers 15 --steps 10 --warmup 2
 bench policy_auto --spec policy --decoder auto --num-workers 15 --steps 40 --warmup 3

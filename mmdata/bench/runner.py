@@ -66,6 +66,7 @@ def run_loader(loader: DataLoader, steps: int, warmup: int = 3, step_ms: float =
         samples += len(batch["sample_index"])
         frames += _frames_in(loader, batch)
         step()
+    loader.close()
     stats = loader.stats()
     wall = timer.wall
     stall = timer.report()

@@ -9,6 +9,7 @@ and collates them on the device) a bounded number of batches ahead of the traini
 
 from __future__ import annotations
 
+import atexit
 import os
 import queue
 import threading
@@ -27,6 +28,15 @@ from mmdata.loading.read import SampleReader
 from mmdata.loading.timing import timed
 
 Item = tuple[int, int, Any, dict]  # (epoch, step, batch or pending micro-batch, what the worker measured)
+_OPEN_FEEDS: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_feeds() -> None:
+    """Stop receiving threads before the interpreter tears down: a thread still inside a native
+    decoder (DALI) when the process exits aborts it."""
+    for feed in list(_OPEN_FEEDS):
+        feed.close()
 
 
 class StepSource(IterableDataset):
@@ -133,6 +143,7 @@ class Feed:
             self._ready = queue.Queue(maxsize=ahead)
             self._thread = threading.Thread(target=self._receive, name="mmdata-feed", daemon=True)
             self._thread.start()
+        _OPEN_FEEDS.add(self)
 
     def queue_depth(self) -> int | None:
         """Batches finished and waiting for the training loop (None without a receiving thread)."""
@@ -152,9 +163,10 @@ class Feed:
 
     def close(self) -> None:
         self._stop.set()
-        if self._ready is not None:
-            self._thread.join(timeout=10)
+        if self._ready is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=30)
         self._items = iter(())
+        _OPEN_FEEDS.discard(self)
 
     def _receive(self) -> None:
         try:
