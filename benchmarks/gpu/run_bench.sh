@@ -21,7 +21,7 @@ bench() {  # one configuration; a failure is reported and the next one still run
     > "$OUT/bench_$name.log" 2>&1 || echo "bench $name exited with $?" >> "$OUT/bench_$name.log"
   cat "$OUT/bench_$name.log"
 }
-bench clips_dali --spec clips --batch-size 256 --decoder dali --num-workers 8 --steps 10 --warmup 2
-bench clips_pyav --spec clips --batch-size 256 --decoder pyav --num-workers 15 --steps 10 --warmup 2
-bench policy_auto --spec policy --decoder auto --num-workers 15 --steps 40 --warmup 3
-bench sequences_dali --spec sequences --decoder dali --num-workers 8 --steps 10 --warmup 2
+bench clips_dali --spec clips --batch-size 256 --decoder dali --num-workers 8 --steps 30
+bench clips_pyav --spec clips --batch-size 256 --decoder pyav --num-workers 15 --steps 30
+bench policy_auto --spec policy --decoder auto --num-workers 15 --steps 40
+bench sequences_dali --spec sequences --decoder dali --num-workers 8 --steps 30

@@ -142,6 +142,12 @@ def format_table(document: dict[str, Any]) -> str:
             f"  workers ({c['num_workers']}, {workers['utilization']:.0%} busy; share of busy time): "
             + _shares_text(workers["stages"])
         )
+        if workers["utilization"] > 1.05:
+            lines.append(
+                f"  note: the workers were busy {workers['utilization']:.0%} of the measured time, so batches read"
+                " before it began are in these rates; the sustained rate is about"
+                f" {f['frames_per_s'] / workers['utilization']:,.0f} frames/s (raise --steps or --warmup)"
+            )
     sweep = document.get("sweep")
     if sweep:
         lines += ["", "sweep:"]

@@ -60,7 +60,12 @@ def add_parser(commands) -> None:
     loader.add_argument("--world-size", type=int, default=1, help="plan for this many ranks (this process is rank 0)")
     run = parser.add_argument_group("the run")
     run.add_argument("--steps", type=int, default=50, help="measured steps (default 50)")
-    run.add_argument("--warmup", type=int, default=3, help="steps before measuring (default 3)")
+    run.add_argument(
+        "--warmup",
+        type=int,
+        help="steps before measuring (default: workers x prefetch factor + 2, so the measured steps do not"
+        " start from a queue the workers filled in advance)",
+    )
     run.add_argument("--step-ms", type=float, default=0.0, help="simulate a training step of this many ms")
     run.add_argument("--profile-ranges", action="store_true", help="mark stages for torch.profiler and Nsight")
     output = parser.add_argument_group("output and comparison")
@@ -124,6 +129,8 @@ def _measure(args: argparse.Namespace, dataset: str) -> dict[str, Any]:
         "profiler_ranges": args.profile_ranges,
     }
     loader = DataLoader(dataset, spec, **options)
+    if args.warmup is None:
+        args.warmup = args.num_workers * args.prefetch_factor + 2
     measured = run_loader(loader, args.steps, args.warmup, args.step_ms)
     config = {
         "dataset": dataset,
