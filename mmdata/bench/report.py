@@ -131,6 +131,8 @@ def format_table(document: dict[str, Any]) -> str:
         _row("decode waste", f"{f['decode_waste']:.2f} frames decoded per frame delivered"),
         _row("peak RSS per worker", ", ".join(f"{v:,.0f}" for v in f["peak_rss_mb_per_worker"].values()) + " MB"),
     ]
+    if "instrumentation_share" in f:
+        lines.append(_row("stage timers' cost", f"{f['instrumentation_share']:.4%} of a step"))
     if "gpu_memory_mb" in f:
         lines.append(_row("GPU memory (max allocated)", f"{f['gpu_memory_mb']:,.0f} MB"))
     lines += ["", "where the time went:"]

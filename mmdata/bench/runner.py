@@ -13,6 +13,7 @@ import torch
 
 from mmdata.bench.steps import StepTimer
 from mmdata.loading import DataLoader, Frames
+from mmdata.loading.timing import timed
 from mmdata.packing import PackingPlan, plan_stats
 
 WORKER_STAGES = ("read", "video_prepare", "video", "audio", "lowdim", "collate")
@@ -84,6 +85,8 @@ def run_loader(loader: DataLoader, steps: int, warmup: int = 3, step_ms: float =
         "peak_rss_mb_per_worker": {str(k): round(v / 2**20, 1) for k, v in stats["peak_rss_bytes_per_worker"].items()},
         **plan_figures(loader),
     }
+    per_step = wall / max(1, stall["steps"])
+    figures["instrumentation_share"] = round(instrumentation_seconds(len(loader.spec.streams) + 6) / per_step, 6)
     if loader.device.type == "cuda":
         figures["gpu_memory_mb"] = round(torch.cuda.max_memory_allocated(loader.device) / 2**20, 1)
     return {
@@ -91,6 +94,16 @@ def run_loader(loader: DataLoader, steps: int, warmup: int = 3, step_ms: float =
         "stages": stage_breakdown(stats, wall, stall["compute_seconds"], loader.num_workers),
         "loader_stats": stats,
     }
+
+
+def instrumentation_seconds(timers_per_step: int, repeats: int = 20_000) -> float:
+    """What the stage timers cost per step: `timers_per_step` timed blocks, measured here."""
+    seconds: dict[str, float] = {}
+    started = time.perf_counter()
+    for _ in range(repeats):
+        with timed(seconds, "probe"):
+            pass
+    return (time.perf_counter() - started) / repeats * timers_per_step
 
 
 def run_for_seconds(
