@@ -41,16 +41,27 @@ def probe_video(path: str) -> VideoInfo:
         raise DecodeError(f"{path} cannot be opened as video: {exc}") from exc
 
 
-def iter_video_frames(path: str, fps: Fraction) -> Iterator[tuple[av.VideoFrame, float]]:
+def iter_video_frames(
+    path: str, fps: Fraction, start: float | None = None, end: float | None = None
+) -> Iterator[tuple[av.VideoFrame, float]]:
     """Decoded frames in presentation order with their timestamps in seconds.
 
-    Timestamps come from the container; a frame without one gets index / fps.
+    Timestamps come from the container; a frame without one gets index / fps. With `start` /
+    `end`, only the frames whose time lies in [start, end) (half a frame period of slack), with
+    times counted from `start`; the decoder seeks to the key frame before `start`.
     """
+    slack = 0.5 / float(fps)
     try:
         with av.open(path) as container:
             stream = container.streams.video[0]
+            if start and stream.time_base:
+                container.seek(int(start / stream.time_base), stream=stream, backward=True)
             for index, frame in enumerate(container.decode(stream)):
-                timestamp = frame.time if frame.time is not None else float(index / fps)
-                yield frame, float(timestamp)
+                timestamp = float(frame.time if frame.time is not None else index / fps)
+                if start is not None and timestamp < start - slack:
+                    continue
+                if end is not None and timestamp >= end - slack:
+                    break
+                yield frame, timestamp - (start or 0.0)
     except av.error.FFmpegError as exc:
         raise DecodeError(f"{path} does not decode: {exc}") from exc

@@ -1,6 +1,73 @@
-"""Readers of recorded episodes: each turns one input format into `EpisodeSource`s."""
+"""Input formats -> `EpisodeSource` descriptions the converter consumes.
 
+`discover_episodes(path, "auto")` recognises the format: a LeRobot dataset (`meta/info.json`),
+a replay-buffer Zarr store (`meta/episode_ends`, or a `.zarr.zip`), HDF5 recordings (`.hdf5` /
+`.h5` files), or the raw layout (a folder of episode folders).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from mmdata.errors import SourceError
 from mmdata.sources.episode import AudioSource, CameraSource, EpisodeSource, LowdimSource
 from mmdata.sources.raw import discover_raw_episodes
 
-__all__ = ["AudioSource", "CameraSource", "EpisodeSource", "LowdimSource", "discover_raw_episodes"]
+FORMATS = ("raw", "lerobot", "hdf5", "zarr-replay")
+
+
+def detect_format(path: str | Path) -> str:
+    """The input format of `path`, when exactly one fits."""
+    from mmdata.sources.hdf5 import hdf5_files
+    from mmdata.sources.zarr_replay import is_replay_buffer
+
+    path = Path(path)
+    if not path.exists():
+        raise SourceError(str(path), None, "does not exist")
+    found = []
+    if (path / "meta" / "info.json").is_file():
+        found.append("lerobot")
+    if is_replay_buffer(path):
+        found.append("zarr-replay")
+    if (path.is_file() or path.is_dir()) and hdf5_files(path):
+        found.append("hdf5")
+    if path.is_dir() and not found and any(p.is_dir() and not p.name.startswith(".") for p in path.iterdir()):
+        found.append("raw")
+    if len(found) != 1:
+        what = f"could be {' or '.join(found)}" if found else "matches no input format mmdata reads"
+        raise SourceError(str(path), None, f"the input format is ambiguous: it {what}", "name it with --from")
+    return found[0]
+
+
+def discover_episodes(
+    path: str | Path, source_format: str = "auto", fps: float | None = None, task: str = ""
+) -> list[EpisodeSource]:
+    """Describe the episodes at `path` in `source_format` ("auto" to detect it)."""
+    from mmdata.sources.hdf5 import discover_hdf5_episodes
+    from mmdata.sources.lerobot import discover_lerobot_episodes
+    from mmdata.sources.zarr_replay import discover_replay_episodes
+
+    if source_format == "auto":
+        source_format = detect_format(path)
+    readers: dict[str, Callable[[], list[EpisodeSource]]] = {
+        "raw": lambda: discover_raw_episodes(path),
+        "lerobot": lambda: discover_lerobot_episodes(path),
+        "hdf5": lambda: discover_hdf5_episodes(path, fps, task),
+        "zarr-replay": lambda: discover_replay_episodes(path, fps, task),
+    }
+    if source_format not in readers:
+        raise SourceError(str(path), None, f"unknown input format '{source_format}'", f"choose one of {FORMATS}")
+    return readers[source_format]()
+
+
+__all__ = [
+    "FORMATS",
+    "AudioSource",
+    "CameraSource",
+    "EpisodeSource",
+    "LowdimSource",
+    "detect_format",
+    "discover_episodes",
+    "discover_raw_episodes",
+]

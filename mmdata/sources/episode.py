@@ -6,7 +6,7 @@ worker processes, which do the heavy reading and encoding.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -21,10 +21,15 @@ from mmdata.errors import DecodeError, SourceError
 
 @dataclass(frozen=True)
 class CameraSource:
-    """One camera recording: a video file PyAV can read."""
+    """One camera recording: a video file PyAV can read, or the part of it in [start, end) seconds
+    (files that concatenate many episodes, as LeRobot v3 writes them), whose times then start at 0.
+    With `expected_frames`, a part that holds fewer frames is an error."""
 
     name: str
     path: str
+    start: float | None = None
+    end: float | None = None
+    expected_frames: int | None = None
 
     def info(self, episode: str) -> VideoInfo:
         try:
@@ -33,12 +38,23 @@ class CameraSource:
             raise SourceError(episode, self.path, f"unreadable video: {exc}", "re-export or replace the file") from exc
 
     def frames(self, episode: str, fps: Fraction) -> Iterator[tuple[av.VideoFrame | np.ndarray, float]]:
+        count = 0
         try:
-            yield from iter_video_frames(self.path, fps)
+            for frame, timestamp in iter_video_frames(self.path, fps, self.start, self.end):
+                count += 1
+                yield frame, timestamp
         except DecodeError as exc:
             raise SourceError(
                 episode, self.path, f"video stops decoding: {exc}", "re-export or replace the file"
             ) from exc
+        if self.expected_frames is not None and count < self.expected_frames:
+            span = f" in [{self.start:.3f}, {self.end:.3f}) s" if self.start is not None else ""
+            raise SourceError(
+                episode,
+                self.path,
+                f"the video holds {count} frames{span}, but the episode has {self.expected_frames}",
+                "the video is shorter than its episode; re-encode it from the recording",
+            )
 
 
 @dataclass(frozen=True)
@@ -108,13 +124,13 @@ class LowdimSource:
         timestamps = table.column("timestamp").to_numpy().astype(np.float64)
         column = table.column(self.column).combine_chunks()
         try:
-            values = _column_to_array(column)
+            values = column_to_array(column)
         except ValueError as exc:
             raise SourceError(episode, self.path, f"column '{self.column}': {exc}") from exc
         return values, timestamps
 
 
-def _column_to_array(column) -> np.ndarray:
+def column_to_array(column) -> np.ndarray:
     import pyarrow as pa
 
     if pa.types.is_list(column.type) or pa.types.is_fixed_size_list(column.type) or pa.types.is_large_list(column.type):
@@ -139,3 +155,41 @@ class EpisodeSource:
     audio: tuple[AudioSource, ...] = ()
     lowdim: tuple[LowdimSource, ...] = ()
     problem: SourceError | None = None
+
+
+def require_common_streams(
+    episodes: list[EpisodeSource], where: Callable[[EpisodeSource, str, str], str] | None = None
+) -> list[EpisodeSource]:
+    """Mark episodes that lack a stream which other episodes have.
+
+    `where(episode, kind, stream)` names what is missing for the message (a file name, an HDF5
+    key); by default the episode's own first source.
+    """
+    described = [e for e in episodes if e.problem is None]
+    expected: dict[str, str] = {}
+    for episode in described:
+        for group, kind in ((episode.cameras, "camera"), (episode.audio, "audio"), (episode.lowdim, "low-dim")):
+            for stream in group:
+                expected.setdefault(stream.name, kind)
+    checked = []
+    for episode in episodes:
+        if episode.problem is None:
+            sources = (*episode.cameras, *episode.audio, *episode.lowdim)
+            present = {s.name for s in sources}
+            missing = [n for n in expected if n not in present]
+            if missing:
+                first = missing[0]
+                kind = expected[first]
+                location = where(episode, kind, first) if where else (sources[0].path if sources else None)
+                episode = EpisodeSource(
+                    name=episode.name,
+                    problem=SourceError(
+                        episode.name,
+                        location,
+                        f"missing {kind} stream '{first}' that other episodes have"
+                        + (f" (also missing: {missing[1:]})" if len(missing) > 1 else ""),
+                        "add it, or pass --skip-bad to convert the other episodes",
+                    ),
+                )
+        checked.append(episode)
+    return checked

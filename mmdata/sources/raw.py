@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from mmdata.errors import SourceError
-from mmdata.sources.episode import AudioSource, CameraSource, EpisodeSource, LowdimSource
+from mmdata.sources.episode import AudioSource, CameraSource, EpisodeSource, LowdimSource, require_common_streams
 
 VIDEO_SUFFIXES = (".mp4", ".mkv", ".webm", ".mov", ".avi")
 AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".opus", ".ogg")
@@ -39,7 +39,7 @@ def discover_raw_episodes(root: str | os.PathLike) -> list[EpisodeSource]:
     if not folders:
         raise SourceError(str(root), None, "holds no episode folders", "see the raw layout in the README")
     episodes = [_describe(folder) for folder in folders]
-    return _require_common_streams(episodes)
+    return require_common_streams(episodes, _raw_hint)
 
 
 def _describe(folder: Path) -> EpisodeSource:
@@ -114,36 +114,5 @@ def _parquet_streams(path: Path, episode: str) -> list[LowdimSource]:
     return [LowdimSource(c, str(path), column=c) for c in columns if c != "timestamp"]
 
 
-def _require_common_streams(episodes: list[EpisodeSource]) -> list[EpisodeSource]:
-    """Mark episodes that lack a stream which other episodes have."""
-    described = [e for e in episodes if e.problem is None]
-    expected: dict[str, str] = {}
-    for episode in described:
-        for group, kind in (
-            (episode.cameras, "camera"),
-            (episode.audio, "audio"),
-            (episode.lowdim, "low-dim"),
-        ):
-            for stream in group:
-                expected.setdefault(stream.name, kind)
-    checked = []
-    for episode in episodes:
-        if episode.problem is None:
-            present = {s.name for s in (*episode.cameras, *episode.audio, *episode.lowdim)}
-            missing = [n for n in expected if n not in present]
-            if missing:
-                first = missing[0]
-                kind = expected[first]
-                hint = {"camera": f"{first}.mp4", "audio": "audio.wav", "low-dim": f"{first}.npy"}[kind]
-                episode = EpisodeSource(
-                    name=episode.name,
-                    problem=SourceError(
-                        episode.name,
-                        hint,
-                        f"missing {kind} file for stream '{first}' that other episodes have"
-                        + (f" (also missing: {missing[1:]})" if len(missing) > 1 else ""),
-                        "add the file, or pass --skip-bad to convert the other episodes",
-                    ),
-                )
-        checked.append(episode)
-    return checked
+def _raw_hint(episode: EpisodeSource, kind: str, name: str) -> str:
+    return {"camera": f"{name}.mp4", "audio": "audio.wav", "low-dim": f"{name}.npy"}[kind]

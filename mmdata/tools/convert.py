@@ -9,7 +9,7 @@ from mmdata.codecs.video_encode import VIDEO_CODECS, VideoEncoding
 from mmdata.conversion.encode import EncodeOptions
 from mmdata.conversion.pipeline import ConversionReport, ConvertOptions, convert
 from mmdata.errors import DestinationError, SourceError
-from mmdata.sources.raw import discover_raw_episodes
+from mmdata.sources import FORMATS, discover_episodes
 from mmdata.tools.formatting import format_bytes, format_seconds, parse_size
 
 DEFAULTS = VideoEncoding()
@@ -28,7 +28,11 @@ def add_parser(commands) -> None:
             "not at all: dataset.json is written last. An interrupted run continues with --resume."
         ),
     )
-    parser.add_argument("source", help="folder with one sub-folder per episode")
+    parser.add_argument(
+        "source",
+        help="the recordings: a raw folder (one sub-folder per episode), a LeRobot dataset, HDF5 files or a"
+        " replay-buffer Zarr store",
+    )
     parser.add_argument("destination", help="local folder for the store (created; must be empty)")
     parser.add_argument(
         "--to",
@@ -40,10 +44,12 @@ def add_parser(commands) -> None:
     parser.add_argument(
         "--from",
         dest="source_format",
-        choices=["raw"],
-        default="raw",
-        help="input format (default raw: the folder layout in the README)",
+        choices=["auto", *FORMATS],
+        default="auto",
+        help="input format (default: recognised from the source; see docs/importers.md)",
     )
+    parser.add_argument("--fps", type=float, help="control rate of HDF5 and replay-buffer recordings (Hz)")
+    parser.add_argument("--task", default="", help="task text for recordings that do not store one")
     video = parser.add_argument_group("video")
     video.add_argument(
         "--video-codec",
@@ -101,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
             " object storage afterwards (readers accept fsspec URLs)"
         )
     destination = args.destination.removeprefix("file://")
-    sources = discover_raw_episodes(args.source)
+    sources = discover_episodes(args.source, args.source_format, args.fps, args.task)
     video = VideoEncoding(
         codec=args.video_codec,
         segment_frames=args.segment_frames,

@@ -1,0 +1,100 @@
+"""Diffusion Policy / UMI replay buffers: Zarr v2 or v3, a folder or a `.zarr.zip`.
+
+`data/<key>` arrays hold every episode end to end and `meta/episode_ends` the cumulative end row
+of each episode. Arrays of uint8 `[N, H, W, 3]` become cameras, the others low-dim streams, all
+at the fixed rate given as `fps`. Image arrays compressed with imagecodecs codecs (JPEG-XL,
+JPEG 2000) need the `imagecodecs` package, which registers them with numcodecs.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from mmdata.errors import MissingDependencyError, SourceError
+from mmdata.sources.arrays import ArrayCameraSource, ArrayLowdimSource, ZarrArray
+from mmdata.sources.episode import EpisodeSource
+
+
+def is_replay_buffer(path: Path) -> bool:
+    if path.suffix == ".zip" or path.name.endswith(".zarr.zip"):
+        return True
+    return any((path / "meta" / "episode_ends" / marker).exists() for marker in ("zarr.json", ".zarray"))
+
+
+@functools.lru_cache(maxsize=8)
+def open_replay_group(path: str):
+    """The root group of a replay buffer (Zarr v2 or v3, folder or zip), read-only."""
+    import zarr
+
+    _register_imagecodecs()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if path.endswith(".zip"):
+            from zarr.storage import ZipStore
+
+            return zarr.open_group(ZipStore(path, mode="r"), mode="r")
+        return zarr.open_group(path, mode="r")
+
+
+def discover_replay_episodes(path: str | Path, fps: float | None, task: str = "") -> list[EpisodeSource]:
+    """One episode per `meta/episode_ends` entry of the replay buffer at `path`."""
+    path = Path(path)
+    if not fps:
+        raise SourceError(str(path), None, "a replay buffer does not state its control rate", "give it with --fps")
+    try:
+        group = open_replay_group(str(path))
+        ends = np.asarray(group["meta"]["episode_ends"][:], dtype=np.int64)
+        data = group["data"]
+        keys = sorted(data.array_keys()) if hasattr(data, "array_keys") else sorted(data)
+    except KeyError as exc:
+        raise SourceError(
+            str(path), None, f"no {exc} in the store", "a replay buffer has data/<key> arrays and meta/episode_ends"
+        ) from exc
+    except (OSError, ValueError) as exc:
+        raise SourceError(str(path), None, f"not a readable Zarr store: {exc}") from exc
+    if len(ends) == 0 or (np.diff(ends) <= 0).any():
+        raise SourceError(str(path), f"{path}/meta/episode_ends", "must increase strictly and hold at least one end")
+    cameras, lowdim = [], []
+    for key in keys:
+        array = data[key]
+        if array.shape[0] != ends[-1]:
+            raise SourceError(
+                str(path), f"{path}/data/{key}", f"has {array.shape[0]} rows but meta/episode_ends ends at {ends[-1]}"
+            )
+        is_image = array.dtype == np.uint8 and len(array.shape) == 4 and array.shape[-1] == 3
+        (cameras if is_image else lowdim).append(key)
+    starts = np.concatenate([[0], ends[:-1]])
+    episodes = []
+    for index, (start, stop) in enumerate(zip(starts.tolist(), ends.tolist())):
+        episodes.append(
+            EpisodeSource(
+                name=f"episode_{index:06d}",
+                task=task,
+                metadata={"source_format": "zarr replay buffer", "rows": [start, stop]},
+                cameras=tuple(
+                    ArrayCameraSource(k, ZarrArray(str(path), f"data/{k}", start, stop), fps) for k in cameras
+                ),
+                lowdim=tuple(ArrayLowdimSource(k, ZarrArray(str(path), f"data/{k}", start, stop), fps) for k in lowdim),
+            )
+        )
+    return episodes
+
+
+def _register_imagecodecs() -> None:
+    """Let numcodecs decode imagecodecs-compressed images when the package is installed."""
+    try:
+        from imagecodecs.numcodecs import register_codecs
+    except ImportError:
+        return
+    register_codecs()
+
+
+def missing_codec(error: Exception) -> MissingDependencyError | None:
+    text = str(error).lower()
+    if "imagecodecs" in text or "jpegxl" in text or "jpeg2k" in text:
+        return MissingDependencyError(f"{error}: the images need the 'imagecodecs' package (pip install imagecodecs)")
+    return None
