@@ -57,12 +57,13 @@ def test_verify_exits_non_zero_and_names_the_bad_episode(stores, tmp_path):
 def test_errors_print_one_line_and_exit_2(tmp_path):
     result = run_cli("convert", str(tmp_path / "missing"), str(tmp_path / "out"))
     assert result.returncode == 2
-    assert "mmdata convert: error:" in result.stderr and "not a folder" in result.stderr
+    assert "mmdata convert: error:" in result.stderr and "the source does not exist" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
     result = run_cli("verify", str(tmp_path))
     assert result.returncode == 2 and "no dataset.json" in result.stderr
 
 
-@pytest.mark.parametrize("command", ["synth", "convert", "inspect", "verify", "demo"])
+@pytest.mark.parametrize("command", ["synth", "convert", "inspect", "verify", "demo", "bench"])
 def test_every_command_explains_itself_in_help(command):
     result = run_cli(command, "--help")
     assert result.returncode == 0 and "usage: mmdata" in result.stdout

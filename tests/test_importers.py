@@ -24,7 +24,7 @@ from mmdata.sources import detect_format, discover_episodes
 from mmdata.synthetic import read_index_stripe, synthetic_frame
 from tests.conftest import run_cli
 
-LEROBOT_V3 = Path(__file__).parents[1].parent / "shared" / "fixtures" / "lerobot_small"
+LEROBOT_V3 = Path(__file__).parent / "fixtures" / "lerobot_small"
 H, W = 96, 128
 
 
@@ -348,3 +348,13 @@ def test_an_ambiguous_or_unknown_source_asks_for_from(tmp_path):
     shutil.copytree(LEROBOT_V3 / "meta", both / "meta")
     with pytest.raises(SourceError, match="could be lerobot or hdf5.*--from"):
         detect_format(both)
+
+
+def test_a_replay_buffer_compressed_with_a_missing_imagecodecs_codec_says_which_and_how_to_get_it(tmp_path):
+    source = write_replay(tmp_path / "replay.zarr", 2)
+    metadata_path = source / "data" / "img" / ".zarray"
+    metadata = json.loads(metadata_path.read_text())
+    metadata["compressor"] = {"id": "imagecodecs_jpegxl", "level": 90}
+    metadata_path.write_text(json.dumps(metadata))
+    with pytest.raises(SourceError, match=r"imagecodecs_jpegxl.*'imagecodecs' package \(pip install imagecodecs\)"):
+        discover_episodes(source, "zarr-replay", fps=10)

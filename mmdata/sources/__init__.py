@@ -24,7 +24,7 @@ def detect_format(path: str | Path) -> str:
 
     path = Path(path)
     if not path.exists():
-        raise SourceError(str(path), None, "does not exist")
+        raise SourceError(str(path), None, "the source does not exist", "give the folder or file of the recordings")
     found = []
     if (path / "meta" / "info.json").is_file():
         found.append("lerobot")

@@ -55,12 +55,21 @@ def discover_replay_episodes(path: str | Path, fps: float | None, task: str = ""
             str(path), None, f"no {exc} in the store", "a replay buffer has data/<key> arrays and meta/episode_ends"
         ) from exc
     except (OSError, ValueError) as exc:
+        missing = missing_codec(exc)
+        if missing is not None:
+            raise SourceError(str(path), f"{path}/data", f"an array is {missing}", "pip install imagecodecs") from exc
         raise SourceError(str(path), None, f"not a readable Zarr store: {exc}") from exc
     if len(ends) == 0 or (np.diff(ends) <= 0).any():
         raise SourceError(str(path), f"{path}/meta/episode_ends", "must increase strictly and hold at least one end")
     cameras, lowdim = [], []
     for key in keys:
-        array = data[key]
+        try:
+            array = data[key]
+        except (ValueError, KeyError) as exc:
+            missing = missing_codec(exc)
+            raise SourceError(
+                str(path), f"{path}/data/{key}", str(missing or exc), "pip install imagecodecs" if missing else None
+            ) from exc
         if array.shape[0] != ends[-1]:
             raise SourceError(
                 str(path), f"{path}/data/{key}", f"has {array.shape[0]} rows but meta/episode_ends ends at {ends[-1]}"
@@ -94,7 +103,11 @@ def _register_imagecodecs() -> None:
 
 
 def missing_codec(error: Exception) -> MissingDependencyError | None:
-    text = str(error).lower()
-    if "imagecodecs" in text or "jpegxl" in text or "jpeg2k" in text:
-        return MissingDependencyError(f"{error}: the images need the 'imagecodecs' package (pip install imagecodecs)")
+    """A clear error when an array's codec is one the `imagecodecs` package provides and it is missing."""
+    text = str(error)
+    if "imagecodecs" in text.lower() or "jpegxl" in text.lower() or "jpeg2k" in text.lower():
+        return MissingDependencyError(
+            f"compressed with a codec this installation lacks ({text.strip()}); JPEG-XL and JPEG 2000"
+            " images are decoded by the 'imagecodecs' package"
+        )
     return None
