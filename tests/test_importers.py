@@ -358,3 +358,18 @@ def test_a_replay_buffer_compressed_with_a_missing_imagecodecs_codec_says_which_
     metadata_path.write_text(json.dumps(metadata))
     with pytest.raises(SourceError, match=r"imagecodecs_jpegxl.*'imagecodecs' package \(pip install imagecodecs\)"):
         discover_episodes(source, "zarr-replay", fps=10)
+
+
+def test_a_lerobot_v3_data_file_that_disagrees_with_the_episodes_table_is_named(tmp_path):
+    source = tmp_path / "v3"
+    shutil.copytree(LEROBOT_V3, source)
+    path = source / "data" / "chunk-000" / "file-000.parquet"
+    table = pq.read_table(path)
+    owners = table.column("episode_index").to_numpy().copy()
+    owners[owners == 1] = 2
+    table = table.set_column(table.schema.get_field_index("episode_index"), "episode_index", pa.array(owners))
+    pq.write_table(table, path)
+    with pytest.raises(SourceError, match=r"episode 'episode_000001', file '.*file-000\.parquet'.*episode_index \[2\]"):
+        convert_to(source, tmp_path / "out")
+    dataset, report = convert_to(source, tmp_path / "skipped", skip_bad=True)
+    assert len(dataset) == 2 and [s["episode"] for s in report.skipped] == ["episode_000001"]
