@@ -396,3 +396,21 @@ def test_dropping_a_loader_stops_its_workers(stores):
     while multiprocessing.active_children() and time.time() < deadline:
         time.sleep(0.05)
     assert not multiprocessing.active_children()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_store_behind_an_fsspec_url_gives_the_same_batches_as_on_disk(stores, workers):
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    target = f"/loader-stores/{stores['wds'].name}-{workers}"
+    fs.put(str(stores["wds"]), target, recursive=True)
+
+    def build(location):
+        return mmdata.DataLoader(
+            location, POLICY_WINDOWS, tokens_per=POLICY_TOKENS, batch_tokens=1024, num_workers=workers, seed=9
+        )
+
+    remote = build(f"memory://{target}")
+    assert_same_batches(run(remote), run(build(stores["wds"])))
+    assert remote.stats()["bytes_read"] > 0
