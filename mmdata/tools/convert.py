@@ -21,7 +21,8 @@ def add_parser(commands) -> None:
         help="convert recorded episodes into a WebDataset or Zarr store",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=(
-            "Convert a folder of episodes in the raw layout (see the README) into a store.\n\n"
+            "Convert recorded episodes (the raw folder layout, a LeRobot v2.1/v3.0 dataset, ALOHA or\n"
+            "robomimic HDF5 files, or a Diffusion Policy replay-buffer Zarr store) into a store.\n\n"
             "Every camera is re-encoded into closed-GOP segments that decode on their own, audio\n"
             "into FLAC (Opus is kept), low-dim streams are kept bit-exact with their timestamps,\n"
             "and every piece gets a checksum in episodes.parquet. The store appears complete or\n"
