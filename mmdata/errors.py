@@ -10,19 +10,25 @@ class MmdataError(Exception):
 class SourceError(MmdataError):
     """An input episode cannot be converted: a file is missing, unreadable or inconsistent."""
 
-    def __init__(self, episode: str, file: str | None, problem: str, fix: str | None = None):
+    def __init__(self, episode: str, file: str | None, problem: str, fix: str | None = None, scope: str = "episode"):
         self.episode = episode
         self.file = file
         self.problem = problem
         self.fix = fix
-        where = f"episode '{episode}'" + (f", file '{file}'" if file else "")
+        self.scope = scope
+        where = f"{scope} '{episode}'" + (f", file '{file}'" if file else "")
         message = f"{where}: {problem}"
         if fix:
             message += f" ({fix})"
         super().__init__(message)
 
     def __reduce__(self):
-        return (type(self), (self.episode, self.file, self.problem, self.fix))
+        return (type(self), (self.episode, self.file, self.problem, self.fix, self.scope))
+
+    @classmethod
+    def for_source(cls, source: str, file: str | None, problem: str, fix: str | None = None) -> SourceError:
+        """A problem with the input as a whole (its folder, format or metadata), not with one episode."""
+        return cls(source, file, problem, fix, scope="source")
 
 
 class DestinationError(MmdataError):

@@ -24,7 +24,9 @@ def detect_format(path: str | Path) -> str:
 
     path = Path(path)
     if not path.exists():
-        raise SourceError(str(path), None, "the source does not exist", "give the folder or file of the recordings")
+        raise SourceError.for_source(
+            str(path), None, "the source does not exist", "give the folder or file of the recordings"
+        )
     found = []
     if (path / "meta" / "info.json").is_file():
         found.append("lerobot")
@@ -36,7 +38,9 @@ def detect_format(path: str | Path) -> str:
         found.append("raw")
     if len(found) != 1:
         what = f"could be {' or '.join(found)}" if found else "matches no input format mmdata reads"
-        raise SourceError(str(path), None, f"the input format is ambiguous: it {what}", "name it with --from")
+        raise SourceError.for_source(
+            str(path), None, f"the input format is ambiguous: it {what}", "name it with --from"
+        )
     return found[0]
 
 
@@ -57,7 +61,9 @@ def discover_episodes(
         "zarr-replay": lambda: discover_replay_episodes(path, fps, task),
     }
     if source_format not in readers:
-        raise SourceError(str(path), None, f"unknown input format '{source_format}'", f"choose one of {FORMATS}")
+        raise SourceError.for_source(
+            str(path), None, f"unknown input format '{source_format}'", f"choose one of {FORMATS}"
+        )
     return readers[source_format]()
 
 

@@ -37,12 +37,12 @@ def discover_hdf5_episodes(root: str | Path, fps: float | None, task: str = "") 
 
     root = Path(root)
     if not fps:
-        raise SourceError(
+        raise SourceError.for_source(
             str(root), None, "HDF5 recordings do not state their control rate", "give it with --fps (ALOHA: 50)"
         )
     files = hdf5_files(root)
     if not files:
-        raise SourceError(str(root), None, "holds no .hdf5 / .h5 files")
+        raise SourceError.for_source(str(root), None, "holds no .hdf5 / .h5 files")
     episodes: list[EpisodeSource] = []
     for path in files:
         try:

@@ -43,7 +43,7 @@ def discover_lerobot_episodes(root: str | Path) -> list[EpisodeSource]:
         return _discover_v3(root, info)
     if version.startswith("v2"):
         return _discover_v21(root, info)
-    raise SourceError(
+    raise SourceError.for_source(
         str(root), INFO, f"codebase_version '{version}' is not supported", "mmdata reads LeRobot v2.1 and v3.0 datasets"
     )
 
@@ -51,7 +51,7 @@ def discover_lerobot_episodes(root: str | Path) -> list[EpisodeSource]:
 def _read_info(root: Path) -> dict[str, Any]:
     path = root / INFO
     if not path.is_file():
-        raise SourceError(
+        raise SourceError.for_source(
             str(root),
             str(path),
             "missing meta/info.json",
@@ -60,10 +60,10 @@ def _read_info(root: Path) -> dict[str, Any]:
     try:
         info = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise SourceError(str(root), str(path), f"unreadable: {exc}") from exc
+        raise SourceError.for_source(str(root), str(path), f"unreadable: {exc}") from exc
     for key in ("fps", "features"):
         if key not in info:
-            raise SourceError(str(root), str(path), f"has no '{key}'", "the file is not a LeRobot info.json")
+            raise SourceError.for_source(str(root), str(path), f"has no '{key}'", "the file is not a LeRobot info.json")
     return info
 
 
@@ -75,7 +75,7 @@ def _features(info: dict[str, Any]) -> tuple[list[str], list[str]]:
         if dtype == "video":
             videos.append(key)
         elif dtype == "image":
-            raise SourceError(
+            raise SourceError.for_source(
                 "dataset", INFO, f"feature '{key}' is stored as images in Parquet", "convert it with use_videos=True"
             )
         elif dtype in NUMERIC and key not in BOOKKEEPING:
@@ -90,7 +90,7 @@ def _discover_v3(root: Path, info: dict[str, Any]) -> list[EpisodeSource]:
     fps = float(info["fps"])
     files = sorted((root / "meta" / "episodes").glob("chunk-*/file-*.parquet"))
     if not files:
-        raise SourceError(str(root), "meta/episodes", "holds no episodes table (chunk-*/file-*.parquet)")
+        raise SourceError.for_source(str(root), "meta/episodes", "holds no episodes table (chunk-*/file-*.parquet)")
     episodes = [row for path in files for row in pq.read_table(path).to_pylist()]
     episodes.sort(key=lambda row: row["episode_index"])
     data_rows: dict[str, tuple[np.ndarray, np.ndarray]] = {}
@@ -217,11 +217,11 @@ def _check_episode_file(path: Path, index: int, length: int, episode: str) -> No
 
 def _read_jsonl(path: Path, root: Path) -> list[dict]:
     if not path.is_file():
-        raise SourceError(str(root), str(path), "missing", "a LeRobot v2.1 dataset lists its episodes there")
+        raise SourceError.for_source(str(root), str(path), "missing", "a LeRobot v2.1 dataset lists its episodes there")
     try:
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     except json.JSONDecodeError as exc:
-        raise SourceError(str(root), str(path), f"unreadable: {exc}") from exc
+        raise SourceError.for_source(str(root), str(path), f"unreadable: {exc}") from exc
 
 
 def _task_text(tasks: Any) -> str:

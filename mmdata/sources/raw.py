@@ -32,12 +32,12 @@ def discover_raw_episodes(root: str | os.PathLike) -> list[EpisodeSource]:
     """
     root = Path(root)
     if not root.is_dir():
-        raise SourceError(
+        raise SourceError.for_source(
             str(root), None, "the source is not a folder", "give the folder that holds one folder per episode"
         )
     folders = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     if not folders:
-        raise SourceError(str(root), None, "holds no episode folders", "see the raw layout in the README")
+        raise SourceError.for_source(str(root), None, "holds no episode folders", "see the raw layout in the README")
     episodes = [_describe(folder) for folder in folders]
     return require_common_streams(episodes, _raw_hint)
 

@@ -44,34 +44,40 @@ def discover_replay_episodes(path: str | Path, fps: float | None, task: str = ""
     """One episode per `meta/episode_ends` entry of the replay buffer at `path`."""
     path = Path(path)
     if not fps:
-        raise SourceError(str(path), None, "a replay buffer does not state its control rate", "give it with --fps")
+        raise SourceError.for_source(
+            str(path), None, "a replay buffer does not state its control rate", "give it with --fps"
+        )
     try:
         group = open_replay_group(str(path))
         ends = np.asarray(group["meta"]["episode_ends"][:], dtype=np.int64)
         data = group["data"]
         keys = sorted(data.array_keys()) if hasattr(data, "array_keys") else sorted(data)
     except KeyError as exc:
-        raise SourceError(
+        raise SourceError.for_source(
             str(path), None, f"no {exc} in the store", "a replay buffer has data/<key> arrays and meta/episode_ends"
         ) from exc
     except (OSError, ValueError) as exc:
         missing = missing_codec(exc)
         if missing is not None:
-            raise SourceError(str(path), f"{path}/data", f"an array is {missing}", "pip install imagecodecs") from exc
-        raise SourceError(str(path), None, f"not a readable Zarr store: {exc}") from exc
+            raise SourceError.for_source(
+                str(path), f"{path}/data", f"an array is {missing}", "pip install imagecodecs"
+            ) from exc
+        raise SourceError.for_source(str(path), None, f"not a readable Zarr store: {exc}") from exc
     if len(ends) == 0 or (np.diff(ends) <= 0).any():
-        raise SourceError(str(path), f"{path}/meta/episode_ends", "must increase strictly and hold at least one end")
+        raise SourceError.for_source(
+            str(path), f"{path}/meta/episode_ends", "must increase strictly and hold at least one end"
+        )
     cameras, lowdim = [], []
     for key in keys:
         try:
             array = data[key]
         except (ValueError, KeyError) as exc:
             missing = missing_codec(exc)
-            raise SourceError(
+            raise SourceError.for_source(
                 str(path), f"{path}/data/{key}", str(missing or exc), "pip install imagecodecs" if missing else None
             ) from exc
         if array.shape[0] != ends[-1]:
-            raise SourceError(
+            raise SourceError.for_source(
                 str(path), f"{path}/data/{key}", f"has {array.shape[0]} rows but meta/episode_ends ends at {ends[-1]}"
             )
         is_image = array.dtype == np.uint8 and len(array.shape) == 4 and array.shape[-1] == 3
