@@ -139,8 +139,10 @@ class NaiveSamples(IterableDataset):
 
 
 def pad_collate(samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """Every stream padded to the longest sample and stacked, as tutorials do."""
-    return {name: pad_sequence([s[name] for s in samples], batch_first=True) for name in samples[0]}
+    """Every stream padded to the longest sample and stacked, as tutorials do (with each sample's length)."""
+    batch = {name: pad_sequence([s[name] for s in samples], batch_first=True) for name in samples[0]}
+    batch.update({f"{name}_lengths": torch.tensor([len(s[name]) for s in samples]) for name in samples[0]})
+    return batch
 
 
 def naive_loader(
@@ -162,6 +164,6 @@ def run_naive(
 
     def count(batch: dict[str, torch.Tensor]) -> tuple[int, int]:
         samples = len(next(iter(batch.values())))
-        return samples, sum(int(batch[name].shape[0] * batch[name].shape[1]) for name in cameras)
+        return samples, sum(int(batch[f"{name}_lengths"].sum()) for name in cameras)
 
     return run_for_seconds(loader, seconds, count, warmup, step)
