@@ -414,3 +414,10 @@ def test_a_store_behind_an_fsspec_url_gives_the_same_batches_as_on_disk(stores, 
     remote = build(f"memory://{target}")
     assert_same_batches(run(remote), run(build(stores["wds"])))
     assert remote.stats()["bytes_read"] > 0
+
+
+def test_an_epoch_with_no_step_for_the_ranks_is_a_clear_error(stores):
+    spec = mmdata.Windows(anchor_fps=0.2, streams={"state": mmdata.Values()})
+    loader = mmdata.DataLoader(stores["wds"], spec, batch_size=4, rank=0, world_size=64)
+    with pytest.raises(mmdata.SpecError, match="no step for 64 rank"):
+        run(loader)

@@ -222,6 +222,12 @@ class DataLoader:
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         plan = self.epoch_plan()
+        if plan.total_steps == 0:
+            raise SpecError(
+                f"an epoch has no step for {self.world_size} rank(s): the spec gives {len(self.samples)} samples,"
+                f" fewer than one micro-batch per rank; use fewer ranks, a smaller batch, or more samples"
+                " (a higher anchor_fps, more episodes)"
+            )
         epoch, first = self._state.epoch, self._state.steps_in_epoch
         feed = self._feed_from(epoch, first, plan)
         for expected in range(first, plan.total_steps):
