@@ -10,6 +10,7 @@ in plan order whatever the worker count. Workers live across epochs (see `loadin
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import time
 from collections.abc import Iterator, Mapping
@@ -113,7 +114,10 @@ class DataLoader:
         self.pad_to_multiple = pad_to_multiple
         self.batch_tokens, self.batch_size = batch_tokens, batch_size
 
-        self.dataset = dataset if isinstance(dataset, Dataset) else Dataset(str(dataset), "pyav", verify, cache_bytes)
+        # a Dataset the caller passes is copied, so giving it the loader's decoder leaves theirs alone
+        self.dataset = (
+            copy.copy(dataset) if isinstance(dataset, Dataset) else Dataset(str(dataset), "pyav", verify, cache_bytes)
+        )
         schema = self.dataset.schema
         spec.check_against(schema)
         self.decoder = self._build_decoder(decoder)
