@@ -8,10 +8,8 @@
 #   3. the loader issue's policy windows (decoder auto: the CPU for 2-frame requests);
 #   4. sequences (8 s chunks at 10 fps, DALI).
 set -euo pipefail
-mkdir -p /tmp/site
-cat /root/stage/dali.tar.xz.part* | xz -d -T0 | tar x -C /tmp/site
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /root/stage/*.whl .whl/*.whl
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore
+source "$(dirname "$0")/setup_site.sh"
+export PYTHONWARNINGS=ignore
 OUT="${OUT:-/tmp}"
 STORE=.gpudata/loader_store.wds
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"

@@ -4,10 +4,7 @@
 # on the carried store (.gpudata/loader_store.wds, made by `mmdata synth --episodes 16
 # --min-seconds 20 --max-seconds 20` and `mmdata convert --to wds`).
 set -euo pipefail
-mkdir -p /tmp/site
-cat /root/stage/dali.tar.xz.part* | xz -d -T0 | tar x -C /tmp/site
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /root/stage/*.whl .whl/*.whl
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+source "$(dirname "$0")/setup_site.sh"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 benchmarks/gpu/loader_gpu.py .gpudata/loader_store.wds "${OUT:-/tmp}/loader_gpu.json" "$@" 2>&1 \
   | grep -v -e "UserWarning" -e "check_worker_number_rationality" | tee "${OUT:-/tmp}/loader_gpu.log"
