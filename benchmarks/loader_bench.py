@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from convert_bench import machine_name
 
 import mmdata
 from mmdata.bench.naive import export_naive_shards, naive_loader, run_naive
@@ -38,11 +37,6 @@ POLICY_WINDOWS = mmdata.Windows(
 )
 TOKENS_PER = {"cam_high": 256, "action": 1, "state": 1, "audio": 50}
 FRAMES_PER_SAMPLE = 2
-
-
-def machine_name() -> str:
-    cpu = platform.processor() or platform.machine()
-    return f"{platform.node() or 'host'}: {os.cpu_count()} cores {cpu}, {platform.system()}"
 
 
 def main() -> None:

@@ -112,7 +112,6 @@ class DataLoader:
         self.on_error = on_error
         self.attention_mask = attention_mask
         self.pad_to_multiple = pad_to_multiple
-        self.batch_tokens, self.batch_size = batch_tokens, batch_size
 
         # a Dataset the caller passes is copied, so giving it the loader's decoder leaves theirs alone
         self.dataset = (
@@ -143,7 +142,7 @@ class DataLoader:
         keys, shards = table.column("key").to_pylist(), table.column("shard").to_pylist()
         self.planner = LoaderPlanner(self.samples, self.costs, keys, shards, batching)
         self._fingerprint = fingerprint(
-            table.column("key").to_pylist(),
+            keys,
             table.column("duration").to_pylist(),
             spec.describe(),
             episodes.describe() if episodes is not None else None,

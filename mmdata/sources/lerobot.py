@@ -134,17 +134,17 @@ def _rows_of(path: Path, row: dict, cache: dict, episode: str) -> int:
     start, stop = int(row["dataset_from_index"]), int(row["dataset_to_index"])
     first = int(np.searchsorted(global_index, start))
     last = int(np.searchsorted(global_index, stop))
-    held = owners[first:last]
-    index = int(row["episode_index"])
-    if last - first != int(row["length"]) or (held != index).any():
-        found = sorted(set(held.tolist()))
-        raise SourceError(
-            episode,
-            str(path),
-            f"rows with index {start}..{stop - 1} should be episode {index}'s {row['length']} rows, but the file"
-            f" has {last - first} such rows with episode_index {found[:5]}",
-            "the data file disagrees with meta/episodes; re-export the dataset, or pass --skip-bad",
-        )
+    index, length = int(row["episode_index"]), int(row["length"])
+    _require_owner(
+        owners[first:last],
+        index,
+        length,
+        episode,
+        path,
+        f"rows with index {start}..{stop - 1} should be episode {index}'s {length} rows, but the file has"
+        f" {last - first} such rows",
+        "meta/episodes",
+    )
     return first
 
 
@@ -204,14 +204,28 @@ def _check_episode_file(path: Path, index: int, length: int, episode: str) -> No
     if not path.is_file():
         raise SourceError(episode, str(path), "the data file is missing")
     owners = pq.read_table(path, columns=["episode_index"]).column("episode_index").to_numpy()
+    _require_owner(
+        owners,
+        index,
+        length,
+        episode,
+        path,
+        f"meta/episodes.jsonl says episode {index} has {length} rows, but the file holds {len(owners)}",
+        "meta/episodes.jsonl",
+    )
+
+
+def _require_owner(
+    owners: np.ndarray, index: int, length: int, episode: str, path: Path, problem: str, table: str
+) -> None:
+    """The rows that should be the episode's are `length` rows whose episode_index is `index`."""
     if len(owners) != length or (owners != index).any():
         found = sorted(set(owners.tolist()))
         raise SourceError(
             episode,
             str(path),
-            f"holds {len(owners)} rows with episode_index {found[:5]}, but meta/episodes.jsonl says episode"
-            f" {index} has {length}",
-            "the data file disagrees with the episodes table; re-export the dataset, or pass --skip-bad",
+            f"{problem}, with episode_index {found[:5]}",
+            f"the data file disagrees with {table}; re-export the dataset, or pass --skip-bad",
         )
 
 
