@@ -157,10 +157,11 @@ class ParquetRowsSource:
         from mmdata.sources.episode import column_to_array
 
         try:
-            table = pq.read_table(self.path, columns=["episode_index", "timestamp", self.column])
+            rows = _row_range(
+                pq.ParquetFile(self.path), ["episode_index", "timestamp", self.column], self.first, self.count
+            )
         except (OSError, ValueError, KeyError) as exc:
             raise SourceError(episode, self.path, f"cannot read column '{self.column}': {exc}") from exc
-        rows = table.slice(self.first, self.count)
         owners = rows.column("episode_index").to_numpy()
         if len(rows) != self.count or (owners != self.episode_index).any():
             found = sorted(set(owners.tolist()))
@@ -179,6 +180,16 @@ class ParquetRowsSource:
         if values.ndim == 1:
             values = values[:, None]
         return values, timestamps - timestamps[0] if len(timestamps) else timestamps
+
+
+def _row_range(file, columns: list[str], first: int, count: int):
+    """Rows [first, first + count) of a Parquet file, reading only the row groups that hold them
+    (a LeRobot v3 data file holds many episodes; each is read once, not the whole file per episode)."""
+    sizes = [file.metadata.row_group(g).num_rows for g in range(file.num_row_groups)]
+    bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    groups = [g for g in range(len(sizes)) if bounds[g] < first + count and bounds[g + 1] > first]
+    table = file.read_row_groups(groups, columns=columns)
+    return table.slice(first - int(bounds[groups[0]]) if groups else 0, count)
 
 
 def _as_bytes(item) -> bytes:
