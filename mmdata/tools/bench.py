@@ -129,9 +129,8 @@ def _measure(args: argparse.Namespace, dataset: str) -> dict[str, Any]:
         "profiler_ranges": args.profile_ranges,
     }
     loader = DataLoader(dataset, spec, **options)
-    if args.warmup is None:
-        args.warmup = args.num_workers * args.prefetch_factor + 2
-    measured = run_loader(loader, args.steps, args.warmup, args.step_ms)
+    warmup = _warmup(args, options)
+    measured = run_loader(loader, args.steps, warmup, args.step_ms)
     config = {
         "dataset": dataset,
         "spec_name": args.spec,
@@ -148,7 +147,7 @@ def _measure(args: argparse.Namespace, dataset: str) -> dict[str, Any]:
         "world_size": args.world_size,
         "seed": args.seed,
         "steps": args.steps,
-        "warmup": args.warmup,
+        "warmup": warmup,
         "step_ms": args.step_ms,
         "samples": len(loader.samples),
     }
@@ -168,7 +167,7 @@ def _sweep(args: argparse.Namespace, dataset: str, spec, options: dict[str, Any]
         elif "batch_tokens" in overrides:
             overrides["batch_size"] = None
         loader = DataLoader(dataset, spec, **(options | overrides))
-        figures = run_loader(loader, args.steps, args.warmup, args.step_ms)["figures"]
+        figures = run_loader(loader, args.steps, _warmup(args, options | overrides), args.step_ms)["figures"]
         rows.append({"setting": setting, "decoder": loader.decoder.describe(), "figures": figures})
         print(
             f"sweep {label(setting):40s} {figures['samples_per_s']:10,.1f} samples/s"
@@ -201,6 +200,13 @@ def _baseline(args: argparse.Namespace, dataset: str, spec, loader: DataLoader, 
         for key in ("samples_per_s", "frames_per_s")
     }
     return {"baseline": measured, "ratios": ratios}
+
+
+def _warmup(args: argparse.Namespace, options: dict[str, Any]) -> int:
+    """--warmup, or enough steps to drain what the workers read ahead before measuring starts."""
+    if args.warmup is not None:
+        return args.warmup
+    return options["num_workers"] * options["prefetch_factor"] + 2
 
 
 def _parse_tokens(text: str | None) -> dict[str, float]:
