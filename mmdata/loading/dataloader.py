@@ -153,7 +153,6 @@ class DataLoader:
         self._plan_cache: tuple[tuple, EpochPlan] | None = None
         self._stats = LoaderStats()
         self._feed: Feed | None = None
-        self._feed_next: tuple[int, int] | None = None
 
     # plan
 
@@ -247,12 +246,12 @@ class DataLoader:
                 self._stats.add_main(stage, seconds)
             self._stats.add_step(info, time.perf_counter() - waited, feed.queue_depth())
             self._advance(plan)
-            self._feed_next = (self._state.epoch, self._state.steps_in_epoch)
             yield batch
 
     def _feed_from(self, epoch: int, step: int, plan: EpochPlan) -> Feed:
-        """The running feed when it is at (epoch, step) of this plan; else a new one starting there."""
-        if self._feed is not None and not self._feed.failed and self._feed_next == (epoch, step):
+        """The running feed (it stands where the state does: anything that moves the state elsewhere
+        closes it); else a new one starting at (epoch, step) of this plan."""
+        if self._feed is not None and not self._feed.failed:
             return self._feed
         self.close()
         planning = time.perf_counter()
@@ -276,14 +275,13 @@ class DataLoader:
             background=self.decode_in_main,
             ahead=MAIN_DECODE_AHEAD,
         )
-        self._feed_next = (epoch, step)
         return self._feed
 
     def close(self) -> None:
         """Stop the workers and the receiving thread (they otherwise stay up between epochs)."""
         if self._feed is not None:
             self._feed.close()
-        self._feed, self._feed_next = None, None
+        self._feed = None
 
     def __del__(self):
         with contextlib.suppress(Exception):
