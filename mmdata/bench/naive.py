@@ -23,6 +23,7 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import IterableDataset
 
+from mmdata.bench.runner import run_for_seconds
 from mmdata.codecs.align import nearest_indices, sample_range
 from mmdata.codecs.audio import as_float, decode_audio
 from mmdata.codecs.lowdim import decode_npy, encode_npy
@@ -158,8 +159,6 @@ def run_naive(
 ) -> dict[str, Any]:
     """Samples/s and frames/s of a naive loader for about `seconds` after `warmup` batches, epoch after
     epoch, calling `step()` (the simulated training step) after every batch when given."""
-    from mmdata.bench.runner import run_for_seconds
-
     cameras = [name for name, stream in spec.streams.items() if isinstance(stream, Frames)]
 
     def count(batch: dict[str, torch.Tensor]) -> tuple[int, int]:
