@@ -6,6 +6,9 @@ Distributions (token counts per sample):
   + 14 state tokens);
 - world-model: 10 k long sequences, log-uniform 2 k - 200 k tokens, split into budget-sized chunks.
 
+mmdata packs with its default `algorithm="auto"` (per shuffle window, the fewer micro-batches of
+first-fit decreasing and minimum bin slack); the same plan with FFD alone is reported beside it.
+
 Baselines: (a) naive padding of random batches to the batch maximum, (b) first-fit decreasing
 in pure Python, (c) the Multipack sampler's approach re-implemented (per step, binary search for
 the longest prefix of the shuffled samples that FFD fits into one bin per rank).
@@ -21,6 +24,7 @@ import os
 import platform
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -28,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 from mmdata.packing import PackingConfig, fit_to_budget, plan_packing, plan_stats  # noqa: E402
-from mmdata.packing.kernels import first_fit_decreasing  # noqa: E402
+from mmdata.packing.kernels import first_fit_decreasing, minimum_bin_slack  # noqa: E402
 
 
 def distributions(seed: int = 0) -> dict[str, np.ndarray]:
@@ -96,15 +100,15 @@ def multipack(costs: np.ndarray, budget: int, ranks: int, seed: int) -> dict:
     }
 
 
-def ffd_speed(costs: np.ndarray, budget: int, window: int) -> float:
-    """FFD sequences/s on one core, packing shuffle windows of `window` samples (as the plan does)."""
+def kernel_speed(kernel, costs: np.ndarray, budget: int, window: int) -> float:
+    """A packing kernel's sequences/s on one core, on shuffle windows of `window` samples (as the plan packs)."""
     chunks = fit_to_budget(costs, budget).tokens
-    first_fit_decreasing(chunks[:16], budget)
+    kernel(chunks[:16], budget)
     repeats = max(1, 1_000_000 // len(chunks))
     started = time.perf_counter()
     for _ in range(repeats):
         for start in range(0, len(chunks), window):
-            first_fit_decreasing(chunks[start : start + window], budget)
+            kernel(chunks[start : start + window], budget)
     return repeats * len(chunks) / (time.perf_counter() - started)
 
 
@@ -123,7 +127,9 @@ def main() -> None:
         plan = plan_packing(costs, config, seed=0)
         plan_seconds = time.perf_counter() - started
         stats = plan_stats(plan)
-        numba_speed = ffd_speed(costs, args.budget, args.window)
+        ffd_only = plan_stats(plan_packing(costs, replace(config, algorithm="ffd"), seed=0))
+        numba_speed = kernel_speed(first_fit_decreasing, costs, args.budget, args.window)
+        slack_speed = kernel_speed(minimum_bin_slack, costs, args.budget, args.window)
         sample = fit_to_budget(costs, args.budget).tokens[: args.window].tolist()  # one shuffle window
         started = time.perf_counter()
         python_ffd(sample, args.budget)
@@ -137,7 +143,10 @@ def main() -> None:
                 "plan_seconds": round(plan_seconds, 3),
                 "plan_samples_per_s": round(len(costs) / plan_seconds),
                 "ffd_sequences_per_s_one_core": round(numba_speed),
+                "mbs_sequences_per_s_one_core": round(slack_speed),
+                "algorithm": config.algorithm,
             },
+            "mmdata_ffd_only": {"efficiency": ffd_only.efficiency, "rank_token_spread": ffd_only.rank_token_spread},
             "naive_padding": naive_padding(costs, args.budget, 0),
             "python_ffd": {"sequences_per_s": round(python_speed), "measured_on": len(sample)},
             "multipack": multipack(costs, args.budget, args.ranks, 0),
@@ -146,11 +155,13 @@ def main() -> None:
         rows.append(row)
         m = row["mmdata"]
         print(
-            f"{name:16s} mmdata eff {m['efficiency']:.4%} spread {m['rank_token_spread']:.4%}"
+            f"{name:16s} mmdata eff {m['efficiency']:.4%} (FFD alone {ffd_only.efficiency:.4%})"
+            f" spread {m['rank_token_spread']:.4%}"
             f" (max {m['rank_token_spread_max']:.3%}) deferred {m['deferred_samples']} | naive eff"
             f" {row['naive_padding']['padded_efficiency']:.2%} | multipack eff {row['multipack']['efficiency']:.4%}"
             f" spread {row['multipack']['rank_token_spread']:.4%} | FFD {numba_speed / 1e6:.2f} M seq/s,"
-            f" {row['ffd_speedup_vs_python']}x pure Python | plan {m['plan_samples_per_s']:,} samples/s",
+            f" {row['ffd_speedup_vs_python']}x pure Python, MBS {slack_speed / 1e6:.2f} M seq/s"
+            f" | plan {m['plan_samples_per_s']:,} samples/s",
             flush=True,
         )
     result = {

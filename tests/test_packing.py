@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mmdata.packing import PackingConfig, fit_to_budget, plan_packing, plan_padded, plan_stats, token_costs
-from mmdata.packing.kernels import best_fit_decreasing, first_fit_decreasing
+from mmdata.packing.kernels import best_fit_decreasing, first_fit_decreasing, minimum_bin_slack
 
 lengths_strategy = st.lists(st.integers(1, 3000), min_size=1, max_size=400)
 
@@ -57,6 +57,43 @@ def test_best_fit_decreasing_never_overfills_and_matches_plain_bin_count(lengths
     assert bins == python_best_fit_decreasing_bins(lengths, capacity)
 
 
+@settings(max_examples=60, deadline=None)
+@given(lengths_strategy, st.integers(3000, 9000))
+def test_minimum_bin_slack_packs_every_item_once_without_overfilling(lengths, capacity):
+    lengths_array = np.array(lengths, dtype=np.int64)
+    assignment, bins = minimum_bin_slack(lengths_array, capacity)
+    loads = np.bincount(assignment, weights=lengths_array, minlength=bins)
+    assert len(assignment) == len(lengths) and assignment.min() >= 0 and assignment.max() == bins - 1
+    assert loads.max() <= capacity and loads.min() > 0, "no bin overfilled, none left empty"
+    assert bins >= -(-sum(lengths) // capacity)
+
+
+def policy_window_costs(count: int, seed: int) -> np.ndarray:
+    """Policy windows come in few sizes: 2-4 cameras x 1-2 frames x 256 tokens + 64-114 action/state tokens."""
+    rng = np.random.default_rng(seed)
+    return rng.integers(2, 5, count) * rng.integers(1, 3, count) * 256 + rng.integers(64, 115, count)
+
+
+def test_minimum_bin_slack_fills_policy_windows_where_first_fit_leaves_gaps():
+    costs = policy_window_costs(4096, seed=0)
+    lower_bound = -(-int(costs.sum()) // 16384)
+    _, first_fit_bins = first_fit_decreasing(costs, 16384)
+    _, slack_bins = minimum_bin_slack(costs, 16384)
+    assert first_fit_bins > lower_bound * 1.01, "first fit leaves over 1% of the budget empty here"
+    assert slack_bins <= lower_bound * 1.005
+
+
+def test_auto_packing_is_as_dense_as_the_better_of_its_two_packers():
+    windows = policy_window_costs(20000, seed=1)
+    long_chunks = np.exp(np.random.default_rng(2).uniform(np.log(2000), np.log(200_000), 3000)).astype(np.int64)
+    for costs in (windows, long_chunks):
+        efficiency = {}
+        for algorithm in ("auto", "ffd", "mbs"):
+            config = PackingConfig(budget=16384, ranks=8, algorithm=algorithm)
+            efficiency[algorithm] = plan_stats(plan_packing(costs, config)).efficiency
+        assert efficiency["auto"] >= max(efficiency["ffd"], efficiency["mbs"]) - 0.001
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     lengths=st.lists(st.integers(1, 6000), min_size=1, max_size=600),
@@ -64,7 +101,7 @@ def test_best_fit_decreasing_never_overfills_and_matches_plain_bin_count(lengths
     ranks=st.integers(1, 8),
     window=st.integers(8, 300),
     seed=st.integers(0, 2**16),
-    algorithm=st.sampled_from(["ffd", "bfd"]),
+    algorithm=st.sampled_from(["auto", "ffd", "bfd", "mbs"]),
     long=st.sampled_from(["split", "drop"]),
 )
 def test_every_sample_is_planned_once_or_reported(lengths, budget, ranks, window, seed, algorithm, long):

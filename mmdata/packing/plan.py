@@ -16,14 +16,21 @@ from typing import Literal
 import numpy as np
 
 from mmdata.packing.cost import Chunked, check_order, fit_to_budget
-from mmdata.packing.kernels import best_fit_decreasing, bin_loads, first_fit_decreasing
+from mmdata.packing.kernels import best_fit_decreasing, bin_loads, first_fit_decreasing, minimum_bin_slack
 
-_KERNELS = {"ffd": first_fit_decreasing, "bfd": best_fit_decreasing}
+_KERNELS = {"ffd": first_fit_decreasing, "bfd": best_fit_decreasing, "mbs": minimum_bin_slack}
+ALGORITHMS = ("auto", *_KERNELS)
 
 
 @dataclass(frozen=True)
 class PackingConfig:
     """How to pack: token budget per micro-batch, ranks, shuffle window, algorithm, balance target.
+
+    `algorithm` is first-fit decreasing (`ffd`), best-fit decreasing (`bfd`), minimum bin
+    slack (`mbs`, which completes each micro-batch with the best pair or triple), or `auto`:
+    per window, whichever of FFD and MBS needs fewer micro-batches. FFD is best when samples
+    are long against the budget; MBS when they come in a few sizes (policy windows), where FFD
+    leaves each micro-batch short by up to the smallest sample.
 
     `fill` is the load (fraction of the budget) a micro-batch needs to be emitted before the
     last window; lighter ones are re-packed with the next window's samples.
@@ -32,7 +39,7 @@ class PackingConfig:
     budget: int
     ranks: int = 1
     window: int = 8192
-    algorithm: Literal["ffd", "bfd"] = "ffd"
+    algorithm: Literal["auto", "ffd", "bfd", "mbs"] = "auto"
     balance: Literal["tokens", "attention"] = "tokens"
     long: Literal["split", "drop"] = "split"
     fill: float = 0.98
@@ -44,8 +51,8 @@ class PackingConfig:
             raise ValueError(f"ranks must be at least 1, not {self.ranks}")
         if self.window < 1:
             raise ValueError(f"shuffle window must hold at least 1 sample, not {self.window}")
-        if self.algorithm not in _KERNELS:
-            raise ValueError(f"packing algorithm is 'ffd' or 'bfd', not '{self.algorithm}'")
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"packing algorithm is one of {', '.join(ALGORITHMS)}, not '{self.algorithm}'")
         if self.balance not in ("tokens", "attention"):
             raise ValueError(f"balance is 'tokens' or 'attention', not '{self.balance}'")
         if not 0.0 <= self.fill <= 1.0:
@@ -101,7 +108,6 @@ def plan_packing(
     rows = fit_to_budget(costs, config.budget, config.long)
     rng = np.random.default_rng([seed, epoch])
     order = rng.permutation(len(rows)).astype(np.int64) if order is None else check_order(order, len(rows))
-    kernel = _KERNELS[config.algorithm]
     batches: list[np.ndarray] = []
     step_batches: list[np.ndarray] = []
     carry = np.empty(0, np.int64)
@@ -113,7 +119,7 @@ def plan_packing(
         if len(pool) == 0:
             break
         tokens = rows.tokens[pool]
-        assignment, count = kernel(tokens, config.budget)
+        assignment, count = _pack_window(tokens, config.budget, config.algorithm)
         loads, squares = bin_loads(assignment, count, tokens)
         key = squares if config.balance == "attention" else loads.astype(np.float64)
         by_load = np.argsort(-key, kind="stable")
@@ -150,6 +156,15 @@ def plan_packing(
     members = np.concatenate(batches) if batches else np.empty(0, np.int64)
     steps = np.stack(step_batches) if step_batches else np.empty((0, ranks), np.int64)
     return PackingPlan(config, rows, steps, offsets, members, deferred=carry)
+
+
+def _pack_window(tokens: np.ndarray, budget: int, algorithm: str) -> tuple[np.ndarray, int]:
+    """Bin per sample of one window, and the number of bins."""
+    if algorithm != "auto":
+        return _KERNELS[algorithm](tokens, budget)
+    first_fit = first_fit_decreasing(tokens, budget)
+    slack = minimum_bin_slack(tokens, budget)
+    return slack if slack[1] < first_fit[1] else first_fit
 
 
 def _spread_over_ranks(rows: np.ndarray, tokens: np.ndarray, ranks: int, budget: int) -> list[np.ndarray] | None:
