@@ -7,7 +7,8 @@ Measures delivered frames/s for
   torchvision's and LeRobot's PyAV paths do) and naively from the first frame;
 - sparse policy windows (frames at t - 0.1 s and t from 2 cameras) and clips, for key-frame
   intervals 2, 8 and 32 inside the segments, with decode waste (frames decoded / delivered)
-  and storage cost (bytes per frame).
+  and storage cost (bytes per frame);
+- DALI's CPU decoder with joined sessions against one session per request, for both patterns.
 
 usage: python benchmarks/decode_bench.py [--out benchmarks/results/decode_cpu.json] [--quick]
 """
@@ -35,13 +36,14 @@ from mmdata.codecs.decoders.pyav_decoder import to_rgb  # noqa: E402
 GOPS = [2, 4, 8, 32]
 
 
-def row_for(decoder_name: str, codec: str, samples, label: str, min_seconds: float) -> dict:
-    decoder = make_video_decoder(decoder_name, [codec])
+def row_for(decoder_name: str, codec: str, samples, label: str, min_seconds: float, **options) -> dict:
+    decoder = make_video_decoder(decoder_name, [codec], **options)
     fps, batches = measure(decoder.decode, samples, batch=16, min_seconds=min_seconds, max_batches=40)
     row = {
         "case": label,
         "decoder": decoder_name,
         "codec": codec,
+        **options,
         "delivered_fps": round(fps),
         "decode_waste": round(decoder.stats.decode_waste, 2),
         "batches": batches,
@@ -161,12 +163,24 @@ def main() -> None:
                     row = row_for(backend, codec, samples, f"{label} gop{gop}", min_seconds)
                     row.update(gop=gop, bytes_per_frame=round(bytes_per_frame))
                     gop_rows.append(row)
+    session_rows = []
+    if "vp9" in codecs and "dali-cpu" in backends_for_codec("vp9"):
+        videos = [v for v in corpus if v.codec == "vp9" and v.width == 224]
+        for gop in GOPS:
+            for label, samples in (
+                ("sparse 224x224 2 cams x 2 frames", sparse_samples(videos, gop, 64, seed=3)),
+                ("clips 224x224", clip_samples(videos, gop, 64, seed=1)),
+            ):
+                for reuse in (True, False):
+                    row = row_for("dali-cpu", "vp9", samples, f"{label} gop{gop}", min_seconds, reuse_sessions=reuse)
+                    session_rows.append(row)
     result = {
         "machine": f"{platform.node()}: {platform.processor() or platform.machine()}, {os.cpu_count()} cores (no GPU)",
         "python": platform.python_version(),
         "date": time.strftime("%Y-%m-%d"),
         "clips": rows,
         "key_frame_interval": gop_rows,
+        "dali_cpu_sessions": session_rows,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

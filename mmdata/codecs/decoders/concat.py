@@ -70,8 +70,9 @@ def join_segments(requests: list[ClipRequest], positions: list[int]) -> JoinedSt
     """Mux the segments of `requests[positions]` into one stream; frames index into the joined stream.
 
     Only the closed GOPs that hold a requested frame are kept (a GOP references nothing outside
-    itself), so the session decodes from the key frame before each wanted frame and no further
-    than the end of its GOP. Timestamps are rewritten to run on without gaps.
+    itself), and of each only the packets up to its last wanted frame (see `_needed_prefix`), so
+    the session decodes from the key frame before each wanted frame to the last one wanted.
+    Timestamps are rewritten to run on without gaps.
     """
     first = requests[positions[0]]
     container_format = _CONTAINERS.get(first.codec)
@@ -98,10 +99,11 @@ def join_segments(requests: list[ClipRequest], positions: list[int]) -> JoinedSt
                     raise DecodeError(f"{request.place()}: segment has {len(packets)} frames; frame {last} requested")
                 wanted = set(request.frames)
                 new_index: dict[int, int] = {}
-                for gop in _closed_gops(packets):
-                    shown = sorted(order[packet.pts] for packet in gop)
-                    if wanted.isdisjoint(shown):
+                for whole_gop in _closed_gops(packets):
+                    gop = _needed_prefix(whole_gop, order, wanted)
+                    if not gop:
                         continue
+                    shown = sorted(order[packet.pts] for packet in gop)
                     first_pts = min(packet.pts for packet in gop)
                     end_pts = max(packet.pts + (packet.duration or 1) for packet in gop)
                     shift = clock - first_pts
@@ -132,6 +134,27 @@ def _closed_gops(packets: list) -> list[list]:
             gops.append([])
         gops[-1].append(packet)
     return gops
+
+
+def _needed_prefix(gop: list, order: dict[int, int], wanted: set[int]) -> list:
+    """The shortest decode-order prefix of a closed GOP that holds every wanted frame in it and
+    shows a gapless run of frames from the GOP's first (empty when it holds no wanted frame).
+
+    A frame references only packets before it in decode order, so the packets after the last
+    wanted one are not needed; with B-frames the cut waits until the frames shown so far leave
+    no hole, so the joined stream's frames still run on without gaps.
+    """
+    shown = [order[packet.pts] for packet in gop]
+    missing = len(wanted.intersection(shown))
+    if not missing:
+        return []
+    first, latest = min(shown), -1
+    for count, index in enumerate(shown, start=1):
+        missing -= index in wanted
+        latest = max(latest, index)
+        if not missing and latest - first + 1 == count:
+            return gop[:count]
+    return gop
 
 
 def lone_segment(requests: list[ClipRequest], position: int) -> JoinedStream:
