@@ -68,7 +68,7 @@ class DaliDecoder(VideoDecoder):
         self.pipelines = pipelines or (32 if device == "gpu" else 4)
         self.batch_size = batch_size or (1 if device == "gpu" else 8)
         # On the CPU a session costs little and joining costs host time: one session per request is
-        # 7-35% faster for clips at gop 4-32 (benchmarks/results/README.md, "DALI on the CPU").
+        # 14-29% faster for clips at gop 4-32 (benchmarks/results/README.md, "DALI on the CPU").
         self.reuse_sessions = device == "gpu" if reuse_sessions is None else reuse_sessions
         self.device_id = device_id
         self.num_threads = num_threads
