@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
 import platform
 import sys
 import time
@@ -28,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import av  # noqa: E402
 import numpy as np  # noqa: E402
+from convert_bench import machine_name  # noqa: E402
 from decode_workload import FPS, clip_samples, load_or_encode, measure, sparse_samples  # noqa: E402
 
 from mmdata.codecs.decoders import backends_for_codec, make_video_decoder  # noqa: E402
@@ -52,18 +52,23 @@ def row_for(decoder_name: str, codec: str, samples, label: str, min_seconds: flo
     return row
 
 
+def wanted_frames(request, indexed_frames) -> np.ndarray:
+    """The request's frames, in the order asked, from (frame index, frame) pairs in presentation order."""
+    wanted, frames = set(request.frames), {}
+    for index, frame in indexed_frames:
+        if index in wanted:
+            frames[index] = to_rgb(frame)
+        if index >= max(request.frames):
+            break
+    return np.stack([frames[i] for i in request.frames])
+
+
 def decode_from_the_start(requests) -> list:
     """The naive whole-video reader: decode every frame from the file's first, keep the wanted ones."""
     outputs = []
     for request in requests:
-        wanted, frames = set(request.frames), {}
         with av.open(io.BytesIO(request.data)) as container:
-            for index, frame in enumerate(container.decode(video=0)):
-                if index in wanted:
-                    frames[index] = to_rgb(frame)
-                if index >= max(request.frames):
-                    break
-        outputs.append(np.stack([frames[i] for i in request.frames]))
+            outputs.append(wanted_frames(request, enumerate(container.decode(video=0))))
     return outputs
 
 
@@ -72,17 +77,11 @@ def decode_after_container_seek(requests) -> list:
     every frame from there (torchvision's `read_video` and LeRobot's PyAV path do this)."""
     outputs = []
     for request in requests:
-        wanted, frames = set(request.frames), {}
         with av.open(io.BytesIO(request.data)) as container:
             stream = container.streams.video[0]
             container.seek(int(min(request.frames) / FPS / stream.time_base), stream=stream, backward=True)
-            for frame in container.decode(stream):
-                index = round(frame.time * FPS)
-                if index in wanted:
-                    frames[index] = to_rgb(frame)
-                if index >= max(request.frames):
-                    break
-        outputs.append(np.stack([frames[i] for i in request.frames]))
+            indexed = ((round(frame.time * FPS), frame) for frame in container.decode(stream))
+            outputs.append(wanted_frames(request, indexed))
     return outputs
 
 
@@ -175,7 +174,7 @@ def main() -> None:
                     row = row_for("dali-cpu", "vp9", samples, f"{label} gop{gop}", min_seconds, reuse_sessions=reuse)
                     session_rows.append(row)
     result = {
-        "machine": f"{platform.node()}: {platform.processor() or platform.machine()}, {os.cpu_count()} cores (no GPU)",
+        "machine": f"{machine_name()} (no GPU)",
         "python": platform.python_version(),
         "date": time.strftime("%Y-%m-%d"),
         "clips": rows,

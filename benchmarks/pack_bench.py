@@ -20,16 +20,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
+from convert_bench import machine_name  # noqa: E402
 
 from mmdata.packing import PackingConfig, fit_to_budget, plan_packing, plan_stats  # noqa: E402
 from mmdata.packing.kernels import first_fit_decreasing, minimum_bin_slack  # noqa: E402
@@ -165,7 +165,7 @@ def main() -> None:
             flush=True,
         )
     result = {
-        "machine": f"{platform.node()}: {platform.machine()}, {os.cpu_count()} cores (no GPU), one core used",
+        "machine": f"{machine_name()} (no GPU), one core used",
         "date": time.strftime("%Y-%m-%d"),
         "budget": args.budget,
         "ranks": args.ranks,
