@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -13,16 +12,26 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from mmdata.cache import ByteBudgetCache
+from mmdata.checks import parse_json
 from mmdata.codecs.align import Interpolation, frame_indices_at, sample_range, values_at
-from mmdata.codecs.audio import AudioClip, decode_audio, resample
+from mmdata.codecs.audio import AudioClip, AudioLimits, as_float, decode_audio, resample
 from mmdata.codecs.decoders import ClipRequest, SegmentRef, VideoDecoder, make_video_decoder
 from mmdata.codecs.decoders.base import OnError
-from mmdata.errors import StoreError
+from mmdata.errors import DecodeError, IntegrityError, StoreError
 from mmdata.schema import DatasetSchema, VideoStream
-from mmdata.sharding.filesystem import join, resolve
+from mmdata.sharding.filesystem import DEFAULT_READ_POLICY, ReadPolicy, join, read_file, resolve
 from mmdata.sharding.layout import DATASET_FILE, MANIFEST_FILE, PARTIAL_DIR
 from mmdata.sharding.manifest import Manifest, Piece
+from mmdata.sharding.manifest_checks import check_manifest
 from mmdata.sharding.readers import PieceReader, piece_reader
+
+MAX_SCHEMA_BYTES = 16 << 20
+MAX_MANIFEST_BYTES = 8 << 30
+# A Parquet footer may not declare more than this many times its file's size in row data (zstd
+# on a manifest gives 3-10x); beyond it the file is refused before its pages are decompressed.
+MANIFEST_EXPANSION = 64
+# Decoded audio may run past the manifest's sample count by at most one codec frame (FLAC: 65535).
+MAX_AUDIO_FRAME_SAMPLES = 65536
 
 
 @dataclass
@@ -70,17 +79,32 @@ class Dataset:
     `decoder` is a backend name (see `mmdata.codecs.decoders.make_video_decoder`; "auto" picks
     the fastest CPU backend here, since `read_episode` hands back numpy arrays) or a built
     `VideoDecoder`. It is checked against the store's codecs now, not on the first frame.
-    `verify` checks every piece read against the manifest's checksum; `cache_bytes` keeps that
-    much of recently read timestamps, low-dim arrays and decoded audio for the next request.
+    `verify` (on by default) checks every piece read against the manifest's checksum, so a damaged
+    byte raises IntegrityError instead of returning wrong data; `cache_bytes` keeps that much of
+    recently read timestamps, low-dim arrays and decoded audio for the next request; `read_policy`
+    sets the timeout and retries of every read.
+
+    Opening checks `dataset.json` and the manifest (see `sharding/manifest_checks.py`): a store
+    whose structure is wrong raises StoreError here; an episode whose manifest row is inconsistent
+    is listed in `damaged` and raises IntegrityError when read.
     """
 
-    def __init__(self, url: str, decoder: str | VideoDecoder = "auto", verify: bool = False, cache_bytes: int = 0):
+    def __init__(
+        self,
+        url: str,
+        decoder: str | VideoDecoder = "auto",
+        verify: bool = True,
+        cache_bytes: int = 0,
+        read_policy: ReadPolicy = DEFAULT_READ_POLICY,
+    ):
         self.url = url
+        self.read_policy = read_policy
         self.fs, self.root = resolve(url)
         self.schema = self._read_schema()
-        with self.fs.open(join(self.root, MANIFEST_FILE), "rb") as handle:
-            self.manifest = Manifest(pq.read_table(handle))
-        self.pieces: PieceReader = piece_reader(self.schema.layout, self.fs, self.root, verify)
+        table = self._read_manifest()
+        where = f"{self.url}/{MANIFEST_FILE}"
+        self.manifest = Manifest(table, check_manifest(table, self.schema, where))
+        self.pieces: PieceReader = piece_reader(self.schema.layout, self.fs, self.root, verify, read_policy)
         self.cache = ByteBudgetCache(cache_bytes)
         codecs = [s.codec for s in self.schema.streams if isinstance(s, VideoStream)]
         if isinstance(decoder, VideoDecoder):
@@ -96,8 +120,30 @@ class Dataset:
             if self.fs.exists(join(self.root, PARTIAL_DIR)):
                 hint = "it holds an unfinished conversion: run `mmdata convert ... --resume` to complete it"
             raise StoreError(f"'{self.url}' has no {DATASET_FILE}: {hint}")
-        with self.fs.open(path, "rb") as handle:
-            return DatasetSchema.from_json(handle.read().decode(), where=f"{self.url}/{DATASET_FILE}")
+        data = read_file(self.fs, path, MAX_SCHEMA_BYTES, self.read_policy)
+        return DatasetSchema.from_json(data, where=f"{self.url}/{DATASET_FILE}")
+
+    def _read_manifest(self) -> pa.Table:
+        path = join(self.root, MANIFEST_FILE)
+        data = read_file(self.fs, path, MAX_MANIFEST_BYTES, self.read_policy)
+        try:
+            parquet = pq.ParquetFile(pa.BufferReader(data))
+            declared = sum(parquet.metadata.row_group(g).total_byte_size for g in range(parquet.num_row_groups))
+            if declared > MANIFEST_EXPANSION * len(data) + (64 << 20):
+                raise StoreError(
+                    f"{self.url}/{MANIFEST_FILE} declares {declared} bytes of rows in a {len(data)}-byte file;"
+                    " it is damaged or hostile: restore it or convert again"
+                )
+            return parquet.read()
+        except (pa.ArrowException, OSError, ValueError, IndexError) as exc:
+            raise StoreError(
+                f"{self.url}/{MANIFEST_FILE} is not a readable Parquet file ({exc}); restore it or convert again"
+            ) from exc
+
+    @property
+    def damaged(self) -> dict[int, str]:
+        """Episodes whose manifest row failed the checks at open, and why (reading them raises)."""
+        return self.manifest.damaged
 
     @property
     def table(self) -> pa.Table:
@@ -119,7 +165,7 @@ class Dataset:
         names = list(streams) if streams is not None else [s.name for s in self.schema.streams if s.kind != "text"]
         start = -math.inf if t0 is None else float(t0)
         end = math.inf if t1 is None else float(t1)
-        episode = EpisodeData(index, row["key"], row["task"], json.loads(row["metadata"] or "{}"))
+        episode = EpisodeData(index, row["key"], row["task"], self.metadata_of(row))
         for name in names:
             kind = self.schema.stream(name).kind
             reader = {"video": self._read_video, "audio": self._read_audio, "lowdim": self._read_lowdim}.get(kind)
@@ -128,8 +174,18 @@ class Dataset:
             episode.streams[name] = reader(row, name, start, end)
         return episode
 
+    def metadata_of(self, row: dict) -> dict[str, Any]:
+        """An episode's metadata from its manifest row (checked: a JSON object)."""
+        try:
+            metadata = parse_json(row["metadata"] or "{}")
+        except ValueError as exc:
+            raise IntegrityError(f"episode '{row['key']}': its metadata {exc}; convert the store again") from exc
+        if not isinstance(metadata, dict):
+            raise IntegrityError(f"episode '{row['key']}': its metadata is not a JSON object")
+        return metadata
+
     def _read_video(self, row: dict, name: str, start: float, end: float) -> StreamData:
-        timestamps = self._timestamps(row, name)
+        timestamps = self.timestamps_of(row, name)
         wanted = np.flatnonzero((timestamps >= start) & (timestamps < end))
         stream = self.schema.stream(name)
         if len(wanted) == 0:
@@ -147,7 +203,7 @@ class Dataset:
         """
         row = self.manifest.row(index)
         spec = self._video_stream(stream)
-        timestamps = self._timestamps(row, stream)
+        timestamps = self.timestamps_of(row, stream)
         limit = 0.5 / spec.fps if tolerance is None else float(tolerance)
         indices, is_pad = frame_indices_at(timestamps, np.asarray(times), limit, episode=row["key"], stream=stream)
         return self._frame_plan(row, spec, indices, timestamps[indices], is_pad)
@@ -200,6 +256,7 @@ class Dataset:
                     spec.codec,
                     SegmentRef(row["key"], spec.name, int(number)),
                     spec.gop,
+                    (spec.width, spec.height),
                 )
             )
         return FramePlan(requests, np.searchsorted(unique, indices), timestamps, is_pad)
@@ -222,17 +279,18 @@ class Dataset:
         sample_rate: int | None = None,
         mono: bool = False,
     ) -> StreamData:
-        """Audio samples `[S, C]` with t0 <= t < t1, sample-exact at the stored rate.
+        """Audio samples `[S, C]` as float32 in [-1, 1], with t0 <= t < t1, sample-exact at the stored rate.
 
         Time outside the recording is silence, flagged in `is_pad`. With `sample_rate` or `mono`
-        the window is resampled / downmixed to float32 after it is cut.
+        the window is resampled / downmixed after it is cut. (`read_episode` gives the stored
+        integer samples as they are.)
         """
-        clip, t_start = self._audio_clip(self.manifest.row(index), stream)
+        clip, t_start = self.audio_track_of(self.manifest.row(index), stream)
         first, last = sample_range(t_start, clip.sample_rate, t0, t1)
         inside_first, inside_last = max(first, 0), min(max(last, 0), len(clip.samples))
-        samples = np.zeros((last - first, clip.channels), clip.samples.dtype)
+        samples = np.zeros((last - first, clip.channels), np.float32)
         if inside_last > inside_first:
-            samples[inside_first - first : inside_last - first] = clip.samples[inside_first:inside_last]
+            samples[inside_first - first : inside_last - first] = as_float(clip.samples[inside_first:inside_last])
         positions = np.arange(first, last)
         is_pad = (positions < 0) | (positions >= len(clip.samples))
         window = resample(AudioClip(samples, clip.sample_rate, t_start + first / clip.sample_rate), sample_rate, mono)
@@ -243,25 +301,59 @@ class Dataset:
             times = t_start + positions / clip.sample_rate
         return StreamData(window.samples, times, is_pad)
 
-    def _timestamps(self, row: dict, name: str) -> np.ndarray:
+    def timestamps_of(self, row: dict, name: str) -> np.ndarray:
+        """The stored timestamps of stream `name` in the episode of manifest row `row` (checked, cached)."""
         piece = Piece.from_dict(row[f"{name}/timestamps"])
-        return self.cache.get(
-            ("timestamps", row["key"], name), lambda: self.pieces.read_rows(piece, row[f"{name}/count"])
-        )
+        count = row[f"{name}/count"]
+
+        def load() -> np.ndarray:
+            return self._checked_times(row, name, self.pieces.read_rows(piece, (count,), "float64"))
+
+        return self.cache.get(("timestamps", row["key"], name), load)
+
+    @staticmethod
+    def _checked_times(row: dict, name: str, timestamps: np.ndarray) -> np.ndarray:
+        """Timestamps must increase and lie inside the span the manifest gives the stream."""
+        if len(timestamps) and (
+            not np.isfinite(timestamps).all()
+            or (np.diff(timestamps) <= 0).any()
+            or timestamps[0] < row[f"{name}/t_start"] - 1e-6
+            or timestamps[-1] >= row[f"{name}/t_end"] + 1e-6
+        ):
+            raise IntegrityError(
+                f"episode '{row['key']}', stream '{name}': its timestamps do not increase inside"
+                f" [{row[f'{name}/t_start']:.6f}, {row[f'{name}/t_end']:.6f}) s; convert the store again"
+            )
+        return timestamps
 
     def _lowdim(self, row: dict, name: str) -> tuple[np.ndarray, np.ndarray]:
         """(timestamps, values) of a low-dim stream in one episode."""
         piece = Piece.from_dict(row[f"{name}/data"])
-        values = self.cache.get(
-            ("values", row["key"], name), lambda: self.pieces.read_rows(piece, row[f"{name}/count"])
-        )
-        return self._timestamps(row, name), values
+        spec = self.schema.stream(name)
+        shape = (row[f"{name}/count"], *spec.shape)
+        values = self.cache.get(("values", row["key"], name), lambda: self.pieces.read_rows(piece, shape, spec.dtype))
+        return self.timestamps_of(row, name), values
 
-    def _audio_clip(self, row: dict, name: str) -> tuple[AudioClip, float]:
-        """An episode's whole audio track, decoded, and the time of its first sample."""
+    def audio_track_of(self, row: dict, name: str) -> tuple[AudioClip, float]:
+        """An episode's whole audio track, decoded within the limits its schema and row set, and the
+        time of its first sample."""
         piece = Piece.from_dict(row[f"{name}/data"])
-        clip = self.cache.get(("audio", row["key"], name), lambda: decode_audio(self.pieces.read_bytes(piece))[0])
-        return clip, row[f"{name}/t_start"]
+        spec = self.schema.stream(name)
+        count = row[f"{name}/count"]
+        limits = AudioLimits(spec.codec, spec.sample_rate, spec.channels, count + MAX_AUDIO_FRAME_SAMPLES)
+
+        def load() -> AudioClip:
+            try:
+                clip = decode_audio(self.pieces.read_bytes(piece), limits)[0]
+            except DecodeError as exc:
+                raise IntegrityError(f"episode '{row['key']}', audio '{name}': {exc}") from exc
+            if spec.codec == "flac" and len(clip.samples) != count:
+                raise IntegrityError(
+                    f"episode '{row['key']}', audio '{name}': {len(clip.samples)} samples, the manifest says {count}"
+                )
+            return clip
+
+        return self.cache.get(("audio", row["key"], name), load), row[f"{name}/t_start"]
 
     def _video_stream(self, name: str) -> VideoStream:
         stream = self.schema.stream(name)
@@ -270,7 +362,7 @@ class Dataset:
         return stream
 
     def _read_audio(self, row: dict, name: str, start: float, end: float) -> StreamData:
-        clip, t_start = self._audio_clip(row, name)
+        clip, t_start = self.audio_track_of(row, name)
         rate = clip.sample_rate
         low, high = max(start, t_start), min(end, t_start + len(clip.samples) / rate)
         first, last = sample_range(t_start, rate, low, high) if high > low else (0, 0)
@@ -288,11 +380,16 @@ def _pad_by_time(times: np.ndarray, t_start: float, duration: float) -> np.ndarr
 
 
 def open_dataset(
-    path_or_url: str, decoder: str | VideoDecoder = "auto", verify: bool = False, cache_bytes: int = 0
+    path_or_url: str,
+    decoder: str | VideoDecoder = "auto",
+    verify: bool = True,
+    cache_bytes: int = 0,
+    read_policy: ReadPolicy = DEFAULT_READ_POLICY,
 ) -> Dataset:
     """Open a store written by `mmdata convert`: a local folder or an fsspec URL.
 
     `decoder` picks the video backend ("auto", "pyav", "decord", "dali-cpu", "dali") or takes a
-    built `VideoDecoder`; a codec it cannot decode fails here. See `Dataset` for the rest.
+    built `VideoDecoder`; a codec it cannot decode fails here. Every piece read is checked against
+    its checksum unless `verify=False`. See `Dataset` for the rest.
     """
-    return Dataset(str(path_or_url), decoder, verify, cache_bytes)
+    return Dataset(str(path_or_url), decoder, verify, cache_bytes, read_policy)

@@ -8,7 +8,7 @@ class MmdataError(Exception):
 
 
 class SourceError(MmdataError):
-    """An input episode cannot be converted: a file is missing, unreadable or inconsistent."""
+    """An input episode cannot be converted: a file is missing, unreadable, inconsistent or hostile."""
 
     def __init__(self, episode: str, file: str | None, problem: str, fix: str | None = None, scope: str = "episode"):
         self.episode = episode
@@ -40,7 +40,15 @@ class StoreError(MmdataError):
 
 
 class IntegrityError(StoreError):
-    """A stored piece fails its checksum or does not decode to what the manifest says."""
+    """A stored piece fails its checksum, is missing, or does not decode to what the manifest says."""
+
+
+class ReadError(StoreError):
+    """A stored object could not be read: a permanent error, or transient ones past the retry budget."""
+
+
+class ReadTimeoutError(ReadError, TimeoutError):
+    """A read did not complete within its timeout (a stalled remote, a file that never returns data)."""
 
 
 class DecodeError(MmdataError):

@@ -6,14 +6,33 @@ Every stream lives on one clock, in seconds from the start of its episode.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+import math
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, Literal
 
+from mmdata.checks import as_int, as_number, parse_json, stream_name_problem
 from mmdata.errors import StoreError
 
 FORMAT_NAME = "mmdata"
 FORMAT_VERSION = 1
 Layout = Literal["wds", "zarr"]
+LAYOUTS = ("wds", "zarr")
+
+# What a store may declare; anything outside is refused when the store is opened, so that no
+# declared size can make a reader allocate more than the data it holds could justify.
+VIDEO_CODEC_NAMES = frozenset({"h264", "hevc", "vp9", "vp8", "av1", "mjpeg", "mpeg4"})
+PIXEL_FORMATS = ("yuv420p",)
+AUDIO_CODEC_NAMES = ("flac", "opus")
+AUDIO_SAMPLE_DTYPES = ("int16", "int32", "float32")
+LOWDIM_DTYPES = ("bool", "float16", "float32", "float64")
+LOWDIM_DTYPES += tuple(f"{sign}int{bits}" for sign in ("", "u") for bits in (8, 16, 32, 64))
+MAX_FRAME_SIDE = 8192
+MAX_SEGMENT_FRAMES = 4096
+MAX_RATE = 1_000_000.0
+MAX_AUDIO_RATE = 768_000
+MAX_AUDIO_CHANNELS = 64
+MAX_LOWDIM_RANK = 8
+MAX_LOWDIM_ELEMENTS = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -103,36 +122,125 @@ class DatasetSchema:
         return json.dumps(document, indent=2, sort_keys=False) + "\n"
 
     @classmethod
-    def from_json(cls, text: str, where: str = "dataset.json") -> DatasetSchema:
+    def from_json(cls, text: str | bytes, where: str = "dataset.json") -> DatasetSchema:
+        """Parse and check a `dataset.json` document; anything malformed is a StoreError naming `where`."""
         try:
-            document = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise StoreError(f"{where} is not valid JSON: {exc}") from exc
-        if document.get("format") != FORMAT_NAME:
+            document = parse_json(text)
+        except ValueError as exc:
+            raise StoreError(f"{where} {exc}; restore it or convert the store again") from exc
+        if not isinstance(document, dict) or document.get("format") != FORMAT_NAME:
             raise StoreError(f'{where} does not describe an mmdata store (no "format": "mmdata")')
         version = document.get("format_version")
-        if version != FORMAT_VERSION:
+        if version != FORMAT_VERSION or isinstance(version, bool):
             raise StoreError(
-                f"{where} has format version {version}; this mmdata reads version {FORMAT_VERSION}"
+                f"{where} has format version {version!r}; this mmdata reads version {FORMAT_VERSION}"
                 " (upgrade mmdata, or re-run `mmdata convert` with this version)"
             )
-        streams = [stream_from_dict(entry) for entry in document["streams"]]
-        return cls(
-            layout=document["layout"],
-            streams=streams,
-            num_episodes=document.get("num_episodes", 0),
-            created=document.get("created", {}),
-            format_version=version,
-        )
+        try:
+            layout = document.get("layout")
+            if layout not in LAYOUTS:
+                raise ValueError(f"layout is {layout!r}, not one of {', '.join(LAYOUTS)}")
+            entries = document.get("streams")
+            if not isinstance(entries, list) or not entries:
+                raise ValueError("'streams' is not a non-empty list")
+            streams = [stream_from_dict(entry) for entry in entries]
+            names = [stream.name for stream in streams]
+            repeated = sorted({name for name in names if names.count(name) > 1})
+            if repeated:
+                raise ValueError(f"stream names {repeated} appear more than once")
+            created = document.get("created", {})
+            if not isinstance(created, dict):
+                raise ValueError("'created' is not an object")
+            num_episodes = as_int(document.get("num_episodes"), "num_episodes", 0)
+        except ValueError as exc:
+            raise StoreError(f"{where}: {exc}; restore it or convert the store again") from exc
+        return cls(layout=layout, streams=streams, num_episodes=num_episodes, created=created, format_version=version)
 
 
 def stream_to_dict(stream: Stream) -> dict[str, Any]:
     return asdict(stream)
 
 
-def stream_from_dict(entry: dict[str, Any]) -> Stream:
-    entry = dict(entry)
-    kind_type = _KINDS[entry["kind"]]
-    if kind_type is LowdimStream:
-        entry["shape"] = tuple(entry["shape"])
-    return kind_type(**entry)
+def stream_from_dict(entry: Any) -> Stream:
+    """A stream spec from its JSON form, every field checked; raises ValueError saying what is wrong."""
+    if not isinstance(entry, dict):
+        raise ValueError(f"a stream entry is {type(entry).__name__}, not an object")
+    kind = entry.get("kind")
+    if kind not in _KINDS:
+        raise ValueError(f"stream kind {kind!r} is not one of {', '.join(_KINDS)}")
+    kind_type = _KINDS[kind]
+    known = {f.name for f in fields(kind_type)}
+    unknown = sorted(set(entry) - known)
+    if unknown:
+        raise ValueError(f"{kind} stream has unknown fields {unknown}")
+    missing = sorted(f.name for f in fields(kind_type) if f.name not in entry and f.default is MISSING)
+    if missing:
+        raise ValueError(f"{kind} stream lacks fields {missing}")
+    problem = stream_name_problem(entry.get("name", "task"))
+    if problem is not None:
+        raise ValueError(problem)
+    return _STREAM_CHECKS[kind](dict(entry))
+
+
+def _video(entry: dict[str, Any]) -> VideoStream:
+    where = f"video stream '{entry['name']}'"
+    segment_frames = as_int(entry["segment_frames"], f"{where}: segment_frames", 1, MAX_SEGMENT_FRAMES)
+    codec = entry["codec"]
+    if codec not in VIDEO_CODEC_NAMES:
+        raise ValueError(f"{where}: codec {codec!r} is not one of {', '.join(sorted(VIDEO_CODEC_NAMES))}")
+    pix_fmt = entry.get("pix_fmt", "yuv420p")
+    if pix_fmt not in PIXEL_FORMATS:
+        raise ValueError(f"{where}: pix_fmt {pix_fmt!r} is not one of {', '.join(PIXEL_FORMATS)}")
+    crf = entry.get("crf")
+    return VideoStream(
+        name=entry["name"],
+        fps=as_number(entry["fps"], f"{where}: fps", high=MAX_RATE, positive=True),
+        width=as_int(entry["width"], f"{where}: width", 1, MAX_FRAME_SIDE),
+        height=as_int(entry["height"], f"{where}: height", 1, MAX_FRAME_SIDE),
+        codec=codec,
+        segment_frames=segment_frames,
+        gop=as_int(entry["gop"], f"{where}: gop", 1, segment_frames),
+        pix_fmt=pix_fmt,
+        crf=None if crf is None else as_int(crf, f"{where}: crf", 0, 63),
+    )
+
+
+def _audio(entry: dict[str, Any]) -> AudioStream:
+    where = f"audio stream '{entry['name']}'"
+    if entry["codec"] not in AUDIO_CODEC_NAMES:
+        raise ValueError(f"{where}: codec {entry['codec']!r} is not one of {', '.join(AUDIO_CODEC_NAMES)}")
+    if entry["sample_dtype"] not in AUDIO_SAMPLE_DTYPES:
+        raise ValueError(f"{where}: sample_dtype {entry['sample_dtype']!r} is not one of {AUDIO_SAMPLE_DTYPES}")
+    return AudioStream(
+        name=entry["name"],
+        sample_rate=as_int(entry["sample_rate"], f"{where}: sample_rate", 1, MAX_AUDIO_RATE),
+        channels=as_int(entry["channels"], f"{where}: channels", 1, MAX_AUDIO_CHANNELS),
+        codec=entry["codec"],
+        sample_dtype=entry["sample_dtype"],
+    )
+
+
+def _lowdim(entry: dict[str, Any]) -> LowdimStream:
+    where = f"low-dim stream '{entry['name']}'"
+    shape = entry["shape"]
+    if not isinstance(shape, list) or len(shape) > MAX_LOWDIM_RANK:
+        raise ValueError(f"{where}: shape {shape!r} is not a list of at most {MAX_LOWDIM_RANK} sizes")
+    shape = tuple(as_int(size, f"{where}: shape", 0, MAX_LOWDIM_ELEMENTS) for size in shape)
+    if math.prod(shape) > MAX_LOWDIM_ELEMENTS:
+        raise ValueError(f"{where}: shape {shape} holds more than {MAX_LOWDIM_ELEMENTS} values per row")
+    if entry["dtype"] not in LOWDIM_DTYPES:
+        raise ValueError(f"{where}: dtype {entry['dtype']!r} is not one of {', '.join(LOWDIM_DTYPES)}")
+    rate = entry["rate"]
+    return LowdimStream(
+        name=entry["name"],
+        shape=shape,
+        dtype=entry["dtype"],
+        rate=None if rate is None else as_number(rate, f"{where}: rate", high=MAX_RATE, positive=True),
+    )
+
+
+def _text(entry: dict[str, Any]) -> TextStream:
+    return TextStream(name=entry.get("name", "task"))
+
+
+_STREAM_CHECKS = {"video": _video, "audio": _audio, "lowdim": _lowdim, "text": _text}

@@ -7,7 +7,7 @@ import pytest
 
 import mmdata
 from mmdata.codecs.align import values_at
-from mmdata.codecs.audio import AudioClip, decode_audio
+from mmdata.codecs.audio import AudioClip, as_float, decode_audio
 from mmdata.codecs.audio_features import mel_spectrogram
 from mmdata.errors import AlignmentError, MissingDependencyError
 from mmdata.synthetic import read_index_stripe
@@ -101,7 +101,8 @@ def test_audio_between_is_sample_exact_and_windows_tile(store, raw_dataset):
     dataset = mmdata.open_dataset(str(store))
     source, _ = decode_audio(str(raw_dataset / dataset.manifest.row(0)["source"] / "audio.wav"))
     window = dataset.audio_between(0, "audio", 0.25, 0.75)
-    assert np.array_equal(window.values, source.samples[4000:12000])
+    assert window.values.dtype == np.float32, "float32 in [-1, 1] whatever the stored sample type"
+    assert np.array_equal(window.values, as_float(source.samples[4000:12000]))
     assert window.timestamps[0] == pytest.approx(0.25) and not window.is_pad.any()
     halves = [dataset.audio_between(0, "audio", a, b).values for a, b in ((0.25, 0.5), (0.5, 0.75))]
     assert np.array_equal(np.concatenate(halves), window.values)
@@ -112,7 +113,7 @@ def test_audio_outside_the_recording_is_silence_flagged_as_pad(store, raw_datase
     source, _ = decode_audio(str(raw_dataset / dataset.manifest.row(0)["source"] / "audio.wav"))
     window = dataset.audio_between(0, "audio", -0.01, 0.01)
     assert len(window.values) == 320 and window.is_pad.tolist() == [True] * 160 + [False] * 160
-    assert not window.values[:160].any() and np.array_equal(window.values[160:], source.samples[:160])
+    assert not window.values[:160].any() and np.array_equal(window.values[160:], as_float(source.samples[:160]))
 
 
 def test_audio_resampled_and_downmixed_on_request(store):

@@ -11,7 +11,7 @@ import pytest
 import mmdata
 from mmdata.codecs.decoders import ClipRequest, SegmentRef, make_video_decoder
 from mmdata.codecs.video_encode import VideoEncoding, encode_segments
-from mmdata.errors import DecodeError, UnsupportedCodecError
+from mmdata.errors import DecodeError, IntegrityError, UnsupportedCodecError
 from mmdata.synthetic import synthetic_frame
 
 
@@ -28,15 +28,21 @@ def damaged_store(stores, tmp_path):
     return copy
 
 
-def test_corrupt_segment_raises_a_decode_error_naming_episode_stream_and_segment(damaged_store):
+def test_corrupt_segment_fails_its_checksum_before_it_reaches_a_decoder(damaged_store):
     dataset = mmdata.open_dataset(str(damaged_store))
+    with pytest.raises(IntegrityError, match=r"shard-\d+\.tar at \d+ .*checksum mismatch"):
+        dataset.frames_at(1, "cam_high", [1.1, 1.2])
+
+
+def test_corrupt_segment_read_unverified_raises_a_decode_error_naming_episode_stream_and_segment(damaged_store):
+    dataset = mmdata.open_dataset(str(damaged_store), verify=False)
     assert dataset.frames_at(1, "cam_high", [0.0, 0.5]) is not None, "segment 0 is intact"
     with pytest.raises(DecodeError, match="episode 'episode_000001', stream 'cam_high', segment 1: h264 video does"):
         dataset.frames_at(1, "cam_high", [1.1, 1.2])
 
 
 def test_corrupt_segment_is_skipped_and_counted_under_on_error_skip(damaged_store):
-    dataset = mmdata.open_dataset(str(damaged_store))
+    dataset = mmdata.open_dataset(str(damaged_store), verify=False)
     assert dataset.frames_at(1, "cam_high", [1.1], on_error="skip") is None
     assert dataset.frames_at(1, "cam_wrist", [1.1], on_error="skip") is not None
     assert dataset.decoder.stats.skipped == 1

@@ -33,15 +33,33 @@ class AudioClip:
         return self.samples.shape[0] / self.sample_rate
 
 
-def decode_audio(source: str | bytes) -> tuple[AudioClip, str]:
+@dataclass(frozen=True)
+class AudioLimits:
+    """What a decoded track must be: any field left None is not checked.
+
+    `codec`, `sample_rate` and `channels` are checked against the container before decoding, and
+    every frame against them too; decoding stops as soon as more than `max_samples` samples come
+    out, so a track cannot expand past what its metadata promised.
+    """
+
+    codec: str | None = None
+    sample_rate: int | None = None
+    channels: int | None = None
+    max_samples: int | None = None
+
+
+def decode_audio(source: str | bytes, limits: AudioLimits | None = None) -> tuple[AudioClip, str]:
     """Decode a file path or encoded bytes; returns the clip and the codec name.
 
     Integer PCM (WAV, FLAC) keeps its integer type, so FLAC round trips are sample-exact;
-    lossy codecs (MP3, Opus) decode to float32 in [-1, 1].
+    lossy codecs (MP3, Opus) decode to float32 in [-1, 1]. Every frame must have the stream's
+    rate and channels; `limits` bounds what may come out (see `AudioLimits`).
     """
+    limits = limits or AudioLimits()
     handle = io.BytesIO(source) if isinstance(source, (bytes, bytearray)) else source
     chunks: list[np.ndarray] = []
     t_start = None
+    total = 0
     try:
         with av.open(handle) as container:
             if not container.streams.audio:
@@ -49,7 +67,17 @@ def decode_audio(source: str | bytes) -> tuple[AudioClip, str]:
             stream = container.streams.audio[0]
             codec = stream.codec_context.name
             rate = stream.codec_context.sample_rate
+            channels = stream.codec_context.layout.nb_channels if stream.codec_context.layout else 0
+            _check_declared(codec, rate, channels, limits)
             for frame in container.decode(stream):
+                if frame.sample_rate != rate or len(frame.layout.channels) != channels:
+                    raise DecodeError(
+                        f"a frame of {len(frame.layout.channels)} channels at {frame.sample_rate} Hz in a track of"
+                        f" {channels} at {rate} Hz"
+                    )
+                total += frame.samples
+                if limits.max_samples is not None and total > limits.max_samples:
+                    raise DecodeError(f"holds more than the {limits.max_samples} samples its metadata declares")
                 if t_start is None:
                     t_start = float(frame.time) if frame.time is not None else 0.0
                 chunks.append(_frame_to_samples(frame))
@@ -58,6 +86,17 @@ def decode_audio(source: str | bytes) -> tuple[AudioClip, str]:
     if not chunks:
         raise DecodeError("holds no audio samples")
     return AudioClip(np.concatenate(chunks), int(rate), max(0.0, t_start or 0.0)), codec
+
+
+def _check_declared(codec: str, rate: int, channels: int, limits: AudioLimits) -> None:
+    if not rate or not channels:
+        raise DecodeError("declares no sample rate or no channels")
+    if limits.codec is not None and codec != limits.codec:
+        raise DecodeError(f"is {codec} audio, the store says {limits.codec}")
+    if limits.sample_rate is not None and rate != limits.sample_rate:
+        raise DecodeError(f"is {rate} Hz, the store says {limits.sample_rate} Hz")
+    if limits.channels is not None and channels != limits.channels:
+        raise DecodeError(f"has {channels} channels, the store says {limits.channels}")
 
 
 def _frame_to_samples(frame: av.AudioFrame) -> np.ndarray:

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from mmdata.codecs.align import INTERPOLATIONS, Interpolation
+from mmdata.errors import MmdataError
 from mmdata.schema import AudioStream, DatasetSchema, LowdimStream, VideoStream
 
 
-class SpecError(ValueError):
+class SpecError(MmdataError, ValueError):
     """A sampling spec asks for something the store cannot give; the message says what to change."""
 
 

@@ -1,13 +1,80 @@
-"""Paths and URLs through fsspec: local folders, file://, memory://, s3://, gs://, https://."""
+"""Paths and URLs through fsspec, and the one read path every store read takes.
+
+Every read has a deadline and retries only transient errors (timeouts, dropped connections,
+throttling and server errors) with exponential backoff and jitter; a permanent error (a missing
+object, no permission, an object shorter than the manifest says) fails at once, naming the object.
+Local files are read with `pread` after checking that they are regular files, so a FIFO or a
+device inside a store fails at once instead of blocking forever; other filesystems are read on a
+daemon thread that the caller stops waiting for when the deadline passes.
+"""
 
 from __future__ import annotations
 
+import errno
+import os
+import random
+import stat
+import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
 
 import fsspec
 from fsspec.core import url_to_fs
+from fsspec.implementations.local import LocalFileSystem
 
-READ_RETRIES = 3
+from mmdata.errors import IntegrityError, ReadError, ReadTimeoutError
+
+T = TypeVar("T")
+
+TRANSIENT_ERRNOS = frozenset(
+    {
+        errno.EAGAIN,
+        errno.EINTR,
+        errno.EIO,
+        errno.EBUSY,
+        errno.ETIMEDOUT,
+        errno.ECONNRESET,
+        errno.ECONNABORTED,
+        errno.ECONNREFUSED,
+        errno.EPIPE,
+        errno.ENETDOWN,
+        errno.ENETUNREACH,
+        errno.EHOSTUNREACH,
+    }
+)
+PERMANENT_ERRORS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+
+
+@dataclass(frozen=True)
+class ReadPolicy:
+    """How every read of a store behaves.
+
+    `timeout_s` bounds one request; a transient failure (timeout, reset connection, throttling,
+    server error) is tried again up to `attempts` times in all, waiting `backoff_s`, doubled each
+    time up to `max_backoff_s`, with jitter; permanent failures are not retried. Local files are
+    read directly (fast); set `guard_local_reads` for stores on network or FUSE mounts that can
+    stall, so their reads get the deadline too.
+    """
+
+    timeout_s: float = 60.0
+    attempts: int = 4
+    backoff_s: float = 0.1
+    max_backoff_s: float = 5.0
+    guard_local_reads: bool = False
+
+    def __post_init__(self):
+        if not self.timeout_s > 0 or self.attempts < 1 or self.backoff_s < 0 or self.max_backoff_s < 0:
+            raise ValueError(f"a ReadPolicy needs timeout_s > 0, attempts >= 1 and backoffs >= 0: {self}")
+
+    def delay(self, attempt: int) -> float:
+        """Seconds to wait before try `attempt + 1`: exponential, with full jitter in its upper half."""
+        ceiling = min(self.max_backoff_s, self.backoff_s * 2**attempt)
+        return ceiling * (0.5 + 0.5 * random.random())
+
+
+DEFAULT_READ_POLICY = ReadPolicy()
 
 
 def resolve(path_or_url: str) -> tuple[fsspec.AbstractFileSystem, str]:
@@ -20,17 +87,150 @@ def join(root: str, relative: str) -> str:
     return f"{root.rstrip('/')}/{relative}" if relative else root
 
 
-def read_range(fs: fsspec.AbstractFileSystem, path: str, offset: int, size: int) -> bytes:
-    """One byte-range read, retried on transient I/O errors (remote stores drop connections)."""
-    for attempt in range(READ_RETRIES):
+def read_range(
+    fs: fsspec.AbstractFileSystem, path: str, offset: int, size: int, policy: ReadPolicy = DEFAULT_READ_POLICY
+) -> bytes:
+    """Exactly `size` bytes at `offset` of `path`; fewer bytes there is an IntegrityError (not retried)."""
+    if offset < 0 or size < 0:
+        raise IntegrityError(f"{path}: invalid byte range at {offset} of {size} bytes")
+    if size == 0:
+        return b""
+    data = _retried(fs, path, policy, f"bytes {offset}..{offset + size}", lambda: _read(fs, path, offset, size))
+    if len(data) != size:
+        raise IntegrityError(
+            f"{path}: {len(data)} bytes at byte {offset} where {size} were expected; the file is truncated:"
+            " restore it or convert again"
+        )
+    return data
+
+
+def read_file(
+    fs: fsspec.AbstractFileSystem, path: str, max_bytes: int, policy: ReadPolicy = DEFAULT_READ_POLICY
+) -> bytes:
+    """The whole of a small file; one that holds more than `max_bytes` is an IntegrityError."""
+    data = _retried(fs, path, policy, "the file", lambda: _read(fs, path, 0, max_bytes + 1))
+    if len(data) > max_bytes:
+        raise IntegrityError(f"{path} is larger than the {max_bytes} bytes such a file may hold")
+    return data
+
+
+def read_tail(
+    fs: fsspec.AbstractFileSystem, path: str, size: int, policy: ReadPolicy = DEFAULT_READ_POLICY
+) -> tuple[bytes, int]:
+    """The last `size` bytes of `path` and the file's length."""
+
+    def attempt() -> tuple[bytes, int]:
+        length = _size(fs, path)
+        if length < size:
+            raise IntegrityError(f"{path} holds {length} bytes, fewer than the {size} of its index")
+        return _read(fs, path, length - size, size), length
+
+    return _retried(fs, path, policy, f"its last {size} bytes", attempt)
+
+
+def _read(fs: fsspec.AbstractFileSystem, path: str, offset: int, size: int) -> bytes:
+    if isinstance(fs, LocalFileSystem):
+        return _pread(path, offset, size)
+    return fs.cat_file(path, start=offset, end=offset + size)
+
+
+def _size(fs: fsspec.AbstractFileSystem, path: str) -> int:
+    if isinstance(fs, LocalFileSystem):
+        descriptor = _open_regular(path)
         try:
-            data = fs.cat_file(path, start=offset, end=offset + size)
-        except (OSError, TimeoutError):
-            if attempt == READ_RETRIES - 1:
+            return os.fstat(descriptor).st_size
+        finally:
+            os.close(descriptor)
+    return int(fs.size(path))
+
+
+def _open_regular(path: str) -> int:
+    """A read-only descriptor of `path`, which must be a regular file (O_NONBLOCK: a FIFO does not block)."""
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+        os.close(descriptor)
+        raise IntegrityError(f"{path} is not a regular file (a FIFO, device or socket); a store holds only files")
+    return descriptor
+
+
+def _pread(path: str, offset: int, size: int) -> bytes:
+    descriptor = _open_regular(path)
+    try:
+        parts = []
+        while size > 0:
+            part = os.pread(descriptor, min(size, 1 << 30), offset)
+            if not part:
+                break
+            parts.append(part)
+            offset += len(part)
+            size -= len(part)
+        return b"".join(parts)
+    finally:
+        os.close(descriptor)
+
+
+def _retried(fs, path: str, policy: ReadPolicy, what: str, attempt: Callable[[], T]) -> T:
+    """`attempt()` under the policy's deadline, tried again on transient errors only."""
+    guarded = policy.guard_local_reads or not isinstance(fs, LocalFileSystem)
+    last: BaseException | None = None
+    for number in range(policy.attempts):
+        if number:
+            time.sleep(policy.delay(number - 1))
+        try:
+            return _with_deadline(attempt, policy.timeout_s) if guarded else attempt()
+        except (IntegrityError, ReadError) as exc:
+            if not isinstance(exc, ReadTimeoutError):
                 raise
-            time.sleep(0.2 * 2**attempt)
-            continue
-        if len(data) != size:
-            raise OSError(f"{path}: short read at byte {offset} ({len(data)} of {size} bytes)")
-        return data
-    raise AssertionError("unreachable")
+            last = exc
+        except PERMANENT_ERRORS as exc:
+            raise ReadError(f"{path}: cannot read {what}: {exc.strerror or exc}; restore it or convert again") from exc
+        except Exception as exc:
+            if not is_transient(exc):
+                raise ReadError(f"{path}: cannot read {what}: {type(exc).__name__}: {exc}") from exc
+            last = exc
+    if isinstance(last, ReadTimeoutError):
+        raise ReadTimeoutError(
+            f"{path}: reading {what} did not finish within {policy.timeout_s:g} s, {policy.attempts} time(s);"
+            " the storage is stalled (raise ReadPolicy.timeout_s if it is only slow)"
+        ) from last
+    raise ReadError(
+        f"{path}: reading {what} failed {policy.attempts} time(s) with transient errors, the last:"
+        f" {type(last).__name__}: {last}"
+    ) from last
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether trying again may succeed: timeouts, connection errors, throttling and 5xx responses."""
+    if isinstance(error, (TimeoutError, ConnectionError)):
+        return True
+    if isinstance(error, PERMANENT_ERRORS):
+        return False
+    if isinstance(error, OSError):
+        return error.errno in TRANSIENT_ERRNOS or error.errno is None
+    status = getattr(error, "status", None) or getattr(error, "status_code", None)
+    if isinstance(status, int):
+        return status == 429 or status >= 500
+    text = str(error)
+    return any(marker in text for marker in ("SlowDown", "Throttl", "503", "500 ", "502", "504"))
+
+
+def _with_deadline(call: Callable[[], T], timeout_s: float) -> T:
+    """`call()` on a daemon thread; the caller stops waiting after `timeout_s` and the thread is
+    abandoned (a daemon, so a read stalled for good never holds the interpreter at exit)."""
+    outcome: dict[str, object] = {}
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            outcome["value"] = call()
+        except BaseException as exc:  # handed to the waiting caller
+            outcome["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="mmdata-read", daemon=True).start()
+    if not done.wait(timeout_s):
+        raise ReadTimeoutError(f"no answer within {timeout_s:g} s")
+    if "error" in outcome:
+        raise outcome["error"]  # type: ignore[misc]
+    return outcome["value"]  # type: ignore[return-value]

@@ -18,6 +18,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from mmdata.errors import IntegrityError
 from mmdata.schema import Stream
 
 PIECE = pa.struct([("path", pa.string()), ("offset", pa.int64()), ("size", pa.int64()), ("checksum", pa.string())])
@@ -102,10 +103,15 @@ def write_manifest(rows: list[dict[str, Any]], streams: list[Stream], path: str)
 
 
 class Manifest:
-    """Read access to `episodes.parquet`, row by row as plain dicts."""
+    """Read access to `episodes.parquet`, row by row as plain dicts.
 
-    def __init__(self, table: pa.Table):
+    `damaged` maps the rows that failed the manifest checks to why; reading one raises
+    IntegrityError, so nothing is ever read through an inconsistent address.
+    """
+
+    def __init__(self, table: pa.Table, damaged: dict[int, str] | None = None):
         self.table = table
+        self.damaged = dict(damaged or {})
         self._rows: list[dict[str, Any]] | None = None
 
     def __len__(self) -> int:
@@ -114,6 +120,8 @@ class Manifest:
     def row(self, index: int) -> dict[str, Any]:
         if not 0 <= index < len(self):
             raise IndexError(f"episode {index} out of range: the dataset has {len(self)} episodes")
+        if index in self.damaged:
+            raise IntegrityError(f"{self.damaged[index]}; run `mmdata verify` to list every damaged episode")
         if self._rows is None:
             self._rows = self.table.to_pylist()
         return self._rows[index]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import av
 import numpy as np
 
-from mmdata.codecs.decoders.pyav_decoder import presentation_order
+from mmdata.codecs.decoders.pyav_decoder import check_stream, presentation_order
 from mmdata.codecs.decoders.requests import ClipRequest, frames_decoded_from_key_frames
 from mmdata.errors import DecodeError
 
@@ -88,6 +88,7 @@ def join_segments(requests: list[ClipRequest], positions: list[int]) -> JoinedSt
             request = requests[position]
             with av.open(io.BytesIO(request.data)) as container:
                 stream = container.streams.video[0]
+                check_stream(stream.codec_context, request)
                 if out_stream is None:
                     out_stream, parameters = out.add_stream_from_template(stream), _parameters(stream)
                 elif _parameters(stream) != parameters:

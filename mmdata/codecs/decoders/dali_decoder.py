@@ -20,6 +20,7 @@ import numpy as np
 
 from mmdata.codecs.decoders.base import OnError, VideoDecoder
 from mmdata.codecs.decoders.concat import JoinedStream, group_by_parameters, join_segments, lone_segment
+from mmdata.codecs.decoders.pyav_decoder import probe_segment
 from mmdata.codecs.decoders.requests import ClipRequest
 from mmdata.errors import DecodeError, MmdataError
 
@@ -94,7 +95,15 @@ class DaliDecoder(VideoDecoder):
     def prepare(self, requests: list[ClipRequest]) -> tuple[list[JoinedStream], dict[int, Exception]]:
         """Host-side work for a batch (joining segments): can run in a loader worker ahead of decode."""
         if not self.reuse_sessions:
-            return [lone_segment(requests, i) for i, r in enumerate(requests) if r.frames], {}
+            work, refused = [], {}
+            for position, request in enumerate(requests):
+                if request.frames:
+                    try:
+                        probe_segment(request)
+                        work.append(lone_segment(requests, position))
+                    except DecodeError as exc:
+                        refused[position] = exc
+            return work, refused
         groups, failed = group_by_parameters(requests)
         chunks = max(1, min(self.streams_per_call, len(requests)))
         work: list[JoinedStream] = []
@@ -137,23 +146,36 @@ class DaliDecoder(VideoDecoder):
             if isinstance(outcome, Exception):
                 retry.extend(item.requests)
                 continue
-            self._scatter(requests, item, outcome, results)
+            self._scatter(requests, item, outcome, results, on_error)
         for position in retry:
             request = requests[position]
+            try:
+                probe_segment(request)
+            except DecodeError as exc:
+                results[position] = self._failed(request, exc, on_error)
+                continue
             single = lone_segment(requests, position)
             (outcome,) = self._run_all([single])
             if isinstance(outcome, Exception):
                 results[position] = self._failed(request, outcome, on_error)
             else:
-                self._scatter(requests, single, outcome, results)
+                self._scatter(requests, single, outcome, results, on_error)
         return results
 
-    def _scatter(self, requests: list[ClipRequest], item: JoinedStream, frames: Any, results: list[Any]) -> None:
+    def _scatter(
+        self, requests: list[ClipRequest], item: JoinedStream, frames: Any, results: list[Any], on_error: OnError
+    ) -> None:
         start = 0
         for position, count in zip(item.requests, item.frames_per_request):
-            results[position] = frames[start : start + count]
+            request = requests[position]
+            part = frames[start : start + count]
             start += count
-            self._count(requests[position], 0)
+            if request.frame_size is not None and count and tuple(part.shape[1:3]) != request.frame_size[::-1]:
+                shape = f"{part.shape[2]}x{part.shape[1]}"
+                results[position] = self._failed(request, DecodeError(f"decodes to {shape} frames"), on_error)
+                continue
+            results[position] = part
+            self._count(request, 0)
         self.stats.frames_decoded += item.frames_decoded
 
     def _run_all(self, work: list[JoinedStream]) -> list[Any]:

@@ -7,6 +7,7 @@ import io
 import numpy as np
 
 from mmdata.codecs.decoders.base import SequentialDecoder
+from mmdata.codecs.decoders.pyav_decoder import probe_segment
 from mmdata.codecs.decoders.requests import ClipRequest, frames_decoded_from_key_frames
 from mmdata.errors import DecodeError
 
@@ -41,6 +42,7 @@ class DecordDecoder(SequentialDecoder):
 
         if not request.frames:
             return np.empty((0, 0, 0, 3), dtype=np.uint8), 0
+        probe_segment(request)
         try:
             reader = decord.VideoReader(io.BytesIO(request.data), num_threads=self.threads)
             length = len(reader)
@@ -49,4 +51,6 @@ class DecordDecoder(SequentialDecoder):
             frames = reader.get_batch(list(request.frames)).asnumpy()
         except decord.DECORDError as exc:
             raise DecodeError(str(exc).splitlines()[0]) from exc
+        if request.frame_size is not None and tuple(frames.shape[1:3]) != request.frame_size[::-1]:
+            raise DecodeError(f"decodes to {frames.shape[2]}x{frames.shape[1]} frames, not {request.frame_size}")
         return frames, frames_decoded_from_key_frames(request.frames, request.gop)

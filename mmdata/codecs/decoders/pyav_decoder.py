@@ -13,6 +13,8 @@ from mmdata.codecs.decoders.requests import ClipRequest
 from mmdata.errors import DecodeError
 
 PYAV_CODECS = frozenset({"h264", "hevc", "vp9", "vp8", "av1", "mjpeg", "mpeg4"})
+# FFmpeg decoder names that decode a codec the store names otherwise.
+DECODER_NAMES = {"av1": {"av1", "libdav1d", "libaom-av1"}, "vp9": {"vp9", "libvpx-vp9"}, "vp8": {"vp8", "libvpx"}}
 
 # Exact rounding and full-resolution chroma interpolation: FFmpeg's default YUV->RGB path rounds
 # down (about 1.3 levels darker on average); with these flags PyAV gives the very pixels DALI's
@@ -24,6 +26,37 @@ def to_rgb(frame: av.VideoFrame, reformatter: VideoReformatter | None = None) ->
     """A decoded frame as uint8 RGB `[H, W, 3]`, converted the way every mmdata backend converts."""
     converter = reformatter or VideoReformatter()
     return converter.reformat(frame, format="rgb24", interpolation=RGB_CONVERSION, threads=1).to_ndarray()
+
+
+def check_stream(context, request: ClipRequest) -> None:
+    """Refuse a segment whose codec or frame size is not what the store declares, before decoding;
+    the decoder is also told to refuse any frame larger than declared (`max_pixels`), so a small
+    segment cannot make it allocate frames of another size midway."""
+    if context.name not in DECODER_NAMES.get(request.codec, {request.codec}):
+        raise DecodeError(f"holds {context.name} video, the store says {request.codec}")
+    if request.frame_size is not None:
+        width, height = request.frame_size
+        if (context.width, context.height) != (width, height):
+            raise DecodeError(f"holds {context.width}x{context.height} frames, the store says {width}x{height}")
+        # FFmpeg checks its padded buffer (width aligned to the SIMD stride), hence the margin.
+        context.options = {**context.options, "max_pixels": str((width + 256) * (height + 256))}
+
+
+def check_frame(frame: av.VideoFrame, request: ClipRequest) -> None:
+    if request.frame_size is not None and (frame.width, frame.height) != request.frame_size:
+        width, height = request.frame_size
+        raise DecodeError(f"a frame is {frame.width}x{frame.height}, the store says {width}x{height}")
+
+
+def probe_segment(request: ClipRequest) -> None:
+    """Check a segment's codec and frame size from its headers (for backends that decode it elsewhere)."""
+    try:
+        with av.open(io.BytesIO(request.data)) as container:
+            if not container.streams.video:
+                raise DecodeError("segment holds no video stream")
+            check_stream(container.streams.video[0].codec_context, request)
+    except (av.error.FFmpegError, IndexError) as exc:
+        raise DecodeError(str(exc) or type(exc).__name__) from exc
 
 
 def presentation_order(packets: list[av.Packet]) -> dict[int, int]:
@@ -55,18 +88,20 @@ class PyAvDecoder(SequentialDecoder):
         try:
             with av.open(io.BytesIO(request.data)) as container:
                 stream = container.streams.video[0]
+                check_stream(stream.codec_context, request)
                 stream.codec_context.thread_count = self.threads
                 packets = [packet for packet in container.demux(stream) if packet.size]
                 if self._reformatter is None:
                     self._reformatter = VideoReformatter()
-                return self._decode_packets(stream.codec_context, packets, request.frames, self._reformatter)
+                return self._decode_packets(stream.codec_context, packets, request, self._reformatter)
         except (av.error.FFmpegError, IndexError) as exc:
             raise DecodeError(str(exc) or type(exc).__name__) from exc
 
     @staticmethod
     def _decode_packets(
-        context, packets: list, wanted_frames: tuple[int, ...], reformatter: VideoReformatter
+        context, packets: list, request: ClipRequest, reformatter: VideoReformatter
     ) -> tuple[np.ndarray, int]:
+        wanted_frames = request.frames
         if not packets:
             raise DecodeError("segment holds no video packets")
         order = presentation_order(packets)
@@ -89,6 +124,7 @@ class PyAvDecoder(SequentialDecoder):
                     index = order.get(frame.pts)
                     count += 1
                     if index in wanted_lookup:
+                        check_frame(frame, request)
                         decoded[index] = to_rgb(frame, reformatter)
                 if last in decoded:
                     break
@@ -111,12 +147,29 @@ def _runs(wanted: list[int], key_frames: list[tuple[int, int]]) -> list[tuple[in
     return runs
 
 
-def decode_all_frames(data: bytes) -> np.ndarray:
-    """Every frame of an encoded segment or file, in presentation order, as uint8 `[F, H, W, 3]`."""
+def decode_all_frames(
+    data: bytes, codec: str | None = None, frame_size: tuple[int, int] | None = None, max_frames: int | None = None
+) -> np.ndarray:
+    """Every frame of an encoded segment or file, in presentation order, as uint8 `[F, H, W, 3]`.
+
+    With `codec` / `frame_size` the segment must be that (checked before decoding, see
+    `check_stream`); more than `max_frames` frames is a DecodeError.
+    """
+    request = ClipRequest(data, (), codec or "", frame_size=frame_size)
+    frames = []
     try:
         with av.open(io.BytesIO(data)) as container:
+            if not container.streams.video:
+                raise DecodeError("holds no video stream")
+            stream = container.streams.video[0]
+            if codec is not None:
+                check_stream(stream.codec_context, request)
             reformatter = VideoReformatter()
-            frames = [to_rgb(frame, reformatter) for frame in container.decode(video=0)]
+            for frame in container.decode(stream):
+                check_frame(frame, request)
+                frames.append(to_rgb(frame, reformatter))
+                if max_frames is not None and len(frames) > max_frames:
+                    raise DecodeError(f"holds more than the {max_frames} frames it should")
     except (av.error.FFmpegError, IndexError) as exc:
         raise DecodeError(f"video does not decode: {exc}") from exc
     if not frames:

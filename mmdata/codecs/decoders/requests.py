@@ -24,7 +24,8 @@ class ClipRequest:
     """Frames `frames` (indices inside the segment, any order, repeats allowed) of one encoded segment.
 
     `gop` is the segment's key-frame interval when known; backends that seek use it to count the
-    frames they had to decode.
+    frames they had to decode. `frame_size` (width, height) is what the store declares: a segment
+    whose frames are of another size fails before its frames are allocated.
     """
 
     data: bytes
@@ -32,6 +33,7 @@ class ClipRequest:
     codec: str
     where: SegmentRef | None = None
     gop: int | None = None
+    frame_size: tuple[int, int] | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "frames", tuple(int(i) for i in self.frames))

@@ -1,0 +1,163 @@
+"""Checks for values that come from untrusted metadata: `dataset.json`, manifests, importers' JSON.
+
+Each check returns the value in its proper type or raises `ValueError` saying what is wrong; the
+caller turns that into the error of its layer (`StoreError`, `SourceError`) with the file named.
+Nothing here trusts a type: JSON numbers may arrive as strings, lists or booleans, and text may
+hold lone surrogates that no file format can store.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+MAX_JSON_BYTES = 64 << 20
+MAX_JSON_DEPTH = 64
+MAX_NAME_LENGTH = 200
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def parse_json(data: str | bytes, max_bytes: int = MAX_JSON_BYTES, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """A JSON document of at most `max_bytes`, nested at most `max_depth` deep, with valid text."""
+    if len(data) > max_bytes:
+        raise ValueError(f"is {len(data)} bytes, more than the {max_bytes} a metadata file may hold")
+    try:
+        text = data.decode("utf-8") if isinstance(data, bytes) else data
+        value = json.loads(text, parse_constant=_reject_constant)
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"is not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"is not valid JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise ValueError(f"nests deeper than {max_depth} levels") from exc
+    check_json_value(value, max_depth)
+    return value
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"holds {name}, which is not a JSON number")
+
+
+def check_json_value(value: Any, max_depth: int = MAX_JSON_DEPTH) -> None:
+    """Raise ValueError unless `value` is plain JSON: dicts with text keys, lists, valid text,
+    finite numbers, booleans and null, nested at most `max_depth` deep."""
+    pending: list[tuple[Any, int]] = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, (dict, list)) and depth > max_depth:
+            raise ValueError(f"nests deeper than {max_depth} levels")
+        if isinstance(item, dict):
+            for key, child in item.items():
+                if not isinstance(key, str):
+                    raise ValueError(f"has a key {key!r} that is not text")
+                text_problem(key)
+                pending.append((child, depth + 1))
+        elif isinstance(item, list):
+            pending.extend((child, depth + 1) for child in item)
+        elif isinstance(item, str):
+            text_problem(item)
+        elif isinstance(item, float) and not math.isfinite(item):
+            raise ValueError(f"holds {item}, which is not a JSON number")
+        elif item is not None and not isinstance(item, (bool, int, float)):
+            raise ValueError(f"holds a {type(item).__name__}, which JSON cannot store")
+
+
+def text_problem(text: str) -> None:
+    """Raise ValueError when `text` cannot be stored as UTF-8 (lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"text {text[max(0, exc.start - 10) : exc.end + 10]!r} holds an unpaired surrogate (not valid Unicode)"
+        ) from exc
+
+
+def as_text(value: Any, what: str, max_length: int = 1 << 20) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{what} is {_shown(value)}, not text")
+    if len(value) > max_length:
+        raise ValueError(f"{what} is {len(value)} characters long, more than {max_length}")
+    text_problem(value)
+    return value
+
+
+def as_int(value: Any, what: str, low: int | None = None, high: int | None = None) -> int:
+    """An integer (not a bool, a float or a string holding one) within [low, high]."""
+    if isinstance(value, bool) or not isinstance(value, int) and not _is_numpy_int(value):
+        raise ValueError(f"{what} is {_shown(value)}, not an integer")
+    number = int(value)
+    if (low is not None and number < low) or (high is not None and number > high):
+        raise ValueError(f"{what} is {number}, outside [{low}, {high}]")
+    return number
+
+
+def as_number(value: Any, what: str, low: float | None = None, high: float | None = None, positive=False) -> float:
+    """A finite number (int or float, not a bool or a string) within [low, high] (and > 0 if `positive`)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) and not _is_numpy_number(value):
+        raise ValueError(f"{what} is {_shown(value)}, not a number")
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"{what} is {number}, not a finite number")
+    if positive and number <= 0:
+        raise ValueError(f"{what} is {number:g}; it must be above 0")
+    if (low is not None and number < low) or (high is not None and number > high):
+        raise ValueError(f"{what} is {number:g}, outside [{low:g}, {high:g}]")
+    return number
+
+
+def stream_name_problem(name: Any) -> str | None:
+    """Why `name` cannot name a stream, or None. Names become tar member names, Zarr array paths
+    and manifest columns (`<name>/count`), so they hold no `/`, `\\`, control characters or a
+    leading dot, and are not `task` (the text stream)."""
+    if not isinstance(name, str) or not name:
+        return f"stream name {_shown(name)} is not a non-empty text"
+    if len(name) > MAX_NAME_LENGTH:
+        return f"stream name of {len(name)} characters is longer than {MAX_NAME_LENGTH}"
+    if "/" in name or "\\" in name or _CONTROL.search(name):
+        return f"stream name {name!r} holds '/', '\\' or a control character"
+    if name.startswith(".") or name != name.strip():
+        return f"stream name {name!r} starts with a dot or has spaces at its ends"
+    try:
+        text_problem(name)
+    except ValueError as exc:
+        return f"stream name {exc}"
+    return None
+
+
+def relative_path_problem(path: Any) -> str | None:
+    """Why `path` is not a plain relative path inside its root (no `..`, not absolute), or None."""
+    if not isinstance(path, str) or not path:
+        return f"path {_shown(path)} is not a non-empty text"
+    if path.startswith(("/", "\\")) or "\\" in path or re.match(r"^[A-Za-z]:", path) or _CONTROL.search(path):
+        return f"path {path!r} is absolute or holds '\\' or control characters"
+    if any(part in ("", ".", "..") for part in path.split("/")):
+        return f"path {path!r} has an empty, '.' or '..' component"
+    return None
+
+
+def inside(root: str | os.PathLike, path: str | os.PathLike) -> bool:
+    """Whether `path`, with every symbolic link resolved, lies inside `root` (also resolved)."""
+    resolved_root = Path(root).resolve()
+    resolved = Path(path).resolve()
+    return resolved == resolved_root or resolved_root in resolved.parents
+
+
+def _is_numpy_int(value: Any) -> bool:
+    import numpy as np
+
+    return isinstance(value, np.integer)
+
+
+def _is_numpy_number(value: Any) -> bool:
+    import numpy as np
+
+    return isinstance(value, (np.integer, np.floating))
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
