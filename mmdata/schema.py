@@ -223,7 +223,7 @@ def _audio(entry: dict[str, Any]) -> AudioStream:
 def _lowdim(entry: dict[str, Any]) -> LowdimStream:
     where = f"low-dim stream '{entry['name']}'"
     shape = entry["shape"]
-    if not isinstance(shape, list) or len(shape) > MAX_LOWDIM_RANK:
+    if not isinstance(shape, (list, tuple)) or len(shape) > MAX_LOWDIM_RANK:
         raise ValueError(f"{where}: shape {shape!r} is not a list of at most {MAX_LOWDIM_RANK} sizes")
     shape = tuple(as_int(size, f"{where}: shape", 0, MAX_LOWDIM_ELEMENTS) for size in shape)
     if math.prod(shape) > MAX_LOWDIM_ELEMENTS:

@@ -21,6 +21,7 @@ import torch
 
 from mmdata.codecs.decoders import VideoDecoder, make_video_decoder
 from mmdata.dataset import Dataset
+from mmdata.errors import StoreError
 from mmdata.loading.collate import LAYOUTS, Layout, collate
 from mmdata.loading.episodes import Episodes
 from mmdata.loading.feed import Feed, Item, StepSource
@@ -53,8 +54,11 @@ class DataLoader:
     CUDA device and the work suits it, else in the workers on the fastest CPU backend;
     `decode_in` overrides where ("main": workers send encoded segments, and the main process
     decodes each micro-batch in one decoder call).
-    `on_error="skip"` replaces a sample that fails to read with another of its micro-batch and
-    counts it in `stats()`; "raise" stops with the shard, episode and stream named.
+    `on_error="skip"` replaces a sample that fails to read with another of its micro-batch (or,
+    when the whole micro-batch fails, with one borrowed from the samples planned after it) and
+    counts it in `stats()`, and leaves out of every epoch the episodes whose manifest rows fail
+    the store's checks (`stats()["excluded_episodes"]`); "raise" stops with the shard, episode
+    and stream named, and refuses such a store when the loader is built.
     `state_dict()` / `load_state_dict()` resume exactly, also with another world size or worker count.
     `stats()` says where the time went; `profiler_ranges=True` also marks every stage for the PyTorch
     profiler and Nsight (NVTX).
@@ -127,6 +131,14 @@ class DataLoader:
             self.dataset.decoder = self.decoder
         table = self.dataset.table
         selected = episodes.select(table) if episodes is not None else np.arange(table.num_rows)
+        self.excluded = {int(i): self.dataset.damaged[int(i)] for i in selected if int(i) in self.dataset.damaged}
+        if self.excluded and on_error == "raise":
+            raise StoreError(
+                f"{len(self.excluded)} episode(s) have inconsistent manifest rows, the first: "
+                f"{next(iter(self.excluded.values()))}; run `mmdata verify {self.dataset.url}`, or pass"
+                " on_error='skip' to leave them out of every epoch (they are listed in stats()['excluded_episodes'])"
+            )
+        selected = np.asarray([i for i in selected if int(i) not in self.excluded], dtype=np.int64)
         self.samples: SampleTable = enumerate_samples(table, spec, selected)
         self.costs = self.samples.costs(tokens_per)
         if batch_tokens is not None and self.costs.max() > batch_tokens:
@@ -295,9 +307,11 @@ class DataLoader:
             decoded, delivered = self.decoder.stats.frames_decoded, self.decoder.stats.frames_delivered
             output.seconds = main
             finish_video(self.decoder, output, self.on_error)
+            SampleReader(self.dataset, self.spec, self.on_error, False, self.decoder).settle(output)
             with timed(main, "collate"):
                 collated = collate(output, self.layout, self.attention_mask, self.pad_to_multiple)
             info["failed"] = dict(output.failed)
+            info["borrowed"] = len(output.borrowed)
             info["samples"] = len(output.samples)
             info["decoded"] += self.decoder.stats.frames_decoded - decoded
             info["delivered"] += self.decoder.stats.frames_delivered - delivered
@@ -332,6 +346,7 @@ class DataLoader:
         seconds per stage in the workers and in the main process, data wait and its percentiles,
         frames decoded against delivered, skipped samples, peak RSS per worker."""
         snapshot = self._stats.snapshot()
+        snapshot["excluded_episodes"] = dict(self.excluded)
         snapshot["workers"] = self.num_workers
         snapshot["decoder"] = self.decoder.describe()
         if self.decode_in_main:

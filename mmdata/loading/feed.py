@@ -16,6 +16,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
+from itertools import islice
 from typing import Any
 
 import torch
@@ -24,7 +25,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from mmdata.errors import MmdataError
 from mmdata.loading.collate import collate
 from mmdata.loading.planning import LoaderPlanner, RankSteps
-from mmdata.loading.read import SampleReader
+from mmdata.loading.read import FALLBACK_SAMPLES, SampleReader, SampleRef
 from mmdata.loading.timing import timed
 
 Item = tuple[int, int, Any, dict]  # (epoch, step, batch or pending micro-batch, what the worker measured)
@@ -73,17 +74,30 @@ class StepSource(IterableDataset):
         worker = get_worker_info()
         number, count = (worker.id, worker.num_workers) if worker is not None else (0, 1)
         position = 0
-        for epoch, steps in self.epochs():
-            for step, samples in steps:
+        epochs = self.epochs()
+        current: tuple[int, RankSteps] | None = next(epochs)
+        upcoming: tuple[int, RankSteps] | BaseException | None = None
+        while current is not None:
+            epoch, steps = current
+            for index, (step, samples) in enumerate(steps):
                 if position % count == number:
-                    yield self._read(epoch, step, samples, number)
+                    fallback = list(islice(_samples_of(steps[index + 1 :]), FALLBACK_SAMPLES))
+                    if len(fallback) < FALLBACK_SAMPLES:
+                        if upcoming is None:
+                            upcoming = _next_or_error(epochs)
+                        if not isinstance(upcoming, BaseException):
+                            fallback += list(islice(_samples_of(upcoming[1]), FALLBACK_SAMPLES - len(fallback)))
+                    yield self._read(epoch, step, samples, number, fallback)
                 position += 1
+            if isinstance(upcoming, BaseException):
+                raise upcoming
+            current, upcoming = upcoming or next(epochs), None
 
-    def _read(self, epoch: int, step: int, samples, worker: int) -> Item:
+    def _read(self, epoch: int, step: int, samples, worker: int, fallback: list[SampleRef]) -> Item:
         decoder, pieces = self.reader.video_decoder.stats, self.reader.dataset.pieces
         started = time.perf_counter()
         before = (decoder.frames_decoded, decoder.frames_delivered, pieces.bytes_read)
-        batch = self.reader.read(step, samples)
+        batch = self.reader.read(step, samples, fallback)
         output: Any = batch
         if not batch.pending:
             with timed(batch.seconds, "collate"):
@@ -94,6 +108,7 @@ class StepSource(IterableDataset):
             "samples": len(batch.samples),
             "tokens": sum(sample.cost for sample in batch.samples),
             "failed": dict(batch.failed),
+            "borrowed": len(batch.borrowed),
             "seconds": batch.seconds,
             "busy": time.perf_counter() - started,
             "bytes": pieces.bytes_read - before[2],
@@ -191,6 +206,18 @@ class Feed:
             except queue.Full:
                 continue
         return False
+
+
+def _samples_of(steps: RankSteps) -> Iterator[SampleRef]:
+    return (sample for _, samples in steps for sample in samples)
+
+
+def _next_or_error(epochs: Iterator[tuple[int, RankSteps]]) -> tuple[int, RankSteps] | BaseException:
+    """The next epoch's steps, or the error planning it raised (raised again when that epoch is due)."""
+    try:
+        return next(epochs)
+    except MmdataError as exc:
+        return exc
 
 
 class _Failure:

@@ -5,7 +5,8 @@ the frames of all samples of a stream go to the decoder in one call. With `defer
 worker does only the decoder's host-side preparation (for DALI: joining segments into streams)
 and the prepared work travels to the main process, where a GPU decoder takes the whole
 micro-batch at once (`finish_video`). A sample that fails is named (shard, episode,
-stream) and either stops the run or is replaced by another sample of its micro-batch.
+stream) and either stops the run or is replaced: by another sample of its micro-batch, or, when
+every sample of the micro-batch failed, by one borrowed from the samples planned after it.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from mmdata.loading.specs import Audio, Frames, Sequences, Spec, Values, Windows
 from mmdata.loading.timing import timed
 
 OnError = Literal["raise", "skip"]
+# Samples planned after a micro-batch that a worker carries with it, to borrow from when all of its own fail.
+FALLBACK_SAMPLES = 32
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,9 @@ class MicroBatch:
     """One rank's micro-batch, read: per stream, each sample's values and `is_pad` mask.
 
     `pending` holds cameras still to decode (deferred video); `failed` maps a sample's
-    position to what went wrong; `replaced` lists (position, substitute position) pairs.
+    position to what went wrong; `replaced` lists (position, substitute position) pairs;
+    `fallback` is the samples planned after this micro-batch (in plan order), of which
+    `borrowed` maps a position to the one read in its place when every sample failed.
     """
 
     step: int
@@ -58,6 +63,8 @@ class MicroBatch:
     failed: dict[int, str] = field(default_factory=dict)
     replaced: list[tuple[int, int]] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
+    fallback: list[SampleRef] = field(default_factory=list)
+    borrowed: dict[int, SampleRef] = field(default_factory=dict)
 
 
 @dataclass
@@ -98,9 +105,49 @@ class SampleReader:
         self.defer_video = defer_video
         self.video_decoder = video_decoder or dataset.decoder
 
-    def read(self, step: int, samples: Sequence[SampleRef]) -> MicroBatch:
+    def read(self, step: int, samples: Sequence[SampleRef], fallback: Sequence[SampleRef] = ()) -> MicroBatch:
+        """Read a micro-batch; failed samples are replaced (see `settle`) unless video is still pending."""
         rows = [self.dataset.manifest.row(sample.episode) for sample in samples]
-        batch = MicroBatch(step, list(samples), [row["task"] for row in rows])
+        batch = MicroBatch(step, list(samples), [row["task"] for row in rows], fallback=list(fallback))
+        self._read_streams(batch)
+        if not batch.pending:
+            self.settle(batch)
+        return batch
+
+    def settle(self, batch: MicroBatch) -> None:
+        """Put a substitute in place of every failed sample (see `replace_failed`); when all of them
+        failed, first borrow one sample from those planned after the micro-batch (`borrow`)."""
+        if batch.failed and len(batch.failed) == len(batch.samples):
+            self.borrow(batch)
+        replace_failed(batch)
+
+    def borrow(self, batch: MicroBatch) -> None:
+        """Read, in place of the costliest failed sample, the first of `batch.fallback` that fits its
+        cost and reads without error. The fallback is the rank's following samples in plan order,
+        so the choice depends only on the plan and on which samples fail: a resumed run borrows the same."""
+        target = max(batch.failed, key=lambda p: (batch.samples[p].cost, -p))
+        for candidate in batch.fallback:
+            if candidate.cost > batch.samples[target].cost:
+                continue
+            alone = MicroBatch(batch.step, [candidate], [self.dataset.manifest.row(candidate.episode)["task"]])
+            reader = SampleReader(self.dataset, self.spec, "skip", False, self.video_decoder)
+            reader._read_streams(alone)
+            if alone.failed:
+                continue
+            batch.borrowed[target] = candidate
+            batch.samples[target], batch.tasks[target] = candidate, alone.tasks[0]
+            for name in alone.values:
+                batch.values[name][target] = alone.values[name][0]
+                batch.is_pad[name][target] = alone.is_pad[name][0]
+            return
+        first = next(iter(batch.failed.values()))
+        raise SampleError(
+            f"every sample of step {batch.step}'s micro-batch failed, and none of the {len(batch.fallback)} samples"
+            f" planned after it could be read in their place; the first failure: {first}"
+        )
+
+    def _read_streams(self, batch: MicroBatch) -> None:
+        samples = batch.samples
         for name, stream in self.spec.streams.items():
             if isinstance(stream, Frames):
                 with timed(batch.seconds, "read"):
@@ -119,9 +166,6 @@ class SampleReader:
                     values, is_pad = data if data is not None else (None, None)
                     batch.values.setdefault(name, []).append(values)
                     batch.is_pad.setdefault(name, []).append(is_pad)
-        if not batch.pending:
-            replace_failed(batch)
-        return batch
 
     def _attempt(self, batch: MicroBatch, position: int, stream: str, read: Callable[..., Any], *args: Any) -> Any:
         """`read(*args)`, or None when the sample already failed or fails now (recorded, or raised)."""
@@ -183,12 +227,12 @@ def prepare_video(decoder: VideoDecoder, batch: MicroBatch, name: str, plans: li
 
 
 def finish_video(decoder: VideoDecoder, batch: MicroBatch, on_error: OnError) -> None:
-    """Decode every pending camera of the micro-batch (one decoder call each) and fill in its values."""
+    """Decode every pending camera of the micro-batch (one decoder call each) and fill in its values;
+    the caller then settles the failed samples (`SampleReader.settle`)."""
     for name, pending in list(batch.pending.items()):
         with timed(batch.seconds, "video"):
             _finish_camera(decoder, batch, name, pending, on_error)
         del batch.pending[name]
-    replace_failed(batch)
 
 
 def _finish_camera(decoder: VideoDecoder, batch: MicroBatch, name: str, pending: PendingVideo, on_error: OnError):
@@ -256,14 +300,15 @@ def replace_failed(batch: MicroBatch) -> None:
     only from samples that were read, so the choice is the same on every run. A failed sample
     with no such substitute is removed. Ranks keep their step count either way.
     """
-    if not batch.failed:
+    broken = sorted(p for p in batch.failed if p not in batch.borrowed)
+    if not broken:
         return
-    good = [p for p in range(len(batch.samples)) if p not in batch.failed]
+    good = [p for p in range(len(batch.samples)) if p not in broken]
     if not good:
         first = next(iter(batch.failed.values()))
         raise SampleError(f"every sample of step {batch.step}'s micro-batch failed; the first: {first}")
     removed = []
-    for position in sorted(batch.failed):
+    for position in broken:
         cost = batch.samples[position].cost
         fitting = [p for p in good if batch.samples[p].cost <= cost]
         if not fitting:

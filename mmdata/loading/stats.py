@@ -28,6 +28,7 @@ class LoaderStats:
         self.worker_busy: dict[int, float] = {}
         self.skipped: list[str] = []
         self.skipped_count = 0
+        self.borrowed_count = 0
         self.peak_rss: dict[int, int] = {}
         self.main_queue_depths: deque[int] = deque(maxlen=RECENT_STEPS)
         self.worker_pids: set[int] = set()
@@ -54,6 +55,7 @@ class LoaderStats:
         self.worker_pids.add(info["pid"])
         self.worker_busy[worker] = self.worker_busy.get(worker, 0.0) + info["busy"]
         self.skipped_count += len(info["failed"])
+        self.borrowed_count += info.get("borrowed", 0)
         self.skipped += list(info["failed"].values())[: max(0, 100 - len(self.skipped))]
         self.peak_rss[worker] = max(self.peak_rss.get(worker, 0), info["peak_rss"])
 
@@ -71,6 +73,7 @@ class LoaderStats:
             "tokens": self.tokens,
             "bytes_read": self.bytes_read,
             "skipped_samples": self.skipped_count,
+            "borrowed_samples": self.borrowed_count,
             "skipped": list(self.skipped),
             "data_wait_seconds": round(self.data_wait, 6),
             "wait_ms": percentiles,
