@@ -49,7 +49,7 @@ def test_killed_conversion_resumes_to_an_identical_store(raw_six, tmp_path, layo
     else:
 
         def ready():
-            return len(list((partial / "episodes").glob("*.pkl"))) >= 2
+            return len(list((partial / "episodes").glob("*.episode"))) >= 2
 
     kill_when([sys.executable, "-m", "mmdata", "convert", str(raw_six), str(resumed), "--to", layout, *ARGS], ready)
     assert not (resumed / "dataset.json").exists(), "the run finished before it could be killed"

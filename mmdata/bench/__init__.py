@@ -1,8 +1,27 @@
 """Measuring the input pipeline: the loader run for N steps, its stage breakdown, the naive
-baseline, sweeps, and `StepTimer` for a user's own training loop."""
+baseline, sweeps, and `StepTimer` for a user's own training loop.
 
-from mmdata.bench.report import compare, format_table, load
-from mmdata.bench.runner import run_loader, stage_breakdown
-from mmdata.bench.steps import StepTimer
+The names below are imported when first used, so that the CLI's parser (which reads the presets)
+does not load torch.
+"""
 
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "StepTimer": "mmdata.bench.steps",
+    "compare": "mmdata.bench.report",
+    "format_table": "mmdata.bench.report",
+    "load": "mmdata.bench.report",
+    "run_loader": "mmdata.bench.runner",
+    "stage_breakdown": "mmdata.bench.runner",
+}
 __all__ = ["StepTimer", "compare", "format_table", "load", "run_loader", "stage_breakdown"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'mmdata.bench' has no attribute '{name}'")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

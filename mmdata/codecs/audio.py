@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import math
 from dataclasses import dataclass
 
 import av
@@ -38,14 +39,18 @@ class AudioLimits:
     """What a decoded track must be: any field left None is not checked.
 
     `codec`, `sample_rate` and `channels` are checked against the container before decoding, and
-    every frame against them too; decoding stops as soon as more than `max_samples` samples come
-    out, so a track cannot expand past what its metadata promised.
+    every frame against them too; decoding stops as soon as more than `max_samples` samples (or
+    `max_seconds` of audio) come out, so a track cannot expand past what its metadata promised.
+    `max_channels` and `max_rate` bound a track whose format is not known in advance.
     """
 
     codec: str | None = None
     sample_rate: int | None = None
     channels: int | None = None
     max_samples: int | None = None
+    max_seconds: float | None = None
+    max_channels: int | None = None
+    max_rate: int | None = None
 
 
 def decode_audio(source: str | bytes, limits: AudioLimits | None = None) -> tuple[AudioClip, str]:
@@ -69,6 +74,9 @@ def decode_audio(source: str | bytes, limits: AudioLimits | None = None) -> tupl
             rate = stream.codec_context.sample_rate
             channels = stream.codec_context.layout.nb_channels if stream.codec_context.layout else 0
             _check_declared(codec, rate, channels, limits)
+            most = limits.max_samples
+            if limits.max_seconds is not None:
+                most = min(most or math.inf, math.ceil(limits.max_seconds * rate))
             for frame in container.decode(stream):
                 if frame.sample_rate != rate or len(frame.layout.channels) != channels:
                     raise DecodeError(
@@ -76,8 +84,8 @@ def decode_audio(source: str | bytes, limits: AudioLimits | None = None) -> tupl
                         f" {channels} at {rate} Hz"
                     )
                 total += frame.samples
-                if limits.max_samples is not None and total > limits.max_samples:
-                    raise DecodeError(f"holds more than the {limits.max_samples} samples its metadata declares")
+                if most is not None and total > most:
+                    raise DecodeError(f"holds more than the {most} samples it may ({total} decoded so far)")
                 if t_start is None:
                     t_start = float(frame.time) if frame.time is not None else 0.0
                 chunks.append(_frame_to_samples(frame))
@@ -97,6 +105,10 @@ def _check_declared(codec: str, rate: int, channels: int, limits: AudioLimits) -
         raise DecodeError(f"is {rate} Hz, the store says {limits.sample_rate} Hz")
     if limits.channels is not None and channels != limits.channels:
         raise DecodeError(f"has {channels} channels, the store says {limits.channels}")
+    if limits.max_channels is not None and channels > limits.max_channels:
+        raise DecodeError(f"has {channels} channels, more than the {limits.max_channels} stored")
+    if limits.max_rate is not None and rate > limits.max_rate:
+        raise DecodeError(f"is sampled at {rate} Hz, above the {limits.max_rate} Hz stored")
 
 
 def _frame_to_samples(frame: av.AudioFrame) -> np.ndarray:

@@ -15,6 +15,7 @@ from fractions import Fraction
 import av
 import numpy as np
 from av.codec.context import Flags
+from av.video.frame import PictureType
 
 from mmdata.errors import MmdataError
 
@@ -147,4 +148,8 @@ def _as_video_frame(frame: av.VideoFrame | np.ndarray, width: int, height: int) 
             f"frame of size {frame.width}x{frame.height} in a {width}x{height} video;"
             " every frame of a camera must have one size"
         )
-    return frame.reformat(format="yuv420p")
+    converted = frame.reformat(format="yuv420p")
+    # A decoded frame keeps its source picture type (I/P/B), which encoders take as a forced
+    # frame type: x265 crashes on forced B-frames, and x264 would copy the source's GOP pattern.
+    converted.pict_type = PictureType.NONE
+    return converted

@@ -54,6 +54,10 @@ def iter_video_frames(
     try:
         with av.open(path) as container:
             stream = container.streams.video[0]
+            context = stream.codec_context
+            if context.width and context.height:
+                # frames may not grow past what the container declares (an in-band size change)
+                context.options = {**context.options, "max_pixels": str((context.width + 256) * (context.height + 256))}
             if start and stream.time_base:
                 container.seek(int(start / stream.time_base), stream=stream, backward=True)
             for index, frame in enumerate(container.decode(stream)):

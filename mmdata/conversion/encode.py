@@ -11,11 +11,15 @@ from typing import Any
 import av
 import numpy as np
 
+from mmdata.checks import stream_name_problem
 from mmdata.codecs.audio import encode_flac, to_flac_samples
 from mmdata.codecs.video_encode import VideoEncoding, encode_segments
 from mmdata.errors import MmdataError, SourceError
-from mmdata.schema import AudioStream, LowdimStream, Stream, VideoStream
+from mmdata.schema import AudioStream, LowdimStream, Stream, VideoStream, stream_from_dict, stream_to_dict
 from mmdata.sources.episode import AudioSource, CameraSource, EpisodeSource, LowdimSource
+from mmdata.sources.limits import MAX_AUDIO_SECONDS_WITHOUT_VIDEO
+
+RESERVED_NAMES = ("task",)
 
 
 @dataclass
@@ -108,9 +112,19 @@ def encode_episode(source: EpisodeSource, position: int, options: EncodeOptions)
     """Read, check and encode every stream of one episode. Raises SourceError naming the file."""
     if source.problem is not None:
         raise source.problem
+    for stream in (*source.cameras, *source.audio, *source.lowdim):
+        problem = stream_name_problem(stream.name)
+        if stream.name in RESERVED_NAMES:
+            problem = f"stream name '{stream.name}' is reserved for the task text"
+        if problem is not None:
+            raise SourceError(source.name, stream.path, problem, "rename the file, column or key that names it")
     episode = EncodedEpisode(position, source.name, source.task, dict(source.metadata))
     episode.videos = [_encode_camera(source.name, camera, options.video) for camera in source.cameras]
-    episode.audio = [_encode_audio(source.name, audio) for audio in source.audio]
+    longest = max((v.t_end - v.t_start for v in episode.videos), default=None)
+    # audio may not run on far past the video (a bound on what it may expand to, not a length check)
+    audio_seconds = 2 * longest + 60 if longest is not None else MAX_AUDIO_SECONDS_WITHOUT_VIDEO
+    episode.audio = [_encode_audio(source.name, audio, audio_seconds) for audio in source.audio]
+    _check_declared_rows(source, episode, options.duration_tolerance)
     episode.lowdim = [_load_lowdim(source.name, stream) for stream in source.lowdim]
     _check_durations(source, episode, options.duration_tolerance)
     return episode
@@ -163,8 +177,8 @@ def _encode_camera(episode: str, camera: CameraSource, encoding: VideoEncoding) 
     )
 
 
-def _encode_audio(episode: str, audio: AudioSource) -> EncodedAudio:
-    clip, codec, original = audio.load(episode)
+def _encode_audio(episode: str, audio: AudioSource, max_seconds: float) -> EncodedAudio:
+    clip, codec, original = audio.load(episode, max_seconds)
     if codec == "opus" and audio.path.lower().endswith((".opus", ".ogg")):
         data, stored_codec, dtype = original, "opus", "float32"
     else:
@@ -178,10 +192,25 @@ def _load_lowdim(episode: str, stream: LowdimSource) -> EncodedLowdim:
     values, timestamps = stream.load(episode)
     if len(timestamps) != len(values):
         raise SourceError(episode, stream.path, f"{len(values)} rows but {len(timestamps)} timestamps")
-    if len(timestamps) > 1 and not (np.diff(timestamps) > 0).all():
-        raise SourceError(episode, stream.path, "timestamps are not strictly increasing", "sort or fix them")
+    if not np.isfinite(timestamps).all() or (len(timestamps) > 1 and not (np.diff(timestamps) > 0).all()):
+        raise SourceError(episode, stream.path, "timestamps are not finite and strictly increasing", "sort or fix them")
+    if values.ndim == 0 or values.dtype.kind not in "biuf":
+        raise SourceError(episode, stream.path, f"holds {values.dtype} values of shape {values.shape}, not numbers")
+    values = values.astype(values.dtype.newbyteorder("="), copy=False)
     spec = LowdimStream(stream.name, tuple(int(d) for d in values.shape[1:]), str(values.dtype), stream.rate)
+    problem = _lowdim_spec_problem(spec)
+    if problem is not None:
+        raise SourceError(episode, stream.path, problem, "store fewer values per row, of a numeric type")
     return EncodedLowdim(spec, np.ascontiguousarray(values), timestamps)
+
+
+def _lowdim_spec_problem(spec: LowdimStream) -> str | None:
+    """Why a store could not hold the stream (the limits `dataset.json` is read with), or None."""
+    try:
+        stream_from_dict(stream_to_dict(spec))
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def _sample_period(timestamps: np.ndarray, rate: float | None) -> float:
@@ -190,6 +219,29 @@ def _sample_period(timestamps: np.ndarray, rate: float | None) -> float:
     if len(timestamps) > 1:
         return float(np.median(np.diff(timestamps)))
     return 0.0
+
+
+def _check_declared_rows(source: EpisodeSource, episode: EncodedEpisode, tolerance: float) -> None:
+    """Before reading a low-dim array whose row count its container declares, check that those
+    rows span the video's time: a damaged file declaring millions of rows fails here, unread."""
+    if not episode.videos:
+        return
+    video = episode.videos[0]
+    video_span = video.t_end - float(video.timestamps[0])
+    for stream in source.lowdim:
+        declared_rows = getattr(stream, "declared_rows", None)
+        if declared_rows is None or not stream.rate:
+            continue
+        rows = declared_rows(source.name)
+        span = rows / stream.rate
+        if abs(span - video_span) > tolerance + 1.0 / video.spec.fps + 1.0 / stream.rate:
+            raise SourceError(
+                source.name,
+                stream.path,
+                f"stream '{stream.name}' declares {rows} rows at {stream.rate:g} Hz = {span:.3f} s, but camera"
+                f" '{video.spec.name}' lasts {video_span:.3f} s ({len(video.timestamps)} frames)",
+                "check --fps and the file; it may be damaged",
+            )
 
 
 def _check_durations(source: EpisodeSource, episode: EncodedEpisode, tolerance: float) -> None:

@@ -6,20 +6,28 @@ destination holds `.mmdata-partial/`, from which `resume=True` continues.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import errno
 import json
 import multiprocessing
 import os
 import shutil
+import signal
+import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from tqdm import tqdm
 
+from mmdata.checks import parse_json
 from mmdata.conversion.encode import EncodedEpisode, EncodeOptions, encode_episode
 from mmdata.conversion.registry import StreamRegistry
 from mmdata.errors import DestinationError, SourceError
@@ -29,6 +37,7 @@ from mmdata.sharding.manifest import write_manifest
 from mmdata.sources.episode import EpisodeSource
 
 OPTIONS_FILE = "options.json"
+PR_SET_PDEATHSIG = 1
 
 
 class StoreWriter(Protocol):
@@ -78,10 +87,29 @@ class ConversionReport:
     resumed_at: int = 0
 
 
-def convert(sources: list[EpisodeSource], destination: str | os.PathLike, options: ConvertOptions) -> ConversionReport:
-    """Convert `sources` into a store at `destination` (a local folder)."""
-    started = time.perf_counter()
+def convert(
+    sources: list[EpisodeSource],
+    destination: str | os.PathLike,
+    options: ConvertOptions,
+    source_root: str | os.PathLike | None = None,
+) -> ConversionReport:
+    """Convert `sources` into a store at `destination` (a local folder).
+
+    The destination may not hold any of the source files, nor lie inside `source_root` (the
+    folder or file they were discovered in): nothing in the source is ever deleted or written.
+    A write that fails (disk full, read-only, no permission) is a DestinationError; whatever
+    was completed before stays, and the same call with `resume=True` continues from it.
+    """
     root = Path(destination)
+    _refuse_overlap(root, sources, source_root)
+    try:
+        return _convert(sources, root, options)
+    except OSError as exc:
+        raise _destination_failure(root, exc) from exc
+
+
+def _convert(sources: list[EpisodeSource], root: Path, options: ConvertOptions) -> ConversionReport:
+    started = time.perf_counter()
     _prepare_destination(root, sources, options)
     writer = _store_writer(options.layout, root, options.shard_bytes)
     checkpoint = writer.restore() or {"next_position": 0, "next_index": 0, "skipped": [], "streams": []}
@@ -147,9 +175,46 @@ def convert(sources: list[EpisodeSource], destination: str | os.PathLike, option
     )
 
 
+def _refuse_overlap(root: Path, sources: list[EpisodeSource], source_root: str | os.PathLike | None) -> None:
+    """Refuse a destination that is, contains or lies inside the source: converting would delete
+    (--overwrite), clean up (--resume) or write over the recordings."""
+    target = Path(os.path.realpath(root))
+    if source_root is not None:
+        origin = Path(os.path.realpath(source_root))
+        if target == origin or origin in target.parents or target in origin.parents:
+            raise DestinationError(
+                f"destination '{root}' overlaps the source '{source_root}'; write the store to a folder outside"
+                " the source (nothing in the source is ever deleted or written)"
+            )
+    folders = {os.path.dirname(s.path) for e in sources for s in (*e.cameras, *e.audio, *e.lowdim)}
+    for folder in sorted(folders):
+        resolved = Path(os.path.realpath(folder))
+        if resolved == target or target in resolved.parents:
+            raise DestinationError(
+                f"destination '{root}' holds source recordings ({folder}); write the store to a folder outside"
+                " the source (nothing in the source is ever deleted or written)"
+            )
+
+
+def _destination_failure(root: Path, error: OSError) -> DestinationError:
+    """A DestinationError that says what failed to be written and what to do about it."""
+    where = error.filename or root
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        fix = "free space (or choose another disk) and run the same command with --resume"
+        return DestinationError(f"the disk is full while writing '{where}'; {fix}; finished shards are kept")
+    if error.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return DestinationError(f"cannot write '{where}': {error.strerror}; choose a writable destination")
+    return DestinationError(f"writing '{where}' failed: {error.strerror or error}; fix it and run again with --resume")
+
+
 def _prepare_destination(root: Path, sources: list[EpisodeSource], options: ConvertOptions) -> None:
     fingerprint = options.fingerprint(sources)
     options_path = root / PARTIAL_DIR / OPTIONS_FILE
+    if root.is_symlink() and options.overwrite:
+        raise DestinationError(
+            f"destination '{root}' is a symbolic link (to '{os.path.realpath(root)}'); --overwrite replaces a folder,"
+            " not a link's target: give the folder itself, or remove the link"
+        )
     if root.exists() and not root.is_dir():
         raise DestinationError(f"destination '{root}' exists and is not a folder")
     if root.exists() and any(root.iterdir()):
@@ -165,8 +230,12 @@ def _prepare_destination(root: Path, sources: list[EpisodeSource], options: Conv
                     f"'{root}' is not an interrupted mmdata conversion (no {PARTIAL_DIR}/{OPTIONS_FILE});"
                     " choose an empty destination or pass --overwrite"
                 )
-            saved = json.loads(options_path.read_text())
+            try:
+                saved = parse_json(options_path.read_bytes())
+            except ValueError as exc:
+                raise DestinationError(f"{options_path} {exc}; convert again with --overwrite") from exc
             if saved != fingerprint:
+                saved = saved if isinstance(saved, dict) else {}
                 changed = sorted(k for k in fingerprint if saved.get(k) != fingerprint[k])
                 raise DestinationError(
                     f"cannot resume '{root}': {', '.join(changed)} changed since the interrupted run;"
@@ -183,36 +252,97 @@ def _prepare_destination(root: Path, sources: list[EpisodeSource], options: Conv
 
 
 def _encode_job(job: tuple[EpisodeSource, int, EncodeOptions]) -> EncodedEpisode | SourceError:
+    """One episode, or the SourceError that stops it. Any other exception is an input this code
+    does not expect: it too becomes the episode's error, so that --skip-bad can go on without it."""
     source, position, options = job
     try:
         return encode_episode(source, position, options)
     except SourceError as problem:
         return problem
+    except Exception as exc:  # a per-episode boundary: the rest of the conversion must survive it
+        return SourceError(
+            source.name,
+            None,
+            f"could not be converted: {type(exc).__name__}: {exc}",
+            "an input mmdata did not expect: report it with the file, or pass --skip-bad to leave it out",
+        )
+
+
+def _crashed(job: tuple[EpisodeSource, int, EncodeOptions]) -> SourceError:
+    return SourceError(
+        job[0].name,
+        None,
+        "the worker process converting it crashed (a decoder or encoder failed on this input)",
+        "re-export the recording, or pass --skip-bad to leave it out",
+    )
 
 
 def _ordered(function, jobs, workers: int) -> Iterator[tuple[int, Any]]:
-    """Results of `function(job)` in job order, with at most 2 x workers jobs in flight."""
+    """Results of `function(job)` in job order, with at most 2 x workers jobs in flight.
+
+    A worker that dies (a crash in native code) breaks the pool: the jobs that were in flight are
+    then run again one at a time, each in a process of its own, so the one that crashes is named
+    (as its episode's SourceError) and the others are converted; the rest continue in a new pool.
+    """
     if workers <= 1:
         for job in jobs:
             yield job[1], function(job)
         return
-    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+    jobs = iter(jobs)
+    pool = _worker_pool(workers)
+    in_flight: deque = deque()
     try:
-        in_flight: deque = deque()
-        jobs = iter(jobs)
-        for job in jobs:
-            in_flight.append((job[1], pool.submit(function, job)))
-            if len(in_flight) >= 2 * workers:
-                break
-        while in_flight:
-            position, future = in_flight.popleft()
-            result = future.result()
-            job = next(jobs, None)
-            if job is not None:
-                in_flight.append((job[1], pool.submit(function, job)))
-            yield position, result
+        while True:
+            while len(in_flight) < 2 * workers and (job := next(jobs, None)) is not None:
+                in_flight.append((job, pool.submit(function, job)))
+            if not in_flight:
+                return
+            job, future = in_flight.popleft()
+            try:
+                yield job[1], future.result()
+            except BrokenProcessPool:
+                pool.shutdown(wait=False, cancel_futures=True)
+                for retried, _ in [(job, future), *in_flight]:
+                    yield retried[1], _run_alone(function, retried)
+                in_flight.clear()
+                pool = _worker_pool(workers)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _run_alone(function, job) -> Any:
+    with _worker_pool(1) as pool:
+        try:
+            return pool.submit(function, job).result()
+        except BrokenProcessPool:
+            return _crashed(job)
+
+
+def _worker_pool(workers: int) -> ProcessPoolExecutor:
+    """Spawned workers that exit when this process dies, even by SIGKILL (see `_die_with_parent`)."""
+    return ProcessPoolExecutor(
+        workers,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=_die_with_parent,
+        initargs=(os.getpid(),),
+    )
+
+
+def _die_with_parent(parent: int) -> None:
+    """In a worker: be killed with the parent (Linux's PR_SET_PDEATHSIG), and, everywhere, exit
+    within a second of the parent going away, so no encoder is left running orphaned."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="mmdata-parent-watch", daemon=True).start()
 
 
 def _worker_count(requested: int | None) -> int:
@@ -243,7 +373,10 @@ def _creation_info(options: ConvertOptions, sources: list[EpisodeSource], skippe
 
 def _write_atomically(path: Path, text: str) -> None:
     temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(text)
+    with open(temporary, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
     os.replace(temporary, path)
 
 

@@ -1,7 +1,25 @@
-"""Loading for training: sampling specs, the DataLoader, and the read / collate stages it runs."""
+"""Loading for training: sampling specs, the DataLoader, and the read / collate stages it runs.
 
-from mmdata.loading.dataloader import DataLoader
+The specs are plain values and import without torch; `DataLoader` (which needs torch) is
+imported when first used.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from mmdata.loading.episodes import Episodes
 from mmdata.loading.specs import Audio, Frames, Sequences, SpecError, Values, Windows
 
+if TYPE_CHECKING:
+    from mmdata.loading.dataloader import DataLoader
+
 __all__ = ["Audio", "DataLoader", "Episodes", "Frames", "Sequences", "SpecError", "Values", "Windows"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "DataLoader":
+        from mmdata.loading.dataloader import DataLoader
+
+        return DataLoader
+    raise AttributeError(f"module 'mmdata.loading' has no attribute '{name}'")

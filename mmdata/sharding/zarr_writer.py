@@ -6,35 +6,40 @@
     video/<camera>         variable-length bytes, one element per closed-GOP segment
     audio/<stream>         variable-length bytes, one FLAC/Opus file per episode
 
-Each encoded episode is first saved under `.mmdata-partial/` (the resume checkpoint); the
-arrays are then written in one ordered pass in chunk-aligned blocks, so no chunk or shard is
-rewritten.
+Each encoded episode is first saved under `.mmdata-partial/` as a data-only file (the resume
+checkpoint, see `conversion/episode_file.py`); the arrays are then written in one ordered pass in
+chunk-aligned blocks, so no chunk or shard is rewritten.
 """
 
 from __future__ import annotations
 
 import os
-import pickle
 import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import zarr
+from zarr.codecs import BytesCodec, VLenBytesCodec, ZstdCodec
 
 from mmdata.conversion.encode import EncodedEpisode
+from mmdata.conversion.episode_file import read_episode_file, write_episode_file
 from mmdata.schema import LowdimStream, Stream
 from mmdata.sharding.checksum import checksum_array, checksum_bytes
 from mmdata.sharding.layout import PARTIAL_DIR
 from mmdata.sharding.manifest import Piece, base_row, span_columns
 
+EPISODE_SUFFIX = ".episode"
 SEGMENTS_PER_SHARD = 256
 AUDIO_PER_SHARD = 64
 TARGET_CHUNK_BYTES = 1 << 20
 
 
 def _create_bytes_array(group: zarr.Group, path: str, per_shard: int) -> zarr.Array:
-    """A 1-D array of variable-length byte strings, one inner chunk per element, sharded."""
+    """A 1-D array of variable-length byte strings, one inner chunk per element, sharded.
+
+    Codecs are named rather than left to zarr's defaults, so the store is exactly the layout
+    `sharding/zarr_reader.py` reads, whatever zarr version wrote it (so are the numeric arrays')."""
     with warnings.catch_warnings():
         # zarr-python's VariableLengthBytes has no v3 spec yet; we read it with zarr-python only.
         warnings.simplefilter("ignore")
@@ -44,6 +49,8 @@ def _create_bytes_array(group: zarr.Group, path: str, per_shard: int) -> zarr.Ar
             chunks=(1,),
             shards=(per_shard,),
             dtype=zarr.dtype.VariableLengthBytes(),
+            serializer=VLenBytesCodec(),
+            compressors=ZstdCodec(level=0),
             overwrite=True,
         )
 
@@ -99,18 +106,13 @@ class ZarrWriter:
         self.partial.mkdir(parents=True, exist_ok=True)
         for leftover in self.partial.glob("*.tmp"):
             leftover.unlink()
-        cached = sorted(self.partial.glob("*.pkl"))
+        cached = sorted(self.partial.glob(f"*{EPISODE_SUFFIX}"))
         if not cached:
             return None
-        with open(cached[-1], "rb") as handle:
-            return pickle.load(handle)["checkpoint"]
+        return read_episode_file(cached[-1])[2]
 
     def add(self, episode: EncodedEpisode, index: int, checkpoint: dict[str, Any]) -> None:
-        path = self.partial / f"{episode.position:08d}.pkl"
-        temporary = path.with_suffix(".tmp")
-        with open(temporary, "wb") as handle:
-            pickle.dump({"episode": episode, "index": index, "checkpoint": checkpoint}, handle)
-        os.replace(temporary, path)
+        write_episode_file(self.partial / f"{episode.position:08d}{EPISODE_SUFFIX}", episode, index, checkpoint)
 
     def finish(self, checkpoint: dict[str, Any], streams: list[Stream]) -> list[dict[str, Any]]:
         """Write every cached episode into the arrays; the checkpoint is already in the cache."""
@@ -123,10 +125,9 @@ class ZarrWriter:
         group.attrs.update({"mmdata": {"layout": "zarr", "manifest": "episodes.parquet"}})
         appenders = self._create_arrays(group, streams)
         rows: list[dict[str, Any]] = []
-        for path in sorted(self.partial.glob("*.pkl")):
-            with open(path, "rb") as handle:
-                cached = pickle.load(handle)
-            rows.append(self._write_episode(cached["episode"], cached["index"], appenders))
+        for path in sorted(self.partial.glob(f"*{EPISODE_SUFFIX}")):
+            episode, index, _ = read_episode_file(path)
+            rows.append(self._write_episode(episode, index, appenders))
         for appender in appenders.values():
             appender.flush()
         self._write_episode_ends(group, rows, streams)
@@ -138,7 +139,15 @@ class ZarrWriter:
         def numeric(path: str, shape: tuple[int, ...], dtype: str) -> None:
             row_bytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize or 1
             rows = int(max(1, min(65536, TARGET_CHUNK_BYTES // row_bytes)))
-            array = group.create_array(path, shape=(0, *shape), chunks=(rows, *shape), dtype=dtype, overwrite=True)
+            array = group.create_array(
+                path,
+                shape=(0, *shape),
+                chunks=(rows, *shape),
+                dtype=dtype,
+                serializer=BytesCodec(endian="little"),
+                compressors=ZstdCodec(level=0),
+                overwrite=True,
+            )
             appenders[path] = _BlockAppender(array, rows)
 
         def blobs(path: str, per_shard: int) -> None:

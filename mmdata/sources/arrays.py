@@ -16,11 +16,31 @@ import numpy as np
 
 from mmdata.codecs.video_source import VideoInfo
 from mmdata.errors import SourceError
+from mmdata.sources.limits import MAX_ARRAY_CHUNK_BYTES, MAX_FRAME_SIDE, MAX_IMAGE_BLOCK_BYTES, MAX_LOWDIM_BYTES
+
+
+@dataclass(frozen=True)
+class ArrayShape:
+    """What an array declares, read from its metadata alone: rows (of the episode's range), the
+    shape of one row, the element type, and the bytes of its largest stored chunk."""
+
+    rows: int
+    row_shape: tuple[int, ...]
+    dtype: np.dtype
+    chunk_bytes: int
+
+    @property
+    def row_bytes(self) -> int:
+        return int(np.prod(self.row_shape, dtype=np.int64)) * self.dtype.itemsize
 
 
 @dataclass(frozen=True)
 class Hdf5Array:
-    """Rows [start, stop) of dataset `key` in the HDF5 file `path` (all rows when stop is None)."""
+    """Rows [start, stop) of dataset `key` in the HDF5 file `path` (all rows when stop is None).
+
+    The dataset must hold its data inside the file: external raw storage, virtual datasets and
+    links to other files are refused, so an importer never reads a file outside its source.
+    """
 
     path: str
     key: str
@@ -30,16 +50,44 @@ class Hdf5Array:
     def where(self) -> str:
         return f"{self.path}:{self.key}"
 
-    def read(self, episode: str) -> np.ndarray:
+    def shape(self, episode: str) -> ArrayShape:
+        return self._open(episode, lambda data: _declared(data.shape, data.dtype, data.chunks, self, episode))
+
+    def read(self, episode: str, first: int = 0, last: int | None = None) -> np.ndarray:
+        """Rows [first, last) of the address's range (all of it by default)."""
+        lo, hi = _within(self.start, self.stop, first, last)
+        return self._open(episode, lambda dataset: np.asarray(dataset[lo:hi]))
+
+    def _open(self, episode: str, use):
         import h5py
 
         try:
             with h5py.File(self.path, "r") as handle:
-                if self.key not in handle:
-                    raise SourceError(episode, self.path, f"no dataset '{self.key}'", "check the file's layout")
-                return np.asarray(handle[self.key][self.start : self.stop])
+                return use(hdf5_dataset(handle, self.key, episode, self.path))
         except OSError as exc:
             raise SourceError(episode, self.path, f"unreadable HDF5 file: {exc}") from exc
+
+
+def hdf5_dataset(handle, key: str, episode: str, path: str):
+    """`handle[key]`, after checking that no link on the way leaves the file and that the dataset's
+    data is stored in it (not external raw files, not a virtual dataset mapping other files)."""
+    import h5py
+
+    node = handle
+    for part in [p for p in key.split("/") if p]:
+        link = node.get(part, getlink=True)
+        if link is None:
+            raise SourceError(episode, path, f"no dataset '{key}'", "check the file's layout")
+        if isinstance(link, h5py.ExternalLink):
+            raise SourceError(episode, path, f"'{key}' links to another file ({link.filename})", "copy the data in")
+        node = node[part]
+    if not isinstance(node, h5py.Dataset):
+        raise SourceError(episode, path, f"'{key}' is a group, not a dataset", "check the file's layout")
+    if node.external or node.is_virtual:
+        raise SourceError(
+            episode, path, f"dataset '{key}' keeps its data in other files (external or virtual)", "copy the data in"
+        )
+    return node
 
 
 @dataclass(frozen=True)
@@ -54,30 +102,79 @@ class ZarrArray:
     def where(self) -> str:
         return f"{self.path}/{self.key}"
 
-    def read(self, episode: str) -> np.ndarray:
+    def shape(self, episode: str) -> ArrayShape:
+        array = self._array(episode)
+        return _declared(array.shape, array.dtype, array.chunks, self, episode)
+
+    def read(self, episode: str, first: int = 0, last: int | None = None) -> np.ndarray:
+        """Rows [first, last) of the address's range (all of it by default)."""
+        lo, hi = _within(self.start, self.stop, first, last)
+        try:
+            return np.asarray(self._array(episode)[lo:hi])
+        except (RuntimeError, ValueError, TypeError) as exc:
+            raise self._failure(episode, exc) from exc
+
+    def _array(self, episode: str):
         from mmdata.sources.zarr_replay import open_replay_group
 
-        group = open_replay_group(self.path)
         try:
-            array = group[self.key]
-            return np.asarray(array[self.start : self.stop])
+            return open_replay_group(self.path)[self.key]
         except KeyError as exc:
             raise SourceError(episode, self.path, f"no array '{self.key}'", "check the store's layout") from exc
         except (RuntimeError, ValueError, TypeError) as exc:
-            from mmdata.sources.zarr_replay import missing_codec
+            raise self._failure(episode, exc) from exc
 
-            missing = missing_codec(exc)
-            if missing is not None:
-                raise SourceError(episode, self.where(), str(missing), "pip install imagecodecs") from exc
-            raise SourceError(episode, self.where(), f"cannot be read: {exc}") from exc
+    def _failure(self, episode: str, exc: Exception) -> SourceError:
+        from mmdata.sources.zarr_replay import missing_codec
+
+        missing = missing_codec(exc)
+        if missing is not None:
+            return SourceError(episode, self.where(), str(missing), "pip install imagecodecs")
+        return SourceError(episode, self.where(), f"cannot be read: {exc}")
 
 
 ArrayRef = Hdf5Array | ZarrArray
 
 
+def _within(start: int, stop: int | None, first: int, last: int | None) -> tuple[int, int | None]:
+    lo = start + first
+    if last is None:
+        return lo, stop
+    return lo, start + last if stop is None else min(stop, start + last)
+
+
+def _declared(shape: tuple, dtype, chunks: tuple | None, array: ArrayRef, episode: str) -> ArrayShape:
+    """The declared shape of the address's rows, refusing a chunk too large to decompress at once."""
+    dtype = np.dtype(dtype)
+    stop = shape[0] if array.stop is None else min(array.stop, shape[0]) if shape else 0
+    rows = max(0, stop - array.start) if shape else 0
+    chunk_bytes = int(np.prod(chunks, dtype=np.int64)) * dtype.itemsize if chunks else 0
+    declared = ArrayShape(rows, tuple(int(n) for n in shape[1:]), dtype, chunk_bytes)
+    if chunk_bytes > MAX_ARRAY_CHUNK_BYTES:
+        limit = MAX_ARRAY_CHUNK_BYTES
+        raise SourceError(episode, array.where(), f"stores chunks of {chunk_bytes} bytes, above the {limit} allowed")
+    return declared
+
+
+def require_bytes(array: ArrayRef, declared: ArrayShape, limit: int, episode: str, what: str) -> None:
+    """Refuse to read `declared` rows when they would take more than `limit` bytes."""
+    total = declared.rows * declared.row_bytes
+    if total > limit:
+        raise SourceError(
+            episode,
+            array.where(),
+            f"{what} declares {declared.rows} rows of {declared.row_shape} {declared.dtype} = {total} bytes, more than"
+            f" the {limit} one episode's stream may hold",
+            "check the file; it may be damaged",
+        )
+
+
 @dataclass(frozen=True)
 class ArrayCameraSource:
-    """A camera stored as images: uint8 `[T, H, W, 3]` (or `[T, H, W]` grey), or one JPEG/PNG per row."""
+    """A camera stored as images: uint8 `[T, H, W, 3]` (or `[T, H, W]` grey), or one JPEG/PNG per row.
+
+    Images are read a block of rows at a time, so memory does not grow with the episode's length.
+    """
 
     name: str
     array: ArrayRef
@@ -88,30 +185,53 @@ class ArrayCameraSource:
         return self.array.path
 
     def info(self, episode: str) -> VideoInfo:
-        first = self._images(episode)[:1]
-        if not len(first):
+        declared = self._declared(episode)
+        if declared.rows == 0:
             raise SourceError(episode, self.array.where(), "holds no images")
-        height, width = first[0].shape[:2]
+        first = self._images(episode, 0, 1)[0]
+        height, width = first.shape[:2]
+        if not (0 < width <= MAX_FRAME_SIDE and 0 < height <= MAX_FRAME_SIDE):
+            raise SourceError(episode, self.array.where(), f"images of {width}x{height}", "sides up to 8192 are stored")
         return VideoInfo(width, height, Fraction(self.fps).limit_denominator(1001), "raw")
 
     def frames(self, episode: str, fps: Fraction) -> Iterator[tuple[np.ndarray, float]]:
-        for index, image in enumerate(self._images(episode)):
-            yield image, index / float(fps)
+        declared = self._declared(episode)
+        encoded = _encoded_rows(declared)
+        block = 64 if encoded else max(1, MAX_IMAGE_BLOCK_BYTES // max(1, declared.row_bytes))
+        index = 0
+        for first in range(0, declared.rows, block):
+            for image in self._images(episode, first, min(declared.rows, first + block)):
+                yield image, index / float(fps)
+                index += 1
 
-    def _images(self, episode: str) -> np.ndarray:
-        data = self.array.read(episode)
+    def _declared(self, episode: str) -> ArrayShape:
+        declared = self.array.shape(episode)
+        if not _encoded_rows(declared) and (declared.dtype != np.uint8 or len(declared.row_shape) not in (2, 3)):
+            raise SourceError(
+                episode,
+                self.array.where(),
+                f"images are {declared.dtype} {declared.row_shape}",
+                "expected uint8 [T, H, W, 3]",
+            )
+        return declared
+
+    def _images(self, episode: str, first: int, last: int) -> np.ndarray:
+        data = self.array.read(episode, first, last)
         if data.dtype == object or data.ndim == 1 or (data.ndim == 2 and data.dtype == np.uint8):
             # one compressed image per row: variable-length bytes, or uint8 rows padded with zeros (ACT)
             return np.stack([decode_image(_as_bytes(item), episode, self.array.where()) for item in data])
-        if data.dtype != np.uint8 or data.ndim not in (3, 4):
-            raise SourceError(
-                episode, self.array.where(), f"images are {data.dtype} {data.shape}", "expected uint8 [T, H, W, 3]"
-            )
         if data.ndim == 3:
             data = np.repeat(data[..., None], 3, axis=-1)
         if data.shape[-1] != 3:
             raise SourceError(episode, self.array.where(), f"images have {data.shape[-1]} channels, not 3")
         return data
+
+
+def _encoded_rows(declared: ArrayShape) -> bool:
+    """Whether each row holds one compressed image (bytes objects, or a padded uint8 vector)."""
+    return declared.dtype == object or len(declared.row_shape) == 0 or (
+        len(declared.row_shape) == 1 and declared.dtype == np.uint8
+    )
 
 
 @dataclass(frozen=True)
@@ -126,12 +246,17 @@ class ArrayLowdimSource:
     def path(self) -> str:
         return self.array.path
 
+    def declared_rows(self, episode: str) -> int:
+        return self.array.shape(episode).rows
+
     def load(self, episode: str) -> tuple[np.ndarray, np.ndarray]:
+        declared = self.array.shape(episode)
+        if declared.dtype.kind not in "biuf":
+            raise SourceError(episode, self.array.where(), f"holds {declared.dtype} values, not numbers")
+        require_bytes(self.array, declared, MAX_LOWDIM_BYTES, episode, f"low-dim stream '{self.name}'")
         values = self.array.read(episode)
         if values.ndim == 1:
             values = values[:, None]
-        if values.dtype.kind not in "biuf":
-            raise SourceError(episode, self.array.where(), f"holds {values.dtype} values, not numbers")
         return values, np.arange(len(values), dtype=np.float64) / self.rate
 
 
@@ -140,7 +265,8 @@ class ParquetRowsSource:
     """One column of the rows of a Parquet file that belong to one episode (LeRobot `data/` files).
 
     `first`/`count` are where the episode's rows should be; they are checked against the file's
-    own `episode_index` column, and times come from its `timestamp` column.
+    own `episode_index` column, and times come from its `timestamp` column, counted from the
+    episode's first row and snapped to `rate` (see `snap_to_grid`).
     """
 
     name: str
@@ -151,10 +277,13 @@ class ParquetRowsSource:
     count: int
     rate: float | None = None
 
+    def declared_rows(self, episode: str) -> int:
+        return self.count
+
     def load(self, episode: str) -> tuple[np.ndarray, np.ndarray]:
         import pyarrow.parquet as pq
 
-        from mmdata.sources.episode import column_to_array
+        from mmdata.sources.episode import column_to_array, snap_to_grid
 
         try:
             rows = _row_range(
@@ -179,7 +308,9 @@ class ParquetRowsSource:
             raise SourceError(episode, self.path, f"column '{self.column}': {exc}") from exc
         if values.ndim == 1:
             values = values[:, None]
-        return values, timestamps - timestamps[0] if len(timestamps) else timestamps
+        if len(timestamps):
+            timestamps = timestamps - timestamps[0]
+        return values, snap_to_grid(timestamps, self.rate) if self.rate else timestamps
 
 
 def _row_range(file, columns: list[str], first: int, count: int):
@@ -188,6 +319,12 @@ def _row_range(file, columns: list[str], first: int, count: int):
     sizes = [file.metadata.row_group(g).num_rows for g in range(file.num_row_groups)]
     bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     groups = [g for g in range(len(sizes)) if bounds[g] < first + count and bounds[g + 1] > first]
+    names = file.schema_arrow.names
+    declared = sum(
+        file.metadata.row_group(g).column(names.index(c)).total_uncompressed_size for g in groups for c in columns
+    )
+    if declared > MAX_LOWDIM_BYTES:
+        raise ValueError(f"the row groups holding the episode declare {declared} bytes, more than {MAX_LOWDIM_BYTES}")
     table = file.read_row_groups(groups, columns=columns)
     return table.slice(first - int(bounds[groups[0]]) if groups else 0, count)
 

@@ -14,35 +14,51 @@ from typing import Any
 import av
 import numpy as np
 
-from mmdata.codecs.audio import AudioClip, decode_audio
+from mmdata.codecs.audio import AudioClip, AudioLimits, decode_audio
+from mmdata.codecs.lowdim import NpyError, load_npy_file
 from mmdata.codecs.video_source import VideoInfo, iter_video_frames, probe_video
 from mmdata.errors import DecodeError, SourceError
+from mmdata.sources.limits import (
+    MAX_AUDIO_CHANNELS,
+    MAX_AUDIO_RATE,
+    MAX_AUDIO_SECONDS_WITHOUT_VIDEO,
+    MAX_FRAME_SIDE,
+    MAX_LOWDIM_BYTES,
+)
 
 
 @dataclass(frozen=True)
 class CameraSource:
     """One camera recording: a video file PyAV can read, or the part of it in [start, end) seconds
     (files that concatenate many episodes, as LeRobot v3 writes them), whose times then start at 0.
-    With `expected_frames`, a part that holds fewer frames is an error."""
+    With `expected_frames`, a part that holds fewer frames is an error. With `grid` (a rate the
+    format states), times within a thousandth of a period of k / grid are set to exactly that
+    (see `snap_to_grid`)."""
 
     name: str
     path: str
     start: float | None = None
     end: float | None = None
     expected_frames: int | None = None
+    grid: float | None = None
 
     def info(self, episode: str) -> VideoInfo:
         try:
-            return probe_video(self.path)
+            info = probe_video(self.path)
         except DecodeError as exc:
             raise SourceError(episode, self.path, f"unreadable video: {exc}", "re-export or replace the file") from exc
+        if not (0 < info.width <= MAX_FRAME_SIDE and 0 < info.height <= MAX_FRAME_SIDE):
+            raise SourceError(
+                episode, self.path, f"frames of {info.width}x{info.height}", f"sides up to {MAX_FRAME_SIDE} are stored"
+            )
+        return info
 
     def frames(self, episode: str, fps: Fraction) -> Iterator[tuple[av.VideoFrame | np.ndarray, float]]:
         count = 0
         try:
             for frame, timestamp in iter_video_frames(self.path, fps, self.start, self.end):
                 count += 1
-                yield frame, timestamp
+                yield frame, float(snap_to_grid(np.float64(timestamp), self.grid)) if self.grid else timestamp
         except DecodeError as exc:
             raise SourceError(
                 episode, self.path, f"video stops decoding: {exc}", "re-export or replace the file"
@@ -64,12 +80,13 @@ class AudioSource:
     name: str
     path: str
 
-    def load(self, episode: str) -> tuple[AudioClip, str, bytes]:
-        """The decoded clip, its codec and the file's bytes."""
+    def load(self, episode: str, max_seconds: float = MAX_AUDIO_SECONDS_WITHOUT_VIDEO) -> tuple[AudioClip, str, bytes]:
+        """The decoded clip, its codec and the file's bytes; more than `max_seconds` of audio is an error."""
+        limits = AudioLimits(max_seconds=max_seconds, max_channels=MAX_AUDIO_CHANNELS, max_rate=MAX_AUDIO_RATE)
         try:
             with open(self.path, "rb") as handle:
                 data = handle.read()
-            clip, codec = decode_audio(data)
+            clip, codec = decode_audio(data, limits)
         except (DecodeError, OSError) as exc:
             raise SourceError(episode, self.path, f"unreadable audio: {exc}", "re-export or replace the file") from exc
         return clip, codec, data
@@ -95,9 +112,11 @@ class LowdimSource:
 
     def _load_npy(self, episode: str) -> tuple[np.ndarray, np.ndarray]:
         try:
-            values = np.load(self.path, allow_pickle=False)
-        except (OSError, ValueError) as exc:
-            raise SourceError(episode, self.path, f"not a readable .npy array: {exc}") from exc
+            values = load_npy_file(self.path, MAX_LOWDIM_BYTES)
+        except NpyError as exc:
+            raise SourceError(episode, self.path, f"not a usable .npy array: {exc}", "re-export the stream") from exc
+        except OSError as exc:
+            raise SourceError(episode, self.path, f"unreadable: {exc}") from exc
         if values.ndim == 0 or values.dtype.kind not in "biuf":
             raise SourceError(
                 episode,
@@ -118,7 +137,9 @@ class LowdimSource:
         import pyarrow.parquet as pq
 
         try:
-            table = pq.read_table(self.path, columns=["timestamp", self.column])
+            parquet = pq.ParquetFile(self.path)
+            require_parquet_bytes(parquet, ["timestamp", self.column], MAX_LOWDIM_BYTES)
+            table = parquet.read(columns=["timestamp", self.column])
         except (OSError, ValueError, KeyError) as exc:
             raise SourceError(episode, self.path, f"cannot read columns timestamp, {self.column}: {exc}") from exc
         timestamps = table.column("timestamp").to_numpy().astype(np.float64)
@@ -128,6 +149,29 @@ class LowdimSource:
         except ValueError as exc:
             raise SourceError(episode, self.path, f"column '{self.column}': {exc}") from exc
         return values, timestamps
+
+
+def snap_to_grid(times: np.ndarray, rate: float, tolerance: float = 1e-3) -> np.ndarray:
+    """Times within `tolerance` of a period of k / rate, set to exactly k / rate; others unchanged.
+
+    Formats that store times as float32 (LeRobot's `timestamp` column, episode offsets in its
+    concatenated videos) put frame 69 at 30 fps at 2.29999995 s instead of 2.3 s; snapping restores
+    the grid the recorder ran on, so durations, windows and edges compare exactly at that rate.
+    """
+    steps = np.round(times * rate)
+    return np.where(np.abs(times * rate - steps) <= tolerance, steps / rate, times)
+
+
+def require_parquet_bytes(parquet, columns: list[str], limit: int) -> None:
+    """Raise ValueError when `columns` of a Parquet file declare more than `limit` bytes decompressed."""
+    names = parquet.schema_arrow.names
+    wanted = [names.index(c) for c in columns if c in names]
+    metadata = parquet.metadata
+    declared = sum(
+        metadata.row_group(g).column(i).total_uncompressed_size for g in range(metadata.num_row_groups) for i in wanted
+    )
+    if declared > limit:
+        raise ValueError(f"columns {columns} hold {declared} bytes, more than the {limit} one episode's stream may")
 
 
 def column_to_array(column) -> np.ndarray:

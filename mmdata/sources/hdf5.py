@@ -13,12 +13,14 @@ Both record at a fixed control rate that the files do not state: it is given as 
 
 from __future__ import annotations
 
-import json
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from mmdata.checks import as_text, check_json_value, inside, parse_json
 from mmdata.errors import SourceError
-from mmdata.sources.arrays import ArrayCameraSource, ArrayLowdimSource, Hdf5Array
+from mmdata.sources.arrays import ArrayCameraSource, ArrayLowdimSource, Hdf5Array, hdf5_dataset
 from mmdata.sources.episode import EpisodeSource, require_common_streams
 
 SUFFIXES = (".hdf5", ".h5", ".he5")
@@ -45,16 +47,50 @@ def discover_hdf5_episodes(root: str | Path, fps: float | None, task: str = "") 
         raise SourceError.for_source(str(root), None, "holds no .hdf5 / .h5 files")
     episodes: list[EpisodeSource] = []
     for path in files:
+        if not inside(root if root.is_dir() else root.parent, path):
+            problem = SourceError(path.stem, str(path), "is a link to a file outside the source", "copy the file in")
+            episodes.append(EpisodeSource(name=path.stem, problem=problem))
+            continue
         try:
             with h5py.File(path, "r") as handle:
-                if "data" in handle and any(k.startswith("demo") for k in handle["data"]):
-                    episodes += _robomimic(path, handle, float(fps), task)
+                data = _child(handle, "data", path.stem, path)
+                if data is not None and any(k.startswith("demo") for k in data):
+                    episodes += _robomimic(path, data, float(fps), task)
                 else:
-                    episodes.append(_aloha(path, handle, float(fps), task))
-        except OSError as exc:
+                    episodes.append(_described(path.stem, path, partial(_aloha, path, handle, float(fps), task)))
+        except SourceError as problem:
+            episodes.append(EpisodeSource(name=path.stem, problem=problem))
+        except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
             problem = SourceError(path.stem, str(path), f"unreadable: {exc}")
             episodes.append(EpisodeSource(name=path.stem, problem=problem))
     return require_common_streams(episodes, _missing_key)
+
+
+def _described(name: str, path: Path, describe: Callable[[], EpisodeSource]) -> EpisodeSource:
+    """`describe()`, or an episode that carries the problem found while describing it."""
+    try:
+        return describe()
+    except SourceError as problem:
+        return EpisodeSource(name=name, problem=problem)
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
+        return EpisodeSource(name=name, problem=SourceError(name, str(path), f"unreadable: {exc}"))
+
+
+def _child(group, key: str, episode: str, path: Path):
+    """`group[key]` when it exists in this file, None when absent; a link to another file is refused."""
+    import h5py
+
+    link = group.get(key, getlink=True)
+    if link is None:
+        return None
+    if isinstance(link, h5py.ExternalLink):
+        raise SourceError(episode, str(path), f"'{key}' links to another file ({link.filename})", "copy the data in")
+    return group[key]
+
+
+def _members(group, episode: str, path: Path) -> list[tuple[str, object]]:
+    """(name, node) of a group's members in name order, each checked by `_child`."""
+    return [(key, _child(group, key, episode, path)) for key in sorted(group)]
 
 
 def _missing_key(episode: EpisodeSource, kind: str, name: str) -> str:
@@ -74,74 +110,93 @@ def _aloha(path: Path, handle, fps: float, task: str) -> EpisodeSource:
     import h5py
 
     name = path.stem
-    if "observations" not in handle:
+    observations = _child(handle, "observations", name, path)
+    if observations is None:
         problem = SourceError(name, str(path), "has no '/observations' group", "expected the ALOHA / ACT layout")
         return EpisodeSource(name=name, problem=problem)
-    observations = handle["observations"]
     cameras, lowdim = [], []
-    if "images" in observations:
-        for cam in sorted(observations["images"]):
-            cameras.append(ArrayCameraSource(cam, Hdf5Array(str(path), f"observations/images/{cam}"), fps))
-    for key in sorted(observations):
-        if key != "images" and isinstance(observations[key], h5py.Dataset):
+    images = _child(observations, "images", name, path)
+    if images is not None:
+        for cam, _ in _members(images, name, path):
+            address = Hdf5Array(str(path), f"observations/images/{cam}")
+            hdf5_dataset(handle, address.key, name, str(path))
+            cameras.append(ArrayCameraSource(cam, address, fps))
+    for key, node in _members(observations, name, path):
+        if key != "images" and isinstance(node, h5py.Dataset):
+            hdf5_dataset(handle, f"observations/{key}", name, str(path))
             lowdim.append(ArrayLowdimSource(key, Hdf5Array(str(path), f"observations/{key}"), fps))
-    if "action" in handle:
+    if _child(handle, "action", name, path) is not None:
+        hdf5_dataset(handle, "action", name, str(path))
         lowdim.append(ArrayLowdimSource("action", Hdf5Array(str(path), "action"), fps))
     attrs = _attributes(handle.attrs)
+    stated = attrs.pop("task", attrs.pop("language_instruction", task))
     return EpisodeSource(
         name=name,
-        task=str(attrs.pop("task", attrs.pop("language_instruction", task)) or task),
+        task=as_text(stated, "the 'task' attribute") if isinstance(stated, str) and stated else task,
         metadata={"source_format": "hdf5 aloha", **attrs},
         cameras=tuple(cameras),
         lowdim=tuple(lowdim),
     )
 
 
-def _robomimic(path: Path, handle, fps: float, task: str) -> list[EpisodeSource]:
-    data = handle["data"]
+def _robomimic(path: Path, data, fps: float, task: str) -> list[EpisodeSource]:
     env = _attributes(data.attrs).get("env_args")
     env_name = ""
     if isinstance(env, str):
         try:
-            env_name = json.loads(env).get("env_name", "")
-        except json.JSONDecodeError:
+            env_name = as_text(parse_json(env).get("env_name", ""), "env_name")
+        except (ValueError, AttributeError):
             env_name = ""
-    demos = sorted((k for k in data if k.startswith("demo")), key=lambda k: int(k.split("_")[-1]) if "_" in k else k)
-    episodes = []
-    for demo in demos:
-        group = data[demo]
-        name = f"{path.stem}_{demo}"
-        cameras, lowdim = [], []
-        if "obs" in group:
-            for key in sorted(group["obs"]):
-                dataset = group["obs"][key]
-                address = Hdf5Array(str(path), f"data/{demo}/obs/{key}")
-                if dataset.dtype == "uint8" and dataset.ndim == 4 and dataset.shape[-1] == 3:
-                    cameras.append(ArrayCameraSource(key, address, fps))
-                else:
-                    lowdim.append(ArrayLowdimSource(key, address, fps))
-        for key, stream in (("actions", "action"), ("rewards", "reward"), ("dones", "done")):
-            if key in group:
-                lowdim.append(ArrayLowdimSource(stream, Hdf5Array(str(path), f"data/{demo}/{key}"), fps))
-        episodes.append(
-            EpisodeSource(
-                name=name,
-                task=task or env_name,
-                metadata={"source_format": "hdf5 robomimic", "demo": demo, **_attributes(group.attrs)},
-                cameras=tuple(cameras),
-                lowdim=tuple(lowdim),
-            )
-        )
-    return episodes
+    demos = sorted((k for k in data if k.startswith("demo")), key=_demo_order)
+    return [
+        _described(f"{path.stem}_{demo}", path, lambda demo=demo: _demo(path, data, demo, fps, task or env_name))
+        for demo in demos
+    ]
+
+
+def _demo(path: Path, data, demo: str, fps: float, task: str) -> EpisodeSource:
+    name = f"{path.stem}_{demo}"
+    group = _child(data, demo, name, path)
+    cameras, lowdim = [], []
+    obs = _child(group, "obs", name, path)
+    if obs is not None:
+        for key, dataset in _members(obs, name, path):
+            address = Hdf5Array(str(path), f"data/{demo}/obs/{key}")
+            hdf5_dataset(data.file, address.key, name, str(path))
+            if dataset.dtype == "uint8" and dataset.ndim == 4 and dataset.shape[-1] == 3:
+                cameras.append(ArrayCameraSource(key, address, fps))
+            else:
+                lowdim.append(ArrayLowdimSource(key, address, fps))
+    for key, stream in (("actions", "action"), ("rewards", "reward"), ("dones", "done")):
+        if _child(group, key, name, path) is not None:
+            hdf5_dataset(data.file, f"data/{demo}/{key}", name, str(path))
+            lowdim.append(ArrayLowdimSource(stream, Hdf5Array(str(path), f"data/{demo}/{key}"), fps))
+    return EpisodeSource(
+        name=name,
+        task=task,
+        metadata={"source_format": "hdf5 robomimic", "demo": demo, **_attributes(group.attrs)},
+        cameras=tuple(cameras),
+        lowdim=tuple(lowdim),
+    )
+
+
+def _demo_order(key: str) -> tuple[int, int, str]:
+    """demo_2 before demo_10; names without a number after them, by name."""
+    suffix = key.rsplit("_", 1)[-1]
+    return (0, int(suffix), key) if suffix.isdigit() else (1, 0, key)
 
 
 def _attributes(attrs) -> dict[str, Any]:
-    """HDF5 attributes as JSON-friendly values."""
+    """HDF5 attributes as plain JSON values; one JSON cannot hold (NaN, odd types) is kept as its text."""
     found = {}
     for key, value in attrs.items():
         if hasattr(value, "tolist"):
             value = value.tolist()
         if isinstance(value, bytes):
             value = value.decode(errors="replace")
-        found[key] = value
+        try:
+            check_json_value(value, max_depth=8)
+        except ValueError:
+            value = repr(value)[:1000]
+        found[str(key)] = value
     return found

@@ -13,19 +13,25 @@ streams (times from the `timestamp` column), the episode's tasks the task text.
 
 from __future__ import annotations
 
-import json
+import re
 from pathlib import Path
+from string import Formatter
 from typing import Any
 
 import numpy as np
 
+from mmdata.checks import as_int, as_number, as_text, check_json_value, inside, parse_json, relative_path_problem
 from mmdata.errors import SourceError
+from mmdata.schema import MAX_RATE
 from mmdata.sources.arrays import ParquetRowsSource
-from mmdata.sources.episode import CameraSource, EpisodeSource
+from mmdata.sources.episode import CameraSource, EpisodeSource, require_parquet_bytes
+from mmdata.sources.limits import MAX_LOWDIM_BYTES, MAX_METADATA_BYTES
 
 INFO = "meta/info.json"
 BOOKKEEPING = ("timestamp", "frame_index", "episode_index", "index", "task_index")
 NUMERIC = ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
+VIDEO_FIELDS = ("chunk_index", "file_index", "from_timestamp", "to_timestamp")
+MAX_EPISODE_ROWS = 10**8
 
 
 def is_lerobot(root: Path) -> bool:
@@ -58,13 +64,51 @@ def _read_info(root: Path) -> dict[str, Any]:
             "give the folder of a LeRobot dataset (the one holding meta/, data/ and videos/)",
         )
     try:
-        info = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise SourceError.for_source(str(root), str(path), f"unreadable: {exc}") from exc
-    for key in ("fps", "features"):
-        if key not in info:
-            raise SourceError.for_source(str(root), str(path), f"has no '{key}'", "the file is not a LeRobot info.json")
+        info = parse_json(path.read_bytes(), MAX_METADATA_BYTES)
+        if not isinstance(info, dict):
+            raise ValueError("does not hold a JSON object")
+        for key in ("fps", "features"):
+            if key not in info:
+                raise ValueError(f"has no '{key}'; the file is not a LeRobot info.json")
+        info["fps"] = as_number(info["fps"], "'fps'", high=MAX_RATE, positive=True)
+        if not isinstance(info["features"], dict) or not all(isinstance(f, dict) for f in info["features"].values()):
+            raise ValueError("'features' is not an object of feature descriptions")
+        for key in ("data_path", "video_path", "codebase_version"):
+            if key in info:
+                as_text(info[key], f"'{key}'", 4096)
+        if "chunks_size" in info:
+            info["chunks_size"] = as_int(info["chunks_size"], "'chunks_size'", 1)
+    except (OSError, ValueError) as exc:
+        raise SourceError.for_source(str(root), str(path), f"unusable: {exc}", "fix or re-export it") from exc
     return info
+
+
+def _path_from_template(root: Path, info: dict, key: str, episode: str, **fields: Any) -> Path:
+    """`info[key]` (data_path / video_path) filled in with `fields`, which must be plain integers
+    (and the video key): only `{name}` or `{name:03d}`-style fields of those names, no attribute
+    or index access, and the path must stay inside the dataset."""
+    template = info.get(key)
+    if template is None:
+        raise SourceError.for_source(str(root), INFO, f"has no '{key}'", "it is not a LeRobot v2.1/v3.0 info.json")
+    try:
+        for _, name, spec, conversion in Formatter().parse(template):
+            if name is None:
+                continue
+            if name not in fields or conversion is not None or not re.fullmatch(r"0?[0-9]{0,2}d?", spec or ""):
+                raise ValueError(f"field {{{name}{':' + spec if spec else ''}}} is not one LeRobot fills in")
+        values = {
+            k: v if k == "video_key" else as_int(v, f"'{k}' of the episode's row", 0) for k, v in fields.items()
+        }
+        relative = template.format(**values)
+    except (ValueError, KeyError, IndexError) as exc:
+        raise SourceError(episode, str(root / INFO), f"'{key}' {template!r}: {exc}", "fix meta/info.json") from exc
+    problem = relative_path_problem(relative)
+    path = root / relative
+    if problem is not None or not inside(root, path):
+        raise SourceError(
+            episode, str(path), f"'{key}' names a file outside the dataset ({problem or 'a link out'})", "fix it"
+        )
+    return path
 
 
 def _features(info: dict[str, Any]) -> tuple[list[str], list[str]]:
@@ -87,54 +131,87 @@ def _discover_v3(root: Path, info: dict[str, Any]) -> list[EpisodeSource]:
     import pyarrow.parquet as pq
 
     videos, lowdim = _features(info)
-    fps = float(info["fps"])
+    fps = info["fps"]
     files = sorted((root / "meta" / "episodes").glob("chunk-*/file-*.parquet"))
     if not files:
         raise SourceError.for_source(str(root), "meta/episodes", "holds no episodes table (chunk-*/file-*.parquet)")
-    episodes = [row for path in files for row in pq.read_table(path).to_pylist()]
-    episodes.sort(key=lambda row: row["episode_index"])
+    wanted = ["episode_index", "tasks", "length", "data/chunk_index", "data/file_index", "dataset_from_index"]
+    wanted += ["dataset_to_index"] + [f"videos/{k}/{f}" for k in videos for f in VIDEO_FIELDS]
+    episodes = []
+    for path in files:
+        try:
+            table = pq.ParquetFile(path)
+            columns = [c for c in wanted if c in table.schema_arrow.names]
+            episodes += table.read(columns=columns).to_pylist()
+        except (OSError, ValueError) as exc:
+            raise SourceError.for_source(str(root), str(path), f"unreadable episodes table: {exc}") from exc
     data_rows: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     sources = []
-    for row in episodes:
-        index = int(row["episode_index"])
-        name = f"episode_{index:06d}"
-        data_path = root / info["data_path"].format(
-            chunk_index=row["data/chunk_index"], file_index=row["data/file_index"]
-        )
+    for row in _sorted_episodes(episodes, root):
+        index, name = row["episode_index"], _episode_name(row["episode_index"])
         try:
-            first = _rows_of(data_path, row, data_rows, name)
-            cameras = tuple(_camera_v3(root, info, row, key, name) for key in videos)
+            length = as_int(row.get("length"), "'length'", 1, MAX_EPISODE_ROWS)
+            chunk, file = row.get("data/chunk_index"), row.get("data/file_index")
+            data_path = _path_from_template(root, info, "data_path", name, chunk_index=chunk, file_index=file)
+            first = _rows_of(data_path, row, length, data_rows, name)
+            cameras = tuple(_camera_v3(root, info, row, key, name, length) for key in videos)
+            task, metadata = _task_text(row.get("tasks"), name), _metadata(info, index, row.get("tasks"))
         except SourceError as problem:
             sources.append(EpisodeSource(name=name, problem=problem))
             continue
-        length = int(row["length"])
+        except ValueError as exc:
+            problem = SourceError(name, "meta/episodes", f"its row is unusable: {exc}", "re-export the dataset")
+            sources.append(EpisodeSource(name=name, problem=problem))
+            continue
         streams = tuple(ParquetRowsSource(key, str(data_path), key, index, first, length, fps) for key in lowdim)
-        sources.append(
-            EpisodeSource(
-                name=name,
-                task=_task_text(row.get("tasks")),
-                metadata=_metadata(info, index, row.get("tasks")),
-                cameras=cameras,
-                lowdim=streams,
-            )
-        )
+        sources.append(EpisodeSource(name=name, task=task, metadata=metadata, cameras=cameras, lowdim=streams))
     return sources
 
 
-def _rows_of(path: Path, row: dict, cache: dict, episode: str) -> int:
+def _sorted_episodes(rows: list[dict], root: Path) -> list[dict]:
+    """Episode rows by episode_index; rows without a usable index, or repeating one, are refused."""
+    seen: set[int] = set()
+    usable = []
+    for position, row in enumerate(rows):
+        try:
+            index = as_int(row.get("episode_index"), "episode_index", 0, 10**9)
+        except ValueError as exc:
+            raise SourceError.for_source(
+                str(root), "meta/episodes", f"row {position}: {exc}", "re-export the dataset"
+            ) from exc
+        if index in seen:
+            raise SourceError.for_source(
+                str(root), "meta/episodes", f"episode_index {index} appears twice", "re-export the dataset"
+            )
+        seen.add(index)
+        usable.append({**row, "episode_index": index})
+    return sorted(usable, key=lambda row: row["episode_index"])
+
+
+def _episode_name(index: int) -> str:
+    return f"episode_{index:06d}"
+
+
+def _rows_of(path: Path, row: dict, length: int, cache: dict, episode: str) -> int:
     """Where the episode's rows start in its data file, after checking they are its rows."""
     import pyarrow.parquet as pq
 
     if str(path) not in cache:
         if not path.is_file():
             raise SourceError(episode, str(path), "the data file is missing")
-        table = pq.read_table(path, columns=["index", "episode_index"])
+        try:
+            parquet = pq.ParquetFile(path)
+            require_parquet_bytes(parquet, ["index", "episode_index"], MAX_LOWDIM_BYTES)
+            table = parquet.read(columns=["index", "episode_index"])
+        except (OSError, ValueError, KeyError) as exc:
+            raise SourceError(episode, str(path), f"unreadable data file: {exc}", "re-export the dataset") from exc
         cache[str(path)] = (table.column("index").to_numpy(), table.column("episode_index").to_numpy())
     global_index, owners = cache[str(path)]
-    start, stop = int(row["dataset_from_index"]), int(row["dataset_to_index"])
+    start = as_int(row.get("dataset_from_index"), "'dataset_from_index'", 0)
+    stop = as_int(row.get("dataset_to_index"), "'dataset_to_index'", start)
     first = int(np.searchsorted(global_index, start))
     last = int(np.searchsorted(global_index, stop))
-    index, length = int(row["episode_index"]), int(row["length"])
+    index = row["episode_index"]
     _require_owner(
         owners[first:last],
         index,
@@ -148,53 +225,47 @@ def _rows_of(path: Path, row: dict, cache: dict, episode: str) -> int:
     return first
 
 
-def _camera_v3(root: Path, info: dict, row: dict, key: str, episode: str) -> CameraSource:
-    path = root / info["video_path"].format(
-        video_key=key, chunk_index=row[f"videos/{key}/chunk_index"], file_index=row[f"videos/{key}/file_index"]
-    )
+def _camera_v3(root: Path, info: dict, row: dict, key: str, episode: str, length: int) -> CameraSource:
+    chunk, file = row.get(f"videos/{key}/chunk_index"), row.get(f"videos/{key}/file_index")
+    path = _path_from_template(root, info, "video_path", episode, video_key=key, chunk_index=chunk, file_index=file)
     if not path.is_file():
         raise SourceError(episode, str(path), f"the video of camera '{key}' is missing")
-    start = float(row[f"videos/{key}/from_timestamp"])
-    end = float(row[f"videos/{key}/to_timestamp"])
-    return CameraSource(key, str(path), start, end, int(row["length"]))
+    start = as_number(row.get(f"videos/{key}/from_timestamp"), f"'videos/{key}/from_timestamp'", 0)
+    end = as_number(row.get(f"videos/{key}/to_timestamp"), f"'videos/{key}/to_timestamp'", start)
+    return CameraSource(key, str(path), start, end, length, grid=info["fps"])
 
 
 def _discover_v21(root: Path, info: dict[str, Any]) -> list[EpisodeSource]:
     videos, lowdim = _features(info)
-    fps = float(info["fps"])
-    chunk_size = int(info.get("chunks_size", 1000))
+    fps = info["fps"]
+    chunk_size = info.get("chunks_size", 1000)
     episodes = _read_jsonl(root / "meta/episodes.jsonl", root)
     sources = []
-    for row in sorted(episodes, key=lambda r: r["episode_index"]):
-        index = int(row["episode_index"])
-        name = f"episode_{index:06d}"
+    for row in _sorted_episodes(episodes, root):
+        index, name = row["episode_index"], _episode_name(row["episode_index"])
         chunk = index // chunk_size
-        data_path = root / info["data_path"].format(episode_chunk=chunk, episode_index=index)
-        length = int(row["length"])
         try:
+            length = as_int(row.get("length"), "'length'", 1, MAX_EPISODE_ROWS)
+            data_path = _path_from_template(root, info, "data_path", name, episode_chunk=chunk, episode_index=index)
             _check_episode_file(data_path, index, length, name)
+            cameras = []
+            for key in videos:
+                path = _path_from_template(
+                    root, info, "video_path", name, episode_chunk=chunk, video_key=key, episode_index=index
+                )
+                if not path.is_file():
+                    raise SourceError(name, str(path), f"the video of camera '{key}' is missing")
+                cameras.append(CameraSource(key, str(path), expected_frames=length, grid=fps))
+            task, metadata = _task_text(row.get("tasks"), name), _metadata(info, index, row.get("tasks"))
         except SourceError as problem:
             sources.append(EpisodeSource(name=name, problem=problem))
             continue
-        cameras = []
-        for key in videos:
-            path = root / info["video_path"].format(episode_chunk=chunk, video_key=key, episode_index=index)
-            cameras.append(CameraSource(key, str(path), expected_frames=length))
-        missing = [c for c in cameras if not Path(c.path).is_file()]
-        if missing:
-            problem = SourceError(name, missing[0].path, f"the video of camera '{missing[0].name}' is missing")
+        except ValueError as exc:
+            problem = SourceError(name, "meta/episodes.jsonl", f"its row is unusable: {exc}", "re-export the dataset")
             sources.append(EpisodeSource(name=name, problem=problem))
             continue
         streams = tuple(ParquetRowsSource(key, str(data_path), key, index, 0, length, fps) for key in lowdim)
-        sources.append(
-            EpisodeSource(
-                name=name,
-                task=_task_text(row.get("tasks")),
-                metadata=_metadata(info, index, row.get("tasks")),
-                cameras=tuple(cameras),
-                lowdim=streams,
-            )
-        )
+        sources.append(EpisodeSource(name=name, task=task, metadata=metadata, cameras=tuple(cameras), lowdim=streams))
     return sources
 
 
@@ -203,7 +274,12 @@ def _check_episode_file(path: Path, index: int, length: int, episode: str) -> No
 
     if not path.is_file():
         raise SourceError(episode, str(path), "the data file is missing")
-    owners = pq.read_table(path, columns=["episode_index"]).column("episode_index").to_numpy()
+    try:
+        parquet = pq.ParquetFile(path)
+        require_parquet_bytes(parquet, ["episode_index"], MAX_LOWDIM_BYTES)
+        owners = parquet.read(columns=["episode_index"]).column("episode_index").to_numpy()
+    except (OSError, ValueError, KeyError) as exc:
+        raise SourceError(episode, str(path), f"unreadable data file: {exc}", "re-export the dataset") from exc
     _require_owner(
         owners,
         index,
@@ -233,23 +309,33 @@ def _read_jsonl(path: Path, root: Path) -> list[dict]:
     if not path.is_file():
         raise SourceError.for_source(str(root), str(path), "missing", "a LeRobot v2.1 dataset lists its episodes there")
     try:
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    except json.JSONDecodeError as exc:
+        if path.stat().st_size > MAX_METADATA_BYTES * 64:
+            raise ValueError("is too large for an episode list")
+        rows = [parse_json(line) for line in path.read_bytes().splitlines() if line.strip()]
+        if not all(isinstance(row, dict) for row in rows):
+            raise ValueError("holds a line that is not a JSON object")
+    except (OSError, ValueError) as exc:
         raise SourceError.for_source(str(root), str(path), f"unreadable: {exc}") from exc
+    return rows
 
 
-def _task_text(tasks: Any) -> str:
+def _task_text(tasks: Any, episode: str) -> str:
+    """The episode's task text: a string, or several joined by '; '."""
     if tasks is None:
         return ""
     if isinstance(tasks, str):
-        return tasks
-    return "; ".join(str(t) for t in tasks)
+        return as_text(tasks, "'tasks'")
+    if isinstance(tasks, list):
+        return "; ".join(as_text(t, "a task") for t in tasks)
+    raise ValueError(f"'tasks' is {type(tasks).__name__}, not text or a list of texts")
 
 
 def _metadata(info: dict, index: int, tasks: Any) -> dict[str, Any]:
-    return {
+    metadata = {
         "source_format": f"lerobot {info.get('codebase_version')}",
         "lerobot_episode_index": index,
         "robot_type": info.get("robot_type"),
         "tasks": list(tasks) if tasks is not None and not isinstance(tasks, str) else tasks,
     }
+    check_json_value(metadata)
+    return metadata

@@ -9,12 +9,14 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
+from mmdata.checks import as_number, as_text, inside, parse_json
 from mmdata.errors import SourceError
+from mmdata.schema import MAX_RATE
 from mmdata.sources.episode import AudioSource, CameraSource, EpisodeSource, LowdimSource, require_common_streams
+from mmdata.sources.limits import MAX_METADATA_BYTES
 
 VIDEO_SUFFIXES = (".mp4", ".mkv", ".webm", ".mov", ".avi")
 AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".opus", ".ogg")
@@ -38,18 +40,23 @@ def discover_raw_episodes(root: str | os.PathLike) -> list[EpisodeSource]:
     folders = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     if not folders:
         raise SourceError.for_source(str(root), None, "holds no episode folders", "see the raw layout in the README")
-    episodes = [_describe(folder) for folder in folders]
+    episodes = [_describe(folder, root) for folder in folders]
     return require_common_streams(episodes, _raw_hint)
 
 
-def _describe(folder: Path) -> EpisodeSource:
+def _describe(folder: Path, root: Path) -> EpisodeSource:
     name = folder.name
     files = sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
     try:
         meta = _read_meta(folder / META_FILE, name)
+        outside = next((p for p in files if not inside(root, p)), None)
+        if outside is not None:
+            raise SourceError(
+                name, str(outside), f"is a link to '{outside.resolve()}', outside the source", "copy the file in"
+            )
     except SourceError as problem:
         return EpisodeSource(name=name, problem=problem)
-    rates = meta.get("rates", {})
+    rates = meta["rates"]
     cameras, audio, lowdim = [], [], []
     for path in files:
         suffix = path.suffix.lower()
@@ -76,8 +83,8 @@ def _describe(folder: Path) -> EpisodeSource:
         )
     return EpisodeSource(
         name=name,
-        task=str(meta.get("task", "")),
-        metadata=meta.get("metadata", {}),
+        task=meta["task"],
+        metadata=meta["metadata"],
         cameras=tuple(cameras),
         audio=tuple(audio),
         lowdim=tuple(lowdim),
@@ -86,15 +93,26 @@ def _describe(folder: Path) -> EpisodeSource:
 
 
 def _read_meta(path: Path, episode: str) -> dict:
+    """meta.json, checked: `task` text, `rates` positive numbers by stream, `metadata` a JSON object."""
     if not path.exists():
-        return {}
+        return {"task": "", "rates": {}, "metadata": {}}
     try:
-        meta = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise SourceError(episode, str(path), f"unreadable meta.json: {exc}", "fix the JSON") from exc
-    if not isinstance(meta, dict):
-        raise SourceError(episode, str(path), "meta.json must hold a JSON object")
-    return meta
+        if not path.is_file():
+            raise ValueError("is not a regular file")
+        meta = parse_json(path.read_bytes(), MAX_METADATA_BYTES)
+        if not isinstance(meta, dict):
+            raise ValueError("does not hold a JSON object")
+        task = as_text(meta.get("task", ""), "'task'")
+        rates = meta.get("rates", {})
+        if not isinstance(rates, dict):
+            raise ValueError(f"'rates' is {type(rates).__name__}, not an object of stream: Hz")
+        rates = {name: as_number(hz, f"rate of '{name}'", high=MAX_RATE, positive=True) for name, hz in rates.items()}
+        metadata = meta.get("metadata", {})
+        if not isinstance(metadata, dict):
+            raise ValueError(f"'metadata' is {type(metadata).__name__}, not an object")
+    except (OSError, ValueError) as exc:
+        raise SourceError(episode, str(path), f"unusable meta.json: {exc}", "fix the file") from exc
+    return {"task": task, "rates": rates, "metadata": metadata}
 
 
 def _parquet_streams(path: Path, episode: str) -> list[LowdimSource]:

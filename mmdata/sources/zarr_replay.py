@@ -18,6 +18,8 @@ from mmdata.errors import MissingDependencyError, SourceError
 from mmdata.sources.arrays import ArrayCameraSource, ArrayLowdimSource, ZarrArray
 from mmdata.sources.episode import EpisodeSource
 
+MAX_EPISODES = 10_000_000
+
 
 def is_replay_buffer(path: Path) -> bool:
     if path.suffix == ".zip" or path.name.endswith(".zarr.zip"):
@@ -49,7 +51,7 @@ def discover_replay_episodes(path: str | Path, fps: float | None, task: str = ""
         )
     try:
         group = open_replay_group(str(path))
-        ends = np.asarray(group["meta"]["episode_ends"][:], dtype=np.int64)
+        ends = _episode_ends(group["meta"]["episode_ends"], path)
         data = group["data"]
         keys = sorted(data.array_keys()) if hasattr(data, "array_keys") else sorted(data)
     except KeyError as exc:
@@ -63,9 +65,9 @@ def discover_replay_episodes(path: str | Path, fps: float | None, task: str = ""
                 str(path), f"{path}/data", f"an array is {missing}", "pip install imagecodecs"
             ) from exc
         raise SourceError.for_source(str(path), None, f"not a readable Zarr store: {exc}") from exc
-    if len(ends) == 0 or (np.diff(ends) <= 0).any():
+    if len(ends) == 0 or ends[0] < 1 or (np.diff(ends) <= 0).any():
         raise SourceError.for_source(
-            str(path), f"{path}/meta/episode_ends", "must increase strictly and hold at least one end"
+            str(path), f"{path}/meta/episode_ends", "must be positive, increase strictly and hold at least one end"
         )
     cameras, lowdim = [], []
     for key in keys:
@@ -97,6 +99,18 @@ def discover_replay_episodes(path: str | Path, fps: float | None, task: str = ""
             )
         )
     return episodes
+
+
+def _episode_ends(array, path: Path) -> np.ndarray:
+    """`meta/episode_ends`, after checking from its metadata that it is a modest 1-D integer array."""
+    shape, dtype = tuple(array.shape), np.dtype(array.dtype)
+    if len(shape) != 1 or dtype.kind not in "iu" or shape[0] > MAX_EPISODES:
+        raise SourceError.for_source(
+            str(path),
+            f"{path}/meta/episode_ends",
+            f"is {dtype} {shape}, not a list of at most {MAX_EPISODES} integer row ends",
+        )
+    return np.asarray(array[:], dtype=np.int64)
 
 
 def _register_imagecodecs() -> None:

@@ -7,16 +7,16 @@ import json
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mmdata.bench.naive import export_naive_shards, naive_loader, run_naive
 from mmdata.bench.presets import PRESETS, default_tokens_per, preset_spec
 from mmdata.bench.report import build_document, compare, format_table, load, parse_fraction
-from mmdata.bench.runner import run_loader, simulated_step
 from mmdata.bench.sweep import label, parse_sweep, plot_sweep
 from mmdata.dataset import open_dataset
 from mmdata.errors import MmdataError
-from mmdata.loading import DataLoader
+
+if TYPE_CHECKING:
+    from mmdata.loading.dataloader import DataLoader
 
 
 def add_parser(commands) -> None:
@@ -108,6 +108,9 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def _measure(args: argparse.Namespace, dataset: str) -> dict[str, Any]:
+    from mmdata.bench.runner import run_loader
+    from mmdata.loading.dataloader import DataLoader
+
     schema = open_dataset(dataset).schema
     spec = preset_spec(
         schema, args.spec, args.streams.split(",") if args.streams else None, args.anchor_fps, args.max_seconds
@@ -159,6 +162,9 @@ def _measure(args: argparse.Namespace, dataset: str) -> dict[str, Any]:
 
 
 def _sweep(args: argparse.Namespace, dataset: str, spec, options: dict[str, Any]) -> list[dict[str, Any]]:
+    from mmdata.bench.runner import run_loader
+    from mmdata.loading.dataloader import DataLoader
+
     rows = []
     for setting in parse_sweep(args.sweep):
         overrides = dict(setting)
@@ -183,6 +189,9 @@ def _sweep(args: argparse.Namespace, dataset: str, spec, options: dict[str, Any]
 
 
 def _baseline(args: argparse.Namespace, dataset: str, spec, loader: DataLoader, figures: dict) -> dict[str, Any]:
+    from mmdata.bench.naive import export_naive_shards, naive_loader, run_naive
+    from mmdata.bench.runner import simulated_step
+
     samples_per_batch = max(1, round(figures["samples_per_s"] * figures["wall_seconds"] / max(1, figures["steps"])))
     with tempfile.TemporaryDirectory(prefix="mmdata-naive-") as folder:
         started = time.perf_counter()

@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.quiet,
     )
     try:
-        report = convert(sources, destination, options)
+        report = convert(sources, destination, options, source_root=args.source)
     except SourceError:
         print(
             "mmdata convert: finished shards are kept; fix the episode and run the same command with"
