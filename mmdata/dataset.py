@@ -23,7 +23,7 @@ from mmdata.sharding.filesystem import DEFAULT_READ_POLICY, ReadPolicy, join, re
 from mmdata.sharding.layout import DATASET_FILE, MANIFEST_FILE, PARTIAL_DIR
 from mmdata.sharding.manifest import Manifest, Piece
 from mmdata.sharding.manifest_checks import check_manifest
-from mmdata.sharding.readers import PieceReader, piece_reader
+from mmdata.sharding.readers import PieceReader, ZarrPieceReader, piece_reader, zarr_array_paths
 
 MAX_SCHEMA_BYTES = 16 << 20
 MAX_MANIFEST_BYTES = 8 << 30
@@ -105,6 +105,9 @@ class Dataset:
         where = f"{self.url}/{MANIFEST_FILE}"
         self.manifest = Manifest(table, check_manifest(table, self.schema, where))
         self.pieces: PieceReader = piece_reader(self.schema.layout, self.fs, self.root, verify, read_policy)
+        if isinstance(self.pieces, ZarrPieceReader):
+            for path in zarr_array_paths(self.schema):
+                self.pieces.arrays.layout(path)
         self.cache = ByteBudgetCache(cache_bytes)
         codecs = [s.codec for s in self.schema.streams if isinstance(s, VideoStream)]
         if isinstance(decoder, VideoDecoder):

@@ -42,7 +42,7 @@ def check_manifest(table: pa.Table, schema: DatasetSchema, where: str) -> dict[i
     duration = _column(table, "duration", rows)
     rows.flag(
         ~np.isfinite(duration) | (duration < 0) | (duration > MAX_EPISODE_SECONDS),
-        lambda i: f"duration {duration[i]!r} s is not within [0, {MAX_EPISODE_SECONDS:g}]",
+        lambda i: f"duration {duration[i]:g} s is not within [0, {MAX_EPISODE_SECONDS:g}]",
     )
     latest_end = np.zeros(table.num_rows)
     for stream in schema.streams:
@@ -136,9 +136,9 @@ def _check_span(table: pa.Table, stream, duration: np.ndarray, rows: _RowProblem
     start = _column(table, f"{name}/t_start", rows)
     end = _column(table, f"{name}/t_end", rows)
     minimum = 1 if isinstance(stream, VideoStream) else 0
-    rows.flag(~(count >= minimum), lambda i: f"'{name}/count' is {count[i]!r}, not at least {minimum}")
+    rows.flag(~(count >= minimum), lambda i: f"'{name}/count' is {count[i]:g}, not at least {minimum}")
     bad = ~np.isfinite(start) | ~np.isfinite(end) | ~(start <= end) | ~(np.abs(start) <= MAX_EPISODE_SECONDS)
-    rows.flag(bad, lambda i: f"stream '{name}' spans [{start[i]!r}, {end[i]!r}) s, not a finite interval")
+    rows.flag(bad, lambda i: f"stream '{name}' spans [{start[i]:g}, {end[i]:g}) s, not a finite interval")
     rows.flag(
         end > duration + TIME_TOLERANCE * np.maximum(1.0, np.abs(duration)),
         lambda i: f"stream '{name}' ends at {end[i]:.6f} s, after the episode's duration {duration[i]:.6f} s",
@@ -229,12 +229,12 @@ def _check_rows_size(table: pa.Table, column: str, count: np.ndarray, row_bytes:
     bad = ~((size >= payload) & (size <= payload + header))
     if layout == "wds":
         bad |= ~(size > payload)
-    rows.flag(bad, lambda i: f"'{column}' is {size[i]!r} bytes, not {count[i]:.0f} rows of {row_bytes} bytes")
+    rows.flag(bad, lambda i: f"'{column}' is {size[i]:g} bytes, not {count[i]:.0f} rows of {row_bytes} bytes")
 
 
 def _check_piece_sizes(table: pa.Table, column: str, low: float, high: np.ndarray, rows: _RowProblems) -> None:
     size = _field(table.column(column).combine_chunks(), "size")
-    rows.flag(~((size >= low) & (size <= high)), lambda i: f"'{column}' has a size of {size[i]!r} bytes")
+    rows.flag(~((size >= low) & (size <= high)), lambda i: f"'{column}' has a size of {size[i]:g} bytes")
 
 
 def _check_piece_column(table: pa.Table, column: str, array_path: str | None, rows: _RowProblems) -> None:

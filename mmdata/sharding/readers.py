@@ -15,6 +15,7 @@ import numpy as np
 
 from mmdata.codecs.lowdim import NpyError, decode_npy
 from mmdata.errors import IntegrityError
+from mmdata.schema import DatasetSchema
 from mmdata.sharding.checksum import checksum_array, checksum_bytes
 from mmdata.sharding.filesystem import DEFAULT_READ_POLICY, ReadPolicy, join, read_range
 from mmdata.sharding.manifest import Piece
@@ -92,6 +93,12 @@ class ZarrPieceReader:
         if self.verify:
             checked(piece, checksum_array(values))
         return values
+
+
+def zarr_array_paths(schema: DatasetSchema) -> list[str]:
+    """The Zarr arrays a store's schema implies (checked when the store is opened)."""
+    groups = {"video": ("video", "timestamps"), "audio": ("audio",), "lowdim": ("data", "timestamps")}
+    return [f"{group}/{stream.name}" for stream in schema.streams for group in groups.get(stream.kind, ())]
 
 
 def piece_reader(

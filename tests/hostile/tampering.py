@@ -1,0 +1,119 @@
+"""Ways to damage a store or an input on purpose, and to run code under a memory limit."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import struct
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import xxhash
+
+MANIFEST = "episodes.parquet"
+
+
+def copy_store(store: Path, destination: Path) -> Path:
+    shutil.copytree(store, destination)
+    return destination
+
+
+def edit_manifest(store: Path, change: Callable[[list[dict[str, Any]]], None]) -> None:
+    """Rewrite the manifest after `change` mutates its rows (the column types are kept)."""
+    table = pq.read_table(store / MANIFEST)
+    rows = table.to_pylist()
+    change(rows)
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), store / MANIFEST)
+
+
+def edit_schema(store: Path, change: Callable[[dict[str, Any]], None]) -> None:
+    document = json.loads((store / "dataset.json").read_text())
+    change(document)
+    (store / "dataset.json").write_text(json.dumps(document))
+
+
+def replace_piece(store: Path, row: int, column: str, data: bytes, segment: int | None = None) -> None:
+    """Store `data` as the piece `column` (segment `segment`) of episode `row`, with a matching size
+    and checksum in the manifest: what an attacker who can write the whole store can do."""
+    layout = json.loads((store / "dataset.json").read_text())["layout"]
+
+    def change(rows: list[dict[str, Any]]) -> None:
+        piece = rows[row][column] if segment is None else rows[row][column][segment]
+        if layout == "wds":
+            shard = store / piece["path"]
+            piece["offset"] = shard.stat().st_size
+            with open(shard, "ab") as handle:
+                handle.write(data)
+        else:
+            import numpy as np
+            import zarr
+
+            array = zarr.open_array(str(store / piece["path"]), mode="r+")
+            values = np.empty(1, dtype=object)
+            values[0] = data
+            array[piece["offset"] : piece["offset"] + 1] = values
+        piece["size"] = len(data)
+        piece["checksum"] = xxhash.xxh64_hexdigest(data)
+
+    edit_manifest(store, change)
+
+
+def flip_byte(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def zstd_rle_frame(size: int, byte: int = 0) -> bytes:
+    """A valid zstd frame of `size` bytes made of RLE blocks: ~4 bytes per 128 KiB of output
+    (2.5 GB in 76 KB), as a compression bomb would be."""
+    frame = bytearray(b"\x28\xb5\x2f\xfd" + bytes([0xC0, 0x38]) + struct.pack("<Q", size))
+    left = size
+    while left > 0:
+        block = min(left, 1 << 17)
+        left -= block
+        frame += ((1 if left == 0 else 0) | (1 << 1) | (block << 3)).to_bytes(3, "little") + bytes([byte])
+    return bytes(frame)
+
+
+def run_limited(code: str, memory_bytes: int, timeout: float = 120) -> dict[str, Any]:
+    """Run `code` in a fresh interpreter whose address space is capped at `memory_bytes`; it ends
+    by calling `report(outcome)`. Returns that outcome with `peak_rss` (bytes) and `returncode`."""
+    prologue = textwrap.dedent(
+        """
+        import json, resource, sys
+        def report(outcome):
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+            print("REPORT " + json.dumps({"outcome": outcome, "peak_rss": peak}), flush=True)
+        def outcome_of(call):
+            try:
+                call()
+                return "ok"
+            except BaseException as exc:
+                return f"{type(exc).__module__}.{type(exc).__name__}: {exc}"
+        """
+    )
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+
+    result = subprocess.run(
+        [sys.executable, "-c", prologue + textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        preexec_fn=limit,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+    lines = [line for line in result.stdout.splitlines() if line.startswith("REPORT ")]
+    found = json.loads(lines[-1][len("REPORT ") :]) if lines else {"outcome": None, "peak_rss": None}
+    found.update(returncode=result.returncode, stderr=result.stderr[-3000:])
+    return found
