@@ -117,3 +117,50 @@ def run_limited(code: str, memory_bytes: int, timeout: float = 120) -> dict[str,
     found = json.loads(lines[-1][len("REPORT ") :]) if lines else {"outcome": None, "peak_rss": None}
     found.update(returncode=result.returncode, stderr=result.stderr[-3000:])
     return found
+
+
+def flac_silence_bomb(seconds: float, sample_rate: int = 16000) -> bytes:
+    """A valid mono 16-bit FLAC stream of `seconds` of silence in frames of 65535 constant samples,
+    about 14 bytes each: two hours at 16 kHz (230 MB decoded) in 25 KB."""
+    block = 65535
+    frames = int(seconds * sample_rate) // block
+    info = (
+        struct.pack(">HH", block, block)
+        + (0).to_bytes(3, "big") * 2
+        + ((sample_rate << 44) | (0 << 41) | (15 << 36) | frames * block).to_bytes(8, "big")
+        + bytes(16)
+    )
+    stream = bytearray(b"fLaC" + bytes([0x80]) + len(info).to_bytes(3, "big") + info)
+    for number in range(frames):
+        header = bytes([0xFF, 0xF8, 0x70, 0x08]) + _utf8_number(number) + (block - 1).to_bytes(2, "big")
+        header += bytes([_crc8(header)])
+        frame = header + bytes([0x00]) + (0).to_bytes(2, "big")
+        stream += frame + _crc16(frame).to_bytes(2, "big")
+    return bytes(stream)
+
+
+def _utf8_number(value: int) -> bytes:
+    if value < 0x80:
+        return bytes([value])
+    length = 2 if value < 0x800 else 3 if value < 0x10000 else 4
+    tail = [0x80 | ((value >> (6 * i)) & 0x3F) for i in range(length - 1)][::-1]
+    lead = ((0xFF00 >> length) & 0xFF) | (value >> (6 * (length - 1)))
+    return bytes([lead, *tail])
+
+
+def _crc8(data: bytes) -> int:
+    crc = 0
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x07) & 0xFF if crc & 0x80 else (crc << 1) & 0xFF
+    return crc
+
+
+def _crc16(data: bytes) -> int:
+    crc = 0
+    for byte in data:
+        crc ^= byte << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x8005) & 0xFFFF if crc & 0x8000 else (crc << 1) & 0xFFFF
+    return crc

@@ -1,0 +1,194 @@
+"""Small hostile inputs cannot make a reader or an importer allocate without bound.
+
+Each case runs in a fresh interpreter whose address space is capped (RLIMIT_AS) and reports its
+peak resident memory; the bound asserted is far below what the input declares (gigabytes).
+"""
+
+from __future__ import annotations
+
+import json
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+import mmdata
+from tests.hostile.tampering import (
+    copy_store,
+    edit_manifest,
+    flac_silence_bomb,
+    replace_piece,
+    run_limited,
+    zstd_rle_frame,
+)
+
+ADDRESS_SPACE = 3 << 30  # what the capped interpreter may map at all (libraries take ~1.7 GB of it)
+PEAK_RSS = 450 << 20  # what it may really use: about 2.5x what reading the test store takes
+
+
+def assert_bounded(result: dict, error: str) -> None:
+    assert result["outcome"] is not None, result["stderr"]
+    assert error in result["outcome"], result["outcome"]
+    assert result["peak_rss"] < PEAK_RSS, f"peak RSS {result['peak_rss'] >> 20} MB"
+
+
+def read_all(store) -> str:
+    return f"""
+    import mmdata
+    dataset = mmdata.open_dataset({str(store)!r})
+    def read():
+        for episode in range(len(dataset)):
+            dataset.read_episode(episode)
+    report(outcome_of(read))
+    """
+
+
+def test_zstd_chunk_expanding_to_gigabytes_is_refused_from_its_header(stores, tmp_path):
+    store = copy_store(stores["zarr"], tmp_path / "s.zarr")
+    bomb = zstd_rle_frame(int(2.5e9))
+    assert len(bomb) < 80_000
+    (store / "data" / "state" / "c" / "0" / "0").write_bytes(bomb)
+    assert_bounded(run_limited(read_all(store), ADDRESS_SPACE), "IntegrityError")
+
+
+def test_zarr_chunk_shape_too_large_to_read_at_once_is_refused_when_opened(stores, tmp_path):
+    store = copy_store(stores["zarr"], tmp_path / "s.zarr")
+    meta = store / "data" / "state" / "zarr.json"
+    document = json.loads(meta.read_text())
+    document["chunk_grid"]["configuration"]["chunk_shape"] = [50_000_000, 14]
+    meta.write_text(json.dumps(document))
+    with pytest.raises(mmdata.StoreError, match="more than the 268435456 read at once"):
+        mmdata.open_dataset(store)
+
+
+def test_segment_of_4096x4096_frames_in_a_224x224_store_is_refused_before_decoding(stores, tmp_path):
+    from mmdata.codecs.video_encode import VideoEncoding, encode_segments
+
+    store = copy_store(stores["wds"], tmp_path / "s.wds")
+    frames = (np.zeros((4096, 4096, 3), np.uint8) for _ in range(16))
+    ((_, data),) = encode_segments(frames, Fraction(30), 4096, 4096, VideoEncoding("h264", 16, 8, preset="ultrafast"))
+    assert len(data) < 200_000
+    replace_piece(store, 0, "cam_high/segments", data, segment=0)
+    result = run_limited(read_all(store), ADDRESS_SPACE)
+    assert_bounded(result, "DecodeError")
+    assert "holds 4096x4096 frames, the store says 224x224" in result["outcome"]
+    verify = run_limited(
+        f"""
+        from mmdata.verify import verify_dataset
+        failures = verify_dataset({str(store)!r}, progress=False).failures
+        report([problem for failure in failures for problem in failure.problems][0])
+        """,
+        ADDRESS_SPACE,
+    )
+    assert_bounded(verify, "4096x4096")
+
+
+def test_audio_with_other_channels_and_rate_than_declared_is_refused_before_decoding(stores, tmp_path):
+    from mmdata.codecs.audio import AudioClip, encode_flac
+
+    store = copy_store(stores["wds"], tmp_path / "s.wds")
+    replace_piece(store, 0, "audio/data", encode_flac(AudioClip(np.zeros((48000, 8), np.int16), 48000)))
+    with pytest.raises(mmdata.IntegrityError, match="is 48000 Hz, the store says 16000 Hz"):
+        mmdata.open_dataset(store).audio_between(0, "audio", 0.0, 0.5)
+
+
+def test_audio_holding_hours_more_than_declared_stops_decoding_at_the_declared_count(stores, tmp_path):
+    store = copy_store(stores["wds"], tmp_path / "s.wds")
+    bomb = flac_silence_bomb(2 * 3600)  # 115 M samples (230 MB) in 25 KB of valid FLAC
+    assert len(bomb) < 30_000
+    replace_piece(store, 0, "audio/data", bomb)
+    result = run_limited(read_all(store), ADDRESS_SPACE)
+    assert_bounded(result, "IntegrityError")
+    assert "holds more than the" in result["outcome"]
+
+
+def test_manifest_durations_of_a_million_seconds_leave_a_loader_small_and_quick(stores, tmp_path):
+    store = copy_store(stores["wds"], tmp_path / "s.wds")
+
+    def stretch(rows):
+        for name in ("duration", "state/t_end", "action/t_end"):
+            rows[1][name] = 1e6 if name == "duration" else 1e6
+        rows[2]["duration"] = 1e12
+
+    edit_manifest(store, stretch)
+    code = f"""
+    import time
+    import mmdata
+    spec = mmdata.Windows(anchor_fps=10, streams={{"state": mmdata.Values(offsets=[0.0])}})
+    started = time.perf_counter()
+    def build():
+        loader = mmdata.DataLoader({str(store)!r}, spec, batch_size=4, on_error="skip")
+        assert sorted(loader.stats()["excluded_episodes"]) == [1, 2], loader.stats()["excluded_episodes"]
+        assert len(loader.samples) < 100
+        list(loader)
+        assert time.perf_counter() - started < 30
+    report(outcome_of(build))
+    """
+    result = run_limited(code, 6 << 30)
+    assert result["outcome"] == "ok", result
+    assert result["peak_rss"] < 1 << 30
+    with pytest.raises(mmdata.StoreError, match="2 episode.s. have inconsistent manifest rows.*on_error='skip'"):
+        mmdata.DataLoader(
+            store, mmdata.Windows(anchor_fps=10, streams={"state": mmdata.Values()}), batch_size=4, on_error="raise"
+        )
+
+
+def test_hdf5_dataset_declaring_gigabytes_is_refused_before_it_is_read(tmp_path):
+    import h5py
+
+    source = tmp_path / "aloha"
+    source.mkdir()
+    with h5py.File(source / "episode_0.hdf5", "w") as handle:
+        handle.create_dataset("observations/images/top", data=np.zeros((10, 32, 32, 3), np.uint8))
+        handle.create_dataset("observations/qpos", shape=(30_000_000, 28), dtype="float32", chunks=(65536, 28))
+        handle.create_dataset("action", data=np.zeros((10, 14), np.float32))
+    assert (source / "episode_0.hdf5").stat().st_size < 1_000_000
+    code = f"""
+    from mmdata.conversion.pipeline import ConvertOptions, convert
+    from mmdata.sources import discover_episodes
+    def run():
+        sources = discover_episodes({str(source)!r}, "hdf5", fps=50)
+        convert(sources, {str(tmp_path / "out")!r}, ConvertOptions(workers=1, progress=False))
+    report(outcome_of(run))
+    """
+    result = run_limited(code, ADDRESS_SPACE)
+    assert_bounded(result, "SourceError")
+    assert "qpos" in result["outcome"] and "declares 30000000 rows" in result["outcome"]
+
+
+def test_replay_buffer_of_a_few_kilobytes_declaring_gigabytes_is_refused(tmp_path):
+    import zarr
+
+    path = tmp_path / "replay.zarr"
+    group = zarr.open_group(str(path), mode="w", zarr_format=2)
+    group.create_array("data/action", shape=(45_000_000, 14), chunks=(45_000_000, 14), dtype="float32")
+    ends = group.create_array("meta/episode_ends", shape=(1,), dtype="int64")
+    ends[:] = [45_000_000]
+    size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    assert size < 8_000
+    code = f"""
+    from mmdata.conversion.pipeline import ConvertOptions, convert
+    from mmdata.sources import discover_episodes
+    def run():
+        sources = discover_episodes({str(path)!r}, "zarr-replay", fps=10)
+        convert(sources, {str(tmp_path / "out")!r}, ConvertOptions(workers=1, progress=False))
+    report(outcome_of(run))
+    """
+    result = run_limited(code, ADDRESS_SPACE)
+    assert_bounded(result, "SourceError")
+    assert "chunks of 2520000000 bytes" in result["outcome"]
+
+
+def test_npy_file_declaring_1e11_rows_is_refused_without_reading(raw_copy):
+    from mmdata.conversion.pipeline import ConvertOptions, convert
+    from mmdata.sources.raw import discover_raw_episodes
+
+    path = raw_copy / "episode_0001" / "state.npy"
+    header = "{'descr': '<f4', 'fortran_order': False, 'shape': (100000000000, 14), }"
+    header += " " * (117 - len(header)) + "\n"
+    path.write_bytes(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode() + bytes(64))
+    report = convert(
+        discover_raw_episodes(raw_copy), raw_copy.parent / "out", ConvertOptions(workers=1, progress=False, skip_bad=True)
+    )
+    assert [s["episode"] for s in report.skipped] == ["episode_0001"]
+    assert "declares (100000000000, 14)" in report.skipped[0]["error"]
