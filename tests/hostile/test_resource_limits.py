@@ -187,8 +187,7 @@ def test_npy_file_declaring_1e11_rows_is_refused_without_reading(raw_copy):
     header = "{'descr': '<f4', 'fortran_order': False, 'shape': (100000000000, 14), }"
     header += " " * (117 - len(header)) + "\n"
     path.write_bytes(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode() + bytes(64))
-    report = convert(
-        discover_raw_episodes(raw_copy), raw_copy.parent / "out", ConvertOptions(workers=1, progress=False, skip_bad=True)
-    )
+    options = ConvertOptions(workers=1, progress=False, skip_bad=True)
+    report = convert(discover_raw_episodes(raw_copy), raw_copy.parent / "out", options)
     assert [s["episode"] for s in report.skipped] == ["episode_0001"]
     assert "declares (100000000000, 14)" in report.skipped[0]["error"]
