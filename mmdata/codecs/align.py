@@ -17,7 +17,8 @@ from mmdata.errors import AlignmentError
 
 Interpolation = Literal["nearest", "previous", "linear"]
 INTERPOLATIONS = ("nearest", "previous", "linear")
-_EDGE = 1e-9
+# Times within a microsecond of a stored one count as at it (float32-derived times are off by ~1e-7 s).
+_EDGE = 1e-6
 
 
 def pad_mask(timestamps: np.ndarray, times: np.ndarray) -> np.ndarray:

@@ -148,11 +148,9 @@ def _convert(sources: list[EpisodeSource], root: Path, options: ConvertOptions) 
     final = _checkpoint(len(sources), next_index, skipped, registry)
     rows = writer.finish(final, registry.streams)
     if not rows:
-        raise SourceError(
-            str(root),
-            None,
-            f"no episode could be converted ({len(skipped)} skipped)",
-            "fix the errors listed above",
+        first = f"; the first: {skipped[0]['error']}" if skipped else ""
+        raise SourceError.for_source(
+            str(root), None, f"no episode could be converted ({len(skipped)} skipped{first})", "fix the inputs"
         )
     schema = DatasetSchema(
         layout=options.layout,
