@@ -11,6 +11,7 @@ every sample of the micro-batch failed, by one borrowed from the samples planned
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -283,7 +284,7 @@ def merge_requests(requests: Sequence[ClipRequest]) -> tuple[list[ClipRequest], 
     for group in members:
         union = np.unique(np.concatenate([np.asarray(r.frames, dtype=np.int64) for r in group]))
         first = group[0]
-        merged.append(ClipRequest(first.data, tuple(union.tolist()), first.codec, first.where, first.gop))
+        merged.append(dataclasses.replace(first, frames=tuple(union.tolist())))
         unions.append(union)
     sources = []
     for request in requests:

@@ -1,0 +1,103 @@
+"""The loader under damage: with on_error="skip" every per-sample failure is counted and replaced,
+a micro-batch whose samples all fail borrows from the samples planned after it, and all of it is
+deterministic, so resuming gives the batches an uninterrupted run gives."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import mmdata
+from tests.hostile.tampering import copy_store, flip_byte, replace_piece
+
+SPEC = mmdata.Windows(
+    anchor_fps=10,
+    streams={"cam_high": mmdata.Frames(offsets=[0.0]), "state": mmdata.Values(offsets=[0.0])},
+)
+
+
+def damaged_camera(store, tmp_path, episode: int = 1):
+    """A copy of the WebDataset store in which every cam_high segment of `episode` fails its checksum."""
+    copy = copy_store(store, tmp_path / "damaged.wds")
+    for segment in mmdata.open_dataset(copy).manifest.row(episode)["cam_high/segments"]:
+        flip_byte(copy / segment["path"], segment["offset"] + segment["size"] // 2)
+    return copy
+
+
+def loader(store, **options):
+    settings = {"batch_size": 2, "shuffle": "none", "on_error": "skip", "seed": 3} | options
+    return mmdata.DataLoader(store, SPEC, **settings)
+
+
+def snapshot(batch) -> tuple:
+    return (
+        tuple(batch["sample_index"].tolist()),
+        tuple(batch["episode_index"].tolist()),
+        batch["cam_high"].numpy().tobytes(),
+    )
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_micro_batches_whose_samples_all_fail_borrow_and_the_epoch_completes(stores, tmp_path, workers):
+    store = damaged_camera(stores["wds"], tmp_path)
+    run = loader(store, num_workers=workers)
+    steps = len(run)
+    batches = list(run)
+    stats = run.stats()
+    assert len(batches) == steps, "every rank keeps its step count"
+    assert stats["borrowed_samples"] > 0 and stats["skipped_samples"] >= 2 * stats["borrowed_samples"] - 1
+    assert all(1 not in batch["episode_index"].tolist() for batch in batches), "no damaged sample is delivered"
+    assert all(len(batch["sample_index"]) >= 1 for batch in batches)
+
+
+def test_borrowing_is_the_same_on_every_run_and_after_resuming(stores, tmp_path):
+    store = damaged_camera(stores["wds"], tmp_path)
+    first = [snapshot(b) for b in loader(store)]
+    assert first == [snapshot(b) for b in loader(store, num_workers=2)]
+    interrupted = loader(store)
+    iterator = iter(interrupted)
+    for _ in range(5):
+        next(iterator)
+    state = interrupted.state_dict()
+    resumed = loader(store)
+    resumed.load_state_dict(state)
+    assert [snapshot(b) for b in resumed] == first[5:]
+
+
+def test_a_loader_with_raise_names_the_damaged_sample(stores, tmp_path):
+    store = damaged_camera(stores["wds"], tmp_path)
+    with pytest.raises(mmdata.SampleError, match=r"episode 'episode_000001', stream 'cam_high'.*checksum mismatch"):
+        list(loader(store, on_error="raise"))
+
+
+def test_frames_larger_than_declared_are_a_counted_skip_never_a_collate_crash(stores, tmp_path):
+    from fractions import Fraction
+
+    from mmdata.codecs.video_encode import VideoEncoding, encode_segments
+
+    store = copy_store(stores["wds"], tmp_path / "big.wds")
+    frames = (np.zeros((448, 448, 3), np.uint8) for _ in range(32))
+    ((_, data),) = encode_segments(frames, Fraction(30), 448, 448, VideoEncoding("h264", 32, 8, preset="ultrafast"))
+    replace_piece(store, 0, "cam_high/segments", data, segment=0)
+    run = loader(store)
+    batches = list(run)
+    assert run.stats()["skipped_samples"] > 0
+    assert all(batch["cam_high"].shape[-3:] == torch.Size([224, 224, 3]) for batch in batches)
+
+
+def test_import_mmdata_and_reading_a_store_never_load_torch(stores):
+    code = (
+        "import sys, mmdata\n"
+        f"dataset = mmdata.open_dataset({str(stores['wds'])!r})\n"
+        "dataset.read_episode(0)\n"
+        "from mmdata.tools import cli\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    for _ in range(5):
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert "terminate called" not in result.stderr
