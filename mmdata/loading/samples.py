@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from mmdata.loading.specs import Audio, Sequences, Spec, SpecError, Windows
 from mmdata.packing.cost import TokensPer, token_costs
@@ -48,7 +49,8 @@ class SampleTable:
 def enumerate_samples(table: pa.Table, spec: Spec, episodes: np.ndarray) -> SampleTable:
     """The samples of `spec` in the manifest rows `episodes`, in manifest and time order."""
     durations = table.column("duration").to_numpy()[episodes]
-    _, shard_codes = np.unique(np.asarray(table.column("shard").to_pylist(), dtype=object), return_inverse=True)
+    shard_names = pc.fill_null(table.column("shard"), "").to_pylist()
+    _, shard_codes = np.unique(np.asarray(shard_names, dtype=object), return_inverse=True)
     shards = shard_codes[episodes]
     if isinstance(spec, Windows):
         counts = np.array([max(1, math.ceil(d * spec.anchor_fps - _EPS)) for d in durations], dtype=np.int64)

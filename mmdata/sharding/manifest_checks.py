@@ -66,6 +66,13 @@ def check_manifest(table: pa.Table, schema: DatasetSchema, where: str) -> dict[i
     )
     if schema.layout == "wds":
         _check_members(table, rows)
+    else:
+        shard = pc.fill_null(pc.equal(table.column("shard"), pa.scalar("")), False).to_numpy(zero_copy_only=False)
+        rows.flag(~shard, lambda i: "its 'shard' is not empty, as a Zarr store's rows are")
+    for name in ("source", "task", "metadata"):
+        column = table.column(name)
+        if column.null_count:
+            rows.flag(column.is_null().to_numpy(zero_copy_only=False), lambda i, name=name: f"'{name}' is missing")
     return rows.messages()
 
 
@@ -121,7 +128,7 @@ def _check_structure(table: pa.Table, schema: DatasetSchema, where: str) -> None
 def _column(table: pa.Table, name: str, rows: _RowProblems) -> np.ndarray:
     """An integer or float column as float64, missing values flagged and read as NaN."""
     column = table.column(name)
-    values = pc.cast(column, pa.float64()).to_numpy(zero_copy_only=False).astype(np.float64)
+    values = pc.cast(column, pa.float64(), safe=False).to_numpy(zero_copy_only=False).astype(np.float64)
     if column.null_count:
         missing = column.is_null().to_numpy(zero_copy_only=False)
         rows.flag(missing, lambda i: f"'{name}' is missing")
@@ -287,7 +294,7 @@ def _check_members(table: pa.Table, rows: _RowProblems) -> None:
 def _field(pieces: pa.StructArray, name: str) -> np.ndarray:
     """A numeric field of struct pieces as float64, NaN where missing (so every comparison fails)."""
     values = pieces.field(name)
-    return pc.cast(values, pa.float64()).to_numpy(zero_copy_only=False).astype(np.float64)
+    return pc.cast(values, pa.float64(), safe=False).to_numpy(zero_copy_only=False).astype(np.float64)
 
 
 def _any_per_row(mask: np.ndarray, parents: np.ndarray, rows: int) -> np.ndarray:

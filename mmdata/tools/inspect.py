@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from mmdata.dataset import Dataset
 from mmdata.schema import AudioStream, LowdimStream, VideoStream
@@ -25,7 +26,10 @@ def add_parser(commands) -> None:
 
 
 def summarize(dataset: Dataset) -> dict[str, Any]:
-    table = dataset.table
+    """Counts, durations and sizes over the episodes whose manifest rows passed the store's checks."""
+    intact = np.ones(dataset.table.num_rows, bool)
+    intact[list(dataset.damaged)] = False
+    table = dataset.table.filter(pa.array(intact))
     durations = np.asarray(table.column("duration").to_pylist(), dtype=np.float64)
     streams = []
     for stream in dataset.schema.streams:
@@ -67,12 +71,13 @@ def summarize(dataset: Dataset) -> dict[str, Any]:
         "format_version": dataset.schema.format_version,
         "layout": dataset.schema.layout,
         "episodes": len(dataset),
+        "damaged_episodes": sorted(dataset.damaged),
         "shards": len(shards),
         "duration_seconds": {
             "total": float(durations.sum()),
-            "min": float(durations.min()),
-            "median": float(np.median(durations)),
-            "max": float(durations.max()),
+            "min": float(durations.min()) if len(durations) else 0.0,
+            "median": float(np.median(durations)) if len(durations) else 0.0,
+            "max": float(durations.max()) if len(durations) else 0.0,
         },
         "streams": streams,
         "created": dataset.schema.created,
@@ -108,6 +113,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"{summary['path']}: mmdata store, format {summary['format_version']}, layout {summary['layout']}")
     shards = f" in {summary['shards']} shards" if summary["shards"] else ""
     print(f"  episodes  {summary['episodes']}{shards}")
+    if summary["damaged_episodes"]:
+        damaged = summary["damaged_episodes"]
+        print(f"  damaged   {len(damaged)} episodes fail the manifest checks ({damaged[:10]}); run `mmdata verify`")
     print(
         f"  duration  {format_seconds(d['total'])} in all; per episode min {d['min']:.1f} s,"
         f" median {d['median']:.1f} s, max {d['max']:.1f} s"

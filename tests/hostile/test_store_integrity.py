@@ -77,7 +77,7 @@ def test_deleted_shard_fails_at_once_naming_it_and_verify_lists_its_episodes(sto
     assert time.perf_counter() - started < 10.0
 
 
-def test_unverified_reads_still_catch_nothing_but_verified_is_the_default(stores, tmp_path):
+def test_open_dataset_checks_checksums_unless_told_not_to(stores, tmp_path):
     store = copy_store(stores["wds"], tmp_path / "s.wds")
     assert mmdata.open_dataset(store).pieces.verify, "open_dataset checks checksums by default"
     assert not mmdata.open_dataset(store, verify=False).pieces.verify

@@ -1,0 +1,141 @@
+"""What checking every read costs, and whether the loader kept its speed, measured in one run.
+
+1. The loader (loader_bench.py's policy windows, 2 workers) on one WebDataset and one Zarr store,
+   with checksum verification on, for this tree and for an earlier one (`--baseline-tree`, e.g.
+   an export of the commit before the reliability work), in alternating rounds in fresh
+   interpreters, so both see the same machine state. The ratio is this tree's median over the
+   baseline's.
+2. `open_dataset(verify=True)` against `verify=False` for `frames_at`, `values_at` and
+   `audio_between` loops on the same stores (this tree only), and the loader with and without it.
+
+Results go to benchmarks/results/verify_cost.json with the machine named.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+from convert_bench import machine_name
+
+from mmdata.conversion.pipeline import ConvertOptions, convert
+from mmdata.sources.raw import discover_raw_episodes
+from mmdata.synthetic import SynthSpec, write_synthetic_dataset
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+
+LOADER = """
+import json, time
+import mmdata
+from mmdata.bench.runner import run_for_seconds
+spec = mmdata.Windows(anchor_fps=10, streams={{
+    "cam_high": mmdata.Frames(offsets=[-0.1, 0.0]),
+    "state": mmdata.Values(offsets=[-0.1, 0.0]),
+    "action": mmdata.Values(offsets=[i / 50 for i in range(50)]),
+    "audio": mmdata.Audio(window=(-1.0, 0.0), sample_rate=16000),
+}})
+tokens = {{"cam_high": 256, "action": 1, "state": 1, "audio": 50}}
+loader = mmdata.DataLoader({store!r}, spec, tokens_per=tokens, batch_tokens=16384, num_workers=2, verify={verify})
+figures = run_for_seconds(loader, {seconds}, lambda b: (len(b["sample_index"]), 2 * len(b["sample_index"])), warmup=4)
+print("RESULT " + json.dumps(figures))
+"""
+
+ACCESS = """
+import json, time
+import numpy as np
+import mmdata
+result = {{}}
+for verify in (True, False):
+    dataset = mmdata.open_dataset({store!r}, verify=verify)
+    rng = np.random.default_rng(0)
+    picks = [(int(e), float(t)) for e, t in zip(rng.integers(0, len(dataset), 300), rng.random(300))]
+    durations = dataset.table.column("duration").to_pylist()
+    for name, call in (
+        ("frames_at", lambda e, t: dataset.frames_at(e, "cam_high", [t * durations[e]])),
+        ("values_at", lambda e, t: dataset.values_at(e, "state", [t * durations[e]])),
+        ("audio_between", lambda e, t: dataset.audio_between(e, "audio", t * durations[e], t * durations[e] + 1)),
+    ):
+        call(*picks[0])
+        started = time.perf_counter()
+        for e, t in picks:
+            call(e, t)
+        result[f"{{name}}_{{'verified' if verify else 'unverified'}}_ms"] = round(
+            (time.perf_counter() - started) / len(picks) * 1000, 3
+        )
+print("RESULT " + json.dumps(result))
+"""
+
+
+def run(tree: Path, code: str) -> dict:
+    environment = {**os.environ, "PYTHONPATH": str(tree)}
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=environment, cwd=tree
+    )
+    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+    if result.returncode or not lines:
+        raise RuntimeError(f"run in {tree} failed:\n{result.stderr[-3000:]}")
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--baseline-tree", type=Path, help="a source tree of the earlier mmdata (with mmdata/ in it)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--episodes", type=int, default=8)
+    args = parser.parse_args()
+    tree = HERE.parent
+    record: dict = {"benchmark": "verify_cost_bench", "machine": machine_name(), "rounds": args.rounds}
+    with tempfile.TemporaryDirectory(prefix="mmdata-verify-bench-") as folder:
+        raw = Path(folder) / "raw"
+        write_synthetic_dataset(raw, SynthSpec(episodes=args.episodes, min_seconds=5.0, max_seconds=30.0))
+        stores = {}
+        for layout in ("wds", "zarr"):
+            stores[layout] = str(Path(folder) / f"store.{layout}")
+            convert(discover_raw_episodes(raw), stores[layout], ConvertOptions(layout=layout, progress=False))
+        trees = {"this": tree} | ({"baseline": args.baseline_tree.resolve()} if args.baseline_tree else {})
+        loader: dict = {layout: {name: [] for name in trees} for layout in stores}
+        unverified: dict = {layout: [] for layout in stores}
+        for round_number in range(args.rounds):
+            for layout, store in stores.items():
+                for name, path in trees.items():
+                    code = LOADER.format(store=store, verify=True, seconds=args.seconds)
+                    loader[layout][name].append(run(path, code)["samples_per_s"])
+                code = LOADER.format(store=store, verify=False, seconds=args.seconds)
+                unverified[layout].append(run(tree, code)["samples_per_s"])
+                print(f"round {round_number}: {layout} {[(n, v[-1]) for n, v in loader[layout].items()]}", flush=True)
+        record["loader_samples_per_s"] = {
+            layout: {
+                name: {"runs": runs, "median": statistics.median(runs)} for name, runs in by_tree.items()
+            }
+            | {"this_unverified": {"runs": unverified[layout], "median": statistics.median(unverified[layout])}}
+            for layout, by_tree in loader.items()
+        }
+        record["ratios"] = {
+            layout: {
+                "this_over_baseline": round(figures["this"]["median"] / figures["baseline"]["median"], 4)
+                if "baseline" in figures
+                else None,
+                "verified_over_unverified": round(figures["this"]["median"] / figures["this_unverified"]["median"], 4),
+            }
+            for layout, figures in record["loader_samples_per_s"].items()
+        }
+        record["access_ms"] = {layout: run(tree, ACCESS.format(store=store)) for layout, store in stores.items()}
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / "verify_cost.json"
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    print(json.dumps(record["ratios"], indent=1))
+    print(json.dumps(record["access_ms"], indent=1))
+    print(f"written {path}")
+
+
+if __name__ == "__main__":
+    main()
