@@ -17,7 +17,7 @@ from mmdata.codecs.align import Interpolation, frame_indices_at, sample_range, v
 from mmdata.codecs.audio import AudioClip, AudioLimits, as_float, decode_audio, resample
 from mmdata.codecs.decoders import ClipRequest, SegmentRef, VideoDecoder, make_video_decoder
 from mmdata.codecs.decoders.base import OnError
-from mmdata.errors import DecodeError, IntegrityError, StoreError
+from mmdata.errors import DecodeError, IntegrityError, ReadError, StoreError
 from mmdata.schema import DatasetSchema, VideoStream
 from mmdata.sharding.filesystem import DEFAULT_READ_POLICY, ReadPolicy, join, read_file, resolve
 from mmdata.sharding.layout import DATASET_FILE, MANIFEST_FILE, PARTIAL_DIR
@@ -117,13 +117,15 @@ class Dataset:
             self.decoder = make_video_decoder(decoder, codecs, device="cpu")
 
     def _read_schema(self) -> DatasetSchema:
-        path = join(self.root, DATASET_FILE)
-        if not self.fs.exists(path):
+        try:
+            data = read_file(self.fs, join(self.root, DATASET_FILE), MAX_SCHEMA_BYTES, self.read_policy)
+        except ReadError as exc:
+            if not isinstance(exc.__cause__, (FileNotFoundError, NotADirectoryError)):
+                raise
             hint = "it is not an mmdata store"
             if self.fs.exists(join(self.root, PARTIAL_DIR)):
                 hint = "it holds an unfinished conversion: run `mmdata convert ... --resume` to complete it"
-            raise StoreError(f"'{self.url}' has no {DATASET_FILE}: {hint}")
-        data = read_file(self.fs, path, MAX_SCHEMA_BYTES, self.read_policy)
+            raise StoreError(f"'{self.url}' has no {DATASET_FILE}: {hint}") from exc
         return DatasetSchema.from_json(data, where=f"{self.url}/{DATASET_FILE}")
 
     def _read_manifest(self) -> pa.Table:

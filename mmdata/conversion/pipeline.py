@@ -25,9 +25,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import pyarrow as pa
 from tqdm import tqdm
 
-from mmdata.checks import parse_json
+from mmdata.checks import as_int, parse_json
 from mmdata.conversion.encode import EncodedEpisode, EncodeOptions, encode_episode
 from mmdata.conversion.registry import StreamRegistry
 from mmdata.errors import DestinationError, SourceError
@@ -113,10 +114,7 @@ def _convert(sources: list[EpisodeSource], root: Path, options: ConvertOptions) 
     _prepare_destination(root, sources, options)
     writer = _store_writer(options.layout, root, options.shard_bytes)
     checkpoint = writer.restore() or {"next_position": 0, "next_index": 0, "skipped": [], "streams": []}
-    resumed_at = checkpoint["next_position"]
-    registry = StreamRegistry(checkpoint["streams"])
-    skipped = list(checkpoint["skipped"])
-    next_index = checkpoint["next_index"]
+    resumed_at, next_index, skipped, registry = _restored(checkpoint, len(sources), root)
 
     positions = range(resumed_at, len(sources))
     jobs = ((sources[p], p, options.encode) for p in positions)
@@ -158,7 +156,13 @@ def _convert(sources: list[EpisodeSource], root: Path, options: ConvertOptions) 
         num_episodes=len(rows),
         created=_creation_info(options, sources, skipped),
     )
-    write_manifest(rows, schema.streams, str(root / MANIFEST_FILE))
+    try:
+        write_manifest(rows, schema.streams, str(root / MANIFEST_FILE))
+    except (pa.ArrowException, TypeError, ValueError) as exc:
+        raise DestinationError(
+            f"'{root}': the manifest rows saved by the interrupted run are malformed ({exc}); convert again with"
+            " --overwrite"
+        ) from exc
     _write_atomically(root / DATASET_FILE, schema.to_json())
     shutil.rmtree(root / PARTIAL_DIR)
     return ConversionReport(
@@ -345,6 +349,27 @@ def _die_with_parent(parent: int) -> None:
 
 def _worker_count(requested: int | None) -> int:
     return requested if requested else (os.cpu_count() or 1)
+
+
+def _restored(checkpoint: Any, sources: int, root: Path) -> tuple[int, int, list, StreamRegistry]:
+    """(next source position, next episode index, skipped episodes, streams) of a saved checkpoint,
+    each checked: the resume state is data someone else may have written."""
+    try:
+        if not isinstance(checkpoint, dict):
+            raise ValueError("it is not an object")
+        position = as_int(checkpoint.get("next_position"), "next_position", 0, sources)
+        index = as_int(checkpoint.get("next_index"), "next_index", 0, position)
+        skipped = checkpoint.get("skipped")
+        if not isinstance(skipped, list) or not all(isinstance(s, dict) for s in skipped):
+            raise ValueError("'skipped' is not a list of objects")
+        streams = checkpoint.get("streams")
+        if not isinstance(streams, list):
+            raise ValueError("'streams' is not a list")
+        return position, index, list(skipped), StreamRegistry(streams)
+    except ValueError as exc:
+        raise DestinationError(
+            f"'{root}': the saved conversion state cannot be resumed from ({exc}); convert again with --overwrite"
+        ) from exc
 
 
 def _checkpoint(next_position: int, next_index: int, skipped: list, registry: StreamRegistry) -> dict[str, Any]:

@@ -156,6 +156,7 @@ def _open_regular(path: str) -> int:
 def _pread(path: str, offset: int, size: int) -> bytes:
     descriptor = _open_regular(path)
     try:
+        size = max(0, min(size, os.fstat(descriptor).st_size - offset))
         parts = []
         while size > 0:
             part = os.pread(descriptor, min(size, 1 << 30), offset)

@@ -15,9 +15,11 @@ import tarfile
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from mmdata.checks import parse_json
 from mmdata.codecs.lowdim import encode_npy
 from mmdata.codecs.video_encode import VIDEO_CODECS
 from mmdata.conversion.encode import EncodedEpisode
+from mmdata.errors import DestinationError
 from mmdata.schema import Stream
 from mmdata.sharding.checksum import checksum_bytes
 from mmdata.sharding.layout import PARTIAL_DIR, SHARDS_DIR
@@ -96,9 +98,17 @@ class WdsWriter:
         checkpoint = None
         index = 0
         while (self.partial / f"shard-{index:06d}.json").exists() and (self.root / shard_name(index)).exists():
-            record = json.loads((self.partial / f"shard-{index:06d}.json").read_text())
+            sidecar = self.partial / f"shard-{index:06d}.json"
+            try:
+                record = parse_json(sidecar.read_bytes(), max_bytes=1 << 30)
+                if not isinstance(record, dict) or not isinstance(record.get("rows"), list):
+                    raise ValueError("holds no list of manifest rows")
+                if not all(isinstance(row, dict) for row in record["rows"]):
+                    raise ValueError("holds a manifest row that is not an object")
+            except ValueError as exc:
+                raise DestinationError(f"{sidecar} {exc}; convert again with --overwrite") from exc
             self._rows.extend(record["rows"])
-            checkpoint = record["checkpoint"]
+            checkpoint = record.get("checkpoint")
             index += 1
         self._shard_index = index
         complete = {Path(shard_name(i)).name for i in range(index)}

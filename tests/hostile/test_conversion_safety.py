@@ -215,3 +215,21 @@ def test_stored_segments_follow_their_own_key_frame_interval_not_the_recordings(
         keys = [packet.is_keyframe for packet in container.demux(video=0) if packet.size]
     gop = dataset.schema.stream("cam").gop
     assert np.flatnonzero(keys).tolist() == list(range(0, len(keys), gop))
+
+
+def test_tampered_shard_records_are_a_destination_error_on_resume(raw_copy, tmp_path):
+    import json
+
+    (raw_copy / "episode_0002" / "audio.wav").write_bytes(b"not audio")
+    destination = tmp_path / "out"
+    options = ConvertOptions(progress=False, workers=1, shard_bytes=100_000)
+    with pytest.raises(mmdata.SourceError):
+        convert(discover_raw_episodes(raw_copy), destination, options)
+    sidecar = sorted((destination / ".mmdata-partial").glob("shard-*.json"))[0]
+    resume = dataclasses.replace(options, resume=True, skip_bad=True)
+    sidecar.write_text('{"rows": "not rows"}')
+    with pytest.raises(DestinationError, match="holds no list of manifest rows"):
+        convert(discover_raw_episodes(raw_copy), destination, resume)
+    sidecar.write_text(json.dumps({"rows": [], "checkpoint": {"next_position": 99, "next_index": 0}}))
+    with pytest.raises(DestinationError, match="next_position is 99, outside"):
+        convert(discover_raw_episodes(raw_copy), destination, resume)
