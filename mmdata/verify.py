@@ -75,7 +75,7 @@ class _EpisodeChecker:
             return [self.dataset.damaged[index]]
         row = self.dataset.manifest.row(index)
         self._attempt("metadata", lambda: self.dataset.metadata_of(row))
-        for member in row["members"]:
+        for member in row["members"] or []:
             self.blob(Piece(row["shard"], member["offset"], member["size"], member["checksum"]), member["name"])
         for stream in self.dataset.schema.streams:
             if isinstance(stream, VideoStream):

@@ -69,7 +69,7 @@ def check_manifest(table: pa.Table, schema: DatasetSchema, where: str) -> dict[i
     else:
         shard = pc.fill_null(pc.equal(table.column("shard"), pa.scalar("")), False).to_numpy(zero_copy_only=False)
         rows.flag(~shard, lambda i: "its 'shard' is not empty, as a Zarr store's rows are")
-    for name in ("source", "task", "metadata"):
+    for name in ("source", "task", "metadata", "members"):
         column = table.column(name)
         if column.null_count:
             rows.flag(column.is_null().to_numpy(zero_copy_only=False), lambda i, name=name: f"'{name}' is missing")

@@ -43,6 +43,17 @@ def read_all(store) -> str:
     """
 
 
+def convert_code(source, source_format: str, fps: float, destination) -> str:
+    return f"""
+    from mmdata.conversion.pipeline import ConvertOptions, convert
+    from mmdata.sources import discover_episodes
+    def run():
+        sources = discover_episodes({str(source)!r}, {source_format!r}, fps={fps})
+        convert(sources, {str(destination)!r}, ConvertOptions(workers=1, progress=False))
+    report(outcome_of(run))
+    """
+
+
 def test_zstd_chunk_expanding_to_gigabytes_is_refused_from_its_header(stores, tmp_path):
     store = copy_store(stores["zarr"], tmp_path / "s.zarr")
     bomb = zstd_rle_frame(int(2.5e9))
@@ -143,15 +154,7 @@ def test_hdf5_dataset_declaring_gigabytes_is_refused_before_it_is_read(tmp_path)
         handle.create_dataset("observations/qpos", shape=(30_000_000, 28), dtype="float32", chunks=(65536, 28))
         handle.create_dataset("action", data=np.zeros((10, 14), np.float32))
     assert (source / "episode_0.hdf5").stat().st_size < 1_000_000
-    code = f"""
-    from mmdata.conversion.pipeline import ConvertOptions, convert
-    from mmdata.sources import discover_episodes
-    def run():
-        sources = discover_episodes({str(source)!r}, "hdf5", fps=50)
-        convert(sources, {str(tmp_path / "out")!r}, ConvertOptions(workers=1, progress=False))
-    report(outcome_of(run))
-    """
-    result = run_limited(code, ADDRESS_SPACE)
+    result = run_limited(convert_code(source, "hdf5", 50, tmp_path / "out"), ADDRESS_SPACE)
     assert_bounded(result, "SourceError")
     assert "qpos" in result["outcome"] and "declares 30000000 rows" in result["outcome"]
 
@@ -166,15 +169,7 @@ def test_replay_buffer_of_a_few_kilobytes_declaring_gigabytes_is_refused(tmp_pat
     ends[:] = [45_000_000]
     size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
     assert size < 8_000
-    code = f"""
-    from mmdata.conversion.pipeline import ConvertOptions, convert
-    from mmdata.sources import discover_episodes
-    def run():
-        sources = discover_episodes({str(path)!r}, "zarr-replay", fps=10)
-        convert(sources, {str(tmp_path / "out")!r}, ConvertOptions(workers=1, progress=False))
-    report(outcome_of(run))
-    """
-    result = run_limited(code, ADDRESS_SPACE)
+    result = run_limited(convert_code(path, "zarr-replay", 10, tmp_path / "out"), ADDRESS_SPACE)
     assert_bounded(result, "SourceError")
     assert "chunks of 2520000000 bytes" in result["outcome"]
 
