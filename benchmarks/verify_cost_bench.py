@@ -2,11 +2,14 @@
 
 1. The loader (loader_bench.py's policy windows, 2 workers) on one WebDataset and one Zarr store,
    with checksum verification on, for this tree and for an earlier one (`--baseline-tree`, e.g.
-   an export of the commit before the reliability work), in alternating rounds in fresh
-   interpreters, so both see the same machine state. The ratio is this tree's median over the
+   an export of the commit before the reliability work), in rounds of fresh interpreters whose
+   order alternates, so both see the same machine state. The ratio is this tree's median over the
    baseline's.
-2. `open_dataset(verify=True)` against `verify=False` for `frames_at`, `values_at` and
-   `audio_between` loops on the same stores (this tree only), and the loader with and without it.
+2. The same loader in one process (no workers): CPU milliseconds per sample, for both trees, in
+   alternating rounds; far less noisy than wall-clock throughput on a shared VM.
+3. `open_dataset(verify=True)` against `verify=False` for `frames_at`, `values_at` and
+   `audio_between` calls on the same stores (this tree only; the two alternate call by call), and
+   the loader with and without it.
 
 Results go to benchmarks/results/verify_cost.json with the machine named.
 """
@@ -48,28 +51,50 @@ figures = run_for_seconds(loader, {seconds}, lambda b: (len(b["sample_index"]), 
 print("RESULT " + json.dumps(figures))
 """
 
+# The same loader in one process: CPU time per sample, which the machine's noise barely moves.
+LOADER_CPU = """
+import json, time
+import mmdata
+spec = mmdata.Windows(anchor_fps=10, streams={{
+    "cam_high": mmdata.Frames(offsets=[-0.1, 0.0]),
+    "state": mmdata.Values(offsets=[-0.1, 0.0]),
+    "action": mmdata.Values(offsets=[i / 50 for i in range(50)]),
+    "audio": mmdata.Audio(window=(-1.0, 0.0), sample_rate=16000),
+}})
+tokens = {{"cam_high": 256, "action": 1, "state": 1, "audio": 50}}
+loader = mmdata.DataLoader({store!r}, spec, tokens_per=tokens, batch_tokens=16384, num_workers=0, verify=True)
+batches = iter(loader)
+for _ in range(3):
+    next(batches)
+samples, started = 0, time.process_time()
+for _, batch in zip(range(60), batches):
+    samples += len(batch["sample_index"])
+print("RESULT " + json.dumps({{"cpu_ms_per_sample": (time.process_time() - started) / samples * 1000}}))
+"""
+
 ACCESS = """
 import json, time
 import numpy as np
 import mmdata
+datasets = {{verify: mmdata.open_dataset({store!r}, verify=verify) for verify in (True, False)}}
+rng = np.random.default_rng(0)
+durations = datasets[True].table.column("duration").to_pylist()
+picks = [(int(e), float(t) * durations[int(e)]) for e, t in zip(rng.integers(0, len(durations), 400), rng.random(400))]
+calls = {{
+    "frames_at": lambda d, e, t: d.frames_at(e, "cam_high", [t]),
+    "values_at": lambda d, e, t: d.values_at(e, "state", [t]),
+    "audio_between": lambda d, e, t: d.audio_between(e, "audio", t, t + 1),
+}}
 result = {{}}
-for verify in (True, False):
-    dataset = mmdata.open_dataset({store!r}, verify=verify)
-    rng = np.random.default_rng(0)
-    picks = [(int(e), float(t)) for e, t in zip(rng.integers(0, len(dataset), 300), rng.random(300))]
-    durations = dataset.table.column("duration").to_pylist()
-    for name, call in (
-        ("frames_at", lambda e, t: dataset.frames_at(e, "cam_high", [t * durations[e]])),
-        ("values_at", lambda e, t: dataset.values_at(e, "state", [t * durations[e]])),
-        ("audio_between", lambda e, t: dataset.audio_between(e, "audio", t * durations[e], t * durations[e] + 1)),
-    ):
-        call(*picks[0])
-        started = time.perf_counter()
-        for e, t in picks:
-            call(e, t)
-        result[f"{{name}}_{{'verified' if verify else 'unverified'}}_ms"] = round(
-            (time.perf_counter() - started) / len(picks) * 1000, 3
-        )
+for name, call in calls.items():
+    spent = {{True: 0.0, False: 0.0}}
+    for number, (e, t) in enumerate(picks):
+        for verify in ((True, False) if number % 2 else (False, True)):  # alternate which goes first
+            started = time.perf_counter()
+            call(datasets[verify], e, t)
+            spent[verify] += time.perf_counter() - started
+    for verify, seconds in spent.items():
+        result[f"{{name}}_{{'verified' if verify else 'unverified'}}_ms"] = round(seconds / len(picks) * 1000, 4)
 print("RESULT " + json.dumps(result))
 """
 
@@ -106,11 +131,10 @@ def main() -> None:
         unverified: dict = {layout: [] for layout in stores}
         for round_number in range(args.rounds):
             for layout, store in stores.items():
-                for name, path in trees.items():
-                    code = LOADER.format(store=store, verify=True, seconds=args.seconds)
-                    loader[layout][name].append(run(path, code)["samples_per_s"])
-                code = LOADER.format(store=store, verify=False, seconds=args.seconds)
-                unverified[layout].append(run(tree, code)["samples_per_s"])
+                runs = [(name, path, True) for name, path in trees.items()] + [("unverified", tree, False)]
+                for name, path, verify in runs if round_number % 2 == 0 else runs[::-1]:
+                    figures = run(path, LOADER.format(store=store, verify=verify, seconds=args.seconds))
+                    (loader[layout][name] if verify else unverified[layout]).append(figures["samples_per_s"])
                 print(f"round {round_number}: {layout} {[(n, v[-1]) for n, v in loader[layout].items()]}", flush=True)
         record["loader_samples_per_s"] = {
             layout: {
@@ -127,6 +151,18 @@ def main() -> None:
                 "verified_over_unverified": round(figures["this"]["median"] / figures["this_unverified"]["median"], 4),
             }
             for layout, figures in record["loader_samples_per_s"].items()
+        }
+        cpu: dict = {layout: {name: [] for name in trees} for layout in stores}
+        for round_number in range(args.rounds):
+            for layout, store in stores.items():
+                for name, path in trees.items() if round_number % 2 == 0 else reversed(trees.items()):
+                    cpu[layout][name].append(run(path, LOADER_CPU.format(store=store))["cpu_ms_per_sample"])
+        record["loader_cpu_ms_per_sample_one_process"] = {
+            layout: {
+                name: {"runs": [round(v, 3) for v in runs], "median": round(statistics.median(runs), 3)}
+                for name, runs in by_tree.items()
+            }
+            for layout, by_tree in cpu.items()
         }
         record["access_ms"] = {layout: run(tree, ACCESS.format(store=store)) for layout, store in stores.items()}
     RESULTS.mkdir(exist_ok=True)

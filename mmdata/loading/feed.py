@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from itertools import islice
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
@@ -79,9 +80,11 @@ class StepSource(IterableDataset):
         upcoming: tuple[int, RankSteps] | BaseException | None = None
         while current is not None:
             epoch, steps = current
+            planned = [sample for _, samples in steps for sample in samples]
+            ends = np.cumsum([len(samples) for _, samples in steps])
             for index, (step, samples) in enumerate(steps):
                 if position % count == number:
-                    fallback = list(islice(_samples_of(steps[index + 1 :]), FALLBACK_SAMPLES))
+                    fallback = planned[ends[index] : ends[index] + FALLBACK_SAMPLES]
                     if len(fallback) < FALLBACK_SAMPLES:
                         if upcoming is None:
                             upcoming = _next_or_error(epochs)
