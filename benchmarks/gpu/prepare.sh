@@ -2,8 +2,9 @@
 # Run here (the development machine) before the GPU calls: build the DALI bundle, download the
 # wheels the GPU machine lacks, and convert the synthetic store the GPU scripts read.
 # Then, on the GPU machine, three calls carry .gpu/p1, .gpu/p2, .gpu/p3 and copy each into
-# /root/stage, and a fourth carries .whl and .gpudata/loader_store.wds and runs
-# benchmarks/gpu/run_bench.sh (or run_loader.sh). `.gpu/`, `.whl/` and `.gpudata/` are not committed.
+# /root/stage, and a fourth carries .whl and .gpudata (name both in the call's `carry`: `.gpu/`,
+# `.whl/` and `.gpudata/` are git-ignored) and runs benchmarks/gpu/run_bench.sh (or run_loader.sh,
+# frame_size_check.py).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 [ -d .gpu/p3 ] || ../shared/tools/gpu-bundle .gpu
