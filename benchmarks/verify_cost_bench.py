@@ -35,10 +35,10 @@ from mmdata.synthetic import SynthSpec, write_synthetic_dataset
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 
-LOADER = """
+# loader_bench.py's loader, built in a fresh interpreter from `store`, `workers` and `verify`.
+BUILD_LOADER = """
 import json, time
 import mmdata
-from mmdata.bench.runner import run_for_seconds
 spec = mmdata.Windows(anchor_fps=10, streams={{
     "cam_high": mmdata.Frames(offsets=[-0.1, 0.0]),
     "state": mmdata.Values(offsets=[-0.1, 0.0]),
@@ -46,23 +46,19 @@ spec = mmdata.Windows(anchor_fps=10, streams={{
     "audio": mmdata.Audio(window=(-1.0, 0.0), sample_rate=16000),
 }})
 tokens = {{"cam_high": 256, "action": 1, "state": 1, "audio": 50}}
-loader = mmdata.DataLoader({store!r}, spec, tokens_per=tokens, batch_tokens=16384, num_workers=2, verify={verify})
+loader = mmdata.DataLoader(
+    {store!r}, spec, tokens_per=tokens, batch_tokens=16384, num_workers={workers}, verify={verify}
+)
+"""
+
+LOADER = BUILD_LOADER + """
+from mmdata.bench.runner import run_for_seconds
 figures = run_for_seconds(loader, {seconds}, lambda b: (len(b["sample_index"]), 2 * len(b["sample_index"])), warmup=4)
 print("RESULT " + json.dumps(figures))
 """
 
 # The same loader in one process: CPU time per sample, which the machine's noise barely moves.
-LOADER_CPU = """
-import json, time
-import mmdata
-spec = mmdata.Windows(anchor_fps=10, streams={{
-    "cam_high": mmdata.Frames(offsets=[-0.1, 0.0]),
-    "state": mmdata.Values(offsets=[-0.1, 0.0]),
-    "action": mmdata.Values(offsets=[i / 50 for i in range(50)]),
-    "audio": mmdata.Audio(window=(-1.0, 0.0), sample_rate=16000),
-}})
-tokens = {{"cam_high": 256, "action": 1, "state": 1, "audio": 50}}
-loader = mmdata.DataLoader({store!r}, spec, tokens_per=tokens, batch_tokens=16384, num_workers=0, verify=True)
+LOADER_CPU = BUILD_LOADER + """
 batches = iter(loader)
 for _ in range(3):
     next(batches)
@@ -133,7 +129,8 @@ def main() -> None:
             for layout, store in stores.items():
                 runs = [(name, path, True) for name, path in trees.items()] + [("unverified", tree, False)]
                 for name, path, verify in runs if round_number % 2 == 0 else runs[::-1]:
-                    figures = run(path, LOADER.format(store=store, verify=verify, seconds=args.seconds))
+                    code = LOADER.format(store=store, workers=2, verify=verify, seconds=args.seconds)
+                    figures = run(path, code)
                     (loader[layout][name] if verify else unverified[layout]).append(figures["samples_per_s"])
                 print(f"round {round_number}: {layout} {[(n, v[-1]) for n, v in loader[layout].items()]}", flush=True)
         record["loader_samples_per_s"] = {
@@ -156,7 +153,8 @@ def main() -> None:
         for round_number in range(args.rounds):
             for layout, store in stores.items():
                 for name, path in trees.items() if round_number % 2 == 0 else reversed(trees.items()):
-                    cpu[layout][name].append(run(path, LOADER_CPU.format(store=store))["cpu_ms_per_sample"])
+                    code = LOADER_CPU.format(store=store, workers=0, verify=True)
+                    cpu[layout][name].append(run(path, code)["cpu_ms_per_sample"])
         record["loader_cpu_ms_per_sample_one_process"] = {
             layout: {
                 name: {"runs": [round(v, 3) for v in runs], "median": round(statistics.median(runs), 3)}
