@@ -76,25 +76,25 @@ class StepSource(IterableDataset):
         number, count = (worker.id, worker.num_workers) if worker is not None else (0, 1)
         position = 0
         epochs = self.epochs()
-        current: tuple[int, RankSteps] | None = next(epochs)
-        upcoming: tuple[int, RankSteps] | BaseException | None = None
-        while current is not None:
-            epoch, steps = current
-            planned = [sample for _, samples in steps for sample in samples]
+        epoch, steps = next(epochs)
+        upcoming: tuple[int, RankSteps] | BaseException | None = None  # the next epoch, once a step needs it
+        while True:
+            planned = list(_samples_of(steps))
             ends = np.cumsum([len(samples) for _, samples in steps])
             for index, (step, samples) in enumerate(steps):
                 if position % count == number:
+                    # the samples planned after this step, to borrow from if all of its own fail
                     fallback = planned[ends[index] : ends[index] + FALLBACK_SAMPLES]
                     if len(fallback) < FALLBACK_SAMPLES:
-                        if upcoming is None:
-                            upcoming = _next_or_error(epochs)
+                        upcoming = upcoming or _next_or_error(epochs)
                         if not isinstance(upcoming, BaseException):
-                            fallback += list(islice(_samples_of(upcoming[1]), FALLBACK_SAMPLES - len(fallback)))
+                            fallback += islice(_samples_of(upcoming[1]), FALLBACK_SAMPLES - len(fallback))
                     yield self._read(epoch, step, samples, number, fallback)
                 position += 1
             if isinstance(upcoming, BaseException):
                 raise upcoming
-            current, upcoming = upcoming or next(epochs), None
+            epoch, steps = upcoming or next(epochs)
+            upcoming = None
 
     def _read(self, epoch: int, step: int, samples, worker: int, fallback: list[SampleRef]) -> Item:
         decoder, pieces = self.reader.video_decoder.stats, self.reader.dataset.pieces
