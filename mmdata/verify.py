@@ -39,29 +39,20 @@ class VerifyReport:
 
 
 class _EpisodeChecker:
-    """Checks one episode, reading every blob once and collecting problems instead of stopping."""
+    """Checks one episode, reading every piece once and collecting problems instead of stopping."""
 
     def __init__(self, dataset: Dataset, report: VerifyReport):
         self.dataset = dataset
         self.report = report
         self.problems: list[str] = []
-        self._blobs: dict[tuple[str, int], bytes | None] = {}
 
-    def blob(self, piece: Piece, what: str) -> bytes | None:
-        key = (piece.path, piece.offset)
-        if key not in self._blobs:
-            self._blobs[key] = self._attempt(what, lambda: self.dataset.pieces.read_bytes(piece))
-            if self._blobs[key] is not None:
-                self.report.pieces += 1
-                self.report.bytes_read += piece.size
-        return self._blobs[key]
-
-    def rows(self, piece: Piece, shape: tuple[int, ...], dtype: str, what: str):
-        values = self._attempt(what, lambda: self.dataset.pieces.read_rows(piece, shape, dtype))
-        if values is not None:
+    def _read(self, what: str, piece: Piece, read: Callable[[], T]) -> T | None:
+        """`read()` of `piece`, counted when it succeeds; a failure is recorded as a problem."""
+        value = self._attempt(what, read)
+        if value is not None:
             self.report.pieces += 1
             self.report.bytes_read += piece.size
-        return values
+        return value
 
     def _attempt(self, what: str, read: Callable[[], T]) -> T | None:
         try:
@@ -75,8 +66,7 @@ class _EpisodeChecker:
             return [self.dataset.damaged[index]]
         row = self.dataset.manifest.row(index)
         self._attempt("metadata", lambda: self.dataset.metadata_of(row))
-        for member in row["members"] or []:
-            self.blob(Piece(row["shard"], member["offset"], member["size"], member["checksum"]), member["name"])
+        self._check_other_members(row)
         for stream in self.dataset.schema.streams:
             if isinstance(stream, VideoStream):
                 self._check_video(row, stream)
@@ -86,12 +76,27 @@ class _EpisodeChecker:
                 self._check_lowdim(row, stream)
         return self.problems
 
+    def _check_other_members(self, row: dict) -> None:
+        """The tar members no stream reads (the episode's JSON and task text), against their checksums."""
+        read_by_streams = {
+            piece["offset"]
+            for name in row
+            if "/" in name and isinstance(row[name], (dict, list))
+            for piece in (row[name] if isinstance(row[name], list) else [row[name]])
+        }
+        for member in row["members"] or []:
+            if member["offset"] not in read_by_streams:
+                piece = Piece(row["shard"], member["offset"], member["size"], member["checksum"])
+                self._read(member["name"], piece, partial(self.dataset.pieces.read_bytes, piece))
+
     def _check_video(self, row: dict, stream: VideoStream) -> None:
         name = stream.name
-        self._attempt(f"{name} timestamps", lambda: self.dataset.timestamps_of(row, name))
+        times = Piece.from_dict(row[f"{name}/timestamps"])
+        self._read(f"{name} timestamps", times, partial(self.dataset.timestamps_of, row, name))
         for number, segment in enumerate(row[f"{name}/segments"]):
             what = f"{name} segment {number}"
-            data = self.blob(Piece.from_dict(segment), what)
+            piece = Piece.from_dict(segment)
+            data = self._read(what, piece, partial(self.dataset.pieces.read_bytes, piece))
             if data is None:
                 continue
             size = (stream.width, stream.height)
@@ -103,13 +108,16 @@ class _EpisodeChecker:
                 self.problems.append(f"{what}: decodes to {len(frames)} frames, manifest says {segment['num_frames']}")
 
     def _check_audio(self, row: dict, stream: AudioStream) -> None:
-        self._attempt(stream.name, lambda: self.dataset.audio_track_of(row, stream.name))
+        piece = Piece.from_dict(row[f"{stream.name}/data"])
+        self._read(stream.name, piece, partial(self.dataset.audio_track_of, row, stream.name))
 
     def _check_lowdim(self, row: dict, stream: LowdimStream) -> None:
         name = stream.name
-        count = row[f"{name}/count"]
-        self.rows(Piece.from_dict(row[f"{name}/data"]), (count, *stream.shape), stream.dtype, name)
-        self._attempt(f"{name} timestamps", lambda: self.dataset.timestamps_of(row, name))
+        values = Piece.from_dict(row[f"{name}/data"])
+        shape = (row[f"{name}/count"], *stream.shape)
+        self._read(name, values, partial(self.dataset.pieces.read_rows, values, shape, stream.dtype))
+        times = Piece.from_dict(row[f"{name}/timestamps"])
+        self._read(f"{name} timestamps", times, partial(self.dataset.timestamps_of, row, name))
 
 
 def verify_dataset(path_or_url: str, progress: bool = True) -> VerifyReport:
