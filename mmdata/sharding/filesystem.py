@@ -136,27 +136,27 @@ def _read(fs: fsspec.AbstractFileSystem, path: str, offset: int, size: int) -> b
 
 def _size(fs: fsspec.AbstractFileSystem, path: str) -> int:
     if isinstance(fs, LocalFileSystem):
-        descriptor = _open_regular(path)
-        try:
-            return os.fstat(descriptor).st_size
-        finally:
-            os.close(descriptor)
+        descriptor, length = _open_regular(path)
+        os.close(descriptor)
+        return length
     return int(fs.size(path))
 
 
-def _open_regular(path: str) -> int:
-    """A read-only descriptor of `path`, which must be a regular file (O_NONBLOCK: a FIFO does not block)."""
+def _open_regular(path: str) -> tuple[int, int]:
+    """A read-only descriptor of `path` and its length; `path` must be a regular file (opened with
+    O_NONBLOCK, so a FIFO does not block)."""
     descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+    status = os.fstat(descriptor)
+    if not stat.S_ISREG(status.st_mode):
         os.close(descriptor)
         raise IntegrityError(f"{path} is not a regular file (a FIFO, device or socket); a store holds only files")
-    return descriptor
+    return descriptor, status.st_size
 
 
 def _pread(path: str, offset: int, size: int) -> bytes:
-    descriptor = _open_regular(path)
+    descriptor, length = _open_regular(path)
     try:
-        size = max(0, min(size, os.fstat(descriptor).st_size - offset))
+        size = max(0, min(size, length - offset))
         parts = []
         while size > 0:
             part = os.pread(descriptor, min(size, 1 << 30), offset)
