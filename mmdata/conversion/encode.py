@@ -224,41 +224,44 @@ def _sample_period(timestamps: np.ndarray, rate: float | None) -> float:
 def _check_declared_rows(source: EpisodeSource, episode: EncodedEpisode, tolerance: float) -> None:
     """Before reading a low-dim array whose row count its container declares, check that those
     rows span the video's time: a damaged file declaring millions of rows fails here, unread."""
-    if not episode.videos:
-        return
-    video = episode.videos[0]
-    video_span = video.t_end - float(video.timestamps[0])
     for stream in source.lowdim:
         declared_rows = getattr(stream, "declared_rows", None)
         if declared_rows is None or not stream.rate:
             continue
         rows = declared_rows(source.name)
         span = rows / stream.rate
-        if abs(span - video_span) > tolerance + 1.0 / video.spec.fps + 1.0 / stream.rate:
+        mismatch = _against_video(episode, span, 1.0 / stream.rate, tolerance)
+        if mismatch:
             raise SourceError(
                 source.name,
                 stream.path,
-                f"stream '{stream.name}' declares {rows} rows at {stream.rate:g} Hz = {span:.3f} s, but camera"
-                f" '{video.spec.name}' lasts {video_span:.3f} s ({len(video.timestamps)} frames)",
+                f"stream '{stream.name}' declares {rows} rows at {stream.rate:g} Hz = {span:.3f} s, {mismatch}",
                 "check --fps and the file; it may be damaged",
             )
 
 
 def _check_durations(source: EpisodeSource, episode: EncodedEpisode, tolerance: float) -> None:
     """A low-dim stream must span the same time as the video, within tolerance plus a sample."""
-    if not episode.videos:
-        return
-    video = episode.videos[0]
-    video_span = video.t_end - float(video.timestamps[0])
     for stream, lowdim_source in zip(episode.lowdim, source.lowdim):
         span = stream.t_end - float(stream.timestamps[0]) if len(stream.timestamps) else 0.0
-        allowed = tolerance + 1.0 / video.spec.fps + _sample_period(stream.timestamps, stream.spec.rate)
-        if abs(span - video_span) > allowed:
+        mismatch = _against_video(episode, span, _sample_period(stream.timestamps, stream.spec.rate), tolerance)
+        if mismatch:
             rate = f" at {stream.spec.rate:g} Hz" if stream.spec.rate else ""
             raise SourceError(
                 source.name,
                 lowdim_source.path,
-                f"stream '{stream.spec.name}' has {len(stream.values)} rows{rate} = {span:.3f} s, but camera"
-                f" '{video.spec.name}' lasts {video_span:.3f} s ({len(video.timestamps)} frames)",
+                f"stream '{stream.spec.name}' has {len(stream.values)} rows{rate} = {span:.3f} s, {mismatch}",
                 "check the rate in meta.json or trim the recording",
             )
+
+
+def _against_video(episode: EncodedEpisode, span: float, period: float, tolerance: float) -> str | None:
+    """How a stream lasting `span` seconds (a value every `period`) disagrees with the episode's first
+    camera beyond `tolerance` plus a frame and a sample, or None when it fits (or there is no camera)."""
+    if not episode.videos:
+        return None
+    video = episode.videos[0]
+    video_span = video.t_end - float(video.timestamps[0])
+    if abs(span - video_span) <= tolerance + 1.0 / video.spec.fps + period:
+        return None
+    return f"but camera '{video.spec.name}' lasts {video_span:.3f} s ({len(video.timestamps)} frames)"

@@ -301,13 +301,16 @@ def _ordered(function, jobs, workers: int) -> Iterator[tuple[int, Any]]:
                 return
             job, future = in_flight.popleft()
             try:
-                yield job[1], future.result()
+                result = future.result()
             except BrokenProcessPool:
                 pool.shutdown(wait=False, cancel_futures=True)
-                for retried, _ in [(job, future), *in_flight]:
-                    yield retried[1], _run_alone(function, retried)
+                retried = [job, *(waiting for waiting, _ in in_flight)]
                 in_flight.clear()
+                for waiting in retried:
+                    yield waiting[1], _run_alone(function, waiting)
                 pool = _worker_pool(workers)
+                continue
+            yield job[1], result
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 
