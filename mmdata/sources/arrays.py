@@ -316,15 +316,12 @@ class ParquetRowsSource:
 def _row_range(file, columns: list[str], first: int, count: int):
     """Rows [first, first + count) of a Parquet file, reading only the row groups that hold them
     (a LeRobot v3 data file holds many episodes; each is read once, not the whole file per episode)."""
+    from mmdata.sources.episode import require_parquet_bytes
+
     sizes = [file.metadata.row_group(g).num_rows for g in range(file.num_row_groups)]
     bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     groups = [g for g in range(len(sizes)) if bounds[g] < first + count and bounds[g + 1] > first]
-    names = file.schema_arrow.names
-    declared = sum(
-        file.metadata.row_group(g).column(names.index(c)).total_uncompressed_size for g in groups for c in columns
-    )
-    if declared > MAX_LOWDIM_BYTES:
-        raise ValueError(f"the row groups holding the episode declare {declared} bytes, more than {MAX_LOWDIM_BYTES}")
+    require_parquet_bytes(file, columns, MAX_LOWDIM_BYTES, groups)
     table = file.read_row_groups(groups, columns=columns)
     return table.slice(first - int(bounds[groups[0]]) if groups else 0, count)
 

@@ -162,14 +162,14 @@ def snap_to_grid(times: np.ndarray, rate: float, tolerance: float = 1e-3) -> np.
     return np.where(np.abs(times * rate - steps) <= tolerance, steps / rate, times)
 
 
-def require_parquet_bytes(parquet, columns: list[str], limit: int) -> None:
-    """Raise ValueError when `columns` of a Parquet file declare more than `limit` bytes decompressed."""
+def require_parquet_bytes(parquet, columns: list[str], limit: int, groups: list[int] | None = None) -> None:
+    """Raise ValueError when `columns` of a Parquet file (of its row groups `groups`, by default all)
+    declare more than `limit` bytes decompressed."""
     names = parquet.schema_arrow.names
     wanted = [names.index(c) for c in columns if c in names]
     metadata = parquet.metadata
-    declared = sum(
-        metadata.row_group(g).column(i).total_uncompressed_size for g in range(metadata.num_row_groups) for i in wanted
-    )
+    groups = range(metadata.num_row_groups) if groups is None else groups
+    declared = sum(metadata.row_group(g).column(i).total_uncompressed_size for g in groups for i in wanted)
     if declared > limit:
         raise ValueError(f"columns {columns} hold {declared} bytes, more than the {limit} one episode's stream may")
 
