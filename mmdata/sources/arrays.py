@@ -16,7 +16,12 @@ import numpy as np
 
 from mmdata.codecs.video_source import VideoInfo
 from mmdata.errors import SourceError
-from mmdata.sources.limits import MAX_ARRAY_CHUNK_BYTES, MAX_FRAME_SIDE, MAX_IMAGE_BLOCK_BYTES, MAX_LOWDIM_BYTES
+from mmdata.sources.limits import (
+    MAX_ARRAY_CHUNK_BYTES,
+    MAX_IMAGE_BLOCK_BYTES,
+    MAX_LOWDIM_BYTES,
+    frame_size_problem,
+)
 
 
 @dataclass(frozen=True)
@@ -146,8 +151,10 @@ def _within(start: int, stop: int | None, first: int, last: int | None) -> tuple
 def _declared(shape: tuple, dtype, chunks: tuple | None, array: ArrayRef, episode: str) -> ArrayShape:
     """The declared shape of the address's rows, refusing a chunk too large to decompress at once."""
     dtype = np.dtype(dtype)
-    stop = shape[0] if array.stop is None else min(array.stop, shape[0]) if shape else 0
-    rows = max(0, stop - array.start) if shape else 0
+    rows = 0
+    if shape:
+        stop = shape[0] if array.stop is None else min(array.stop, shape[0])
+        rows = max(0, stop - array.start)
     chunk_bytes = int(np.prod(chunks, dtype=np.int64)) * dtype.itemsize if chunks else 0
     declared = ArrayShape(rows, tuple(int(n) for n in shape[1:]), dtype, chunk_bytes)
     if chunk_bytes > MAX_ARRAY_CHUNK_BYTES:
@@ -190,8 +197,9 @@ class ArrayCameraSource:
             raise SourceError(episode, self.array.where(), "holds no images")
         first = self._images(episode, 0, 1)[0]
         height, width = first.shape[:2]
-        if not (0 < width <= MAX_FRAME_SIDE and 0 < height <= MAX_FRAME_SIDE):
-            raise SourceError(episode, self.array.where(), f"images of {width}x{height}", "sides up to 8192 are stored")
+        problem = frame_size_problem(width, height)
+        if problem is not None:
+            raise SourceError(episode, self.array.where(), problem, "store smaller images")
         return VideoInfo(width, height, Fraction(self.fps).limit_denominator(1001), "raw")
 
     def frames(self, episode: str, fps: Fraction) -> Iterator[tuple[np.ndarray, float]]:

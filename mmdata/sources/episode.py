@@ -22,8 +22,8 @@ from mmdata.sources.limits import (
     MAX_AUDIO_CHANNELS,
     MAX_AUDIO_RATE,
     MAX_AUDIO_SECONDS_WITHOUT_VIDEO,
-    MAX_FRAME_SIDE,
     MAX_LOWDIM_BYTES,
+    frame_size_problem,
 )
 
 
@@ -47,10 +47,9 @@ class CameraSource:
             info = probe_video(self.path)
         except DecodeError as exc:
             raise SourceError(episode, self.path, f"unreadable video: {exc}", "re-export or replace the file") from exc
-        if not (0 < info.width <= MAX_FRAME_SIDE and 0 < info.height <= MAX_FRAME_SIDE):
-            raise SourceError(
-                episode, self.path, f"frames of {info.width}x{info.height}", f"sides up to {MAX_FRAME_SIDE} are stored"
-            )
+        problem = frame_size_problem(info.width, info.height)
+        if problem is not None:
+            raise SourceError(episode, self.path, problem, "scale the recording down")
         return info
 
     def frames(self, episode: str, fps: Fraction) -> Iterator[tuple[av.VideoFrame | np.ndarray, float]]:

@@ -13,3 +13,10 @@ MAX_AUDIO_RATE = 768_000
 MAX_AUDIO_SECONDS_WITHOUT_VIDEO = 4 * 3600.0
 MAX_FRAME_SIDE = 8192
 MAX_METADATA_BYTES = 16 << 20  # a meta.json, info.json or episodes.jsonl
+
+
+def frame_size_problem(width: int, height: int) -> str | None:
+    """Why frames of `width` x `height` cannot be stored, or None."""
+    if 0 < width <= MAX_FRAME_SIDE and 0 < height <= MAX_FRAME_SIDE:
+        return None
+    return f"frames of {width}x{height}; sides from 1 to {MAX_FRAME_SIDE} pixels are stored"
