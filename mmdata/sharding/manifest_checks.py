@@ -47,16 +47,16 @@ def check_manifest(table: pa.Table, schema: DatasetSchema, where: str) -> dict[i
     for stream in schema.streams:
         if stream.kind == "text":
             continue
-        end = _check_span(table, stream, duration, rows)
+        count, end = _check_span(table, stream, duration, rows)
         latest_end = np.maximum(latest_end, np.nan_to_num(end, nan=0.0))
         if isinstance(stream, VideoStream):
-            _check_video(table, stream, schema.layout, rows)
+            _check_video(table, stream, count, schema.layout, rows)
         elif isinstance(stream, AudioStream):
             _check_piece_column(table, f"{stream.name}/data", _piece_path(schema.layout, "audio", stream.name), rows)
-            limit = _column(table, f"{stream.name}/count", rows) * stream.channels * 4 * 1.25 + 65536
+            limit = count * stream.channels * 4 * 1.25 + 65536
             _check_piece_sizes(table, f"{stream.name}/data", 1, limit, rows)
         elif isinstance(stream, LowdimStream):
-            _check_lowdim(table, stream, schema.layout, rows)
+            _check_lowdim(table, stream, count, schema.layout, rows)
     has_streams = any(stream.kind != "text" for stream in schema.streams)
     off = np.abs(duration - latest_end) > TIME_TOLERANCE * np.maximum(1.0, np.abs(duration))
     rows.flag(
@@ -143,7 +143,8 @@ def _column(table: pa.Table, name: str, rows: _RowProblems) -> np.ndarray:
 
 
 
-def _check_span(table: pa.Table, stream, duration: np.ndarray, rows: _RowProblems) -> np.ndarray:
+def _check_span(table: pa.Table, stream, duration: np.ndarray, rows: _RowProblems) -> tuple[np.ndarray, ...]:
+    """A stream's count and span against the episode's duration and its rate; returns (count, t_end)."""
     name = stream.name
     count = _column(table, f"{name}/count", rows)
     start = _column(table, f"{name}/t_start", rows)
@@ -167,7 +168,7 @@ def _check_span(table: pa.Table, stream, duration: np.ndarray, rows: _RowProblem
                 span > (count + 1) * period * MAX_SPAN_STRETCH,
                 lambda i: f"stream '{name}' spans {span[i]:.3f} s for only {count[i]:.0f} values at {1 / period:g} Hz",
             )
-    return end
+    return count, end
 
 
 def _period(stream) -> float | None:
@@ -185,9 +186,8 @@ def _piece_path(layout: str, group: str, name: str) -> str | None:
     return f"{group}/{name}" if layout == "zarr" else None
 
 
-def _check_video(table: pa.Table, stream: VideoStream, layout: str, rows: _RowProblems) -> None:
+def _check_video(table: pa.Table, stream: VideoStream, count: np.ndarray, layout: str, rows: _RowProblems) -> None:
     name = stream.name
-    count = _column(table, f"{name}/count", rows)
     _check_piece_column(table, f"{name}/timestamps", _piece_path(layout, "timestamps", name), rows)
     _check_rows_size(table, f"{name}/timestamps", count, 8, layout, rows)
     lists = table.column(f"{name}/segments").combine_chunks()
@@ -224,9 +224,8 @@ def _check_video(table: pa.Table, stream: VideoStream, layout: str, rows: _RowPr
     )
 
 
-def _check_lowdim(table: pa.Table, stream: LowdimStream, layout: str, rows: _RowProblems) -> None:
+def _check_lowdim(table: pa.Table, stream: LowdimStream, count: np.ndarray, layout: str, rows: _RowProblems) -> None:
     name = stream.name
-    count = _column(table, f"{name}/count", rows)
     row_bytes = int(np.prod(stream.shape, dtype=np.int64)) * np.dtype(stream.dtype).itemsize
     _check_piece_column(table, f"{name}/data", _piece_path(layout, "data", name), rows)
     _check_piece_column(table, f"{name}/timestamps", _piece_path(layout, "timestamps", name), rows)
