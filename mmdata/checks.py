@@ -15,6 +15,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 MAX_JSON_BYTES = 64 << 20
 MAX_JSON_DEPTH = 64
 MAX_NAME_LENGTH = 200
@@ -87,7 +89,7 @@ def as_text(value: Any, what: str, max_length: int = 1 << 20) -> str:
 
 def as_int(value: Any, what: str, low: int | None = None, high: int | None = None) -> int:
     """An integer (not a bool, a float or a string holding one) within [low, high]."""
-    if isinstance(value, bool) or not isinstance(value, int) and not _is_numpy_int(value):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise ValueError(f"{what} is {_shown(value)}, not an integer")
     number = int(value)
     if (low is not None and number < low) or (high is not None and number > high):
@@ -97,7 +99,7 @@ def as_int(value: Any, what: str, low: int | None = None, high: int | None = Non
 
 def as_number(value: Any, what: str, low: float | None = None, high: float | None = None, positive=False) -> float:
     """A finite number (int or float, not a bool or a string) within [low, high] (and > 0 if `positive`)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) and not _is_numpy_number(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise ValueError(f"{what} is {_shown(value)}, not a number")
     number = float(value)
     if not math.isfinite(number):
@@ -144,18 +146,6 @@ def inside(root: str | os.PathLike, path: str | os.PathLike) -> bool:
     resolved_root = Path(root).resolve()
     resolved = Path(path).resolve()
     return resolved == resolved_root or resolved_root in resolved.parents
-
-
-def _is_numpy_int(value: Any) -> bool:
-    import numpy as np
-
-    return isinstance(value, np.integer)
-
-
-def _is_numpy_number(value: Any) -> bool:
-    import numpy as np
-
-    return isinstance(value, (np.integer, np.floating))
 
 
 def _shown(value: Any) -> str:
