@@ -165,6 +165,7 @@ class DataLoader:
         self._plan_cache: tuple[tuple, EpochPlan] | None = None
         self._stats = LoaderStats()
         self._feed: Feed | None = None
+        self._reader: SampleReader | None = None  # the running feed's; it also settles main-process batches
 
     # plan
 
@@ -268,7 +269,7 @@ class DataLoader:
         self.close()
         planning = time.perf_counter()
         steps = self.planner.rank_steps(plan, self.rank)
-        reader = SampleReader(self.dataset, self.spec, self.on_error, self.decode_in_main, self.decoder)
+        reader = self._reader = SampleReader(self.dataset, self.spec, self.on_error, self.decode_in_main, self.decoder)
         collate_options = {
             "layout": self.layout,
             "attention_mask": self.attention_mask,
@@ -307,7 +308,7 @@ class DataLoader:
             decoded, delivered = self.decoder.stats.frames_decoded, self.decoder.stats.frames_delivered
             output.seconds = main
             finish_video(self.decoder, output, self.on_error)
-            SampleReader(self.dataset, self.spec, self.on_error, False, self.decoder).settle(output)
+            self._reader.settle(output)
             with timed(main, "collate"):
                 collated = collate(output, self.layout, self.attention_mask, self.pad_to_multiple)
             info["failed"] = dict(output.failed)

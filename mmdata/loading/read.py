@@ -127,11 +127,11 @@ class SampleReader:
         cost and reads without error. The fallback is the rank's following samples in plan order,
         so the choice depends only on the plan and on which samples fail: a resumed run borrows the same."""
         target = max(batch.failed, key=lambda p: (batch.samples[p].cost, -p))
+        reader = SampleReader(self.dataset, self.spec, "skip", False, self.video_decoder)
         for candidate in batch.fallback:
             if candidate.cost > batch.samples[target].cost:
                 continue
             alone = MicroBatch(batch.step, [candidate], [self.dataset.manifest.row(candidate.episode)["task"]])
-            reader = SampleReader(self.dataset, self.spec, "skip", False, self.video_decoder)
             reader._read_streams(alone)
             if alone.failed:
                 continue
