@@ -8,6 +8,7 @@ cannot make `convert --resume` run their code, and a damaged file is an error na
 
 from __future__ import annotations
 
+import json
 import os
 import struct
 from pathlib import Path
@@ -28,10 +29,13 @@ MAX_HEADER_BYTES = 256 << 20
 def write_episode_file(path: Path, episode: EncodedEpisode, index: int, checkpoint: dict[str, Any]) -> None:
     """Save `episode` at `path` atomically (a temporary file renamed into place once synced)."""
     blobs: list[bytes] = []
+    end = 0
 
     def blob(data: bytes) -> list[int]:
+        nonlocal end
         blobs.append(data)
-        return [sum(len(b) for b in blobs[:-1]), len(data)]
+        end += len(data)
+        return [end - len(data), len(data)]
 
     header = {
         "index": index,
@@ -141,6 +145,4 @@ def _checkpoint(checkpoint: Any) -> dict[str, Any]:
 
 
 def _json(value: Any) -> bytes:
-    import json
-
     return json.dumps(value, sort_keys=True, ensure_ascii=False).encode("utf-8")
