@@ -17,11 +17,12 @@ from mmdata.codecs.align import Interpolation, frame_indices_at, sample_range, v
 from mmdata.codecs.audio import AudioClip, AudioLimits, as_float, decode_audio, resample
 from mmdata.codecs.decoders import ClipRequest, SegmentRef, VideoDecoder, make_video_decoder
 from mmdata.codecs.decoders.base import OnError
+from mmdata.codecs.packet_index import PacketIndex
 from mmdata.errors import DecodeError, IntegrityError, ReadError, StoreError
 from mmdata.schema import DatasetSchema, VideoStream
 from mmdata.sharding.filesystem import DEFAULT_READ_POLICY, ReadPolicy, join, read_file, resolve
 from mmdata.sharding.layout import DATASET_FILE, MANIFEST_FILE, PARTIAL_DIR
-from mmdata.sharding.manifest import Manifest, Piece
+from mmdata.sharding.manifest import Manifest, Piece, packets_column
 from mmdata.sharding.manifest_checks import check_manifest
 from mmdata.sharding.readers import PieceReader, ZarrPieceReader, piece_reader, zarr_array_paths
 
@@ -59,6 +60,16 @@ class FramePlan:
     positions: np.ndarray
     timestamps: np.ndarray
     is_pad: np.ndarray
+
+
+@dataclass
+class SegmentTable:
+    """Where a camera's segments of one episode are, and their packet indexes (None: demux it)."""
+
+    segments: list[dict]
+    pieces: list[Piece]
+    first_frames: np.ndarray
+    indexes: list[PacketIndex | None]
 
 
 @dataclass
@@ -246,25 +257,41 @@ class Dataset:
     def _frame_plan(
         self, row: dict, spec: VideoStream, indices: np.ndarray, timestamps: np.ndarray, is_pad: np.ndarray
     ) -> FramePlan:
-        segments = row[f"{spec.name}/segments"]
-        firsts = np.array([segment["first_frame"] for segment in segments])
+        table = self.cache.get(("segments", row["key"], spec.name), lambda: self.segment_table(row, spec.name))
         unique = np.unique(indices)
-        owner = np.searchsorted(firsts, unique, side="right") - 1
+        owner = np.searchsorted(table.first_frames, unique, side="right") - 1
         requests = []
-        for number in np.unique(owner):
-            segment = segments[number]
-            inside = unique[owner == number] - segment["first_frame"]
+        for number in np.unique(owner).tolist():
+            segment = table.segments[number]
             requests.append(
                 ClipRequest(
-                    self.pieces.read_bytes(Piece.from_dict(segment)),
-                    tuple(inside),
+                    self.pieces.read_bytes(table.pieces[number]),
+                    tuple((unique[owner == number] - segment["first_frame"]).tolist()),
                     spec.codec,
-                    SegmentRef(row["key"], spec.name, int(number)),
+                    SegmentRef(row["key"], spec.name, number),
                     spec.gop,
                     (spec.width, spec.height),
+                    table.indexes[number],
                 )
             )
         return FramePlan(requests, np.searchsorted(unique, indices), timestamps, is_pad)
+
+    @staticmethod
+    def segment_table(row: dict, name: str) -> SegmentTable:
+        """A camera's segments in one episode, with their pieces and parsed packet indexes."""
+        segments = row[f"{name}/segments"]
+        records = row.get(packets_column(name)) or [None] * len(segments)
+        indexes: list[PacketIndex | None] = []
+        for number, (segment, record) in enumerate(zip(segments, records)):
+            try:
+                index = None
+                if record is not None:
+                    index = PacketIndex.from_record(record, int(segment["size"]), int(segment["num_frames"]))
+            except DecodeError as exc:
+                raise IntegrityError(f"{SegmentRef(row['key'], name, number)}: {exc}; convert the store again") from exc
+            indexes.append(index)
+        firsts = np.array([segment["first_frame"] for segment in segments], np.int64)
+        return SegmentTable(segments, [Piece.from_dict(s) for s in segments], firsts, indexes)
 
     def values_at(
         self, index: int, stream: str, times: Sequence[float], interpolation: Interpolation = "nearest"

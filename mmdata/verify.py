@@ -10,6 +10,7 @@ from typing import TypeVar
 from tqdm import tqdm
 
 from mmdata.codecs.decoders.pyav_decoder import decode_all_frames
+from mmdata.codecs.packet_index import index_describes
 from mmdata.dataset import Dataset
 from mmdata.errors import MmdataError
 from mmdata.schema import AudioStream, LowdimStream, VideoStream
@@ -83,6 +84,7 @@ class _EpisodeChecker:
             for name in row
             if "/" in name and isinstance(row[name], (dict, list))
             for piece in (row[name] if isinstance(row[name], list) else [row[name]])
+            if isinstance(piece, dict) and "offset" in piece
         }
         for member in row["members"] or []:
             if member["offset"] not in read_by_streams:
@@ -93,6 +95,7 @@ class _EpisodeChecker:
         name = stream.name
         times = Piece.from_dict(row[f"{name}/timestamps"])
         self._read(f"{name} timestamps", times, partial(self.dataset.timestamps_of, row, name))
+        table = self._attempt(f"{name} packet indexes", partial(self.dataset.segment_table, row, name))
         for number, segment in enumerate(row[f"{name}/segments"]):
             what = f"{name} segment {number}"
             piece = Piece.from_dict(segment)
@@ -106,6 +109,9 @@ class _EpisodeChecker:
             self.report.frames_decoded += len(frames)
             if len(frames) != segment["num_frames"]:
                 self.problems.append(f"{what}: decodes to {len(frames)} frames, manifest says {segment['num_frames']}")
+            stored = table.indexes[number] if table is not None else None
+            if stored is not None and not self._attempt(what, partial(index_describes, stored, data)):
+                self.problems.append(f"{what}: its packet index does not describe its bytes; convert the store again")
 
     def _check_audio(self, row: dict, stream: AudioStream) -> None:
         piece = Piece.from_dict(row[f"{stream.name}/data"])

@@ -10,6 +10,7 @@ import pytest
 
 import mmdata
 from mmdata.codecs.decoders import ClipRequest, SegmentRef, make_video_decoder
+from mmdata.codecs.packet_index import PacketIndex
 from mmdata.codecs.video_encode import VideoEncoding, encode_segments
 from mmdata.errors import DecodeError, IntegrityError, UnsupportedCodecError
 from mmdata.synthetic import synthetic_frame
@@ -34,16 +35,27 @@ def test_corrupt_segment_fails_its_checksum_before_it_reaches_a_decoder(damaged_
         dataset.frames_at(1, "cam_high", [1.1, 1.2])
 
 
+def zeroed_frame_time(dataset, episode: int, stream: str, number: int) -> float:
+    """The time of a frame of segment `number` whose packet lies in the segment's zeroed second half."""
+    row = dataset.manifest.row(episode)
+    segment = row[f"{stream}/segments"][number]
+    index = PacketIndex.from_record(row[f"{stream}/packets"][number], segment["size"], segment["num_frames"])
+    position = int(np.flatnonzero(index.offsets >= segment["size"] // 2)[0])
+    frame = segment["first_frame"] + int(index.frames[position])
+    return float(dataset.timestamps_of(row, stream)[frame])
+
+
 def test_corrupt_segment_read_unverified_raises_a_decode_error_naming_episode_stream_and_segment(damaged_store):
     dataset = mmdata.open_dataset(str(damaged_store), verify=False)
     assert dataset.frames_at(1, "cam_high", [0.0, 0.5]) is not None, "segment 0 is intact"
+    damaged = zeroed_frame_time(dataset, 1, "cam_high", 1)
     with pytest.raises(DecodeError, match="episode 'episode_000001', stream 'cam_high', segment 1: h264 video does"):
-        dataset.frames_at(1, "cam_high", [1.1, 1.2])
+        dataset.frames_at(1, "cam_high", [damaged])
 
 
 def test_corrupt_segment_is_skipped_and_counted_under_on_error_skip(damaged_store):
     dataset = mmdata.open_dataset(str(damaged_store), verify=False)
-    assert dataset.frames_at(1, "cam_high", [1.1], on_error="skip") is None
+    assert dataset.frames_at(1, "cam_high", [zeroed_frame_time(dataset, 1, "cam_high", 1)], on_error="skip") is None
     assert dataset.frames_at(1, "cam_wrist", [1.1], on_error="skip") is not None
     assert dataset.decoder.stats.skipped == 1
     assert "segment 1" in dataset.decoder.stats.skipped_where[0]

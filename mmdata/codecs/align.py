@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
+import numba
 import numpy as np
 
 from mmdata.errors import AlignmentError
@@ -28,10 +29,20 @@ def pad_mask(timestamps: np.ndarray, times: np.ndarray) -> np.ndarray:
 
 def nearest_indices(timestamps: np.ndarray, times: np.ndarray) -> np.ndarray:
     """Index of the stored timestamp nearest each requested time (ties go to the earlier one)."""
-    right = np.clip(np.searchsorted(timestamps, times, side="left"), 0, len(timestamps) - 1)
-    left = np.clip(right - 1, 0, len(timestamps) - 1)
-    take_left = np.abs(times - timestamps[left]) <= np.abs(timestamps[right] - times)
-    return np.where(take_left, left, right)
+    return _nearest(timestamps, np.asarray(times, dtype=np.float64))
+
+
+@numba.njit(cache=True, nogil=True)
+def _nearest(timestamps: np.ndarray, times: np.ndarray) -> np.ndarray:
+    # A window asks a handful of times: a compiled loop, not a dozen small-array numpy calls.
+    last = len(timestamps) - 1
+    right = np.searchsorted(timestamps, times)
+    found = np.empty(len(times), np.int64)
+    for i in range(len(times)):
+        after = min(max(right[i], 0), last)
+        before = max(after - 1, 0)
+        found[i] = before if abs(times[i] - timestamps[before]) <= abs(timestamps[after] - times[i]) else after
+    return found
 
 
 def frame_indices_at(
@@ -53,7 +64,7 @@ def frame_indices_at(
     if len(timestamps) == 0:
         raise AlignmentError(f"episode '{episode}', stream '{stream}' holds no frames")
     is_pad = pad_mask(timestamps, times) if clamp_to_episode else np.zeros(len(times), bool)
-    clamped = np.clip(times, timestamps[0], timestamps[-1]) if clamp_to_episode else times
+    clamped = np.minimum(np.maximum(times, timestamps[0]), timestamps[-1]) if clamp_to_episode else times
     indices = nearest_indices(timestamps, clamped)
     distance = np.abs(timestamps[indices] - clamped)
     outside = np.flatnonzero(distance > tolerance + _EDGE)
@@ -84,7 +95,7 @@ def values_at(
     if len(timestamps) == 0:
         raise AlignmentError("the stream holds no values in this episode")
     is_pad = pad_mask(timestamps, times)
-    clamped = np.clip(times, timestamps[0], timestamps[-1])
+    clamped = np.minimum(np.maximum(times, timestamps[0]), timestamps[-1])
     if mode == "nearest":
         return values[nearest_indices(timestamps, clamped)], is_pad
     after = np.searchsorted(timestamps, clamped + _EDGE, side="right")

@@ -35,13 +35,18 @@ X265_SHORT_SEGMENT_FRAMES = 8
 
 @dataclass(frozen=True)
 class VideoEncoding:
-    """How cameras are stored: codec, frames per segment, key-frame interval, quality."""
+    """How cameras are stored: codec, frames per segment, key-frame interval, quality.
+
+    `fast_decode` tunes H.264/HEVC for decoding speed (x264/x265 `tune=fastdecode`: CAVLC instead
+    of CABAC, no deblocking or weighted prediction): about half the decode time for ~25% more bytes.
+    """
 
     codec: str = "h264"
     segment_frames: int = 32
     gop: int = 8
     crf: int = 20
     preset: str = "fast"
+    fast_decode: bool = False
 
     def __post_init__(self):
         if self.codec not in VIDEO_CODECS:
@@ -57,17 +62,19 @@ class VideoEncoding:
     def encoder_options(self, frames: int | None = None) -> dict[str, str]:
         """FFmpeg encoder options for a segment of `frames` frames (when known)."""
         gop = self.gop
+        tune = {"tune": "fastdecode"} if self.fast_decode else {}
         if self.codec == "h264":
             return {
                 "crf": str(self.crf),
                 "preset": self.preset,
                 "x264-params": f"keyint={gop}:min-keyint={gop}:scenecut=0:open-gop=0:threads=1",
+                **tune,
             }
         if self.codec == "hevc":
             params = f"keyint={gop}:min-keyint={gop}:scenecut=0:open-gop=0:pools=1:frame-threads=1:log-level=error"
             if frames is not None and frames <= X265_SHORT_SEGMENT_FRAMES:
                 params += ":bframes=0"
-            return {"crf": str(self.crf), "preset": self.preset, "x265-params": params}
+            return {"crf": str(self.crf), "preset": self.preset, "x265-params": params, **tune}
         return {
             "crf": str(self.crf),
             "b:v": "0",
@@ -76,6 +83,28 @@ class VideoEncoding:
             "threads": "1",
             "keyint_min": str(gop),
         }
+
+
+# How cameras are stored for how they will be read (`mmdata convert --access`), measured by
+# benchmarks/lerobot_bench.py and benchmarks/decode_bench.py (see docs/architecture.md):
+# - windows: a few frames per camera per sample (policies). Every frame a key frame, tuned for
+#   decoding speed: each frame decodes alone, at ~2.5x the bytes of the clips setting.
+# - clips: runs of consecutive frames (world models). A key frame every 8 frames.
+# - both: the clips setting, which serves windows at about two thirds of the windows setting's speed.
+ACCESS_PATTERNS = {
+    "windows": {"gop": 1, "fast_decode": True},
+    "clips": {"gop": 8, "fast_decode": False},
+    "both": {"gop": 8, "fast_decode": False},
+}
+
+
+def encoding_for_access(access: str, **overrides) -> VideoEncoding:
+    """The VideoEncoding for an access pattern ("windows", "clips", "both"); `overrides` that are
+    not None win (e.g. an explicit `gop`)."""
+    if access not in ACCESS_PATTERNS:
+        raise MmdataError(f"unknown access pattern '{access}'; choose one of {', '.join(ACCESS_PATTERNS)}")
+    settings = {**ACCESS_PATTERNS[access], **{k: v for k, v in overrides.items() if v is not None}}
+    return VideoEncoding(**settings)
 
 
 def encode_segments(

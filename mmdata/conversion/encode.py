@@ -13,6 +13,7 @@ import numpy as np
 
 from mmdata.checks import stream_name_problem
 from mmdata.codecs.audio import encode_flac, to_flac_samples
+from mmdata.codecs.packet_index import index_segment
 from mmdata.codecs.video_encode import VideoEncoding, encode_segments
 from mmdata.errors import MmdataError, SourceError
 from mmdata.schema import AudioStream, LowdimStream, Stream, VideoStream, stream_from_dict, stream_to_dict
@@ -45,6 +46,15 @@ class EncodedVideo:
     def first_frames(self) -> list[int]:
         """Index of each segment's first frame within the episode."""
         return [int(f) for f in np.cumsum([0, *self.segment_frames[:-1]])]
+
+    def packet_records(self) -> list[dict[str, bytes] | None]:
+        """Each segment's packet index for the manifest (see `mmdata.codecs.packet_index`); None for a
+        segment whose packets are not one per frame, which readers then demux."""
+        records: list[dict[str, bytes] | None] = []
+        for data, frames in zip(self.segments, self.segment_frames):
+            index = index_segment(data)
+            records.append(index.to_record() if len(index) == frames else None)
+        return records
 
 
 @dataclass

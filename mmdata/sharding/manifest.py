@@ -4,8 +4,9 @@ Per stream `s` the row has `s/count` (frames, samples or rows), `s/t_start` and 
 (seconds), and pieces. A piece is `{path, offset, size, checksum}`:
 - WebDataset: `path` is the shard file, `offset`/`size` the member's bytes inside it;
 - Zarr: `path` is the array, `offset` its first element (row), `size` the payload's bytes.
-Video rows list `s/segments` (a piece plus `first_frame`, `num_frames` each) and a
-`s/timestamps` piece; audio has `s/data`; low-dim streams have `s/data` and `s/timestamps`.
+Video rows list `s/segments` (a piece plus `first_frame`, `num_frames` each), a
+`s/timestamps` piece and `s/packets` (each segment's packet index, or null; absent in stores
+written before it existed); audio has `s/data`; low-dim streams have `s/data` and `s/timestamps`.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ from mmdata.schema import Stream
 
 PIECE = pa.struct([("path", pa.string()), ("offset", pa.int64()), ("size", pa.int64()), ("checksum", pa.string())])
 SEGMENT = pa.struct([("first_frame", pa.int64()), ("num_frames", pa.int64()), *[(f.name, f.type) for f in PIECE]])
+# Per segment, its packet index (see mmdata.codecs.packet_index); a column stores written before it lack.
+PACKETS_SUFFIX = "/packets"
+PACKET_INDEX = pa.struct([("codec_config", pa.binary()), ("packets", pa.binary())])
 MEMBER = pa.struct([("name", pa.string()), ("offset", pa.int64()), ("size", pa.int64()), ("checksum", pa.string())])
 
 
@@ -67,12 +71,21 @@ def manifest_schema(streams: list[Stream]) -> pa.Schema:
             (f"{name}/t_end", pa.float64()),
         ]
         if stream.kind == "video":
-            fields += [(f"{name}/segments", pa.list_(SEGMENT)), (f"{name}/timestamps", PIECE)]
+            fields += [
+                (f"{name}/segments", pa.list_(SEGMENT)),
+                (f"{name}/timestamps", PIECE),
+                (packets_column(name), pa.list_(PACKET_INDEX)),
+            ]
         elif stream.kind == "audio":
             fields += [(f"{name}/data", PIECE)]
         else:
             fields += [(f"{name}/data", PIECE), (f"{name}/timestamps", PIECE)]
     return pa.schema(fields)
+
+
+def packets_column(stream: str) -> str:
+    """The column of a camera's per-segment packet indexes (optional: older stores lack it)."""
+    return f"{stream}{PACKETS_SUFFIX}"
 
 
 def base_row(index: int, source: str, task: str, duration: float, metadata: dict, shard: str) -> dict[str, Any]:

@@ -20,9 +20,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from mmdata.codecs.packet_index import COLUMNS
 from mmdata.errors import StoreError
 from mmdata.schema import AudioStream, DatasetSchema, LowdimStream, VideoStream
-from mmdata.sharding.manifest import episode_key, manifest_schema
+from mmdata.sharding.manifest import episode_key, manifest_schema, packets_column
 
 MAX_EPISODE_SECONDS = 7 * 24 * 3600.0
 # A stream's span may exceed its sample count times its period this many times (dropped frames,
@@ -32,6 +33,11 @@ NPY_HEADER_MAX = 65536 + 16
 TIME_TOLERANCE = 1e-6
 SHARD_PATTERN = r"^shards/[A-Za-z0-9_.-]+\.tar$"
 CHECKSUM_PATTERN = r"^[0-9a-f]{16}$"
+
+
+def optional_columns(schema: DatasetSchema) -> set[str]:
+    """Columns a store written by an earlier version lacks, and readers do without."""
+    return {packets_column(stream.name) for stream in schema.streams if isinstance(stream, VideoStream)}
 
 
 def check_manifest(table: pa.Table, schema: DatasetSchema, where: str) -> dict[int, str]:
@@ -95,6 +101,8 @@ class _RowProblems:
 def _check_structure(table: pa.Table, schema: DatasetSchema, where: str) -> None:
     expected = manifest_schema(schema.streams)
     for field in expected:
+        if field.name in optional_columns(schema) and field.name not in table.column_names:
+            continue
         if field.name not in table.column_names:
             raise StoreError(f"{where} lacks column '{field.name}'; the store is damaged: convert it again")
         found = table.schema.field(field.name).type
@@ -140,7 +148,6 @@ def _column(table: pa.Table, name: str, rows: _RowProblems) -> np.ndarray:
         rows.flag(missing, lambda i: f"'{name}' is missing")
         values[missing] = np.nan
     return values
-
 
 
 def _check_span(table: pa.Table, stream, duration: np.ndarray, rows: _RowProblems) -> tuple[np.ndarray, ...]:
@@ -221,6 +228,33 @@ def _check_video(table: pa.Table, stream: VideoStream, count: np.ndarray, layout
     rows.flag(
         _any_per_row(~(sizes >= 1) | (sizes > limit), parents, table.num_rows),
         lambda i: f"a segment of '{name}' has a size outside [1, {limit}] bytes",
+    )
+    if packets_column(name) in table.column_names:
+        _check_packet_indexes(table, name, lengths, frames, parents, rows)
+
+
+def _check_packet_indexes(
+    table: pa.Table, name: str, lengths: np.ndarray, frames: np.ndarray, parents: np.ndarray, rows: _RowProblems
+) -> None:
+    """A row's packet indexes, where present, are one per segment, each one packet per frame of it
+    (their contents are checked against the segment's bytes when it is read)."""
+    column = packets_column(name)
+    lists = table.column(column).combine_chunks()
+    present = ~lists.is_null().to_numpy(zero_copy_only=False)
+    counts = pc.fill_null(lists.value_lengths(), 0).to_numpy(zero_copy_only=False)
+    rows.flag(present & (counts != lengths), lambda i: f"'{column}' does not list one index per segment")
+    aligned = present[parents] if len(parents) else np.zeros(0, bool)
+    flat = lists.flatten()
+    if len(flat) != int(aligned.sum()) or not len(flat):
+        return
+    blobs = flat.field("packets")
+    size = pc.fill_null(pc.binary_length(blobs), 0).to_numpy(zero_copy_only=False)
+    indexed = ~blobs.is_null().to_numpy(zero_copy_only=False)
+    wrong = np.zeros(len(parents), bool)
+    wrong[aligned] = indexed & (size != frames[aligned] * COLUMNS * 4)
+    rows.flag(
+        _any_per_row(wrong, parents, table.num_rows),
+        lambda i: f"a packet index of '{name}' does not list one packet per frame of its segment",
     )
 
 

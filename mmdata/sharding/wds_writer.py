@@ -8,6 +8,7 @@ saved beside it, so an interrupted conversion resumes after the last complete sh
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import os
@@ -23,7 +24,7 @@ from mmdata.errors import DestinationError
 from mmdata.schema import Stream
 from mmdata.sharding.checksum import checksum_bytes
 from mmdata.sharding.layout import PARTIAL_DIR, SHARDS_DIR
-from mmdata.sharding.manifest import Piece, base_row, episode_key, span_columns
+from mmdata.sharding.manifest import PACKETS_SUFFIX, Piece, base_row, episode_key, packets_column, span_columns
 
 TAR_BLOCK = 512
 
@@ -107,7 +108,7 @@ class WdsWriter:
                     raise ValueError("holds a manifest row that is not an object")
             except ValueError as exc:
                 raise DestinationError(f"{sidecar} {exc}; convert again with --overwrite") from exc
-            self._rows.extend(record["rows"])
+            self._rows.extend(_row_from_json(row, sidecar) for row in record["rows"])
             checkpoint = record.get("checkpoint")
             index += 1
         self._shard_index = index
@@ -165,7 +166,7 @@ class WdsWriter:
         self._file.close()
         temporary = Path(self._file.name)
         os.replace(temporary, self.root / shard_name(self._shard_index))
-        record = {"rows": self._shard_rows, "checkpoint": self._checkpoint}
+        record = {"rows": [_row_to_json(row) for row in self._shard_rows], "checkpoint": self._checkpoint}
         sidecar = self.partial / f"shard-{self._shard_index:06d}.json"
         sidecar.with_suffix(".tmp").write_text(json.dumps(record))
         os.replace(sidecar.with_suffix(".tmp"), sidecar)
@@ -186,6 +187,7 @@ def _episode_row(episode: EncodedEpisode, index: int, key: str, shard: str, piec
         segment_pieces = [pieces[segment_member(key, name, i, video.spec.codec)] for i in range(len(video.segments))]
         row.update(span_columns(video))
         row[f"{name}/timestamps"] = pieces[timestamps_member(key, name)].to_dict()
+        row[packets_column(name)] = video.packet_records()
         row[f"{name}/segments"] = [
             {"first_frame": first, "num_frames": count, **piece.to_dict()}
             for first, count, piece in zip(video.first_frames, video.segment_frames, segment_pieces)
@@ -200,3 +202,30 @@ def _episode_row(episode: EncodedEpisode, index: int, key: str, shard: str, piec
         row[f"{name}/data"] = pieces[values_member(key, name)].to_dict()
         row[f"{name}/timestamps"] = pieces[timestamps_member(key, name)].to_dict()
     return row
+
+
+def _row_to_json(row: dict[str, Any]) -> dict[str, Any]:
+    """A manifest row as JSON can hold it: packet indexes' bytes as base64 text."""
+    encoded = dict(row)
+    for column, records in row.items():
+        if column.endswith(PACKETS_SUFFIX) and isinstance(records, list):
+            encoded[column] = [
+                None if r is None else {k: base64.b64encode(v).decode("ascii") for k, v in r.items()} for r in records
+            ]
+    return encoded
+
+
+def _row_from_json(row: dict[str, Any], sidecar: Path) -> dict[str, Any]:
+    decoded = dict(row)
+    try:
+        for column, records in row.items():
+            if column.endswith(PACKETS_SUFFIX) and isinstance(records, list):
+                decoded[column] = [
+                    None if r is None else {k: base64.b64decode(v, validate=True) for k, v in r.items()}
+                    for r in records
+                ]
+    except (TypeError, AttributeError, ValueError) as exc:
+        raise DestinationError(
+            f"{sidecar} holds a damaged packet index ({exc}); convert again with --overwrite"
+        ) from exc
+    return decoded

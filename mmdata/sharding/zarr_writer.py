@@ -27,7 +27,7 @@ from mmdata.conversion.episode_file import read_episode_file, write_episode_file
 from mmdata.schema import LowdimStream, Stream
 from mmdata.sharding.checksum import checksum_array, checksum_bytes
 from mmdata.sharding.layout import PARTIAL_DIR
-from mmdata.sharding.manifest import Piece, base_row, span_columns
+from mmdata.sharding.manifest import Piece, base_row, packets_column, span_columns
 
 EPISODE_SUFFIX = ".episode"
 SEGMENTS_PER_SHARD = 256
@@ -185,6 +185,7 @@ class ZarrWriter:
                 for i, (frame, count, data) in enumerate(zip(video.first_frames, video.segment_frames, video.segments))
             ]
             row[f"{name}/timestamps"] = rows_piece(f"timestamps/{name}", video.timestamps)
+            row[packets_column(name)] = video.packet_records()
             row.update(span_columns(video))
         for audio in episode.audio:
             name = audio.spec.name

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mmdata.codecs.video_encode import VIDEO_CODECS, VideoEncoding
+from mmdata.codecs.video_encode import ACCESS_PATTERNS, VIDEO_CODECS, VideoEncoding, encoding_for_access
 from mmdata.conversion.encode import EncodeOptions
 from mmdata.conversion.pipeline import ConversionReport, ConvertOptions, convert
 from mmdata.errors import DestinationError, SourceError
@@ -65,10 +65,20 @@ def add_parser(commands) -> None:
         help=f"frames per stored segment (default {DEFAULTS.segment_frames})",
     )
     video.add_argument(
+        "--access",
+        choices=sorted(ACCESS_PATTERNS),
+        default="both",
+        help="how the store will be read, which sets the key-frame interval and decode tuning:"
+        " 'windows' (a few frames per camera per sample, as policies read: every frame a key frame,"
+        " tuned for fast decoding; ~2.5x the bytes), 'clips' (runs of consecutive frames, as world"
+        " models read: a key frame every 8 frames) or 'both' (default; as 'clips'). See"
+        " docs/architecture.md for the measured trade-off",
+    )
+    video.add_argument(
         "--gop",
         type=int,
-        default=DEFAULTS.gop,
-        help=f"key-frame interval inside a segment (default {DEFAULTS.gop})",
+        default=None,
+        help="key-frame interval inside a segment (default: from --access; 8 for clips and both, 1 for windows)",
     )
     video.add_argument(
         "--crf",
@@ -109,7 +119,8 @@ def run(args: argparse.Namespace) -> int:
         )
     destination = args.destination.removeprefix("file://")
     sources = discover_episodes(args.source, args.source_format, args.fps, args.task)
-    video = VideoEncoding(
+    video = encoding_for_access(
+        args.access,
         codec=args.video_codec,
         segment_frames=args.segment_frames,
         gop=args.gop,

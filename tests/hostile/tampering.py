@@ -40,6 +40,17 @@ def edit_schema(store: Path, change: Callable[[dict[str, Any]], None]) -> None:
     (store / "dataset.json").write_text(json.dumps(document))
 
 
+def _packet_record(data: bytes, frames: int) -> dict[str, bytes] | None:
+    """The packet index an attacker who rewrites a segment writes beside it (None if it does not demux)."""
+    from mmdata.codecs.packet_index import index_segment
+
+    try:
+        index = index_segment(data)
+    except Exception:
+        return None
+    return index.to_record() if len(index) == frames else None
+
+
 def replace_piece(store: Path, row: int, column: str, data: bytes, segment: int | None = None) -> None:
     """Store `data` as the piece `column` (segment `segment`) of episode `row`, with a matching size
     and checksum in the manifest: what an attacker who can write the whole store can do."""
@@ -62,6 +73,9 @@ def replace_piece(store: Path, row: int, column: str, data: bytes, segment: int 
             array[piece["offset"] : piece["offset"] + 1] = values
         piece["size"] = len(data)
         piece["checksum"] = xxhash.xxh64_hexdigest(data)
+        indexes = rows[row].get(column.replace("/segments", "/packets")) if segment is not None else None
+        if indexes:
+            indexes[segment] = _packet_record(data, piece["num_frames"])
 
     edit_manifest(store, change)
 

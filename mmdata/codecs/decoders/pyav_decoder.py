@@ -1,31 +1,34 @@
-"""CPU decoding with PyAV (FFmpeg): every codec FFmpeg reads; seeks to key frames inside a segment."""
+"""CPU decoding with PyAV (FFmpeg): every codec FFmpeg reads; seeks to key frames inside a segment.
+
+A segment with a packet index (see `mmdata.codecs.packet_index`) is decoded from its packets by a
+decoder this process keeps open per stream shape, flushed between runs: no container is opened.
+A segment without one (stores written before the index existed) is demuxed first.
+"""
 
 from __future__ import annotations
 
 import io
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import av
 import numpy as np
-from av.video.reformatter import Interpolation, VideoReformatter
+from av.video.reformatter import VideoReformatter
 
+from mmdata.codecs.colour import RGB_CONVERSION, rgb_into, to_rgb
 from mmdata.codecs.decoders.base import SequentialDecoder
 from mmdata.codecs.decoders.requests import ClipRequest
+from mmdata.codecs.packet_index import PacketIndex, index_describes, key_frames_of
 from mmdata.errors import DecodeError
 
 PYAV_CODECS = frozenset({"h264", "hevc", "vp9", "vp8", "av1", "mjpeg", "mpeg4"})
 # FFmpeg decoder names that decode a codec the store names otherwise.
 DECODER_NAMES = {"av1": {"av1", "libdav1d", "libaom-av1"}, "vp9": {"vp9", "libvpx-vp9"}, "vp8": {"vp8", "libvpx"}}
+# Open decoders a process keeps (one per codec, parameter sets and frame size).
+MAX_OPEN_DECODERS = 16
 
-# Exact rounding and full-resolution chroma interpolation: FFmpeg's default YUV->RGB path rounds
-# down (about 1.3 levels darker on average); with these flags PyAV gives the very pixels DALI's
-# decoder gives (mean difference 0.0 on the same bytes) and lands closer to the source.
-RGB_CONVERSION = Interpolation.BILINEAR | Interpolation.ACCURATE_RND | Interpolation.FULL_CHR_H_INT
-
-
-def to_rgb(frame: av.VideoFrame, reformatter: VideoReformatter | None = None) -> np.ndarray:
-    """A decoded frame as uint8 RGB `[H, W, 3]`, converted the way every mmdata backend converts."""
-    converter = reformatter or VideoReformatter()
-    return converter.reformat(frame, format="rgb24", interpolation=RGB_CONVERSION, threads=1).to_ndarray()
+__all__ = ["RGB_CONVERSION", "PYAV_CODECS", "PyAvDecoder", "decode_all_frames", "to_rgb"]
 
 
 def check_stream(context, request: ClipRequest) -> None:
@@ -64,9 +67,84 @@ def presentation_order(packets: list[av.Packet]) -> dict[int, int]:
     return {pts: index for index, pts in enumerate(sorted(packet.pts for packet in packets))}
 
 
+@dataclass
+class SegmentPackets:
+    """A segment's packets in decode order, made on demand: `packet(i)` gives packet i with its pts
+    set to the frame it shows (its presentation index), so decoded frames say which frame they are.
+    `key_frames` / `key_positions`: the frames key packets show (ascending) and their positions."""
+
+    count: int
+    frames: np.ndarray
+    key_frames: np.ndarray
+    key_positions: np.ndarray
+    packet: Callable[[int], av.Packet]
+
+
+def demuxed_packets(packets: list[av.Packet]) -> SegmentPackets:
+    """Packets demuxed from a container (decode order), renumbered by presentation order."""
+    order = presentation_order(packets)
+    frames = np.asarray([order[packet.pts] for packet in packets], np.int64)
+    for packet, frame in zip(packets, frames):
+        packet.pts = int(frame)
+    keys = np.asarray([p.is_keyframe for p in packets], bool)
+    return SegmentPackets(len(packets), frames, *key_frames_of(frames, keys), packets.__getitem__)
+
+
+def indexed_packets(data: bytes, index: PacketIndex) -> SegmentPackets:
+    """Packets sliced out of a segment's bytes by its packet index, without demuxing."""
+    view = memoryview(data)
+    offsets, sizes, frames = index.offsets.tolist(), index.sizes.tolist(), index.frames.tolist()
+
+    def packet(position: int) -> av.Packet:
+        start = offsets[position]
+        made = av.Packet(view[start : start + sizes[position]])
+        made.pts = frames[position]
+        return made
+
+    return SegmentPackets(len(index), index.frames, *index.key_frames, packet)
+
+
+class DecoderPool:
+    """The decoders this process keeps open, one per stream shape (codec, parameter sets, frame size).
+
+    Decoders are created lazily in the process that uses them and dropped in a forked child, so a
+    pool built before DataLoader workers fork shares no native state with them.
+    """
+
+    def __init__(self, threads: int = 1):
+        self.threads = threads
+        self._pid = os.getpid()
+        self._open: dict[tuple, av.CodecContext] = {}
+
+    def get(self, request: ClipRequest) -> av.CodecContext:
+        if os.getpid() != self._pid:
+            self._pid, self._open = os.getpid(), {}
+        config = request.packets.codec_config if request.packets is not None else b""
+        key = (request.codec, config, request.frame_size)
+        context = self._open.get(key)
+        if context is None:
+            if len(self._open) >= MAX_OPEN_DECODERS:
+                del self._open[next(iter(self._open))]
+            context = av.CodecContext.create(request.codec, "r")
+            if config:
+                context.extradata = config
+            context.thread_count = self.threads
+            if request.frame_size is not None:
+                width, height = request.frame_size
+                context.options = {"max_pixels": str((width + 256) * (height + 256))}
+            self._open[key] = context
+        return context
+
+    def discard(self, request: ClipRequest) -> None:
+        """Forget the decoder of a request that failed, so the next request starts from a fresh one."""
+        config = request.packets.codec_config if request.packets is not None else b""
+        self._open.pop((request.codec, config, request.frame_size), None)
+
+
 class PyAvDecoder(SequentialDecoder):
-    """Demuxes a segment's packets, then decodes only from the key frame before each wanted run,
-    and skips the unwanted frames that no other frame references."""
+    """Decodes only from the key frame before each wanted run of frames, and skips the unwanted
+    frames that no other frame references. Indexed segments go to decoders kept open per stream
+    shape; others are demuxed from their container first."""
 
     name = "pyav"
     codecs = PYAV_CODECS
@@ -75,9 +153,10 @@ class PyAvDecoder(SequentialDecoder):
         super().__init__()
         self.threads = threads
         self._reformatter: VideoReformatter | None = None
+        self._pool: DecoderPool | None = None
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_reformatter": None}
+        return {**self.__dict__, "_reformatter": None, "_pool": None}
 
     def describe(self) -> str:
         return f"pyav {av.__version__} (CPU, {self.threads} thread(s) per decoder)"
@@ -85,63 +164,102 @@ class PyAvDecoder(SequentialDecoder):
     def _decode_one(self, request: ClipRequest) -> tuple[np.ndarray, int]:
         if not request.frames:
             return np.empty((0, 0, 0, 3), dtype=np.uint8), 0
+        if self._reformatter is None:
+            self._reformatter = VideoReformatter()
+        if request.packets is not None:
+            return self._decode_indexed(request)
         try:
             with av.open(io.BytesIO(request.data)) as container:
                 stream = container.streams.video[0]
                 check_stream(stream.codec_context, request)
                 stream.codec_context.thread_count = self.threads
-                packets = [packet for packet in container.demux(stream) if packet.size]
-                if self._reformatter is None:
-                    self._reformatter = VideoReformatter()
-                return self._decode_packets(stream.codec_context, packets, request, self._reformatter)
+                packets = demuxed_packets([packet for packet in container.demux(stream) if packet.size])
+                return decode_runs(stream.codec_context, packets, request, self._reformatter)
         except (av.error.FFmpegError, IndexError) as exc:
             raise DecodeError(str(exc) or type(exc).__name__) from exc
 
-    @staticmethod
-    def _decode_packets(
-        context, packets: list, request: ClipRequest, reformatter: VideoReformatter
-    ) -> tuple[np.ndarray, int]:
-        wanted_frames = request.frames
-        if not packets:
-            raise DecodeError("segment holds no video packets")
-        order = presentation_order(packets)
-        wanted = sorted(set(wanted_frames))
-        if wanted and wanted[-1] >= len(packets):
-            raise DecodeError(f"segment has {len(packets)} frames; frame {wanted[-1]} requested")
-        key_frames = sorted((order[p.pts], position) for position, p in enumerate(packets) if p.is_keyframe)
-        if not key_frames or key_frames[0][0] != 0:
-            raise DecodeError("segment does not start with a key frame")
-        wanted_lookup = set(wanted)
-        decoded: dict[int, np.ndarray] = {}
-        count = 0
-        for key_position, last in _runs(wanted, key_frames):
-            context.flush_buffers()
-            for packet in [*packets[key_position:], None]:
-                if packet is not None:
-                    # Frames nothing refers to are skipped unless wanted (B-frames between clip frames).
-                    context.skip_frame = "DEFAULT" if order[packet.pts] in wanted_lookup else "NONREF"
-                for frame in context.decode(packet):
-                    index = order.get(frame.pts)
-                    count += 1
-                    if index in wanted_lookup:
-                        check_frame(frame, request)
-                        decoded[index] = to_rgb(frame, reformatter)
-                if last in decoded:
-                    break
-        missing = [i for i in wanted if i not in decoded]
-        if missing:
-            raise DecodeError(f"frames {missing} of {len(packets)} did not decode")
-        return np.stack([decoded[i] for i in wanted_frames]), count
+    def _decode_indexed(self, request: ClipRequest) -> tuple[np.ndarray, int]:
+        if self._pool is None:
+            self._pool = DecoderPool(self.threads)
+        try:
+            context = self._pool.get(request)
+            return decode_runs(context, indexed_packets(request.data, request.packets), request, self._reformatter)
+        except (av.error.FFmpegError, IndexError, ValueError, DecodeError) as exc:
+            self._pool.discard(request)
+            raise diagnosis(request, exc) from exc
 
 
-def _runs(wanted: list[int], key_frames: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """(decode position of the key frame to start from, last wanted frame) per run of wanted frames."""
-    key_indices = np.array([index for index, _ in key_frames])
+def diagnosis(request: ClipRequest, failure: Exception) -> DecodeError:
+    """Why an indexed segment failed to decode, in the store's terms: a segment of another codec or
+    frame size than declared, an index that does not describe the segment's bytes, or else what the
+    decoder said. Looked into only after a failure, so the fast path pays nothing for it."""
+    try:
+        probe_segment(request)
+        if not index_describes(request.packets, request.data):
+            return DecodeError("its packet index does not describe the segment's bytes; convert the store again")
+    except DecodeError as found:
+        return found
+    return failure if isinstance(failure, DecodeError) else DecodeError(str(failure) or type(failure).__name__)
+
+
+def decode_runs(
+    context: av.CodecContext, packets: SegmentPackets, request: ClipRequest, reformatter: VideoReformatter
+) -> tuple[np.ndarray, int]:
+    """Frames `request.frames` of a segment as uint8 `[F, H, W, 3]`, and how many frames were decoded.
+
+    Each run of wanted frames is decoded from the key frame before it, the context flushed first;
+    a run ends as soon as its last wanted frame is out.
+    """
+    if not packets.count:
+        raise DecodeError("segment holds no video packets")
+    wanted = np.unique(np.asarray(request.frames, np.int64))
+    if wanted[-1] >= packets.count:
+        raise DecodeError(f"segment has {packets.count} frames; frame {int(wanted[-1])} requested")
+    if not len(packets.key_frames) or packets.key_frames[0] != 0:
+        raise DecodeError("segment does not start with a key frame")
+    shown = packets.frames.tolist()
+    row_of = {int(frame): row for row, frame in enumerate(wanted)}
+    out: np.ndarray | None = None
+    done = np.zeros(len(wanted), bool)
+    count = 0
+    for key_position, last in _runs(wanted, packets.key_frames, packets.key_positions):
+        context.flush_buffers()
+        for position in [*range(key_position, packets.count), None]:
+            packet = None
+            if position is not None:
+                packet = packets.packet(position)
+                # Frames nothing refers to are skipped unless wanted (B-frames between clip frames).
+                context.skip_frame = "DEFAULT" if shown[position] in row_of else "NONREF"
+            for frame in context.decode(packet):
+                count += 1
+                row = row_of.get(frame.pts)
+                if row is None:
+                    continue
+                check_frame(frame, request)
+                if out is None:
+                    out = np.empty((len(wanted), frame.height, frame.width, 3), np.uint8)
+                elif out.shape[1:3] != (frame.height, frame.width):
+                    raise DecodeError(f"a frame is {frame.width}x{frame.height}, the segment's first is another size")
+                rgb_into(frame, out[row], reformatter)
+                done[row] = True
+            if done[row_of[last]]:
+                break
+    if out is None or not done.all():
+        missing = wanted[~done].tolist()
+        raise DecodeError(f"frames {missing} of {packets.count} did not decode")
+    if len(wanted) == len(request.frames) and np.array_equal(wanted, request.frames):
+        return out, count
+    return out[np.searchsorted(wanted, np.asarray(request.frames, np.int64))], count
+
+
+def _runs(wanted: np.ndarray, key_frames: np.ndarray, key_positions: np.ndarray) -> list[tuple[int, int]]:
+    """(decode position of the key frame to start from, last wanted frame) per run of wanted frames:
+    wanted frames that share a key frame, or follow one another without a key frame between, share a run."""
+    keys = np.searchsorted(key_frames, wanted, side="right") - 1
     runs: list[tuple[int, int]] = []
-    for index in wanted:
-        key = int(np.searchsorted(key_indices, index, side="right")) - 1
-        if not runs or key_frames[key][0] > runs[-1][1]:
-            runs.append((key_frames[key][1], index))
+    for index, key in zip(wanted.tolist(), keys.tolist()):
+        if not runs or key_frames[key] > runs[-1][1]:
+            runs.append((int(key_positions[key]), index))
         else:
             runs[-1] = (runs[-1][0], index)
     return runs

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from mmdata.codecs.packet_index import PacketIndex
+
 
 @dataclass(frozen=True)
 class SegmentRef:
@@ -25,7 +27,8 @@ class ClipRequest:
 
     `gop` is the segment's key-frame interval when known; backends that seek use it to count the
     frames they had to decode. `frame_size` (width, height) is what the store declares: a segment
-    whose frames are of another size fails before its frames are allocated.
+    whose frames are of another size fails before its frames are allocated. `packets`, when the
+    store has it, indexes the segment's packets so that a decoder can start without demuxing.
     """
 
     data: bytes
@@ -34,6 +37,7 @@ class ClipRequest:
     where: SegmentRef | None = None
     gop: int | None = None
     frame_size: tuple[int, int] | None = None
+    packets: PacketIndex | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "frames", tuple(int(i) for i in self.frames))

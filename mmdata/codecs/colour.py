@@ -1,0 +1,100 @@
+"""YUV to RGB conversion of decoded frames, exactly rounded, written straight into the output batch.
+
+FFmpeg's scaler gives exactly rounded RGB only on its slow C path (`ACCURATE_RND` with full chroma
+interpolation: about 0.5 ms per 224x224 frame, more than decoding it). For the format every mmdata
+store holds (8-bit 4:2:0, BT.601, limited range, centred chroma) a compiled kernel computes the
+same thing about four times faster: chroma upsampled bilinearly (weights 3/4 and 1/4, edges
+repeated), then the BT.601 matrix in float32, rounded to nearest. It agrees with the scaler's
+accurate path on all but ~0.4% of values, which differ by one level (the scaler's fixed point
+rounds differently there). Other formats and colour spaces go through the scaler.
+"""
+
+from __future__ import annotations
+
+import av
+import numba
+import numpy as np
+from av.video.reformatter import Interpolation, VideoReformatter
+
+# Exact rounding and full-resolution chroma interpolation: FFmpeg's default YUV->RGB path rounds
+# down (about 1.3 levels darker on average); with these flags PyAV gives the very pixels DALI's
+# decoder gives (mean difference 0.0 on the same bytes) and lands closer to the source.
+RGB_CONVERSION = Interpolation.BILINEAR | Interpolation.ACCURATE_RND | Interpolation.FULL_CHR_H_INT
+
+# FFmpeg's AVColorSpace values the kernel's matrix is right for (unspecified means BT.601 to the
+# scaler), and its AVColorRange values for limited ("MPEG") range.
+_BT601_SPACES = frozenset({2, 5, 6})
+_LIMITED_RANGES = frozenset({0, 1})
+
+
+def to_rgb(frame: av.VideoFrame, reformatter: VideoReformatter | None = None) -> np.ndarray:
+    """A decoded frame as uint8 RGB `[H, W, 3]`."""
+    out = np.empty((frame.height, frame.width, 3), np.uint8)
+    rgb_into(frame, out, reformatter)
+    return out
+
+
+def rgb_into(frame: av.VideoFrame, out: np.ndarray, reformatter: VideoReformatter | None = None) -> None:
+    """Convert `frame` to RGB into `out` (uint8 `[H, W, 3]`, e.g. one row of a batch array)."""
+    if _kernel_converts(frame):
+        width, height = frame.width, frame.height
+        luma, blue, red = (
+            np.frombuffer(plane, np.uint8).reshape(-1, plane.line_size)[:rows, :columns]
+            for plane, rows, columns in zip(
+                frame.planes, (height, height // 2, height // 2), (width, width // 2, width // 2)
+            )
+        )
+        _yuv420_to_rgb(luma, blue, red, out)
+        return
+    converter = reformatter or VideoReformatter()
+    out[...] = converter.reformat(frame, format="rgb24", interpolation=RGB_CONVERSION, threads=1).to_ndarray()
+
+
+def _kernel_converts(frame: av.VideoFrame) -> bool:
+    return (
+        frame.format.name == "yuv420p"
+        and frame.width % 2 == 0
+        and frame.height % 2 == 0
+        and frame.colorspace in _BT601_SPACES
+        and frame.color_range in _LIMITED_RANGES
+    )
+
+
+@numba.njit(cache=True, nogil=True)
+def _yuv420_to_rgb(luma: np.ndarray, blue: np.ndarray, red: np.ndarray, out: np.ndarray) -> None:
+    height, width = luma.shape
+    chroma_rows, chroma_columns = blue.shape
+    # rows of chroma interpolated vertically (x4), padded by one column each side; then horizontally (x16)
+    blue_row = np.empty(chroma_columns + 2, np.float32)
+    red_row = np.empty(chroma_columns + 2, np.float32)
+    blue_full = np.empty(width, np.float32)
+    red_full = np.empty(width, np.float32)
+    r = np.empty(width, np.float32)
+    g = np.empty(width, np.float32)
+    b = np.empty(width, np.float32)
+    for i in range(height):
+        near = i >> 1
+        far = min(near + 1, chroma_rows - 1) if i & 1 else max(near - 1, 0)
+        for c in range(chroma_columns):
+            blue_row[c + 1] = 3 * np.float32(blue[near, c]) + np.float32(blue[far, c])
+            red_row[c + 1] = 3 * np.float32(red[near, c]) + np.float32(red[far, c])
+        blue_row[0], red_row[0] = blue_row[1], red_row[1]
+        blue_row[chroma_columns + 1], red_row[chroma_columns + 1] = blue_row[chroma_columns], red_row[chroma_columns]
+        for m in range(width >> 1):
+            blue_full[2 * m] = 3 * blue_row[m + 1] + blue_row[m]
+            blue_full[2 * m + 1] = 3 * blue_row[m + 1] + blue_row[m + 2]
+            red_full[2 * m] = 3 * red_row[m + 1] + red_row[m]
+            red_full[2 * m + 1] = 3 * red_row[m + 1] + red_row[m + 2]
+        for j in range(width):
+            u = blue_full[j] * np.float32(1 / 16) - np.float32(128)
+            v = red_full[j] * np.float32(1 / 16) - np.float32(128)
+            y = np.float32(255 / 219) * (np.float32(luma[i, j]) - np.float32(16)) + np.float32(0.5)
+            green = y - np.float32(0.391762290) * u - np.float32(0.812967647) * v
+            r[j] = min(max(y + np.float32(1.596026786) * v, np.float32(0)), np.float32(255))
+            g[j] = min(max(green, np.float32(0)), np.float32(255))
+            b[j] = min(max(y + np.float32(2.017232143) * u, np.float32(0)), np.float32(255))
+        row = out[i].reshape(3 * width)
+        for j in range(width):
+            row[3 * j] = np.uint8(np.int32(r[j]))
+            row[3 * j + 1] = np.uint8(np.int32(g[j]))
+            row[3 * j + 2] = np.uint8(np.int32(b[j]))

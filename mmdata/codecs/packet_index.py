@@ -1,0 +1,112 @@
+"""A segment's packet index: what a decoder needs to start on a segment without demuxing it.
+
+Written at conversion, once per segment, into the manifest: the codec's parameter sets
+(`codec_config`, FFmpeg's extradata) and, per packet in decode order, its byte offset and size
+inside the segment, the frame it shows (its index in presentation order) and whether it is a key
+frame. A reader then slices the packets it needs out of the segment's bytes and feeds them to a
+decoder it keeps open, instead of opening a container per request (about half a millisecond each).
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from functools import cached_property
+
+import av
+import numpy as np
+
+from mmdata.errors import DecodeError
+
+# offset, size, frame (presentation index), key flag; little-endian int32 per packet
+COLUMNS = 4
+_DTYPE = np.dtype("<i4")
+MAX_CODEC_CONFIG_BYTES = 1 << 16
+
+
+@dataclass(frozen=True)
+class PacketIndex:
+    """Packets of one segment in decode order: `offsets`, `sizes`, `frames` (presentation index), `keys`."""
+
+    codec_config: bytes
+    offsets: np.ndarray
+    sizes: np.ndarray
+    frames: np.ndarray
+    keys: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    @cached_property
+    def key_frames(self) -> tuple[np.ndarray, np.ndarray]:
+        """(frames shown by key packets, ascending; their decode positions)."""
+        return key_frames_of(self.frames, self.keys)
+
+    def to_record(self) -> dict[str, bytes]:
+        """The manifest's form: `{"codec_config": bytes, "packets": int32 [n, 4] bytes}`."""
+        table = np.stack([self.offsets, self.sizes, self.frames, self.keys.astype(np.int32)], axis=1)
+        return {"codec_config": self.codec_config, "packets": table.astype(_DTYPE).tobytes()}
+
+    @classmethod
+    def from_record(cls, record: dict, segment_bytes: int, num_frames: int) -> PacketIndex:
+        """Parse and check a manifest record against its segment's size and frame count.
+
+        Raises DecodeError when the index cannot describe the segment: packets outside its bytes,
+        frames that are not each shown once, or no key frame first.
+        """
+        config, blob = record["codec_config"], record["packets"]
+        if config is None or blob is None or len(config) > MAX_CODEC_CONFIG_BYTES:
+            raise DecodeError("its packet index is missing or oversized")
+        if len(blob) != num_frames * COLUMNS * _DTYPE.itemsize:
+            raise DecodeError(f"its packet index lists {len(blob) // (COLUMNS * 4)} packets for {num_frames} frames")
+        table = np.frombuffer(blob, _DTYPE).reshape(num_frames, COLUMNS)
+        offsets, sizes, frames, keys = (table[:, column] for column in range(COLUMNS))
+        ends = offsets.astype(np.int64) + sizes
+        if (offsets < 0).any() or (sizes < 1).any() or (ends > segment_bytes).any():
+            raise DecodeError(f"its packet index points outside the segment's {segment_bytes} bytes")
+        if not np.array_equal(np.sort(frames), np.arange(num_frames)) or not keys[0] or frames[0] != 0:
+            raise DecodeError("its packet index does not show each frame once, starting with a key frame")
+        return cls(bytes(config), offsets, sizes, frames, keys.astype(bool))
+
+
+def index_segment(data: bytes) -> PacketIndex:
+    """Demux an encoded segment once (at conversion) and describe its packets.
+
+    The offsets are found by locating each packet's payload in the segment's bytes, in order, so
+    the index is checked against the very bytes it will slice.
+    """
+    with av.open(io.BytesIO(data)) as container:
+        stream = container.streams.video[0]
+        config = bytes(stream.codec_context.extradata or b"")
+        packets = [(bytes(packet), packet.pts, packet.is_keyframe) for packet in container.demux(stream) if packet.size]
+    order = {pts: index for index, pts in enumerate(sorted(pts for _, pts, _ in packets))}
+    offsets, position = [], 0
+    for payload, _, _ in packets:
+        found = data.find(payload, position)
+        if found < 0:
+            raise DecodeError("a packet's bytes are not stored contiguously in the segment")
+        offsets.append(found)
+        position = found + len(payload)
+    return PacketIndex(
+        config,
+        np.asarray(offsets, np.int32),
+        np.asarray([len(payload) for payload, _, _ in packets], np.int32),
+        np.asarray([order[pts] for _, pts, _ in packets], np.int32),
+        np.asarray([key for _, _, key in packets], bool),
+    )
+
+
+def index_describes(index: PacketIndex, data: bytes) -> bool:
+    """Whether `index` is what demuxing `data` finds (what `mmdata verify` checks)."""
+    found = index_segment(data)
+    return found.codec_config == index.codec_config and all(
+        np.array_equal(getattr(found, name), getattr(index, name)) for name in ("offsets", "sizes", "frames", "keys")
+    )
+
+
+def key_frames_of(frames: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Of packets in decode order showing `frames`, the key ones: (frames they show, ascending;
+    their decode positions)."""
+    positions = np.flatnonzero(keys)
+    order = np.argsort(frames[positions], kind="stable")
+    return frames[positions][order].astype(np.int64), positions[order]
