@@ -97,7 +97,7 @@ def convert(tree: Path, source: Path, destination: Path, layout: str, *options: 
     if (destination / "dataset.json").exists():
         return
     command = [sys.executable, "-m", "mmdata", "convert", str(source), str(destination), "--from", "lerobot"]
-    command += ["--layout", layout, "--quiet", "--overwrite", *options]
+    command += ["--to", layout, "--quiet", "--overwrite", *options]
     subprocess.run(command, check=True, env={**os.environ, "PYTHONPATH": str(tree)}, cwd=tree)
 
 

@@ -38,6 +38,8 @@ TARGET_CHUNK_BYTES = 1 << 20
 def _create_bytes_array(group: zarr.Group, path: str, per_shard: int) -> zarr.Array:
     """A 1-D array of variable-length byte strings, one inner chunk per element, sharded.
 
+    The elements are encoded media (video segments, FLAC or Opus), which a general-purpose
+    compressor cannot shrink: they are stored as they are, so reading one costs no decompression.
     Codecs are named rather than left to zarr's defaults, so the store is exactly the layout
     `sharding/zarr_reader.py` reads, whatever zarr version wrote it (so are the numeric arrays')."""
     with warnings.catch_warnings():
@@ -50,7 +52,7 @@ def _create_bytes_array(group: zarr.Group, path: str, per_shard: int) -> zarr.Ar
             shards=(per_shard,),
             dtype=zarr.dtype.VariableLengthBytes(),
             serializer=VLenBytesCodec(),
-            compressors=ZstdCodec(level=0),
+            compressors=None,
             overwrite=True,
         )
 

@@ -47,7 +47,7 @@ def test_flipped_byte_in_a_wds_piece_is_an_integrity_error(stores, tmp_path, col
 )
 def test_flipped_byte_in_a_zarr_chunk_is_an_integrity_error(stores, tmp_path, array):
     store = copy_store(stores["zarr"], tmp_path / "s.zarr")
-    flip_byte(store / array, 24)  # inside the first block of the chunk's (or first element's) zstd frame
+    flip_byte(store / array, 24)  # inside the chunk's zstd frame, or the first element's bytes
     dataset = mmdata.open_dataset(store)
     with pytest.raises(IntegrityError):
         for episode in range(len(dataset)):
