@@ -246,13 +246,16 @@ class Dataset:
     @staticmethod
     def assemble_frames(plan: FramePlan, decoded: list[Any]) -> StreamData:
         """The frames of a plan in the order they were asked for, from its decoded requests."""
+        return StreamData(Dataset.assemble_frames_at(plan.positions, decoded), plan.timestamps, plan.is_pad)
+
+    @staticmethod
+    def assemble_frames_at(positions: np.ndarray, decoded: list[Any]) -> Any:
+        """`decoded` (numpy arrays or torch tensors) concatenated, then taken at `positions`."""
         if decoded and not isinstance(decoded[0], np.ndarray):
             import torch
 
-            frames = torch.cat(decoded)[torch.as_tensor(plan.positions, device=decoded[0].device)]
-        else:
-            frames = np.concatenate(decoded)[plan.positions]
-        return StreamData(frames, plan.timestamps, plan.is_pad)
+            return torch.cat(decoded)[torch.as_tensor(positions, device=decoded[0].device)]
+        return np.concatenate(decoded)[positions]
 
     def _frame_plan(
         self, row: dict, spec: VideoStream, indices: np.ndarray, timestamps: np.ndarray, is_pad: np.ndarray

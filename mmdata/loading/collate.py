@@ -11,11 +11,13 @@ names its samples: `sample_index`, `episode_index`, `chunk_index`, `time`, `task
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
 import torch
+from torch.utils.data import get_worker_info
 
 from mmdata.loading.read import MicroBatch
 from mmdata.packing.layouts import MaskKind, packed_layout, padded_layout
@@ -39,7 +41,7 @@ def collate(
         masks = [_tensor(m).to(torch.bool) for m in batch.is_pad[name]]
         lengths = [len(t) for t in tensors]
         if layout == "packed":
-            out[name] = torch.cat(tensors)
+            out[name] = torch.cat(tensors, out=_shared_output(tensors[0], (sum(len(t) for t in tensors),)))
             out[f"{name}_is_pad"] = torch.cat(masks)
             out[f"{name}_cu_seqlens"] = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32)
         else:
@@ -83,7 +85,9 @@ def _tensor(value: Any) -> torch.Tensor:
 def _stack_padded(tensors: Sequence[torch.Tensor], masks: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     longest = max(len(t) for t in tensors)
     if all(len(t) == longest for t in tensors):
-        return torch.stack(list(tensors)), torch.stack(list(masks))
+        return torch.stack(list(tensors), out=_shared_output(tensors[0], (len(tensors), longest))), torch.stack(
+            list(masks)
+        )
     first = tensors[0]
     stacked = first.new_zeros((len(tensors), longest, *first.shape[1:]))
     is_pad = torch.ones((len(tensors), longest), dtype=torch.bool, device=masks[0].device)
@@ -91,3 +95,14 @@ def _stack_padded(tensors: Sequence[torch.Tensor], masks: Sequence[torch.Tensor]
         stacked[row, : len(values)] = values
         is_pad[row, : len(mask)] = mask
     return stacked, is_pad
+
+
+def _shared_output(like: torch.Tensor, leading: tuple[int, ...]) -> torch.Tensor | None:
+    """In a DataLoader worker, an output of shape `leading + like.shape[1:]` allocated in shared
+    memory, as torch's own collate does: the batch then crosses to the main process without
+    another copy. None elsewhere (torch allocates as usual)."""
+    if like.device.type != "cpu" or get_worker_info() is None:
+        return None
+    shape = (*leading, *like.shape[1:])
+    storage = like._typed_storage()._new_shared(math.prod(shape), device=like.device)
+    return like.new(storage).resize_(shape)

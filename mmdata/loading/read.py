@@ -246,22 +246,36 @@ def _finish_camera(decoder: VideoDecoder, batch: MicroBatch, name: str, pending:
         key = exc.where.episode if exc.where is not None else None
         culprit = next((s for s in batch.samples if s.key == key), batch.samples[0])
         raise SampleError(f"shard '{culprit.shard}', {exc}") from exc
-    decoded = [None if outputs[m] is None else outputs[m][picks] for m, picks in pending.sources]
     values: list[Any] = [None] * len(pending.plans)
     masks: list[Any] = [None] * len(pending.plans)
     cursor = 0
     for p, plan in enumerate(pending.plans):
         if plan is None:
             continue
-        parts = decoded[cursor : cursor + len(plan.requests)]
+        sources = pending.sources[cursor : cursor + len(plan.requests)]
         cursor += len(plan.requests)
-        if any(part is None for part in parts):
-            where = ", ".join(str(r.where) for r, part in zip(plan.requests, parts) if part is None)
+        if any(outputs[m] is None for m, _ in sources):
+            where = ", ".join(str(r.where) for r, (m, _) in zip(plan.requests, sources) if outputs[m] is None)
             batch.failed[p] = f"shard '{batch.samples[p].shard}', {where}: video does not decode"
             continue
-        frames = Dataset.assemble_frames(plan, parts)
-        values[p], masks[p] = frames.values, frames.is_pad
+        values[p], masks[p] = gather_frames(outputs, sources, plan.positions), plan.is_pad
     batch.values[name], batch.is_pad[name] = values, masks
+
+
+def gather_frames(outputs: list[Any], sources: list[tuple[int, np.ndarray]], positions: np.ndarray) -> Any:
+    """One sample's frames, in the order it asked for them, from the micro-batch's merged decoder
+    outputs: its requests' frames are `outputs[m][picks]` for each (m, picks) of `sources`,
+    concatenated, then taken at `positions`. Host frames are copied once, straight into place."""
+    first = outputs[sources[0][0]]
+    if not isinstance(first, np.ndarray):
+        return Dataset.assemble_frames_at(positions, [outputs[m][picks] for m, picks in sources])
+    ends = np.cumsum([len(picks) for _, picks in sources])
+    frames = np.empty((len(positions), *first.shape[1:]), first.dtype)
+    for row, position in enumerate(positions.tolist()):
+        part = int(np.searchsorted(ends, position, side="right"))
+        m, picks = sources[part]
+        frames[row] = outputs[m][picks[position - (ends[part] - len(picks))]]
+    return frames
 
 
 def merge_requests(requests: Sequence[ClipRequest]) -> tuple[list[ClipRequest], list[tuple[int, np.ndarray]]]:
