@@ -48,7 +48,10 @@ profile.disable()
 elapsed = time.perf_counter() - started
 stats = pstats.Stats(profile).stats
 functions = sorted(
-    ((f"{{path.rsplit('/', 1)[-1]}}:{{name}}", own, calls) for (path, line, name), (_, calls, own, _, _) in stats.items()),
+    (
+        (f"{{path.rsplit('/', 1)[-1]}}:{{name}}", own, calls)
+        for (path, line, name), (_, calls, own, _, _) in stats.items()
+    ),
     key=lambda item: -item[1],
 )
 print("RESULT " + json.dumps({{

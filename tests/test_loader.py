@@ -226,6 +226,19 @@ def test_decoding_in_the_main_process_gives_the_same_batches_as_in_workers(store
     assert_same_batches(run(build("main")), run(build("workers")))
 
 
+def test_batches_from_workers_are_the_tensors_an_in_process_loader_gives(stores):
+    """Small tensors cross from workers inside the message as arrays; they arrive as tensors again."""
+
+    def build(workers):
+        return mmdata.DataLoader(stores["zarr"], POLICY_WINDOWS, batch_size=4, num_workers=workers, shuffle="none")
+
+    in_process, from_workers = run(build(0)), run(build(2))
+    assert_same_batches(in_process, from_workers)
+    for batch in from_workers:
+        assert not any(isinstance(value, np.ndarray) for value in batch.values())
+        assert batch["state"].dtype == torch.float32 and batch["sample_index"].dtype == torch.int64
+
+
 def test_episode_filters_select_by_id_task_and_manifest_expression(stores):
     dataset = mmdata.open_dataset(stores["wds"])
     tasks = dataset.table.column("task").to_pylist()

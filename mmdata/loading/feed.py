@@ -29,6 +29,8 @@ from mmdata.loading.planning import LoaderPlanner, RankSteps
 from mmdata.loading.read import FALLBACK_SAMPLES, SampleReader, SampleRef
 from mmdata.loading.timing import timed
 
+# Tensors at least this large cross from workers in shared memory; smaller ones inside the message.
+SHARED_TENSOR_BYTES = 1 << 18
 Item = tuple[int, int, Any, dict]  # (epoch, step, batch or pending micro-batch, what the worker measured)
 _OPEN_FEEDS: weakref.WeakSet = weakref.WeakSet()
 
@@ -105,6 +107,8 @@ class StepSource(IterableDataset):
         if not batch.pending:
             with timed(batch.seconds, "collate"):
                 output = collate(batch, **self.collate_options)
+            if get_worker_info() is not None:
+                output = small_tensors_as_arrays(output)
         info = {
             "worker": worker,
             "pid": os.getpid(),
@@ -148,6 +152,7 @@ class Feed:
                     source,
                     batch_size=None,
                     num_workers=num_workers,
+                    collate_fn=_unchanged,
                     prefetch_factor=prefetch_factor,
                     pin_memory=pin_memory,
                 )
@@ -199,7 +204,10 @@ class Feed:
         finish = self._finish()
         if finish is None:
             raise MmdataError("the loader this feed belonged to is gone")
-        return finish(item)
+        epoch, step, output, info = item
+        if isinstance(output, dict):
+            output = arrays_as_tensors(output)
+        return finish((epoch, step, output, info))
 
     def _offer(self, item: Any) -> bool:
         while not self._stop.is_set():
@@ -209,6 +217,29 @@ class Feed:
             except queue.Full:
                 continue
         return False
+
+
+def small_tensors_as_arrays(batch: dict[str, Any]) -> dict[str, Any]:
+    """A worker's batch with its small tensors as numpy arrays, which cross to the main process inside
+    the pickled message. Torch sends each tensor through shared memory instead, passing a file
+    descriptor over a fresh authenticated connection per tensor: a millisecond or so each, which for
+    the twenty-odd small tensors of a batch cost the main process more than the frames did."""
+    return {
+        name: value.numpy()
+        if isinstance(value, torch.Tensor) and value.device.type == "cpu" and value.nbytes < SHARED_TENSOR_BYTES
+        else value
+        for name, value in batch.items()
+    }
+
+
+def arrays_as_tensors(batch: dict[str, Any]) -> dict[str, Any]:
+    """The inverse of `small_tensors_as_arrays`, in the main process (no copy)."""
+    return {name: torch.from_numpy(value) if isinstance(value, np.ndarray) else value for name, value in batch.items()}
+
+
+def _unchanged(item: Item) -> Item:
+    """Items cross from workers as they are (torch's default would turn numpy arrays into tensors)."""
+    return item
 
 
 def _samples_of(steps: RankSteps) -> Iterator[SampleRef]:
