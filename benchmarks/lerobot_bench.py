@@ -7,7 +7,7 @@
    libavformat59 libavdevice59 libavfilter8 libswscale6 libswresample4`); without them its rows fail
    and are reported, the pyav rows still run.
 2. It is converted with `mmdata convert --from lerobot --access windows` into a WebDataset and a
-   Zarr store.
+   Zarr store, and with the default access pattern (`both`) into a WebDataset store.
 3. Policy windows (cam_high at t-0.1 s and t, cam_wrist at t, state at t-0.1 s and t, 16 actions at
    30 Hz; every frame an anchor), batch 8, shuffled, are drawn for `--seconds` by each loader in a
    fresh interpreter, in `--rounds` rounds whose order rotates: LeRobotDataset + torch DataLoader
@@ -165,6 +165,10 @@ def main() -> None:
             configurations[f"mmdata {layout} w{workers}"] = lambda s=store, w=workers: mmdata_run(
                 tree, s, w, args.seconds
             )
+    # the same loader on a store converted with the default access pattern (gop 8, no tuning)
+    default_store = args.workdir / "store-both.wds"
+    convert(tree, source, default_store, "wds")
+    configurations["mmdata wds --access both w2"] = lambda: mmdata_run(tree, default_store, 2, args.seconds)
     if args.baseline_tree:
         for layout in ("wds", "zarr"):
             old_store = args.workdir / f"store-baseline.{layout}"
