@@ -19,6 +19,7 @@ from mmdata.codecs.video_encode import VideoEncoding, encode_segments, encoding_
 from mmdata.errors import DecodeError, IntegrityError
 from mmdata.sharding.manifest import packets_column
 from mmdata.synthetic import read_index_stripe, synthetic_frame
+from mmdata.verify import verify_dataset
 
 SEGMENT = 16
 
@@ -156,3 +157,18 @@ def test_frames_the_kernel_does_not_cover_go_through_ffmpeg():
     out = np.zeros((64, 96, 3), np.uint8)
     rgb_into(full_range, out)
     assert np.array_equal(out, expected)
+
+
+def test_verify_reports_a_packet_index_that_does_not_describe_its_segment(stores, tmp_path):
+    table = pq.read_table(stores["wds"] / "episodes.parquet")
+    rows = table.to_pylist()
+    column = packets_column("cam_high")
+    first_of = [(row["cam_high/segments"][0]["num_frames"], number) for number, row in enumerate(rows)]
+    frames, episode = first_of[0]
+    other = next(number for count, number in first_of[1:] if count == frames)
+    rows[episode][column][0] = rows[other][column][0]
+    tampered = type(table).from_pylist(rows, schema=table.schema)
+    store = store_with_manifest(stores["wds"], tmp_path / "store.wds", tampered)
+    report = verify_dataset(str(store), progress=False)
+    assert [failure.index for failure in report.failures] == [episode]
+    assert any("packet index does not describe its bytes" in problem for problem in report.failures[0].problems)

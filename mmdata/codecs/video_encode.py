@@ -90,7 +90,7 @@ class VideoEncoding:
 # - windows: a few frames per camera per sample (policies). Every frame a key frame, tuned for
 #   decoding speed: each frame decodes alone, at ~2.5x the bytes of the clips setting.
 # - clips: runs of consecutive frames (world models). A key frame every 8 frames.
-# - both: the clips setting, which serves windows at about two thirds of the windows setting's speed.
+# - both: the clips setting, which serves windows at about half the windows setting's rate.
 ACCESS_PATTERNS = {
     "windows": {"gop": 1, "fast_decode": True},
     "clips": {"gop": 8, "fast_decode": False},
