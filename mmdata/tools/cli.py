@@ -7,9 +7,9 @@ import sys
 
 from mmdata import __version__
 from mmdata.errors import MmdataError
-from mmdata.tools import bench, convert, demo, inspect, synth, verify
+from mmdata.tools import bench, convert, demo, inspect, stats, synth, verify
 
-TOOLS = (synth, convert, inspect, verify, demo, bench)
+TOOLS = (synth, convert, inspect, verify, stats, demo, bench)
 
 
 def build_parser() -> argparse.ArgumentParser:

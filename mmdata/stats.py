@@ -1,0 +1,154 @@
+"""Normalization statistics of a store: per low-dim stream and dimension, per camera and channel.
+
+Low-dim streams get count, mean, std, min, max and the 1st / 99th percentiles of every
+dimension, over every row of every episode. Moments are accumulated per episode and merged with
+Chan et al.'s pairwise update, so partial results (from workers or shards) combine exactly.
+Percentiles come from a second pass: a histogram of `QUANTILE_BINS` equal bins over [min, max]
+per dimension, each percentile reported at the upper edge of the bin it falls in, so it lies
+within one bin width (`quantile_error`, stated with it) of the exact value (numpy's
+`quantile(..., method="inverted_cdf")`).
+Cameras get the mean and std of each RGB channel (in [0, 1]) over a seeded sample of frames.
+
+`mmdata stats PATH` writes them to `stats.json` beside `dataset.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from fsspec.implementations.local import LocalFileSystem
+
+from mmdata.dataset import Dataset
+from mmdata.schema import LowdimStream, VideoStream
+from mmdata.sharding.filesystem import join
+
+STATS_FILE = "stats.json"
+STATS_VERSION = 1
+QUANTILE_BINS = 8192
+QUANTILES = (0.01, 0.99)
+
+
+@dataclass
+class Moments:
+    """Count, mean, sum of squared deviations, min and max per dimension; mergeable exactly."""
+
+    count: int = 0
+    mean: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    m2: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    low: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    high: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    @classmethod
+    def of(cls, values: np.ndarray) -> Moments:
+        """The moments of rows `values` `[N, D]` (float64 inside)."""
+        rows = np.asarray(values, np.float64).reshape(len(values), -1)
+        if not len(rows):
+            return cls()
+        mean = rows.mean(axis=0)
+        return cls(len(rows), mean, ((rows - mean) ** 2).sum(axis=0), rows.min(axis=0), rows.max(axis=0))
+
+    def merge(self, other: Moments) -> Moments:
+        """The moments of both sets of rows together (Chan, Golub and LeVeque's pairwise update)."""
+        if not other.count:
+            return self
+        if not self.count:
+            return other
+        count = self.count + other.count
+        delta = other.mean - self.mean
+        mean = self.mean + delta * other.count / count
+        m2 = self.m2 + other.m2 + delta**2 * self.count * other.count / count
+        return Moments(count, mean, m2, np.minimum(self.low, other.low), np.maximum(self.high, other.high))
+
+    @property
+    def std(self) -> np.ndarray:
+        """Population standard deviation (what normalizing by the data's spread uses)."""
+        return np.sqrt(self.m2 / self.count) if self.count else self.m2
+
+
+def compute_stats(dataset: Dataset, camera_frames: int = 256, seed: int = 0) -> dict[str, Any]:
+    """The statistics of every low-dim stream and camera of `dataset` (see the module docstring)."""
+    episodes = [i for i in range(len(dataset)) if i not in dataset.damaged]
+    result: dict[str, Any] = {"version": STATS_VERSION, "episodes": len(episodes), "lowdim": {}, "cameras": {}}
+    for stream in dataset.schema.streams:
+        if isinstance(stream, LowdimStream):
+            result["lowdim"][stream.name] = _lowdim_stats(dataset, stream.name, episodes)
+        elif isinstance(stream, VideoStream) and camera_frames > 0:
+            result["cameras"][stream.name] = _camera_stats(dataset, stream.name, episodes, camera_frames, seed)
+    return result
+
+
+def _rows(dataset: Dataset, name: str, episode: int) -> np.ndarray:
+    values = dataset.read_episode(episode, [name])[name].values
+    return np.asarray(values, np.float64).reshape(len(values), -1)
+
+
+def _lowdim_stats(dataset: Dataset, name: str, episodes: list[int]) -> dict[str, Any]:
+    moments = Moments()
+    for episode in episodes:
+        moments = moments.merge(Moments.of(_rows(dataset, name, episode)))
+    if not moments.count:
+        return {"count": 0}
+    width = np.where(moments.high > moments.low, (moments.high - moments.low) / QUANTILE_BINS, 0.0)
+    counts = np.zeros((len(moments.mean), QUANTILE_BINS), np.int64)
+    for episode in episodes:
+        rows = _rows(dataset, name, episode)
+        bins = np.zeros(rows.shape, np.int64)
+        spread = width > 0
+        bins[:, spread] = np.minimum((rows[:, spread] - moments.low[spread]) / width[spread], QUANTILE_BINS - 1)
+        for dim in range(rows.shape[1]):
+            counts[dim] += np.bincount(bins[:, dim], minlength=QUANTILE_BINS)
+    cumulative = np.cumsum(counts, axis=1)
+    figures: dict[str, Any] = {
+        "count": moments.count,
+        "mean": moments.mean.tolist(),
+        "std": moments.std.tolist(),
+        "min": moments.low.tolist(),
+        "max": moments.high.tolist(),
+        "quantile_error": width.tolist(),
+    }
+    for quantile in QUANTILES:
+        # the bin holding the value of rank ceil(q * n) (1-based), reported at its upper edge
+        rank = max(int(np.ceil(quantile * moments.count)), 1)
+        upper = np.array([np.searchsorted(cumulative[dim], rank) + 1 for dim in range(len(width))])
+        figures[f"q{round(quantile * 100):02d}"] = np.minimum(moments.low + upper * width, moments.high).tolist()
+    return figures
+
+
+def _camera_stats(dataset: Dataset, name: str, episodes: list[int], frames: int, seed: int) -> dict[str, Any]:
+    """Mean and std of each RGB channel in [0, 1] over `frames` frames drawn evenly across episodes."""
+    rng = np.random.default_rng(seed)
+    moments, sampled = Moments(), 0
+    for episode, take in zip(episodes, _spread(frames, len(episodes))):
+        times = dataset.timestamps_of(dataset.manifest.row(episode), name)
+        if not take or not len(times):
+            continue
+        picked = np.sort(rng.choice(len(times), size=min(take, len(times)), replace=False))
+        pixels = dataset.frames_at(episode, name, times[picked]).values
+        moments = moments.merge(Moments.of(np.asarray(pixels, np.float64).reshape(-1, 3) / 255.0))
+        sampled += len(picked)
+    return {"frames": sampled, "mean": moments.mean.tolist(), "std": moments.std.tolist()}
+
+
+def _spread(total: int, parts: int) -> list[int]:
+    """`total` split into `parts` near-equal counts."""
+    base, extra = divmod(total, max(parts, 1))
+    return [base + (i < extra) for i in range(parts)]
+
+
+def write_stats(dataset: Dataset, stats: dict[str, Any]) -> str:
+    """Write `stats.json` beside the store's `dataset.json` (atomically in a local folder); its path."""
+    path = join(dataset.root, STATS_FILE)
+    text = json.dumps(stats, indent=1) + "\n"
+    if isinstance(dataset.fs, LocalFileSystem):
+        temporary = f"{path}.tmp"
+        with open(temporary, "w") as handle:
+            handle.write(text)
+        os.replace(temporary, path)
+    else:
+        with dataset.fs.open(path, "w") as handle:
+            handle.write(text)
+    return path

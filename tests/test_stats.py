@@ -1,0 +1,79 @@
+"""Normalization statistics: exact moments merged across parts, percentiles within their stated bound."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import mmdata
+from mmdata.conversion.pipeline import ConvertOptions, convert
+from mmdata.sources import discover_episodes
+from mmdata.stats import Moments, compute_stats
+from tests.conftest import run_cli
+
+
+def test_moments_merged_from_parts_equal_the_moments_of_the_whole():
+    rng = np.random.default_rng(0)
+    rows = rng.normal(5.0, 3.0, size=(1000, 4)) * [1, 10, 100, 1e-3]
+    merged = Moments()
+    for part in np.array_split(rows, [1, 7, 300, 301, 900]):
+        merged = merged.merge(Moments.of(part))
+    assert merged.count == 1000
+    np.testing.assert_allclose(merged.mean, rows.mean(axis=0), rtol=1e-12)
+    np.testing.assert_allclose(merged.std, rows.std(axis=0), rtol=1e-12)
+    assert np.array_equal(merged.low, rows.min(axis=0)) and np.array_equal(merged.high, rows.max(axis=0))
+
+
+@pytest.mark.parametrize("layout", ["wds", "zarr"])
+def test_lowdim_statistics_equal_numpys_over_every_row_of_every_episode(stores, layout):
+    dataset = mmdata.open_dataset(str(stores[layout]))
+    stats = compute_stats(dataset, camera_frames=0)
+    for name in ("state", "action"):
+        rows = np.concatenate([dataset.read_episode(i, [name])[name].values for i in range(len(dataset))])
+        rows = rows.reshape(len(rows), -1).astype(np.float64)
+        figures = stats["lowdim"][name]
+        assert figures["count"] == len(rows)
+        np.testing.assert_allclose(figures["mean"], rows.mean(axis=0), rtol=1e-6)
+        np.testing.assert_allclose(figures["std"], rows.std(axis=0), rtol=1e-6)
+        assert figures["min"] == rows.min(axis=0).tolist() and figures["max"] == rows.max(axis=0).tolist()
+        bound = np.asarray(figures["quantile_error"]) * (1 + 1e-9) + 1e-12
+        for key, quantile in (("q01", 0.01), ("q99", 0.99)):
+            exact = np.quantile(rows, quantile, axis=0, method="inverted_cdf")
+            assert (np.abs(np.asarray(figures[key]) - exact) <= bound).all(), key
+
+
+def test_camera_statistics_sample_the_frames_asked_for_and_repeat_with_the_seed(stores):
+    dataset = mmdata.open_dataset(str(stores["wds"]))
+    first, again = compute_stats(dataset, camera_frames=24), compute_stats(dataset, camera_frames=24)
+    camera = first["cameras"]["cam_high"]
+    assert camera["frames"] == 24 and camera == again["cameras"]["cam_high"]
+    assert all(0.0 < m < 1.0 for m in camera["mean"]) and all(0.0 < s < 0.5 for s in camera["std"])
+
+
+def test_stats_command_writes_stats_json_beside_dataset_json(stores, tmp_path):
+    import shutil
+
+    store = tmp_path / "store.wds"
+    shutil.copytree(stores["wds"], store)
+    finished = run_cli("stats", str(store), "--camera-frames", "8")
+    assert finished.returncode == 0, finished.stderr
+    written = json.loads((store / "stats.json").read_text())
+    assert written["version"] == 1 and set(written["lowdim"]) == {"state", "action"}
+    assert written["cameras"]["cam_wrist"]["frames"] == 8
+    assert mmdata.open_dataset(str(store)).damaged == {}, "the store still opens as it was"
+
+
+def test_statistics_of_a_lerobot_import_agree_with_lerobots_own_stats_json(tmp_path):
+    source = Path(__file__).parent / "fixtures" / "lerobot_small"
+    store = tmp_path / "out"
+    convert(discover_episodes(source, "lerobot"), store, ConvertOptions(layout="wds", progress=False))
+    ours = compute_stats(mmdata.open_dataset(str(store)), camera_frames=0)["lowdim"]
+    theirs = json.loads((source / "meta" / "stats.json").read_text())
+    for name in ("observation.state", "action"):
+        assert ours[name]["count"] == theirs[name]["count"][0]
+        for key in ("mean", "std", "min", "max"):
+            # LeRobot aggregates per-episode figures in float32: its std drifts by up to ~2e-5 relative
+            np.testing.assert_allclose(ours[name][key], theirs[name][key], rtol=5e-5, atol=1e-6, err_msg=key)
