@@ -22,14 +22,17 @@ from typing import Any
 import numpy as np
 from fsspec.implementations.local import LocalFileSystem
 
+from mmdata.checks import parse_json
 from mmdata.dataset import Dataset
+from mmdata.errors import ReadError, StoreError
 from mmdata.schema import LowdimStream, VideoStream
-from mmdata.sharding.filesystem import join
+from mmdata.sharding.filesystem import join, read_file
 
 STATS_FILE = "stats.json"
 STATS_VERSION = 1
 QUANTILE_BINS = 8192
 QUANTILES = (0.01, 0.99)
+MAX_STATS_BYTES = 64 << 20
 
 
 @dataclass
@@ -152,3 +155,48 @@ def write_stats(dataset: Dataset, stats: dict[str, Any]) -> str:
         with dataset.fs.open(path, "w") as handle:
             handle.write(text)
     return path
+
+
+def read_stats(dataset: Dataset) -> dict[str, Any]:
+    """The store's `stats.json`; StoreError naming the fix when it has none or it is unreadable."""
+    path = join(dataset.root, STATS_FILE)
+    try:
+        stats = parse_json(read_file(dataset.fs, path, MAX_STATS_BYTES, dataset.read_policy))
+    except ReadError as exc:
+        raise StoreError(
+            f"'{dataset.url}' has no readable {STATS_FILE} ({exc}); run `mmdata stats {dataset.url}` to compute it"
+        ) from exc
+    except ValueError as exc:
+        raise StoreError(f"{dataset.url}/{STATS_FILE} {exc}; run `mmdata stats {dataset.url}` again") from exc
+    if (
+        not isinstance(stats, dict)
+        or stats.get("version") != STATS_VERSION
+        or not isinstance(stats.get("lowdim"), dict)
+    ):
+        raise StoreError(
+            f"{dataset.url}/{STATS_FILE} is not version {STATS_VERSION} statistics; run `mmdata stats` again"
+        )
+    return stats
+
+
+def normalizer(stats: dict[str, Any], stream: str, mode: str, width: int, where: str) -> tuple[np.ndarray, np.ndarray]:
+    """(shift, scale) per dimension so that (x - shift) / scale normalizes `stream` by `mode`."""
+    figures = stats["lowdim"].get(stream)
+    keys = {"mean_std": ("mean", "std"), "min_max": ("min", "max"), "quantile": ("q01", "q99")}[mode]
+    try:
+        first, second = (np.asarray(figures[key], np.float64) for key in keys)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise StoreError(
+            f"{where}/{STATS_FILE} has no {'/'.join(keys)} for stream '{stream}'; run `mmdata stats`"
+        ) from exc
+    if (
+        first.shape != (width,)
+        or second.shape != (width,)
+        or not (np.isfinite(first).all() and np.isfinite(second).all())
+    ):
+        raise StoreError(f"{where}/{STATS_FILE}: the {mode} figures of '{stream}' are not {width} finite numbers")
+    if mode == "mean_std":
+        shift, scale = first, second
+    else:
+        shift, scale = (first + second) / 2, (second - first) / 2
+    return shift.astype(np.float32), np.where(scale > 1e-8, scale, 1.0).astype(np.float32)

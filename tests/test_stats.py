@@ -7,11 +7,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import mmdata
 from mmdata.conversion.pipeline import ConvertOptions, convert
+from mmdata.errors import StoreError
 from mmdata.sources import discover_episodes
-from mmdata.stats import Moments, compute_stats
+from mmdata.stats import Moments, compute_stats, write_stats
 from tests.conftest import run_cli
 
 
@@ -77,3 +79,43 @@ def test_statistics_of_a_lerobot_import_agree_with_lerobots_own_stats_json(tmp_p
         for key in ("mean", "std", "min", "max"):
             # LeRobot aggregates per-episode figures in float32: its std drifts by up to ~2e-5 relative
             np.testing.assert_allclose(ours[name][key], theirs[name][key], rtol=5e-5, atol=1e-6, err_msg=key)
+
+
+@pytest.mark.parametrize("mode", ["mean_std", "min_max", "quantile"])
+def test_the_loader_normalizes_values_by_the_stores_statistics(stores, tmp_path, mode):
+    import shutil
+
+    store = tmp_path / "store.zarr"
+    shutil.copytree(stores["zarr"], store)
+    dataset = mmdata.open_dataset(str(store))
+    stats = compute_stats(dataset, camera_frames=0)
+    write_stats(dataset, stats)
+    offsets = [-0.1, 0.0]
+    spec = mmdata.Windows(anchor_fps=5, streams={"state": mmdata.Values(offsets=offsets, normalize=mode)})
+    plain = mmdata.Windows(anchor_fps=5, streams={"state": mmdata.Values(offsets=offsets)})
+    normalized = next(iter(mmdata.DataLoader(str(store), spec, batch_size=4, shuffle="none")))
+    raw = next(iter(mmdata.DataLoader(str(store), plain, batch_size=4, shuffle="none")))
+    figures = stats["lowdim"]["state"]
+    low, high = {"mean_std": ("mean", "std"), "min_max": ("min", "max"), "quantile": ("q01", "q99")}[mode]
+    first, second = np.asarray(figures[low]), np.asarray(figures[high])
+    shift, scale = (first, second) if mode == "mean_std" else ((first + second) / 2, (second - first) / 2)
+    expected = (raw["state"].numpy().astype(np.float64) - shift) / scale
+    assert normalized["state"].dtype == torch.float32
+    np.testing.assert_allclose(normalized["state"].numpy(), expected, rtol=1e-5, atol=1e-5)
+    assert torch.equal(normalized["state_is_pad"], raw["state_is_pad"])
+
+
+def test_normalizing_without_stats_json_names_the_command_that_makes_it(stores):
+    spec = mmdata.Windows(anchor_fps=5, streams={"state": mmdata.Values(normalize="mean_std")})
+    with pytest.raises(StoreError, match="no readable stats.json .*run `mmdata stats"):
+        mmdata.DataLoader(str(stores["wds"]), spec, batch_size=4)
+
+
+def test_an_unset_normalization_leaves_the_spec_description_and_resume_fingerprint_as_before():
+    described = mmdata.Windows(anchor_fps=5, streams={"state": mmdata.Values()}).describe()
+    assert described["streams"]["state"] == {
+        "type": "Values",
+        "offsets": (0.0,),
+        "interpolation": "nearest",
+        "rate": None,
+    }

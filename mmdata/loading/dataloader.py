@@ -26,7 +26,7 @@ from mmdata.loading.collate import LAYOUTS, Layout, collate
 from mmdata.loading.episodes import Episodes
 from mmdata.loading.feed import Feed, Item, StepSource
 from mmdata.loading.planning import Batching, LoaderPlanner
-from mmdata.loading.read import MicroBatch, OnError, SampleReader, finish_video
+from mmdata.loading.read import MicroBatch, OnError, SampleReader, finish_video, normalizers
 from mmdata.loading.samples import SampleTable, enumerate_samples
 from mmdata.loading.specs import Frames, Spec, SpecError
 from mmdata.loading.state import LoaderState, fingerprint
@@ -123,6 +123,7 @@ class DataLoader:
         )
         schema = self.dataset.schema
         spec.check_against(schema)
+        normalizers(self.dataset, spec)  # a missing or unusable stats.json fails here, not in a worker
         self.decoder = self._build_decoder(decoder)
         if decode_in not in (None, "workers", "main"):
             raise ValueError(f"decode_in is 'workers' or 'main', not '{decode_in}'")

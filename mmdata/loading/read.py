@@ -25,6 +25,7 @@ from mmdata.errors import DecodeError, MmdataError, SampleError
 from mmdata.loading.samples import audio_samples, grid_times
 from mmdata.loading.specs import Audio, Frames, Sequences, Spec, Values, Windows
 from mmdata.loading.timing import timed
+from mmdata.stats import normalizer, read_stats
 
 OnError = Literal["raise", "skip"]
 # Samples planned after a micro-batch that a worker carries with it, to borrow from when all of its own fail.
@@ -105,6 +106,7 @@ class SampleReader:
         self.on_error = on_error
         self.defer_video = defer_video
         self.video_decoder = video_decoder or dataset.decoder
+        self.normalizers = normalizers(dataset, spec)
 
     def read(self, step: int, samples: Sequence[SampleRef], fallback: Sequence[SampleRef] = ()) -> MicroBatch:
         """Read a micro-batch; failed samples are replaced (see `settle`) unless video is still pending."""
@@ -190,6 +192,10 @@ class SampleReader:
 
     def _values(self, sample: SampleRef, name: str, stream: Values) -> tuple[np.ndarray, np.ndarray]:
         data = self.dataset.values_at(sample.episode, name, self._times(sample, name, stream), stream.interpolation)
+        if name in self.normalizers:
+            shift, scale = self.normalizers[name]
+            flat = data.values.reshape(len(data.values), -1).astype(np.float32)
+            return ((flat - shift) / scale).reshape(data.values.shape), data.is_pad
         return data.values, data.is_pad
 
     def _audio(self, sample: SampleRef, name: str, stream: Audio) -> tuple[np.ndarray, np.ndarray]:
@@ -214,6 +220,18 @@ class SampleReader:
         if isinstance(self.spec, Sequences):
             return grid_times(sample.start, sample.end, self.spec.rate_of(name))
         return sample.start + np.asarray(stream.offsets)
+
+
+def normalizers(dataset: Dataset, spec: Spec) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """(shift, scale) per low-dim stream the spec normalizes, from the store's stats.json."""
+    wanted = {n: s for n, s in spec.streams.items() if isinstance(s, Values) and s.normalize is not None}
+    if not wanted:
+        return {}
+    stats = read_stats(dataset)
+    return {
+        name: normalizer(stats, name, stream.normalize, int(np.prod(dataset.schema.stream(name).shape)), dataset.url)
+        for name, stream in wanted.items()
+    }
 
 
 def prepare_video(decoder: VideoDecoder, batch: MicroBatch, name: str, plans: list[FramePlan | None]) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -37,22 +38,31 @@ class Frames:
         object.__setattr__(self, "offsets", _offsets(self.offsets))
 
 
+Normalization = Literal["mean_std", "min_max", "quantile"]
+NORMALIZATIONS = ("mean_std", "min_max", "quantile")
+
+
 @dataclass(frozen=True)
 class Values:
     """A low-dim stream at `offsets` seconds from the anchor, or at `rate` Hz over a sequence.
 
     `interpolation` is "nearest", "previous" (zero-order hold) or "linear"; only "linear" may ask
-    for values denser than the stream was recorded at.
+    for values denser than the stream was recorded at. `normalize` scales values (as float32) by
+    the store's `stats.json` (`mmdata stats`): "mean_std" to (x - mean) / std, "min_max" maps
+    [min, max] to [-1, 1], "quantile" maps [q01, q99] to [-1, 1] (LeRobot's conventions).
     """
 
     offsets: tuple[float, ...] = (0.0,)
     interpolation: Interpolation = "nearest"
     rate: float | None = None
+    normalize: Normalization | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "offsets", _offsets(self.offsets))
         if self.interpolation not in INTERPOLATIONS:
             raise SpecError(f"interpolation '{self.interpolation}' is not one of {', '.join(INTERPOLATIONS)}")
+        if self.normalize is not None and self.normalize not in NORMALIZATIONS:
+            raise SpecError(f"normalize '{self.normalize}' is not one of {', '.join(NORMALIZATIONS)}")
 
 
 @dataclass(frozen=True)
@@ -165,7 +175,14 @@ def _streams(streams: Mapping[str, StreamSpec]) -> dict[str, StreamSpec]:
 
 
 def _describe(streams: Mapping[str, StreamSpec]) -> dict:
-    return {name: {"type": type(s).__name__, **s.__dict__} for name, s in streams.items()}
+    # normalization leaves the plan alone: unset, it is left out, so resume states stay valid
+    return {
+        name: {
+            "type": type(s).__name__,
+            **{k: v for k, v in s.__dict__.items() if not (k == "normalize" and v is None)},
+        }
+        for name, s in streams.items()
+    }
 
 
 _EXPECTED = {Frames: VideoStream, Values: LowdimStream, Audio: AudioStream}
