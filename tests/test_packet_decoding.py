@@ -163,10 +163,12 @@ def test_verify_reports_a_packet_index_that_does_not_describe_its_segment(stores
     table = pq.read_table(stores["wds"] / "episodes.parquet")
     rows = table.to_pylist()
     column = packets_column("cam_high")
-    first_of = [(row["cam_high/segments"][0]["num_frames"], number) for number, row in enumerate(rows)]
-    frames, episode = first_of[0]
-    other = next(number for count, number in first_of[1:] if count == frames)
-    rows[episode][column][0] = rows[other][column][0]
+    # a segment given the index of another segment of the same length but other bytes (episodes of the
+    # synthetic set begin with the same frames, so their first segments are byte-identical)
+    episode = next(number for number, row in enumerate(rows) if len(row["cam_high/segments"]) > 2)
+    segments = rows[episode]["cam_high/segments"]
+    assert segments[0]["num_frames"] == segments[1]["num_frames"] and segments[0]["checksum"] != segments[1]["checksum"]
+    rows[episode][column][0] = rows[episode][column][1]
     tampered = type(table).from_pylist(rows, schema=table.schema)
     store = store_with_manifest(stores["wds"], tmp_path / "store.wds", tampered)
     report = verify_dataset(str(store), progress=False)
