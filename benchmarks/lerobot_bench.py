@@ -31,12 +31,12 @@ import os
 import statistics
 import subprocess
 import sys
-import textwrap
 import venv
 from pathlib import Path
 
 import numpy as np
 from convert_bench import machine_name
+from verify_cost_bench import run as run_in_tree
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -74,8 +74,8 @@ def ensure_venv(path: Path, version: str) -> Path:
     return python
 
 
-def run_json(command: list[str], environment: dict | None = None, cwd: Path | None = None) -> dict:
-    result = subprocess.run(command, capture_output=True, text=True, env=environment, cwd=cwd)
+def run_json(command: list[str], environment: dict) -> dict:
+    result = subprocess.run(command, capture_output=True, text=True, env=environment)
     if result.returncode:
         raise RuntimeError(f"{' '.join(command[:4])} ... failed:\n{result.stderr[-3000:]}")
     lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
@@ -88,9 +88,7 @@ def lerobot_run(python: Path, *arguments: str) -> dict:
 
 
 def mmdata_run(tree: Path, store: Path, workers: int, seconds: float) -> dict:
-    code = MMDATA_LOADER.format(bench=str(HERE), store=str(store), workers=workers, seconds=seconds)
-    environment = {**os.environ, "PYTHONPATH": str(tree)}
-    return run_json([sys.executable, "-c", textwrap.dedent(code)], environment, cwd=tree)
+    return run_in_tree(tree, MMDATA_LOADER.format(bench=str(HERE), store=str(store), workers=workers, seconds=seconds))
 
 
 def convert(tree: Path, source: Path, destination: Path, layout: str, *options: str) -> None:

@@ -12,13 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 from convert_bench import machine_name
+from verify_cost_bench import run as run_in_tree
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -73,18 +70,7 @@ GROUPS = {
 
 
 def profile(tree: Path, store: Path, seconds: float) -> dict:
-    code = PROFILE.format(store=str(store), seconds=seconds)
-    result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(tree)},
-        cwd=tree,
-    )
-    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
-    if result.returncode or not lines:
-        raise RuntimeError(f"profiling in {tree} failed:\n{result.stderr[-3000:]}")
-    figures = json.loads(lines[-1][len("RESULT ") :])
+    figures = run_in_tree(tree, PROFILE.format(store=str(store), seconds=seconds))
     grouped = {group: 0.0 for group in GROUPS}
     for name, own, _ in figures["top"]:
         for group, needles in GROUPS.items():
@@ -110,8 +96,11 @@ def main() -> None:
         ):
             figures = profile(tree, store, args.seconds)
             record["runs"][f"{name} {layout}"] = figures
-            print(f"{name:6s} {layout:4s} {figures['samples_per_s']:7.1f} samples/s in one process;"
-                  f" {figures['grouped_seconds']}", flush=True)
+            print(
+                f"{name:6s} {layout:4s} {figures['samples_per_s']:7.1f} samples/s in one process;"
+                f" {figures['grouped_seconds']}",
+                flush=True,
+            )
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"window_profile_{args.tag}.json"
     path.write_text(json.dumps(record, indent=1) + "\n")

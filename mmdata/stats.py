@@ -15,18 +15,16 @@ Cameras get the mean and std of each RGB channel (in [0, 1]) over a seeded sampl
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from fsspec.implementations.local import LocalFileSystem
 
 from mmdata.checks import parse_json
 from mmdata.dataset import Dataset
 from mmdata.errors import ReadError, StoreError
 from mmdata.schema import LowdimStream, VideoStream
-from mmdata.sharding.filesystem import join, read_file
+from mmdata.sharding.filesystem import join, read_file, write_text_atomically
 
 STATS_FILE = "stats.json"
 STATS_VERSION = 1
@@ -145,15 +143,7 @@ def _spread(total: int, parts: int) -> list[int]:
 def write_stats(dataset: Dataset, stats: dict[str, Any]) -> str:
     """Write `stats.json` beside the store's `dataset.json` (atomically in a local folder); its path."""
     path = join(dataset.root, STATS_FILE)
-    text = json.dumps(stats, indent=1) + "\n"
-    if isinstance(dataset.fs, LocalFileSystem):
-        temporary = f"{path}.tmp"
-        with open(temporary, "w") as handle:
-            handle.write(text)
-        os.replace(temporary, path)
-    else:
-        with dataset.fs.open(path, "w") as handle:
-            handle.write(text)
+    write_text_atomically(path, json.dumps(stats, indent=1) + "\n", dataset.fs)
     return path
 
 

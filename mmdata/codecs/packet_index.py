@@ -21,6 +21,7 @@ from mmdata.errors import DecodeError
 # offset, size, frame (presentation index), key flag; little-endian int32 per packet
 COLUMNS = 4
 _DTYPE = np.dtype("<i4")
+ROW_BYTES = COLUMNS * _DTYPE.itemsize
 MAX_CODEC_CONFIG_BYTES = 1 << 16
 
 
@@ -57,8 +58,8 @@ class PacketIndex:
         config, blob = record["codec_config"], record["packets"]
         if config is None or blob is None or len(config) > MAX_CODEC_CONFIG_BYTES:
             raise DecodeError("its packet index is missing or oversized")
-        if len(blob) != num_frames * COLUMNS * _DTYPE.itemsize:
-            raise DecodeError(f"its packet index lists {len(blob) // (COLUMNS * 4)} packets for {num_frames} frames")
+        if len(blob) != num_frames * ROW_BYTES:
+            raise DecodeError(f"its packet index lists {len(blob) // ROW_BYTES} packets for {num_frames} frames")
         table = np.frombuffer(blob, _DTYPE).reshape(num_frames, COLUMNS)
         offsets, sizes, frames, keys = (table[:, column] for column in range(COLUMNS))
         ends = offsets.astype(np.int64) + sizes
@@ -78,22 +79,28 @@ def index_segment(data: bytes) -> PacketIndex:
     with av.open(io.BytesIO(data)) as container:
         stream = container.streams.video[0]
         config = bytes(stream.codec_context.extradata or b"")
-        packets = [(bytes(packet), packet.pts, packet.is_keyframe) for packet in container.demux(stream) if packet.size]
-    order = {pts: index for index, pts in enumerate(sorted(pts for _, pts, _ in packets))}
-    offsets, position = [], 0
-    for payload, _, _ in packets:
-        found = data.find(payload, position)
-        if found < 0:
-            raise DecodeError("a packet's bytes are not stored contiguously in the segment")
-        offsets.append(found)
-        position = found + len(payload)
-    return PacketIndex(
-        config,
-        np.asarray(offsets, np.int32),
-        np.asarray([len(payload) for payload, _, _ in packets], np.int32),
-        np.asarray([order[pts] for _, pts, _ in packets], np.int32),
-        np.asarray([key for _, _, key in packets], bool),
-    )
+        packets = [packet for packet in container.demux(stream) if packet.size]
+        order = presentation_order(packets)
+        payloads = [bytes(packet) for packet in packets]
+        offsets, position = [], 0
+        for payload in payloads:
+            found = data.find(payload, position)
+            if found < 0:
+                raise DecodeError("a packet's bytes are not stored contiguously in the segment")
+            offsets.append(found)
+            position = found + len(payload)
+        return PacketIndex(
+            config,
+            np.asarray(offsets, np.int32),
+            np.asarray([len(payload) for payload in payloads], np.int32),
+            np.asarray([order[packet.pts] for packet in packets], np.int32),
+            np.asarray([packet.is_keyframe for packet in packets], bool),
+        )
+
+
+def presentation_order(packets: list[av.Packet]) -> dict[int, int]:
+    """Each packet's frame index in presentation order, keyed by pts (decode order differs with B-frames)."""
+    return {pts: index for index, pts in enumerate(sorted(packet.pts for packet in packets))}
 
 
 def index_describes(index: PacketIndex, data: bytes) -> bool:

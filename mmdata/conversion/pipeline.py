@@ -33,6 +33,7 @@ from mmdata.conversion.encode import EncodedEpisode, EncodeOptions, encode_episo
 from mmdata.conversion.registry import StreamRegistry
 from mmdata.errors import DestinationError, SourceError
 from mmdata.schema import DatasetSchema, Layout, Stream, TextStream
+from mmdata.sharding.filesystem import write_text_atomically
 from mmdata.sharding.layout import DATASET_FILE, MANIFEST_FILE, PARTIAL_DIR
 from mmdata.sharding.manifest import write_manifest
 from mmdata.sources.episode import EpisodeSource
@@ -163,7 +164,7 @@ def _convert(sources: list[EpisodeSource], root: Path, options: ConvertOptions) 
             f"'{root}': the manifest rows saved by the interrupted run are malformed ({exc}); convert again with"
             " --overwrite"
         ) from exc
-    _write_atomically(root / DATASET_FILE, schema.to_json())
+    write_text_atomically(str(root / DATASET_FILE), schema.to_json())
     shutil.rmtree(root / PARTIAL_DIR)
     return ConversionReport(
         destination=str(root),
@@ -250,7 +251,7 @@ def _prepare_destination(root: Path, sources: list[EpisodeSource], options: Conv
                 " conversion or --overwrite to replace it"
             )
     (root / PARTIAL_DIR).mkdir(parents=True, exist_ok=True)
-    _write_atomically(options_path, json.dumps(fingerprint, indent=1))
+    write_text_atomically(str(options_path), json.dumps(fingerprint, indent=1))
 
 
 def _encode_job(job: tuple[EpisodeSource, int, EncodeOptions]) -> EncodedEpisode | SourceError:
@@ -395,15 +396,6 @@ def _creation_info(options: ConvertOptions, sources: list[EpisodeSource], skippe
         "skipped_episodes": skipped,
         "checksum": "xxh64",
     }
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    temporary = path.with_name(path.name + ".tmp")
-    with open(temporary, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
 
 
 def _source_bytes(sources: list[EpisodeSource]) -> int:

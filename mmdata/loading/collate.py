@@ -41,7 +41,7 @@ def collate(
         masks = [_tensor(m).to(torch.bool) for m in batch.is_pad[name]]
         lengths = [len(t) for t in tensors]
         if layout == "packed":
-            out[name] = torch.cat(tensors, out=_shared_output(tensors[0], (sum(len(t) for t in tensors),)))
+            out[name] = torch.cat(tensors, out=_shared_output(tensors[0], (sum(lengths),)))
             out[f"{name}_is_pad"] = torch.cat(masks)
             out[f"{name}_cu_seqlens"] = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32)
         else:
@@ -85,9 +85,8 @@ def _tensor(value: Any) -> torch.Tensor:
 def _stack_padded(tensors: Sequence[torch.Tensor], masks: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     longest = max(len(t) for t in tensors)
     if all(len(t) == longest for t in tensors):
-        return torch.stack(list(tensors), out=_shared_output(tensors[0], (len(tensors), longest))), torch.stack(
-            list(masks)
-        )
+        stacked = torch.stack(list(tensors), out=_shared_output(tensors[0], (len(tensors), longest)))
+        return stacked, torch.stack(list(masks))
     first = tensors[0]
     stacked = first.new_zeros((len(tensors), longest, *first.shape[1:]))
     is_pad = torch.ones((len(tensors), longest), dtype=torch.bool, device=masks[0].device)

@@ -11,6 +11,7 @@ every sample of the micro-batch failed, by one borrowed from the samples planned
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -129,7 +130,8 @@ class SampleReader:
         cost and reads without error. The fallback is the rank's following samples in plan order,
         so the choice depends only on the plan and on which samples fail: a resumed run borrows the same."""
         target = max(batch.failed, key=lambda p: (batch.samples[p].cost, -p))
-        reader = SampleReader(self.dataset, self.spec, "skip", False, self.video_decoder)
+        reader = copy.copy(self)  # the same dataset, spec, decoder and normalizers; errors recorded, video decoded
+        reader.on_error, reader.defer_video = "skip", False
         for candidate in batch.fallback:
             if candidate.cost > batch.samples[target].cost:
                 continue

@@ -5,7 +5,8 @@ throttling and server errors) with exponential backoff and jitter; a permanent e
 object, no permission, an object shorter than the manifest says) fails at once, naming the object.
 Local files are read with `pread` after checking that they are regular files, so a FIFO or a
 device inside a store fails at once instead of blocking forever; other filesystems are read on a
-daemon thread that the caller stops waiting for when the deadline passes.
+daemon thread that the caller stops waiting for when the deadline passes. Small files mmdata
+writes (metadata beside a store) are replaced atomically with `write_text_atomically`.
 """
 
 from __future__ import annotations
@@ -85,6 +86,22 @@ def resolve(path_or_url: str) -> tuple[fsspec.AbstractFileSystem, str]:
 
 def join(root: str, relative: str) -> str:
     return f"{root.rstrip('/')}/{relative}" if relative else root
+
+
+def write_text_atomically(path: str, text: str, fs: fsspec.AbstractFileSystem | None = None) -> None:
+    """Write `text` to `path` (local, or on `fs`): locally through a synced temporary file renamed over
+    it, so a reader sees the old file or the whole new one; elsewhere as one upload (object stores
+    replace whole objects)."""
+    if fs is not None and not isinstance(fs, LocalFileSystem):
+        with fs.open(path, "w") as handle:
+            handle.write(text)
+        return
+    temporary = f"{path}.tmp"
+    with open(temporary, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
 
 
 def read_range(

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mmdata.codecs.packet_index import COLUMNS
+from mmdata.codecs.packet_index import ROW_BYTES
 from mmdata.errors import StoreError
 from mmdata.schema import AudioStream, DatasetSchema, LowdimStream, VideoStream
 from mmdata.sharding.manifest import episode_key, manifest_schema, packets_column
@@ -100,8 +100,9 @@ class _RowProblems:
 
 def _check_structure(table: pa.Table, schema: DatasetSchema, where: str) -> None:
     expected = manifest_schema(schema.streams)
+    optional = optional_columns(schema)
     for field in expected:
-        if field.name in optional_columns(schema) and field.name not in table.column_names:
+        if field.name in optional and field.name not in table.column_names:
             continue
         if field.name not in table.column_names:
             raise StoreError(f"{where} lacks column '{field.name}'; the store is damaged: convert it again")
@@ -251,7 +252,7 @@ def _check_packet_indexes(
     size = pc.fill_null(pc.binary_length(blobs), 0).to_numpy(zero_copy_only=False)
     indexed = ~blobs.is_null().to_numpy(zero_copy_only=False)
     wrong = np.zeros(len(parents), bool)
-    wrong[aligned] = indexed & (size != frames[aligned] * COLUMNS * 4)
+    wrong[aligned] = indexed & (size != frames[aligned] * ROW_BYTES)
     rows.flag(
         _any_per_row(wrong, parents, table.num_rows),
         lambda i: f"a packet index of '{name}' does not list one packet per frame of its segment",

@@ -13,6 +13,7 @@ import io
 import json
 import os
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -206,26 +207,22 @@ def _episode_row(episode: EncodedEpisode, index: int, key: str, shard: str, piec
 
 def _row_to_json(row: dict[str, Any]) -> dict[str, Any]:
     """A manifest row as JSON can hold it: packet indexes' bytes as base64 text."""
-    encoded = dict(row)
-    for column, records in row.items():
-        if column.endswith(PACKETS_SUFFIX) and isinstance(records, list):
-            encoded[column] = [
-                None if r is None else {k: base64.b64encode(v).decode("ascii") for k, v in r.items()} for r in records
-            ]
-    return encoded
+    return _with_packet_bytes(row, lambda value: base64.b64encode(value).decode("ascii"))
 
 
 def _row_from_json(row: dict[str, Any], sidecar: Path) -> dict[str, Any]:
-    decoded = dict(row)
     try:
-        for column, records in row.items():
-            if column.endswith(PACKETS_SUFFIX) and isinstance(records, list):
-                decoded[column] = [
-                    None if r is None else {k: base64.b64decode(v, validate=True) for k, v in r.items()}
-                    for r in records
-                ]
+        return _with_packet_bytes(row, lambda value: base64.b64decode(value, validate=True))
     except (TypeError, AttributeError, ValueError) as exc:
         raise DestinationError(
             f"{sidecar} holds a damaged packet index ({exc}); convert again with --overwrite"
         ) from exc
-    return decoded
+
+
+def _with_packet_bytes(row: dict[str, Any], convert: Callable[[Any], Any]) -> dict[str, Any]:
+    """`row` with `convert` applied to every field of its packet-index records."""
+    converted = dict(row)
+    for column, records in row.items():
+        if column.endswith(PACKETS_SUFFIX) and isinstance(records, list):
+            converted[column] = [None if r is None else {k: convert(v) for k, v in r.items()} for r in records]
+    return converted

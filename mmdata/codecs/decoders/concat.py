@@ -14,8 +14,9 @@ from dataclasses import dataclass
 import av
 import numpy as np
 
-from mmdata.codecs.decoders.pyav_decoder import check_stream, presentation_order
+from mmdata.codecs.decoders.pyav_decoder import check_stream
 from mmdata.codecs.decoders.requests import ClipRequest, frames_decoded_from_key_frames
+from mmdata.codecs.packet_index import presentation_order
 from mmdata.errors import DecodeError
 
 _CONTAINERS = {"h264": "mp4", "hevc": "mp4", "av1": "mp4", "mpeg4": "mp4", "vp9": "webm", "vp8": "webm"}

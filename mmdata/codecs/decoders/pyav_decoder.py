@@ -19,7 +19,7 @@ from av.video.reformatter import VideoReformatter
 from mmdata.codecs.colour import RGB_CONVERSION, rgb_into, to_rgb
 from mmdata.codecs.decoders.base import SequentialDecoder
 from mmdata.codecs.decoders.requests import ClipRequest
-from mmdata.codecs.packet_index import PacketIndex, index_describes, key_frames_of
+from mmdata.codecs.packet_index import PacketIndex, index_describes, key_frames_of, presentation_order
 from mmdata.errors import DecodeError
 
 PYAV_CODECS = frozenset({"h264", "hevc", "vp9", "vp8", "av1", "mjpeg", "mpeg4"})
@@ -60,11 +60,6 @@ def probe_segment(request: ClipRequest) -> None:
             check_stream(container.streams.video[0].codec_context, request)
     except (av.error.FFmpegError, IndexError) as exc:
         raise DecodeError(str(exc) or type(exc).__name__) from exc
-
-
-def presentation_order(packets: list[av.Packet]) -> dict[int, int]:
-    """Each packet's frame index in presentation order, keyed by pts (decode order differs with B-frames)."""
-    return {pts: index for index, pts in enumerate(sorted(packet.pts for packet in packets))}
 
 
 @dataclass
@@ -116,16 +111,21 @@ class DecoderPool:
         self._pid = os.getpid()
         self._open: dict[tuple, av.CodecContext] = {}
 
+    @staticmethod
+    def _shape(request: ClipRequest) -> tuple:
+        config = request.packets.codec_config if request.packets is not None else b""
+        return request.codec, config, request.frame_size
+
     def get(self, request: ClipRequest) -> av.CodecContext:
         if os.getpid() != self._pid:
             self._pid, self._open = os.getpid(), {}
-        config = request.packets.codec_config if request.packets is not None else b""
-        key = (request.codec, config, request.frame_size)
+        key = self._shape(request)
+        codec, config, _ = key
         context = self._open.get(key)
         if context is None:
             if len(self._open) >= MAX_OPEN_DECODERS:
                 del self._open[next(iter(self._open))]
-            context = av.CodecContext.create(request.codec, "r")
+            context = av.CodecContext.create(codec, "r")
             if config:
                 context.extradata = config
             context.thread_count = self.threads
@@ -137,8 +137,7 @@ class DecoderPool:
 
     def discard(self, request: ClipRequest) -> None:
         """Forget the decoder of a request that failed, so the next request starts from a fresh one."""
-        config = request.packets.codec_config if request.packets is not None else b""
-        self._open.pop((request.codec, config, request.frame_size), None)
+        self._open.pop(self._shape(request), None)
 
 
 class PyAvDecoder(SequentialDecoder):
