@@ -36,6 +36,9 @@ _EXPORTS = {
     "ReadPolicy": "mmdata.sharding.filesystem",
     "Audio": "mmdata.loading.specs",
     "Frames": "mmdata.loading.specs",
+    "Resize": "mmdata.loading.specs",
+    "Mixture": "mmdata.loading.mixture",
+    "Source": "mmdata.loading.mixture",
     "Sequences": "mmdata.loading.specs",
     "SpecError": "mmdata.loading.specs",
     "Values": "mmdata.loading.specs",
@@ -60,13 +63,16 @@ __all__ = [
     "IntegrityError",
     "LowdimStream",
     "MissingDependencyError",
+    "Mixture",
     "MmdataError",
     "ReadError",
     "ReadPolicy",
     "ReadTimeoutError",
+    "Resize",
     "ResumeError",
     "SampleError",
     "Sequences",
+    "Source",
     "SourceError",
     "SpecError",
     "StepTimer",
@@ -99,7 +105,8 @@ if TYPE_CHECKING:
     )
     from mmdata.loading.dataloader import DataLoader
     from mmdata.loading.episodes import Episodes
-    from mmdata.loading.specs import Audio, Frames, Sequences, SpecError, Values, Windows
+    from mmdata.loading.mixture import Mixture, Source
+    from mmdata.loading.specs import Audio, Frames, Resize, Sequences, SpecError, Values, Windows
     from mmdata.schema import AudioStream, DatasetSchema, LowdimStream, TextStream, VideoStream
     from mmdata.sharding.epoch_plan import ResumeError
     from mmdata.sharding.filesystem import ReadPolicy

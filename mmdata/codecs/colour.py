@@ -16,6 +16,8 @@ import numba
 import numpy as np
 from av.video.reformatter import Interpolation, VideoReformatter
 
+from mmdata.codecs.geometry import FrameGeometry, fit_frames
+
 # Exact rounding and full-resolution chroma interpolation: FFmpeg's default YUV->RGB path rounds
 # down (about 1.3 levels darker on average); with these flags PyAV gives the very pixels DALI's
 # decoder gives (mean difference 0.0 on the same bytes) and lands closer to the source.
@@ -48,6 +50,58 @@ def rgb_into(frame: av.VideoFrame, out: np.ndarray, reformatter: VideoReformatte
         return
     converter = reformatter or VideoReformatter()
     out[...] = converter.reformat(frame, format="rgb24", interpolation=RGB_CONVERSION, threads=1).to_ndarray()
+
+
+# FFmpeg's scaler filters for downscaling inside the decode; with exact rounding and full chroma
+# interpolation its output is within 0.25 levels (mean absolute) of torch's antialiased resize of the
+# exactly converted full frame, at 0.46 ms for 480x640 -> 224x224 on one core, where converting the
+# full frame and resizing it with torch takes 1.34 ms.
+SCALER_FILTERS = {
+    "area": Interpolation.AREA,
+    "bilinear": Interpolation.BILINEAR,
+    "bicubic": Interpolation.BICUBIC,
+}
+_EXACT = Interpolation.ACCURATE_RND | Interpolation.FULL_CHR_H_INT
+
+
+def fitted_rgb_into(
+    frame: av.VideoFrame, out: np.ndarray, geometry: FrameGeometry, reformatter: VideoReformatter | None = None
+) -> None:
+    """Crop, scale and convert `frame` to RGB into `out` (uint8 `[*geometry.size, 3]`) in one pass of
+    FFmpeg's scaler; a 4:2:0 frame is cropped on its planes first, so only the kept pixels are scaled."""
+    if frame.format.name != "yuv420p":
+        full = np.empty((frame.height, frame.width, 3), np.uint8)
+        rgb_into(frame, full, reformatter)
+        out[...] = fit_frames(full[None], geometry)[0]
+        return
+    if not geometry.covers(frame.width, frame.height):
+        frame = _cropped(frame, geometry.box)
+    top, left, height, width = geometry.place
+    converter = reformatter or VideoReformatter()
+    scaled = converter.reformat(
+        frame,
+        width=width,
+        height=height,
+        format="rgb24",
+        interpolation=SCALER_FILTERS[geometry.interpolation] | _EXACT,
+        threads=1,
+    ).to_ndarray()
+    if (height, width) != tuple(out.shape[:2]):
+        out[...] = 0
+    out[top : top + height, left : left + width] = scaled
+
+
+def _cropped(frame: av.VideoFrame, box: tuple[int, int, int, int]) -> av.VideoFrame:
+    """The part `box` (even top, left, height, width) of a 4:2:0 frame, as a new frame of the same colours."""
+    top, left, height, width = box
+    cropped = av.VideoFrame(width, height, "yuv420p")
+    for source, target, scale in zip(frame.planes, cropped.planes, (1, 2, 2)):
+        rows, columns = slice(top // scale, (top + height) // scale), slice(left // scale, (left + width) // scale)
+        source_view = np.frombuffer(source, np.uint8).reshape(-1, source.line_size)
+        target_view = np.frombuffer(target, np.uint8).reshape(-1, target.line_size)
+        target_view[: height // scale, : width // scale] = source_view[rows, columns]
+    cropped.colorspace, cropped.color_range = frame.colorspace, frame.color_range
+    return cropped
 
 
 def _kernel_converts(frame: av.VideoFrame) -> bool:

@@ -6,7 +6,9 @@ Per stream, "packed" concatenates the samples along time (`<stream>` `[sum T_i, 
 or is padding. The token layout of the micro-batch (from the samples' token costs) comes with it:
 `cu_seqlens`, `max_seqlen`, `position_ids`, `document_ids` and optionally a dense
 `attention_mask` when packed; `key_padding_mask` and `position_ids` when padded. Each batch also
-names its samples: `sample_index`, `episode_index`, `chunk_index`, `time`, `task`.
+names its samples: `sample_index`, `episode_index` (the manifest row in its source), `chunk_index`,
+`time`, `task` and `source` (the source's number in a mixture; 0 for a single store). A
+`Values(pad_to=...)` stream adds `<stream>_dim_is_pad` `[B, width]`.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ def collate(
         else:
             out[name], out[f"{name}_is_pad"] = _stack_padded(tensors, masks)
             out[f"{name}_lengths"] = torch.tensor(lengths, dtype=torch.int64)
+    for name, masks in batch.dim_is_pad.items():
+        out[f"{name}_dim_is_pad"] = torch.from_numpy(np.stack(masks))
     costs = [sample.cost for sample in batch.samples]
     if layout == "packed":
         tokens = packed_layout(costs, pad_to_multiple)
@@ -71,6 +75,7 @@ def collate(
         episode_index=torch.tensor([s.episode for s in batch.samples], dtype=torch.int64),
         chunk_index=torch.tensor([s.chunk for s in batch.samples], dtype=torch.int64),
         time=torch.tensor([s.start for s in batch.samples], dtype=torch.float64),
+        source=torch.tensor([s.source for s in batch.samples], dtype=torch.int64),
         task=list(batch.tasks),
     )
     return out

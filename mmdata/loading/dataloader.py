@@ -10,7 +10,7 @@ in plan order whatever the worker count. Workers live across epochs (see `loadin
 from __future__ import annotations
 
 import contextlib
-import copy
+import functools
 import os
 import time
 from collections.abc import Iterator, Mapping
@@ -24,10 +24,21 @@ from mmdata.dataset import Dataset
 from mmdata.errors import StoreError
 from mmdata.loading.collate import LAYOUTS, Layout, collate
 from mmdata.loading.episodes import Episodes
-from mmdata.loading.feed import Feed, Item, StepSource
+from mmdata.loading.feed import Feed, Item, StepSource, source_counts
+from mmdata.loading.mixture import (
+    Mixture,
+    OpenSource,
+    Source,
+    check_sources,
+    describe_sources,
+    epoch_composition,
+    open_sources,
+    source_targets,
+)
+from mmdata.loading.normalize import attach_normalizers
 from mmdata.loading.planning import Batching, LoaderPlanner
-from mmdata.loading.read import MicroBatch, OnError, SampleReader, finish_video, normalizers
-from mmdata.loading.samples import SampleTable, enumerate_samples
+from mmdata.loading.read import MicroBatch, OnError, SampleReader, finish_video
+from mmdata.loading.samples import SampleTable, concatenate_samples, enumerate_samples
 from mmdata.loading.specs import Frames, Spec, SpecError
 from mmdata.loading.state import LoaderState, fingerprint
 from mmdata.loading.stats import LoaderStats
@@ -42,7 +53,8 @@ MAIN_DECODE_AHEAD = 2
 
 
 class DataLoader:
-    """Batches of `spec` samples from the store at `dataset` (a path, a URL, or an open `Dataset`).
+    """Batches of `spec` samples from the store at `dataset` (a path, a URL, or an open `Dataset`), or
+    from several stores at once: a `Mixture` of weighted sources (see `mmdata.loading.mixture`).
 
     Batching: `batch_tokens` packs samples by token cost (`tokens_per` stream: tokens per frame,
     per value, per second of audio; 1 by default) into micro-batches of at most that many
@@ -66,7 +78,7 @@ class DataLoader:
 
     def __init__(
         self,
-        dataset: str | Dataset,
+        dataset: str | Dataset | Mixture,
         spec: Spec,
         *,
         tokens_per: Mapping[str, float] | None = None,
@@ -117,30 +129,23 @@ class DataLoader:
         self.attention_mask = attention_mask
         self.pad_to_multiple = pad_to_multiple
 
+        if isinstance(dataset, Mixture) and episodes is not None:
+            raise ValueError("a mixture filters episodes per source: give Source(..., episodes=...) instead")
+        self.mixture = dataset if isinstance(dataset, Mixture) else None
+        mixture = self.mixture or Mixture([Source(dataset, episodes=episodes)])
         # a Dataset the caller passes is copied, so giving it the loader's decoder leaves theirs alone
-        self.dataset = (
-            copy.copy(dataset) if isinstance(dataset, Dataset) else Dataset(str(dataset), "pyav", verify, cache_bytes)
-        )
-        schema = self.dataset.schema
-        spec.check_against(schema)
-        normalizers(self.dataset, spec)  # a missing or unusable stats.json fails here, not in a worker
+        self.sources = open_sources(mixture, verify, cache_bytes)
+        self.dataset = self.sources[0].dataset
+        self.fillers = check_sources(spec, self.sources)
         self.decoder = self._build_decoder(decoder)
         if decode_in not in (None, "workers", "main"):
             raise ValueError(f"decode_in is 'workers' or 'main', not '{decode_in}'")
         self.decode_in_main = decode_in == "main" if decode_in else self.decoder.device == "gpu"
         if not self.decode_in_main:
-            self.dataset.decoder = self.decoder
-        table = self.dataset.table
-        selected = episodes.select(table) if episodes is not None else np.arange(table.num_rows)
-        self.excluded = {int(i): self.dataset.damaged[int(i)] for i in selected if int(i) in self.dataset.damaged}
-        if self.excluded and on_error == "raise":
-            raise StoreError(
-                f"{len(self.excluded)} episode(s) have inconsistent manifest rows, the first: "
-                f"{next(iter(self.excluded.values()))}; run `mmdata verify {self.dataset.url}`, or pass"
-                " on_error='skip' to leave them out of every epoch (they are listed in stats()['excluded_episodes'])"
-            )
-        selected = np.asarray([i for i in selected if int(i) not in self.excluded], dtype=np.int64)
-        self.samples: SampleTable = enumerate_samples(table, spec, selected)
+            for source in self.sources:
+                source.dataset.decoder = self.decoder
+        self.excluded: dict = {}
+        self.samples: SampleTable = concatenate_samples([self._source_samples(s) for s in self.sources])
         self.costs = self.samples.costs(tokens_per)
         if batch_tokens is not None and self.costs.max() > batch_tokens:
             worst = int(np.argmax(self.costs))
@@ -151,28 +156,64 @@ class DataLoader:
             )
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, not {batch_size}")
+        counts = np.bincount(self.samples.source, minlength=len(self.sources))
+        mean_costs = [float(self.costs[self.samples.source == n].mean()) if c else 0.0 for n, c in enumerate(counts)]
+        self.source_targets = source_targets(mixture, counts, mean_costs)
+        attach_normalizers(self.sources, spec, self.source_targets.tolist(), mixture.normalize_with)
+        composition = None
+        if self.mixture is not None:
+            composition = functools.partial(epoch_composition, self.samples.source, self.source_targets)
         batching = Batching(batch_tokens, batch_size, balance, shuffle, shuffle_window, shards_per_group)
-        keys, shards = table.column("key").to_pylist(), table.column("shard").to_pylist()
-        self.planner = LoaderPlanner(self.samples, self.costs, keys, shards, batching)
-        self._fingerprint = fingerprint(
-            keys,
-            table.column("duration").to_pylist(),
+        keys = [s.dataset.table.column("key").to_pylist() for s in self.sources]
+        shards = [s.dataset.table.column("shard").to_pylist() for s in self.sources]
+        self.planner = LoaderPlanner(self.samples, self.costs, keys, shards, batching, composition)
+        settings = [
             spec.describe(),
             episodes.describe() if episodes is not None else None,
             dict(tokens_per or {}),
             [batch_tokens, batch_size, balance, shuffle, shuffle_window, shards_per_group],
-        )
+        ]
+        if self.mixture is None:
+            table = self.dataset.table
+            self._fingerprint = fingerprint(keys[0], table.column("duration").to_pylist(), *settings)
+        else:
+            self._fingerprint = fingerprint(describe_sources(self.sources), self.mixture.describe(), *settings)
         self._state = LoaderState(seed, 0, self._fingerprint)
         self._plan_cache: tuple[tuple, EpochPlan] | None = None
         self._stats = LoaderStats()
         self._feed: Feed | None = None
         self._reader: SampleReader | None = None  # the running feed's; it also settles main-process batches
 
+    def _source_samples(self, source: OpenSource) -> SampleTable:
+        """The samples of one source's selected, undamaged episodes; damaged ones are refused or left out."""
+        table = source.dataset.table
+        selected = source.episodes.select(table) if source.episodes is not None else np.arange(table.num_rows)
+        damaged = {int(i): source.dataset.damaged[int(i)] for i in selected if int(i) in source.dataset.damaged}
+        label = "" if self.mixture is None else f"source '{source.name}': "
+        if damaged and self.on_error == "raise":
+            raise StoreError(
+                f"{label}{len(damaged)} episode(s) have inconsistent manifest rows, the first: "
+                f"{next(iter(damaged.values()))}; run `mmdata verify {source.dataset.url}`, or pass"
+                " on_error='skip' to leave them out of every epoch (they are listed in stats()['excluded_episodes'])"
+            )
+        self.excluded.update({(i if self.mixture is None else f"{source.name}/{i}"): m for i, m in damaged.items()})
+        selected = np.asarray([i for i in selected if int(i) not in damaged], dtype=np.int64)
+        try:
+            return enumerate_samples(table, self.spec, selected)
+        except SpecError as exc:
+            raise SpecError(f"{label}{exc}") from None
+
     # plan
 
     def _build_decoder(self, decoder: str | VideoDecoder) -> VideoDecoder:
-        cameras = [self.dataset.schema.stream(n) for n, s in self.spec.streams.items() if isinstance(s, Frames)]
-        codecs = [c.codec for c in cameras if isinstance(c, VideoStream)]
+        cameras = [
+            source.dataset.schema.stream(source.streams[n])
+            for n, s in self.spec.streams.items()
+            if isinstance(s, Frames)
+            for source in self.sources
+            if n in source.streams
+        ]
+        codecs = sorted({c.codec for c in cameras if isinstance(c, VideoStream)})
         if isinstance(decoder, VideoDecoder):
             decoder.check_codecs(codecs)
             return decoder
@@ -270,7 +311,9 @@ class DataLoader:
         self.close()
         planning = time.perf_counter()
         steps = self.planner.rank_steps(plan, self.rank)
-        reader = self._reader = SampleReader(self.dataset, self.spec, self.on_error, self.decode_in_main, self.decoder)
+        reader = self._reader = SampleReader(
+            self.sources, self.spec, self.fillers, self.on_error, self.decode_in_main, self.decoder
+        )
         collate_options = {
             "layout": self.layout,
             "attention_mask": self.attention_mask,
@@ -315,6 +358,7 @@ class DataLoader:
             info["failed"] = dict(output.failed)
             info["borrowed"] = len(output.borrowed)
             info["samples"] = len(output.samples)
+            info["sources"] = source_counts(output)
             info["decoded"] += self.decoder.stats.frames_decoded - decoded
             info["delivered"] += self.decoder.stats.frames_delivered - delivered
             output = collated
@@ -349,6 +393,7 @@ class DataLoader:
         frames decoded against delivered, skipped samples, peak RSS per worker."""
         snapshot = self._stats.snapshot()
         snapshot["excluded_episodes"] = dict(self.excluded)
+        snapshot["sources"] = self._stats.sources([source.name for source in self.sources])
         snapshot["workers"] = self.num_workers
         snapshot["decoder"] = self.decoder.describe()
         if self.decode_in_main:

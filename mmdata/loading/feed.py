@@ -26,7 +26,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from mmdata.errors import MmdataError
 from mmdata.loading.collate import collate
 from mmdata.loading.planning import LoaderPlanner, RankSteps
-from mmdata.loading.read import FALLBACK_SAMPLES, SampleReader, SampleRef
+from mmdata.loading.read import FALLBACK_SAMPLES, MicroBatch, SampleReader, SampleRef
 from mmdata.loading.timing import timed
 
 # Tensors at least this large cross from workers in shared memory; smaller ones inside the message.
@@ -99,9 +99,9 @@ class StepSource(IterableDataset):
             upcoming = None
 
     def _read(self, epoch: int, step: int, samples, worker: int, fallback: list[SampleRef]) -> Item:
-        decoder, pieces = self.reader.video_decoder.stats, self.reader.dataset.pieces
+        decoder, reader = self.reader.video_decoder.stats, self.reader
         started = time.perf_counter()
-        before = (decoder.frames_decoded, decoder.frames_delivered, pieces.bytes_read)
+        before = (decoder.frames_decoded, decoder.frames_delivered, reader.bytes_read)
         batch = self.reader.read(step, samples, fallback)
         output: Any = batch
         if not batch.pending:
@@ -115,10 +115,11 @@ class StepSource(IterableDataset):
             "samples": len(batch.samples),
             "tokens": sum(sample.cost for sample in batch.samples),
             "failed": dict(batch.failed),
+            "sources": source_counts(batch),
             "borrowed": len(batch.borrowed),
             "seconds": batch.seconds,
             "busy": time.perf_counter() - started,
-            "bytes": pieces.bytes_read - before[2],
+            "bytes": reader.bytes_read - before[2],
             "decoded": decoder.frames_decoded - before[0],
             "delivered": decoder.frames_delivered - before[1],
             "peak_rss": peak_rss_bytes(),
@@ -217,6 +218,18 @@ class Feed:
             except queue.Full:
                 continue
         return False
+
+
+def source_counts(batch: MicroBatch) -> dict[int, list[int]]:
+    """[samples, tokens, failed] per source of a read micro-batch (failed ones as planned)."""
+    counts: dict[int, list[int]] = {}
+    for sample in batch.samples:
+        entry = counts.setdefault(sample.source, [0, 0, 0])
+        entry[0] += 1
+        entry[1] += sample.cost
+    for source in batch.failed_sources.values():
+        counts.setdefault(source, [0, 0, 0])[2] += 1
+    return counts
 
 
 def small_tensors_as_arrays(batch: dict[str, Any]) -> dict[str, Any]:

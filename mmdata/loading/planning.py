@@ -1,9 +1,14 @@
-"""The plan side of a loader: its samples and their token costs, and how an epoch is ordered,
-packed and split into one rank's steps. A pure function of (seed, epoch, stretches, world size),
-small enough to hand to worker processes, which plan the epochs after the first themselves."""
+"""The plan side of a loader: its samples and their token costs, and how an epoch is composed,
+ordered, packed and split into one rank's steps. A pure function of (seed, epoch, stretches, world
+size), small enough to hand to worker processes, which plan the epochs after the first themselves.
+
+An epoch is a list of slots, each one sample of the table: all samples once for a single store, or
+a mixture's composition (`mmdata.loading.mixture.epoch_composition`), where a sample may fill
+several slots. Ordering and packing work on slots, so resuming never confuses two copies."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -16,6 +21,8 @@ from mmdata.sharding.epoch_plan import EpochPlan, Stretch, plan_epoch
 from mmdata.sharding.order import Shuffle, sample_order
 
 RankSteps = list[tuple[int, list[SampleRef]]]
+Composition = Callable[[int, int], np.ndarray]
+"""(seed, epoch) -> the sample of each slot of the epoch."""
 
 
 @dataclass(frozen=True)
@@ -33,51 +40,78 @@ class Batching:
 class LoaderPlanner:
     """Orders and packs the samples of a loader for any epoch, world size and point of resumption."""
 
-    def __init__(self, samples: SampleTable, costs: np.ndarray, keys: list[str], shards: list[str], batching: Batching):
+    def __init__(
+        self,
+        samples: SampleTable,
+        costs: np.ndarray,
+        keys: list[list[str]],
+        shards: list[list[str]],
+        batching: Batching,
+        composition: Composition | None = None,
+    ):
         self.samples = samples
         self.costs = costs
-        self.keys = keys
+        self.keys = keys  # per source, per manifest row
         self.shards = shards
         self.batching = batching
+        self.composition = composition
+
+    def slots(self, seed: int, epoch: int) -> np.ndarray:
+        """The sample in each slot of the epoch."""
+        if self.composition is None:
+            return np.arange(len(self.samples), dtype=np.int64)
+        return self.composition(seed, epoch)
 
     def epoch_plan(self, seed: int, epoch: int, stretches: list[Stretch], world_size: int) -> EpochPlan:
-        """The epoch's plan at `world_size`, after the `stretches` already run (see `plan_epoch`)."""
+        """The epoch's plan at `world_size`, after the `stretches` already run (see `plan_epoch`);
+        its steps hold slot numbers, `plan.slots` maps them to samples."""
         b = self.batching
-        order = sample_order(self.samples.shard, seed, epoch, b.shuffle, b.shards_per_group)
-        return plan_epoch(
-            order, lambda rows, ranks, stretch: self._pack(rows, ranks, stretch, seed, epoch), stretches, world_size
+        slots = self.slots(seed, epoch)
+        costs = self.costs[slots]
+        order = sample_order(self.samples.shard[slots], seed, epoch, b.shuffle, b.shards_per_group)
+        plan = plan_epoch(
+            order,
+            lambda rows, ranks, stretch: self._pack(costs, rows, ranks, stretch, seed, epoch),
+            stretches,
+            world_size,
         )
+        plan.slots = slots
+        plan.draw = (seed, epoch)
+        return plan
 
     def rank_steps(self, plan: EpochPlan, rank: int) -> RankSteps:
         """(epoch step number, samples) of each step `rank` has left in `plan`."""
-        return [(step, self.refs(samples)) for step, samples in plan.rank_steps(rank)]
+        return [(step, self.refs(plan, slots)) for step, slots in plan.rank_steps(rank)]
 
-    def refs(self, samples: np.ndarray) -> list[SampleRef]:
+    def refs(self, plan: EpochPlan, slots: np.ndarray) -> list[SampleRef]:
         table = self.samples
         refs = []
-        for index in samples.tolist():
-            episode = int(table.episode[index])
+        for slot in slots.tolist():
+            index = int(plan.slots[slot])
+            episode, source = int(table.episode[index]), int(table.source[index])
             refs.append(
                 SampleRef(
                     index,
                     episode,
-                    self.keys[episode],
-                    self.shards[episode],
+                    self.keys[source][episode],
+                    self.shards[source][episode],
                     float(table.start[index]),
                     float(table.end[index]),
                     int(table.chunk[index]),
                     int(self.costs[index]),
+                    source,
+                    (*plan.draw, slot),
                 )
             )
         return refs
 
-    def _pack(self, order: np.ndarray, ranks: int, stretch: int, seed: int, epoch: int):
+    def _pack(self, costs: np.ndarray, order: np.ndarray, ranks: int, stretch: int, seed: int, epoch: int):
         if stretch:
             seed = int(np.random.SeedSequence([seed, stretch]).generate_state(1)[0])
         b = self.batching
         if b.batch_tokens is not None:
             config = PackingConfig(b.batch_tokens, ranks, b.shuffle_window, balance=b.balance, long="drop")
-            return plan_packing(self.costs, config, seed, epoch, order)
+            return plan_packing(costs, config, seed, epoch, order)
         boundaries = np.unique(np.ceil(np.quantile(self.costs, np.linspace(0, 1, 9)[1:]))).astype(np.int64)
         max_len = int(self.costs.max())
-        return plan_padded(self.costs, b.batch_size, boundaries, ranks, seed, epoch, b.shuffle_window, max_len, order)
+        return plan_padded(costs, b.batch_size, boundaries, ranks, seed, epoch, b.shuffle_window, max_len, order)

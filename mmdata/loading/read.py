@@ -1,18 +1,22 @@
 """Read one micro-batch: every sample's streams at the spec's times, video decoded in one batch.
 
-Runs in DataLoader workers. Cameras are planned per sample (which segments, which frames), and
-the frames of all samples of a stream go to the decoder in one call. With `defer_video` the
-worker does only the decoder's host-side preparation (for DALI: joining segments into streams)
-and the prepared work travels to the main process, where a GPU decoder takes the whole
-micro-batch at once (`finish_video`). A sample that fails is named (shard, episode,
-stream) and either stops the run or is replaced: by another sample of its micro-batch, or, when
-every sample of the micro-batch failed, by one borrowed from the samples planned after it.
+Runs in DataLoader workers. Each sample is read from its source's store (one store, or the
+sources of a mixture) under that source's names for the streams; a stream its source lacks is
+padding of the shape every source agrees on, flagged in `is_pad`. Cameras are planned per
+sample (which segments, which frames, at which crop and size), and the frames of all samples of
+a stream go to the decoder in one call. With `defer_video` the worker does only the decoder's
+host-side preparation (for DALI: joining segments into streams) and the prepared work travels
+to the main process, where a GPU decoder takes the whole micro-batch at once (`finish_video`).
+A sample that fails is named (source, shard, episode, stream) and either stops the run or is
+replaced: by another sample of its micro-batch, or, when every sample of the micro-batch
+failed, by one borrowed from the samples planned after it.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -21,12 +25,13 @@ import numpy as np
 
 from mmdata.codecs.audio import as_float
 from mmdata.codecs.decoders import ClipRequest, VideoDecoder
+from mmdata.codecs.geometry import frame_geometry
 from mmdata.dataset import Dataset, FramePlan
 from mmdata.errors import DecodeError, MmdataError, SampleError
+from mmdata.loading.mixture import Filler, OpenSource
 from mmdata.loading.samples import audio_samples, grid_times
 from mmdata.loading.specs import Audio, Frames, Sequences, Spec, Values, Windows
 from mmdata.loading.timing import timed
-from mmdata.stats import normalizer, read_stats
 
 OnError = Literal["raise", "skip"]
 # Samples planned after a micro-batch that a worker carries with it, to borrow from when all of its own fail.
@@ -35,7 +40,8 @@ FALLBACK_SAMPLES = 32
 
 @dataclass(frozen=True)
 class SampleRef:
-    """A planned sample: its number in the epoch's sample table, episode (row, key, shard), time span, cost."""
+    """A planned sample: its number in the loader's sample table, episode (row, key, shard), time span,
+    cost, source, and `draw` (seed, epoch, slot): what its random choices (crops) are drawn from."""
 
     index: int
     episode: int
@@ -45,6 +51,8 @@ class SampleRef:
     end: float
     chunk: int
     cost: int
+    source: int = 0
+    draw: tuple[int, int, int] = (0, 0, 0)
 
 
 @dataclass
@@ -55,6 +63,7 @@ class MicroBatch:
     position to what went wrong; `replaced` lists (position, substitute position) pairs;
     `fallback` is the samples planned after this micro-batch (in plan order), of which
     `borrowed` maps a position to the one read in its place when every sample failed.
+    `dim_is_pad` holds, per `Values(pad_to=...)` stream, each sample's mask of padded dimensions.
     """
 
     step: int
@@ -68,6 +77,8 @@ class MicroBatch:
     seconds: dict[str, float] = field(default_factory=dict)
     fallback: list[SampleRef] = field(default_factory=list)
     borrowed: dict[int, SampleRef] = field(default_factory=dict)
+    dim_is_pad: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    failed_sources: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -75,52 +86,64 @@ class PendingVideo:
     """One camera of a micro-batch between planning and decoding.
 
     `plans` per sample (None where it failed), the segment requests merged across samples
-    (`merged`, and per plan request its (merged index, frame positions) in `sources`), and the
-    decoder's host-side preparation of them when it has one.
+    (`merged`, and per plan request its (merged index, frame positions) in `sources`), the
+    decoder's host-side preparation of them when it has one, and the shape of one delivered frame.
     """
 
     plans: list[FramePlan | None]
     merged: list[ClipRequest]
     sources: list[tuple[int, np.ndarray]]
     prepared: Any = None
+    frame_shape: tuple[int, ...] = ()
+    channels_first: bool = False
 
 
 class SampleReader:
-    """Reads micro-batches of a spec from an open `Dataset` (one per worker process).
+    """Reads micro-batches of a spec from its sources' stores (one reader per worker process).
 
-    `video_decoder` (default: the dataset's) decodes the cameras; with `defer_video` it only
+    `sources` are the open stores (one, or a mixture's) with the stored name of each spec stream
+    they have and their normalizers; `fillers` give each stream's shape for the padding of a
+    source that lacks it. `video_decoder` decodes the cameras; with `defer_video` it only
     prepares them here (see `prepare_video`), for the main process to finish.
     """
 
     def __init__(
         self,
-        dataset: Dataset,
+        sources: Sequence[OpenSource],
         spec: Spec,
+        fillers: dict[str, Filler],
         on_error: OnError = "raise",
         defer_video: bool = False,
         video_decoder: VideoDecoder | None = None,
     ):
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error is 'raise' or 'skip', not '{on_error}'")
-        self.dataset = dataset
+        self.sources = list(sources)
         self.spec = spec
+        self.fillers = fillers
         self.on_error = on_error
         self.defer_video = defer_video
-        self.video_decoder = video_decoder or dataset.decoder
-        self.normalizers = normalizers(dataset, spec)
+        self.video_decoder = video_decoder or self.sources[0].dataset.decoder
+
+    @property
+    def bytes_read(self) -> int:
+        return sum(source.dataset.pieces.bytes_read for source in self.sources)
 
     def read(self, step: int, samples: Sequence[SampleRef], fallback: Sequence[SampleRef] = ()) -> MicroBatch:
         """Read a micro-batch; failed samples are replaced (see `settle`) unless video is still pending."""
-        rows = [self.dataset.manifest.row(sample.episode) for sample in samples]
-        batch = MicroBatch(step, list(samples), [row["task"] for row in rows], fallback=list(fallback))
+        batch = MicroBatch(step, list(samples), [self._task(sample) for sample in samples], fallback=list(fallback))
         self._read_streams(batch)
         if not batch.pending:
             self.settle(batch)
         return batch
 
+    def _task(self, sample: SampleRef) -> str:
+        return self.sources[sample.source].dataset.manifest.row(sample.episode)["task"]
+
     def settle(self, batch: MicroBatch) -> None:
         """Put a substitute in place of every failed sample (see `replace_failed`); when all of them
         failed, first borrow one sample from those planned after the micro-batch (`borrow`)."""
+        batch.failed_sources = {p: batch.samples[p].source for p in batch.failed}
         if batch.failed and len(batch.failed) == len(batch.samples):
             self.borrow(batch)
         replace_failed(batch)
@@ -135,7 +158,7 @@ class SampleReader:
         for candidate in batch.fallback:
             if candidate.cost > batch.samples[target].cost:
                 continue
-            alone = MicroBatch(batch.step, [candidate], [self.dataset.manifest.row(candidate.episode)["task"]])
+            alone = MicroBatch(batch.step, [candidate], [self._task(candidate)])
             reader._read_streams(alone)
             if alone.failed:
                 continue
@@ -144,6 +167,8 @@ class SampleReader:
             for name in alone.values:
                 batch.values[name][target] = alone.values[name][0]
                 batch.is_pad[name][target] = alone.is_pad[name][0]
+            for name in alone.dim_is_pad:
+                batch.dim_is_pad[name][target] = alone.dim_is_pad[name][0]
             return
         first = next(iter(batch.failed.values()))
         raise SampleError(
@@ -160,7 +185,10 @@ class SampleReader:
                         self._attempt(batch, position, name, self._plan_frames, sample, name, stream)
                         for position, sample in enumerate(samples)
                     ]
-                prepare_video(self.video_decoder, batch, name, plans)
+                origins = [sample.source for sample in samples]
+                prepare_video(
+                    self.video_decoder, batch, name, plans, origins, self.fillers[name], stream.channels_first
+                )
                 if not self.defer_video:
                     finish_video(self.video_decoder, batch, self.on_error)
                 continue
@@ -171,6 +199,8 @@ class SampleReader:
                     values, is_pad = data if data is not None else (None, None)
                     batch.values.setdefault(name, []).append(values)
                     batch.is_pad.setdefault(name, []).append(is_pad)
+                    if isinstance(stream, Values) and stream.pad_to is not None:
+                        batch.dim_is_pad.setdefault(name, []).append(self._dim_is_pad(sample, name, stream))
 
     def _attempt(self, batch: MicroBatch, position: int, stream: str, read: Callable[..., Any], *args: Any) -> Any:
         """`read(*args)`, or None when the sample already failed or fails now (recorded, or raised)."""
@@ -180,8 +210,14 @@ class SampleReader:
             return read(*args)
         except (MmdataError, OSError) as exc:
             sample = batch.samples[position]
+            source = self.sources[sample.source]
+            where = (
+                sample_place(sample, stream)
+                if len(self.sources) == 1
+                else f"source '{source.name}', " + sample_place(sample, stream)
+            )
             message = (
-                f"{sample_place(sample, stream)}: {exc}; run `mmdata verify {self.dataset.url}` to list every"
+                f"{where}: {exc}; run `mmdata verify {source.dataset.url}` to list every"
                 " damaged episode, or pass on_error='skip'"
             )
             if self.on_error == "raise":
@@ -190,26 +226,74 @@ class SampleReader:
             return None
 
     def _plan_frames(self, sample: SampleRef, name: str, stream: Frames) -> FramePlan:
-        return self.dataset.plan_frames(sample.episode, name, self._times(sample, name, stream), stream.tolerance)
+        source = self.sources[sample.source]
+        times = self._times(sample, name, stream)
+        stored = source.streams.get(name)
+        if stored is None:
+            return FramePlan([], np.zeros(len(times), np.int64), times, np.ones(len(times), bool))
+        plan = source.dataset.plan_frames(sample.episode, stored, times, stream.tolerance)
+        if stream.resize is None:
+            return plan
+        camera = source.dataset.schema.stream(stored)
+        resize = stream.resize
+        rng = np.random.default_rng([*sample.draw, zlib.crc32(name.encode())]) if resize.crop else None
+        geometry = frame_geometry(
+            camera.width,
+            camera.height,
+            resize.size,
+            resize.mode,
+            resize.interpolation,
+            resize.crop,
+            resize.scale,
+            resize.ratio,
+            rng,
+        )
+        plan.requests = [dataclasses.replace(r, geometry=geometry) for r in plan.requests]
+        return plan
 
     def _values(self, sample: SampleRef, name: str, stream: Values) -> tuple[np.ndarray, np.ndarray]:
-        data = self.dataset.values_at(sample.episode, name, self._times(sample, name, stream), stream.interpolation)
-        if name in self.normalizers:
-            shift, scale = self.normalizers[name]
-            flat = data.values.reshape(len(data.values), -1).astype(np.float32)
-            return ((flat - shift) / scale).reshape(data.values.shape), data.is_pad
-        return data.values, data.is_pad
+        source = self.sources[sample.source]
+        stored = source.streams.get(name)
+        filler = self.fillers[name]
+        if stored is None:
+            count = len(self._times(sample, name, stream))
+            return np.zeros((count, *filler.shape), filler.dtype), np.ones(count, bool)
+        data = source.dataset.values_at(sample.episode, stored, self._times(sample, name, stream), stream.interpolation)
+        values = data.values
+        if name in source.normalizers:
+            shift, scale = source.normalizers[name]
+            flat = values.reshape(len(values), -1).astype(np.float32)
+            values = ((flat - shift) / scale).reshape(values.shape)
+        if values.dtype != filler.dtype:
+            values = values.astype(filler.dtype)
+        if values.shape[1:] != filler.shape:
+            padded = np.zeros((len(values), *filler.shape), filler.dtype)
+            padded[:, : values.shape[1]] = values
+            values = padded
+        return values, data.is_pad
+
+    def _dim_is_pad(self, sample: SampleRef, name: str, stream: Values) -> np.ndarray:
+        source = self.sources[sample.source]
+        stored = source.streams.get(name)
+        width = int(source.dataset.schema.stream(stored).shape[0]) if stored is not None else 0
+        return np.arange(stream.pad_to) >= width
 
     def _audio(self, sample: SampleRef, name: str, stream: Audio) -> tuple[np.ndarray, np.ndarray]:
         if isinstance(self.spec, Windows):
             t0, t1 = sample.start + stream.window[0], sample.start + stream.window[1]
         else:
             t0, t1 = sample.start, sample.end
-        data = self.dataset.audio_between(sample.episode, name, t0, t1, stream.sample_rate, stream.mono)
+        source = self.sources[sample.source]
+        stored = source.streams.get(name)
+        filler = self.fillers[name]
+        if stored is None:
+            count = audio_samples(t1 - t0, int(filler.rate))
+            return np.zeros((count, *filler.shape), np.float32), np.ones(count, bool)
+        data = source.dataset.audio_between(sample.episode, stored, t0, t1, stream.sample_rate, stream.mono)
         data.values = as_float(data.values)
         if not isinstance(self.spec, Windows):
             return data.values, data.is_pad
-        rate = stream.sample_rate or self.dataset.schema.stream(name).sample_rate
+        rate = stream.sample_rate or source.dataset.schema.stream(stored).sample_rate
         wanted = audio_samples(t1 - t0, rate)
         values, is_pad = data.values[:wanted], data.is_pad[:wanted]
         if len(values) < wanted:
@@ -224,27 +308,27 @@ class SampleReader:
         return sample.start + np.asarray(stream.offsets)
 
 
-def normalizers(dataset: Dataset, spec: Spec) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """(shift, scale) per low-dim stream the spec normalizes, from the store's stats.json."""
-    wanted = {n: s for n, s in spec.streams.items() if isinstance(s, Values) and s.normalize is not None}
-    if not wanted:
-        return {}
-    stats = read_stats(dataset)
-    return {
-        name: normalizer(stats, name, stream.normalize, int(np.prod(dataset.schema.stream(name).shape)), dataset.url)
-        for name, stream in wanted.items()
-    }
-
-
-def prepare_video(decoder: VideoDecoder, batch: MicroBatch, name: str, plans: list[FramePlan | None]) -> None:
-    """Merge a camera's requests across the micro-batch and do the decoder's host-side preparation."""
+def prepare_video(
+    decoder: VideoDecoder,
+    batch: MicroBatch,
+    name: str,
+    plans: list[FramePlan | None],
+    sources: Sequence[int],
+    frame: Filler,
+    channels_first: bool = False,
+) -> None:
+    """Merge a camera's requests across the micro-batch (segments of the same source and geometry
+    decode once) and do the decoder's host-side preparation."""
     with timed(batch.seconds, "video_prepare"):
         live = [p for p, plan in enumerate(plans) if plan is not None and p not in batch.failed]
-        merged, sources = merge_requests([request for p in live for request in plans[p].requests])
+        merged, located = merge_requests(
+            [request for p in live for request in plans[p].requests],
+            [sources[p] for p in live for _ in plans[p].requests],
+        )
         prepare = getattr(decoder, "prepare", None)
         prepared = prepare(merged) if prepare is not None else None
         kept = [plans[p] if p in live else None for p in range(len(plans))]
-        batch.pending[name] = PendingVideo(kept, merged, sources, prepared)
+        batch.pending[name] = PendingVideo(kept, merged, located, prepared, frame.shape, channels_first)
 
 
 def finish_video(decoder: VideoDecoder, batch: MicroBatch, on_error: OnError) -> None:
@@ -268,47 +352,74 @@ def _finish_camera(decoder: VideoDecoder, batch: MicroBatch, name: str, pending:
         raise SampleError(f"shard '{culprit.shard}', {exc}") from exc
     values: list[Any] = [None] * len(pending.plans)
     masks: list[Any] = [None] * len(pending.plans)
+    like = next((out for out in outputs if out is not None), None)
     cursor = 0
     for p, plan in enumerate(pending.plans):
         if plan is None:
             continue
         sources = pending.sources[cursor : cursor + len(plan.requests)]
         cursor += len(plan.requests)
+        if not plan.requests:  # the sample's source has no such camera
+            values[p], masks[p] = _blank_frames(len(plan.positions), pending.frame_shape, like), plan.is_pad
+            continue
         if any(outputs[m] is None for m, _ in sources):
             where = ", ".join(str(r.where) for r, (m, _) in zip(plan.requests, sources) if outputs[m] is None)
             batch.failed[p] = f"shard '{batch.samples[p].shard}', {where}: video does not decode"
             continue
-        values[p], masks[p] = gather_frames(outputs, sources, plan.positions), plan.is_pad
+        values[p] = gather_frames(outputs, sources, plan.positions, pending.channels_first)
+        masks[p] = plan.is_pad
     batch.values[name], batch.is_pad[name] = values, masks
 
 
-def gather_frames(outputs: list[Any], sources: list[tuple[int, np.ndarray]], positions: np.ndarray) -> Any:
+def _blank_frames(count: int, shape: tuple[int, ...], like: Any) -> Any:
+    """Black frames standing in for a camera a source lacks, where the decoded frames live."""
+    if like is None or isinstance(like, np.ndarray):
+        return np.zeros((count, *shape), np.uint8)
+    return like.new_zeros((count, *shape))
+
+
+def gather_frames(
+    outputs: list[Any], sources: list[tuple[int, np.ndarray]], positions: np.ndarray, channels_first: bool = False
+) -> Any:
     """One sample's frames, in the order it asked for them, from the micro-batch's merged decoder
     outputs: its requests' frames are `outputs[m][picks]` for each (m, picks) of `sources`,
-    concatenated, then taken at `positions`. Host frames are copied once, straight into place."""
+    concatenated, then taken at `positions`. Host frames are copied once, straight into place
+    (transposed to `[T, 3, H, W]` on the way with `channels_first`)."""
     first = outputs[sources[0][0]]
     if not isinstance(first, np.ndarray):
-        return Dataset.assemble_frames_at(positions, [outputs[m][picks] for m, picks in sources])
+        frames = Dataset.assemble_frames_at(positions, [outputs[m][picks] for m, picks in sources])
+        return frames.permute(0, 3, 1, 2).contiguous() if channels_first else frames
     ends = np.cumsum([len(picks) for _, picks in sources])
-    frames = np.empty((len(positions), *first.shape[1:]), first.dtype)
+    height, width, channels = first.shape[1:]
+    shape = (channels, height, width) if channels_first else (height, width, channels)
+    frames = np.empty((len(positions), *shape), first.dtype)
     for row, position in enumerate(positions.tolist()):
         part = int(np.searchsorted(ends, position, side="right"))
         m, picks = sources[part]
-        frames[row] = outputs[m][picks[position - (ends[part] - len(picks))]]
+        frame = outputs[m][picks[position - (ends[part] - len(picks))]]
+        frames[row] = frame.transpose(2, 0, 1) if channels_first else frame
     return frames
 
 
-def merge_requests(requests: Sequence[ClipRequest]) -> tuple[list[ClipRequest], list[tuple[int, np.ndarray]]]:
-    """One request per segment, for the union of the frames the samples ask of it.
+def merge_requests(
+    requests: Sequence[ClipRequest], scopes: Sequence[int] | None = None
+) -> tuple[list[ClipRequest], list[tuple[int, np.ndarray]]]:
+    """One request per segment (of one source, `scopes`, and one delivered geometry), for the union of
+    the frames the samples ask of it.
 
     Windows of a shuffled micro-batch often share a segment (a 32-frame segment holds 3.2 s of
     10 Hz anchors); decoding it once serves them all. Returns the merged requests and, per
     original request, (merged index, positions of its frames in that request's output).
     """
+    scopes = scopes if scopes is not None else [0] * len(requests)
+
+    def key_of(request: ClipRequest, scope: int) -> Any:
+        return (scope, request.where, request.geometry) if request.where is not None else id(request)
+
     index_of: dict[Any, int] = {}
     members: list[list[ClipRequest]] = []
-    for request in requests:
-        key = request.where if request.where is not None else id(request)
+    for request, scope in zip(requests, scopes):
+        key = key_of(request, scope)
         if key not in index_of:
             index_of[key] = len(members)
             members.append([])
@@ -320,11 +431,11 @@ def merge_requests(requests: Sequence[ClipRequest]) -> tuple[list[ClipRequest], 
         first = group[0]
         merged.append(dataclasses.replace(first, frames=tuple(union.tolist())))
         unions.append(union)
-    sources = []
-    for request in requests:
-        m = index_of[request.where if request.where is not None else id(request)]
-        sources.append((m, np.searchsorted(unions[m], np.asarray(request.frames, dtype=np.int64))))
-    return merged, sources
+    located = []
+    for request, scope in zip(requests, scopes):
+        m = index_of[key_of(request, scope)]
+        located.append((m, np.searchsorted(unions[m], np.asarray(request.frames, dtype=np.int64))))
+    return merged, located
 
 
 def replace_failed(batch: MicroBatch) -> None:
@@ -358,10 +469,14 @@ def replace_failed(batch: MicroBatch) -> None:
         for name in batch.values:
             batch.values[name][position] = batch.values[name][substitute]
             batch.is_pad[name][position] = batch.is_pad[name][substitute]
+        for name in batch.dim_is_pad:
+            batch.dim_is_pad[name][position] = batch.dim_is_pad[name][substitute]
     for position in reversed(removed):
         del batch.samples[position], batch.tasks[position]
         for name in batch.values:
             del batch.values[name][position], batch.is_pad[name][position]
+        for name in batch.dim_is_pad:
+            del batch.dim_is_pad[name][position]
 
 
 def sample_place(sample: SampleRef, stream: str) -> str:

@@ -20,10 +20,12 @@ _EPS = 1e-6
 
 @dataclass
 class SampleTable:
-    """One entry per sample: manifest row, time span [start, end), chunk number, shard number.
+    """One entry per sample: manifest row, time span [start, end), chunk number, shard number, and
+    the source of a mixture it comes from (0 for a single store).
 
     For `Windows` a sample's span is the single anchor time (start == end); `lengths[stream]`
-    is in the stream's unit (frames, values, or seconds of audio).
+    is in the stream's unit (frames, values, or seconds of audio). Shard numbers are distinct
+    across sources.
     """
 
     episode: np.ndarray
@@ -32,6 +34,11 @@ class SampleTable:
     chunk: np.ndarray
     shard: np.ndarray
     lengths: dict[str, np.ndarray]
+    source: np.ndarray | None = None
+
+    def __post_init__(self):
+        if self.source is None:
+            self.source = np.zeros(len(self.episode), np.int64)
 
     def __len__(self) -> int:
         return len(self.episode)
@@ -78,6 +85,22 @@ def enumerate_samples(table: pa.Table, spec: Spec, episodes: np.ndarray) -> Samp
     if len(owner) == 0:
         raise SpecError("the spec yields no sample from the selected episodes (are they shorter than min_seconds?)")
     return SampleTable(episodes[owner].astype(np.int64), start, end, local.astype(np.int64), shards[owner], lengths)
+
+
+def concatenate_samples(tables: list[SampleTable]) -> SampleTable:
+    """The samples of several sources as one table, source by source, with shard numbers made distinct."""
+    if len(tables) == 1:
+        return tables[0]
+    offsets = np.cumsum([0] + [int(t.shard.max()) + 1 if len(t) else 0 for t in tables[:-1]])
+    return SampleTable(
+        np.concatenate([t.episode for t in tables]),
+        np.concatenate([t.start for t in tables]),
+        np.concatenate([t.end for t in tables]),
+        np.concatenate([t.chunk for t in tables]),
+        np.concatenate([t.shard + offset for t, offset in zip(tables, offsets)]),
+        {name: np.concatenate([t.lengths[name] for t in tables]) for name in tables[0].lengths},
+        np.concatenate([np.full(len(t), number, np.int64) for number, t in enumerate(tables)]),
+    )
 
 
 def grid_times(start: float, end: float, rate: float) -> np.ndarray:

@@ -15,6 +15,9 @@ from typing import Literal
 import numpy as np
 
 from mmdata.codecs.align import INTERPOLATIONS, Interpolation
+from mmdata.codecs.geometry import INTERPOLATIONS as RESIZE_INTERPOLATIONS
+from mmdata.codecs.geometry import RESIZE_MODES, Crop, ResizeMode
+from mmdata.codecs.geometry import Interpolation as ResizeInterpolation
 from mmdata.errors import MmdataError
 from mmdata.schema import AudioStream, DatasetSchema, LowdimStream, VideoStream
 
@@ -24,18 +27,62 @@ class SpecError(MmdataError, ValueError):
 
 
 @dataclass(frozen=True)
+class Resize:
+    """Frames delivered at `size` (height, width) instead of as stored, scaled inside the decode.
+
+    `mode`: "stretch" fills `size`, "shorter_side" scales the shorter side to fit and keeps the
+    centre (a centre crop), "pad" fits the whole frame and letterboxes it with black.
+    `crop="random"` first takes a box as torchvision's RandomResizedCrop does (area share in
+    `scale`, aspect ratio in `ratio`), drawn from (seed, epoch, sample, camera), so a resumed run
+    and any worker count see the same crops; `mode` then maps that box to `size`.
+    `interpolation`: "area" (box filter), "bilinear" or "bicubic", antialiased when scaling down.
+    """
+
+    size: tuple[int, int]
+    mode: ResizeMode = "shorter_side"
+    interpolation: ResizeInterpolation = "area"
+    crop: Crop = None
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+
+    def __post_init__(self):
+        height, width = (int(x) for x in self.size)
+        if height < 1 or width < 1:
+            raise SpecError(f"resize size must be positive (height, width), not {self.size}")
+        object.__setattr__(self, "size", (height, width))
+        if self.mode not in RESIZE_MODES:
+            raise SpecError(f"resize mode '{self.mode}' is not one of {', '.join(RESIZE_MODES)}")
+        if self.interpolation not in RESIZE_INTERPOLATIONS:
+            raise SpecError(f"interpolation '{self.interpolation}' is not one of {', '.join(RESIZE_INTERPOLATIONS)}")
+        if self.crop not in (None, "random"):
+            raise SpecError(f"crop is None or 'random', not '{self.crop}' (a centre crop is mode='shorter_side')")
+        scale, ratio = tuple(float(x) for x in self.scale), tuple(float(x) for x in self.ratio)
+        if not 0 < scale[0] <= scale[1] <= 1:
+            raise SpecError(f"crop scale is a range inside (0, 1], not {self.scale}")
+        if not 0 < ratio[0] <= ratio[1]:
+            raise SpecError(f"crop ratio is a positive range, not {self.ratio}")
+        object.__setattr__(self, "scale", scale)
+        object.__setattr__(self, "ratio", ratio)
+
+
+@dataclass(frozen=True)
 class Frames:
     """Frames of a camera at `offsets` seconds from the anchor (`Windows`), or at the sequence rate.
 
     Each time takes the frame with the nearest timestamp, within `tolerance` seconds (default:
-    half a frame period of the camera).
+    half a frame period of the camera). Frames come as uint8 `[.., H, W, 3]`, or `[.., 3, H, W]`
+    with `channels_first`; `resize` delivers them at the model's resolution (see `Resize`).
     """
 
     offsets: tuple[float, ...] = (0.0,)
     tolerance: float | None = None
+    resize: Resize | None = None
+    channels_first: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "offsets", _offsets(self.offsets))
+        if self.resize is not None and not isinstance(self.resize, Resize):
+            raise SpecError(f"resize takes mmdata.Resize(size=(H, W), ...), not {type(self.resize).__name__}")
 
 
 Normalization = Literal["mean_std", "min_max", "quantile"]
@@ -50,12 +97,15 @@ class Values:
     for values denser than the stream was recorded at. `normalize` scales values (as float32) by
     the store's `stats.json` (`mmdata stats`): "mean_std" to (x - mean) / std, "min_max" maps
     [min, max] to [-1, 1], "quantile" maps [q01, q99] to [-1, 1] (LeRobot's conventions).
+    `pad_to` pads a one-dimensional stream with zeros up to that width (sources of a mixture with
+    other widths), marking the padded dimensions in `<stream>_dim_is_pad` `[B, pad_to]`.
     """
 
     offsets: tuple[float, ...] = (0.0,)
     interpolation: Interpolation = "nearest"
     rate: float | None = None
     normalize: Normalization | None = None
+    pad_to: int | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "offsets", _offsets(self.offsets))
@@ -63,6 +113,8 @@ class Values:
             raise SpecError(f"interpolation '{self.interpolation}' is not one of {', '.join(INTERPOLATIONS)}")
         if self.normalize is not None and self.normalize not in NORMALIZATIONS:
             raise SpecError(f"normalize '{self.normalize}' is not one of {', '.join(NORMALIZATIONS)}")
+        if self.pad_to is not None and not (isinstance(self.pad_to, int) and self.pad_to >= 1):
+            raise SpecError(f"pad_to is a width of at least 1, not {self.pad_to!r}")
 
 
 @dataclass(frozen=True)
@@ -174,12 +226,20 @@ def _streams(streams: Mapping[str, StreamSpec]) -> dict[str, StreamSpec]:
     return dict(streams)
 
 
+# Options added since resume states were first written: left out of a spec's description while
+# unset, so that states saved before them stay valid.
+_LATER_OPTIONS = {"normalize": None, "resize": None, "channels_first": False, "pad_to": None}
+
+
 def _describe(streams: Mapping[str, StreamSpec]) -> dict:
-    # normalization leaves the plan alone: unset, it is left out, so resume states stay valid
     return {
         name: {
             "type": type(s).__name__,
-            **{k: v for k, v in s.__dict__.items() if not (k == "normalize" and v is None)},
+            **{
+                k: (v.__dict__ if isinstance(v, Resize) else v)
+                for k, v in s.__dict__.items()
+                if not (k in _LATER_OPTIONS and v == _LATER_OPTIONS[k])
+            },
         }
         for name, s in streams.items()
     }

@@ -32,6 +32,7 @@ class LoaderStats:
         self.peak_rss: dict[int, int] = {}
         self.main_queue_depths: deque[int] = deque(maxlen=RECENT_STEPS)
         self.worker_pids: set[int] = set()
+        self.per_source: dict[int, list[int]] = {}
 
     def add_main(self, stage: str, seconds: float) -> None:
         self.main_seconds[stage] = self.main_seconds.get(stage, 0.0) + seconds
@@ -58,6 +59,17 @@ class LoaderStats:
         self.borrowed_count += info.get("borrowed", 0)
         self.skipped += list(info["failed"].values())[: max(0, 100 - len(self.skipped))]
         self.peak_rss[worker] = max(self.peak_rss.get(worker, 0), info["peak_rss"])
+        for source, figures in info.get("sources", {}).items():
+            totals = self.per_source.setdefault(int(source), [0, 0, 0])
+            for position, value in enumerate(figures):
+                totals[position] += value
+
+    def sources(self, names: list[str]) -> dict[str, dict[str, int]]:
+        """Samples, tokens and skipped samples delivered per source, by name."""
+        return {
+            name: dict(zip(("samples", "tokens", "skipped_samples"), self.per_source.get(number, [0, 0, 0])))
+            for number, name in enumerate(names)
+        }
 
     def snapshot(self) -> dict[str, Any]:
         waits_ms = np.asarray(self.waits, dtype=np.float64) * 1000

@@ -50,12 +50,18 @@ class Stretch:
 
 @dataclass
 class EpochPlan:
-    """The current stretch's plan, the stretches before it, and where in it to resume."""
+    """The current stretch's plan, the stretches before it, and where in it to resume.
+
+    Steps hold slot numbers; `slots` maps each to the sample it reads (identity when unset) and
+    `draw` is the (seed, epoch) that random choices per slot are drawn from.
+    """
 
     stretches: list[Stretch]
     plan: RankPlan
     steps_before: int
     samples_before: int
+    slots: np.ndarray | None = None
+    draw: tuple[int, int] = (0, 0)
 
     @property
     def world_size(self) -> int:

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from mmdata.codecs.decoders.requests import ClipRequest, DecodeStats
+from mmdata.codecs.geometry import fit_frames
 from mmdata.errors import DecodeError, UnsupportedCodecError
 
 OnError = Literal["raise", "skip"]
@@ -24,6 +25,8 @@ class VideoDecoder(ABC):
     name: str = ""
     device: str = "cpu"
     codecs: frozenset[str] = frozenset()
+    # Whether the backend delivers requests' `geometry` itself (else frames are fitted after decoding).
+    fits_geometry: bool = False
 
     def __init__(self) -> None:
         self.stats = DecodeStats()
@@ -45,9 +48,20 @@ class VideoDecoder(ABC):
         """Frames for every request, in order; with on_error="skip" a request that fails is None."""
         started = time.perf_counter()
         try:
-            return self._decode_batch(list(requests), on_error)
+            return self.fitted(requests, self._decode_batch(list(requests), on_error))
         finally:
             self.stats.seconds += time.perf_counter() - started
+
+    def fitted(self, requests: Sequence[ClipRequest], outputs: list[Any]) -> list[Any]:
+        """Outputs cropped and scaled to their requests' geometry, where the backend did not do it."""
+        if self.fits_geometry:
+            return outputs
+        return [
+            fit_frames(frames, request.geometry)
+            if request.geometry is not None and frames is not None and len(frames)
+            else frames
+            for request, frames in zip(requests, outputs)
+        ]
 
     @abstractmethod
     def _decode_batch(self, requests: list[ClipRequest], on_error: OnError) -> list[Any]:

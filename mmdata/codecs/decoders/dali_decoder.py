@@ -130,7 +130,7 @@ class DaliDecoder(VideoDecoder):
         """Frames per request from prepared work; requests that failed to join are retried alone."""
         started = time.perf_counter()
         try:
-            return self._decode_prepared(requests, work, failed, on_error)
+            return self.fitted(requests, self._decode_prepared(requests, work, failed, on_error))
         finally:
             self.stats.seconds += time.perf_counter() - started
 

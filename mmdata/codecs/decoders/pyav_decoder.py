@@ -16,7 +16,7 @@ import av
 import numpy as np
 from av.video.reformatter import VideoReformatter
 
-from mmdata.codecs.colour import RGB_CONVERSION, rgb_into, to_rgb
+from mmdata.codecs.colour import RGB_CONVERSION, fitted_rgb_into, rgb_into, to_rgb
 from mmdata.codecs.decoders.base import SequentialDecoder
 from mmdata.codecs.decoders.requests import ClipRequest
 from mmdata.codecs.packet_index import PacketIndex, index_describes, key_frames_of, presentation_order
@@ -147,6 +147,7 @@ class PyAvDecoder(SequentialDecoder):
 
     name = "pyav"
     codecs = PYAV_CODECS
+    fits_geometry = True
 
     def __init__(self, threads: int = 1):
         super().__init__()
@@ -204,7 +205,8 @@ def diagnosis(request: ClipRequest, failure: Exception) -> DecodeError:
 def decode_runs(
     context: av.CodecContext, packets: SegmentPackets, request: ClipRequest, reformatter: VideoReformatter
 ) -> tuple[np.ndarray, int]:
-    """Frames `request.frames` of a segment as uint8 `[F, H, W, 3]`, and how many frames were decoded.
+    """Frames `request.frames` of a segment as uint8 `[F, H, W, 3]` (at `request.geometry` when set),
+    and how many frames were decoded.
 
     Each run of wanted frames is decoded from the key frame before it, the context flushed first;
     a run ends as soon as its last wanted frame is out.
@@ -217,6 +219,7 @@ def decode_runs(
     if not len(packets.key_frames) or packets.key_frames[0] != 0:
         raise DecodeError("segment does not start with a key frame")
     shown = packets.frames.tolist()
+    geometry = request.geometry
     row_of = {int(frame): row for row, frame in enumerate(wanted)}
     out: np.ndarray | None = None
     done = np.zeros(len(wanted), bool)
@@ -236,10 +239,14 @@ def decode_runs(
                     continue
                 check_frame(frame, request)
                 if out is None:
-                    out = np.empty((len(wanted), frame.height, frame.width, 3), np.uint8)
-                elif out.shape[1:3] != (frame.height, frame.width):
+                    first_size = (frame.height, frame.width)
+                    out = np.empty((len(wanted), *(geometry.size if geometry else first_size), 3), np.uint8)
+                elif first_size != (frame.height, frame.width):
                     raise DecodeError(f"a frame is {frame.width}x{frame.height}, the segment's first is another size")
-                rgb_into(frame, out[row], reformatter)
+                if geometry is None:
+                    rgb_into(frame, out[row], reformatter)
+                else:
+                    fitted_rgb_into(frame, out[row], geometry, reformatter)
                 done[row] = True
             if done[row_of[last]]:
                 break

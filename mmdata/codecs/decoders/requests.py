@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from mmdata.codecs.geometry import FrameGeometry
 from mmdata.codecs.packet_index import PacketIndex
 
 
@@ -29,6 +30,7 @@ class ClipRequest:
     frames they had to decode. `frame_size` (width, height) is what the store declares: a segment
     whose frames are of another size fails before its frames are allocated. `packets`, when the
     store has it, indexes the segment's packets so that a decoder can start without demuxing.
+    `geometry`, when set, is the crop and size the frames are delivered at (see `mmdata.codecs.geometry`).
     """
 
     data: bytes
@@ -38,6 +40,7 @@ class ClipRequest:
     gop: int | None = None
     frame_size: tuple[int, int] | None = None
     packets: PacketIndex | None = None
+    geometry: FrameGeometry | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "frames", tuple(int(i) for i in self.frames))

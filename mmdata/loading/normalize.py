@@ -1,0 +1,75 @@
+"""The (shift, scale) that `Values(normalize=...)` applies, from each source's `stats.json`.
+
+A sample is normalized with its own source's statistics by default; a mixture with
+`normalize_with="pooled"` uses the statistics of the mixture as sampled instead: each source
+weighs its share of the epoch's samples. Pooled means, standard deviations, minima and maxima
+are exact (moments of a mixture distribution). Pooled percentiles would need each source's whole
+distribution, which `stats.json` does not keep, so pooled "quantile" normalization is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from mmdata.loading.mixture import NormalizeWith, OpenSource
+from mmdata.loading.specs import Spec, SpecError, Values
+from mmdata.stats import STATS_FILE, normalizer, read_stats
+
+
+def attach_normalizers(
+    sources: Sequence[OpenSource], spec: Spec, shares: Sequence[float], normalize_with: NormalizeWith = "source"
+) -> None:
+    """Fill in every source's normalizers for the streams the spec normalizes; a missing or unusable
+    stats.json fails here, when the loader is built, not in a worker."""
+    wanted = {n: s for n, s in spec.streams.items() if isinstance(s, Values) and s.normalize is not None}
+    if not wanted:
+        return
+    stats = {id(source): read_stats(source.dataset) for source in sources if set(wanted) & set(source.streams)}
+    for name, stream in wanted.items():
+        having = [(s, share) for s, share in zip(sources, shares) if name in s.streams]
+        if normalize_with == "pooled" and len(having) > 1:
+            pooled = _pooled(name, stream, [(stats[id(s)], s, share) for s, share in having])
+            for source, _ in having:
+                source.normalizers[name] = pooled
+            continue
+        for source, _ in having:
+            stored = source.streams[name]
+            width = int(np.prod(source.dataset.schema.stream(stored).shape))
+            source.normalizers[name] = normalizer(
+                stats[id(source)], stored, stream.normalize, width, source.dataset.url
+            )
+
+
+def _pooled(name: str, stream: Values, having: list[tuple[dict, OpenSource, float]]) -> tuple[np.ndarray, np.ndarray]:
+    if stream.normalize == "quantile":
+        raise SpecError(
+            f"stream '{name}': pooled percentiles need each source's whole distribution, which {STATS_FILE} does"
+            " not keep; normalize with each source's own statistics (normalize_with='source') or pool"
+            " 'mean_std' or 'min_max'"
+        )
+    figures = []
+    for stats, source, share in having:
+        stored = source.streams[name]
+        entry = stats["lowdim"].get(stored) or {}
+        try:
+            figures.append(
+                {k: np.asarray(entry[k], np.float64) for k in ("mean", "std", "min", "max")} | {"share": share}
+            )
+        except KeyError as exc:
+            raise SpecError(
+                f"{source.dataset.url}/{STATS_FILE} has no {exc} for '{stored}'; run `mmdata stats`"
+            ) from exc
+    widths = {len(f["mean"]) for f in figures}
+    if len(widths) > 1:
+        raise SpecError(f"stream '{name}' has different widths in the sources, so its statistics cannot be pooled")
+    total = sum(f["share"] for f in figures) or 1.0
+    weights = [f["share"] / total for f in figures]
+    mean = sum(w * f["mean"] for w, f in zip(weights, figures))
+    second = sum(w * (f["std"] ** 2 + f["mean"] ** 2) for w, f in zip(weights, figures))
+    std = np.sqrt(np.maximum(second - mean**2, 0.0))
+    low = np.min([f["min"] for w, f in zip(weights, figures) if w > 0], axis=0)
+    high = np.max([f["max"] for w, f in zip(weights, figures) if w > 0], axis=0)
+    pooled = {"lowdim": {name: {"mean": mean, "std": std, "min": low, "max": high}}}
+    return normalizer(pooled, name, stream.normalize, len(mean), "the mixture")
