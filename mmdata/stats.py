@@ -8,6 +8,7 @@ per dimension, each percentile reported at the upper edge of the bin it falls in
 within one bin width (`quantile_error`, stated with it) of the exact value (numpy's
 `quantile(..., method="inverted_cdf")`).
 Cameras get the mean and std of each RGB channel (in [0, 1]) over a seeded sample of frames.
+A stream holding NaN or infinite values gets its count and `"non_finite": true` only.
 
 `mmdata stats PATH` writes them to `stats.json` beside `dataset.json`.
 """
@@ -15,7 +16,6 @@ Cameras get the mean and std of each RGB channel (in [0, 1]) over a seeded sampl
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -23,6 +23,7 @@ import numpy as np
 from mmdata.checks import parse_json
 from mmdata.dataset import Dataset
 from mmdata.errors import ReadError, StoreError
+from mmdata.moments import Moments
 from mmdata.schema import LowdimStream, VideoStream
 from mmdata.sharding.filesystem import join, read_file, write_text_atomically
 
@@ -33,50 +34,20 @@ QUANTILES = (0.01, 0.99)
 MAX_STATS_BYTES = 64 << 20
 
 
-@dataclass
-class Moments:
-    """Count, mean, sum of squared deviations, min and max per dimension; mergeable exactly."""
+def compute_stats(
+    dataset: Dataset, camera_frames: int = 256, seed: int = 0, moments: dict[str, Moments] | None = None
+) -> dict[str, Any]:
+    """The statistics of every low-dim stream and camera of `dataset` (see the module docstring).
 
-    count: int = 0
-    mean: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    m2: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    low: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    high: np.ndarray = field(default_factory=lambda: np.zeros(0))
-
-    @classmethod
-    def of(cls, values: np.ndarray) -> Moments:
-        """The moments of rows `values` `[N, D]` (float64 inside)."""
-        rows = np.asarray(values, np.float64).reshape(len(values), -1)
-        if not len(rows):
-            return cls()
-        mean = rows.mean(axis=0)
-        return cls(len(rows), mean, ((rows - mean) ** 2).sum(axis=0), rows.min(axis=0), rows.max(axis=0))
-
-    def merge(self, other: Moments) -> Moments:
-        """The moments of both sets of rows together (Chan, Golub and LeVeque's pairwise update)."""
-        if not other.count:
-            return self
-        if not self.count:
-            return other
-        count = self.count + other.count
-        delta = other.mean - self.mean
-        mean = self.mean + delta * other.count / count
-        m2 = self.m2 + other.m2 + delta**2 * self.count * other.count / count
-        return Moments(count, mean, m2, np.minimum(self.low, other.low), np.maximum(self.high, other.high))
-
-    @property
-    def std(self) -> np.ndarray:
-        """Population standard deviation (what normalizing by the data's spread uses)."""
-        return np.sqrt(self.m2 / self.count) if self.count else self.m2
-
-
-def compute_stats(dataset: Dataset, camera_frames: int = 256, seed: int = 0) -> dict[str, Any]:
-    """The statistics of every low-dim stream and camera of `dataset` (see the module docstring)."""
+    `moments` per low-dim stream, when already known (merged from conversion workers), spare the
+    first pass over the values; the percentile pass always reads them.
+    """
     episodes = [i for i in range(len(dataset)) if i not in dataset.damaged]
     result: dict[str, Any] = {"version": STATS_VERSION, "episodes": len(episodes), "lowdim": {}, "cameras": {}}
     for stream in dataset.schema.streams:
         if isinstance(stream, LowdimStream):
-            result["lowdim"][stream.name] = _lowdim_stats(dataset, stream.name, episodes)
+            known = (moments or {}).get(stream.name)
+            result["lowdim"][stream.name] = _lowdim_stats(dataset, stream.name, episodes, known)
         elif isinstance(stream, VideoStream) and camera_frames > 0:
             result["cameras"][stream.name] = _camera_stats(dataset, stream.name, episodes, camera_frames, seed)
     return result
@@ -87,20 +58,22 @@ def _rows(dataset: Dataset, name: str, episode: int) -> np.ndarray:
     return np.asarray(values, np.float64).reshape(len(values), -1)
 
 
-def _lowdim_stats(dataset: Dataset, name: str, episodes: list[int]) -> dict[str, Any]:
-    moments = Moments()
-    for episode in episodes:
-        moments = moments.merge(Moments.of(_rows(dataset, name, episode)))
+def _lowdim_stats(dataset: Dataset, name: str, episodes: list[int], moments: Moments | None) -> dict[str, Any]:
+    if moments is None:
+        moments = Moments()
+        for episode in episodes:
+            moments = moments.merge(Moments.of(_rows(dataset, name, episode)))
     if not moments.count:
         return {"count": 0}
+    if not all(np.isfinite(a).all() for a in (moments.mean, moments.m2, moments.low, moments.high)):
+        # NaN or infinite values (or sums past float64): no figure would mean anything; the loader
+        # refuses to normalize by them and says so
+        return {"count": moments.count, "non_finite": True}
     width = np.where(moments.high > moments.low, (moments.high - moments.low) / QUANTILE_BINS, 0.0)
     counts = np.zeros((len(moments.mean), QUANTILE_BINS), np.int64)
     for episode in episodes:
-        rows = _rows(dataset, name, episode)
-        bins = np.zeros(rows.shape, np.int64)
-        spread = width > 0
-        bins[:, spread] = np.minimum((rows[:, spread] - moments.low[spread]) / width[spread], QUANTILE_BINS - 1)
-        for dim in range(rows.shape[1]):
+        bins = _bins(_rows(dataset, name, episode), moments.low, width)
+        for dim in range(bins.shape[1]):
             counts[dim] += np.bincount(bins[:, dim], minlength=QUANTILE_BINS)
     cumulative = np.cumsum(counts, axis=1)
     figures: dict[str, Any] = {
@@ -117,6 +90,65 @@ def _lowdim_stats(dataset: Dataset, name: str, episodes: list[int]) -> dict[str,
         upper = np.array([np.searchsorted(cumulative[dim], rank) + 1 for dim in range(len(width))])
         figures[f"q{round(quantile * 100):02d}"] = np.minimum(moments.low + upper * width, moments.high).tolist()
     return figures
+
+
+def pooled_stats(datasets: list[Dataset], weights: list[float]) -> dict[str, Any]:
+    """The statistics of a mixture as sampled: each store weighs `weights[i]` (normalized to shares) of
+    the rows, spread evenly over its own rows, for every low-dim stream all the stores have with one
+    width. Moments are those of the mixture distribution (exact); percentiles come from one histogram
+    over the pooled range with each store's counts weighted, within one bin width as for one store."""
+    shares = np.asarray(weights, np.float64) / float(np.sum(weights))
+    parts = [(d, [i for i in range(len(d)) if i not in d.damaged]) for d in datasets]
+    names = set.intersection(*[{s.name for s in d.schema.streams if isinstance(s, LowdimStream)} for d in datasets])
+    result: dict[str, Any] = {
+        "version": STATS_VERSION,
+        "pooled": [{"store": d.url, "share": float(w)} for d, w in zip(datasets, shares)],
+        "lowdim": {},
+        "cameras": {},
+    }
+    for name in sorted(names):
+        moments = [Moments() for _ in parts]
+        for number, (dataset, episodes) in enumerate(parts):
+            for episode in episodes:
+                moments[number] = moments[number].merge(Moments.of(_rows(dataset, name, episode)))
+        if len({m.mean.shape for m in moments if m.count}) > 1 or not all(m.count for m in moments):
+            continue
+        if not all(np.isfinite(a).all() for m in moments for a in (m.mean, m.m2, m.low, m.high)):
+            result["lowdim"][name] = {"count": int(sum(m.count for m in moments)), "non_finite": True}
+            continue
+        mean = sum(w * m.mean for w, m in zip(shares, moments))
+        second = sum(w * (m.m2 / m.count + m.mean**2) for w, m in zip(shares, moments))
+        low = np.min([m.low for w, m in zip(shares, moments) if w > 0], axis=0)
+        high = np.max([m.high for w, m in zip(shares, moments) if w > 0], axis=0)
+        width = np.where(high > low, (high - low) / QUANTILE_BINS, 0.0)
+        weighted = np.zeros((len(mean), QUANTILE_BINS))
+        for share, figures, (dataset, episodes) in zip(shares, moments, parts):
+            for episode in episodes:
+                bins = _bins(_rows(dataset, name, episode), low, width)
+                for dim in range(bins.shape[1]):
+                    weighted[dim] += np.bincount(bins[:, dim], minlength=QUANTILE_BINS) * (share / figures.count)
+        cumulative = np.cumsum(weighted, axis=1)
+        entry: dict[str, Any] = {
+            "count": int(sum(m.count for m in moments)),
+            "mean": mean.tolist(),
+            "std": np.sqrt(np.maximum(second - mean**2, 0.0)).tolist(),
+            "min": low.tolist(),
+            "max": high.tolist(),
+            "quantile_error": width.tolist(),
+        }
+        for quantile in QUANTILES:
+            upper = np.array([np.searchsorted(cumulative[d], quantile - 1e-12) + 1 for d in range(len(width))])
+            entry[f"q{round(quantile * 100):02d}"] = np.minimum(low + upper * width, high).tolist()
+        result["lowdim"][name] = entry
+    return result
+
+
+def _bins(rows: np.ndarray, low: np.ndarray, width: np.ndarray) -> np.ndarray:
+    """The histogram bin of every value of `rows` (bins of `width` from `low`; one bin where width is 0)."""
+    bins = np.zeros(rows.shape, np.int64)
+    spread = width > 0
+    bins[:, spread] = np.clip((rows[:, spread] - low[spread]) / width[spread], 0, QUANTILE_BINS - 1)
+    return bins
 
 
 def _camera_stats(dataset: Dataset, name: str, episodes: list[int], frames: int, seed: int) -> dict[str, Any]:
@@ -173,6 +205,11 @@ def normalizer(stats: dict[str, Any], stream: str, mode: str, width: int, where:
     """(shift, scale) per dimension so that (x - shift) / scale normalizes `stream` by `mode`."""
     figures = stats["lowdim"].get(stream)
     keys = {"mean_std": ("mean", "std"), "min_max": ("min", "max"), "quantile": ("q01", "q99")}[mode]
+    if isinstance(figures, dict) and figures.get("non_finite"):
+        raise StoreError(
+            f"{where}: stream '{stream}' holds NaN or infinite values, so it has no statistics to normalize by;"
+            " clean the recordings and convert again, or read it without normalize="
+        )
     try:
         first, second = (np.asarray(figures[key], np.float64) for key in keys)
     except (KeyError, TypeError, ValueError) as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import json
 from pathlib import Path
 
 import numpy as np
@@ -303,3 +304,30 @@ def test_skip_replaces_a_failing_source_sample_and_counts_it(three_stores, tmp_p
     stats = loader.stats()
     assert delivered > 0 and stats["skipped_samples"] > 0
     assert stats["sources"]["wide"]["skipped_samples"] == stats["skipped_samples"]
+
+
+def test_pooled_statistics_of_a_mixture_equal_numpy_over_the_weighted_rows(three_stores, tmp_path):
+    from tests.conftest import run_cli
+
+    out = tmp_path / "pooled.json"
+    paths = [str(three_stores["arm"]), str(three_stores["wide"])]
+    result = run_cli("stats", *paths, "--weights", "3", "1", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    pooled = json.loads(out.read_text())["lowdim"]["state"]
+    rows, weights = [], []
+    for path, share in zip(paths, (0.75, 0.25)):
+        dataset = mmdata.open_dataset(path)
+        values = np.concatenate([dataset.read_episode(i, ["state"])["state"].values for i in range(len(dataset))])
+        rows.append(values.astype(np.float64))
+        weights.append(np.full(len(values), share / len(values)))
+    rows, weights = np.concatenate(rows), np.concatenate(weights)
+    mean = (rows * weights[:, None]).sum(axis=0)
+    std = np.sqrt((weights[:, None] * (rows - mean) ** 2).sum(axis=0))
+    np.testing.assert_allclose(pooled["mean"], mean, rtol=1e-6)
+    np.testing.assert_allclose(pooled["std"], std, rtol=1e-6)
+    assert np.array_equal(pooled["min"], rows.min(axis=0)) and np.array_equal(pooled["max"], rows.max(axis=0))
+    for quantile, key in ((0.01, "q01"), (0.99, "q99")):
+        for dim in range(rows.shape[1]):
+            order = np.argsort(rows[:, dim], kind="stable")
+            exact = rows[order, dim][np.searchsorted(np.cumsum(weights[order]), quantile - 1e-12)]
+            assert abs(pooled[key][dim] - exact) <= pooled["quantile_error"][dim] * 1.0001 + 1e-12

@@ -68,12 +68,48 @@ def test_stats_command_writes_stats_json_beside_dataset_json(stores, tmp_path):
     assert mmdata.open_dataset(str(store)).damaged == {}, "the store still opens as it was"
 
 
+def _assert_same_statistics(written: dict, recomputed: dict) -> None:
+    assert written["episodes"] == recomputed["episodes"]
+    assert set(written["lowdim"]) == set(recomputed["lowdim"]) and written["lowdim"]
+    for name, figures in recomputed["lowdim"].items():
+        for key, values in figures.items():
+            np.testing.assert_allclose(written["lowdim"][name][key], values, rtol=1e-9, atol=1e-12, err_msg=key)
+    assert written["cameras"] == recomputed["cameras"]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_conversion_writes_statistics_merged_from_its_workers(raw_dataset, tmp_path, workers):
+    store = tmp_path / "out"
+    options = ConvertOptions(layout="zarr", workers=workers, progress=False)
+    convert(discover_episodes(raw_dataset, "raw"), store, options)
+    written = json.loads((store / "stats.json").read_text())
+    _assert_same_statistics(written, compute_stats(mmdata.open_dataset(str(store))))
+
+
+def test_a_resumed_conversion_has_the_statistics_of_every_episode(raw_copy, tmp_path):
+    audio = raw_copy / "episode_0002" / "audio.wav"
+    good = audio.read_bytes()
+    audio.write_bytes(b"not audio")
+    options = ConvertOptions(layout="wds", shard_bytes=100_000, workers=1, progress=False)
+    with pytest.raises(mmdata.SourceError):
+        convert(discover_episodes(raw_copy, "raw"), tmp_path / "out", options)
+    audio.write_bytes(good)
+    resumed = ConvertOptions(layout="wds", shard_bytes=100_000, workers=1, progress=False, resume=True)
+    report = convert(discover_episodes(raw_copy, "raw"), tmp_path / "out", resumed)
+    assert report.resumed_at > 0
+    written = json.loads((tmp_path / "out" / "stats.json").read_text())
+    _assert_same_statistics(written, compute_stats(mmdata.open_dataset(str(tmp_path / "out"))))
+
+
 def test_statistics_of_a_lerobot_import_agree_with_lerobots_own_stats_json(tmp_path):
     source = Path(__file__).parent / "fixtures" / "lerobot_small"
     store = tmp_path / "out"
-    convert(discover_episodes(source, "lerobot"), store, ConvertOptions(layout="wds", progress=False))
-    ours = compute_stats(mmdata.open_dataset(str(store)), camera_frames=0)["lowdim"]
+    result = run_cli("convert", str(source), str(store), "--from", "lerobot", "--quiet")
+    assert result.returncode == 0, result.stderr
+    written = json.loads((store / "stats.json").read_text())
     theirs = json.loads((source / "meta" / "stats.json").read_text())
+    assert written["lerobot"] == theirs, "LeRobot's own figures are kept as they were"
+    ours = written["lowdim"]
     for name in ("observation.state", "action"):
         assert ours[name]["count"] == theirs[name]["count"][0]
         for key in ("mean", "std", "min", "max"):
@@ -105,10 +141,15 @@ def test_the_loader_normalizes_values_by_the_stores_statistics(stores, tmp_path,
     assert torch.equal(normalized["state_is_pad"], raw["state_is_pad"])
 
 
-def test_normalizing_without_stats_json_names_the_command_that_makes_it(stores):
+def test_normalizing_without_stats_json_names_the_command_that_makes_it(stores, tmp_path):
+    import shutil
+
+    store = tmp_path / "older.wds"  # stores converted before conversion wrote statistics
+    shutil.copytree(stores["wds"], store)
+    (store / "stats.json").unlink()
     spec = mmdata.Windows(anchor_fps=5, streams={"state": mmdata.Values(normalize="mean_std")})
     with pytest.raises(StoreError, match="no readable stats.json .*run `mmdata stats"):
-        mmdata.DataLoader(str(stores["wds"]), spec, batch_size=4)
+        mmdata.DataLoader(str(store), spec, batch_size=4)
 
 
 def test_an_unset_normalization_leaves_the_spec_description_and_resume_fingerprint_as_before():

@@ -16,6 +16,7 @@ from mmdata.codecs.audio import encode_flac, to_flac_samples
 from mmdata.codecs.packet_index import index_segment
 from mmdata.codecs.video_encode import VideoEncoding, encode_segments
 from mmdata.errors import MmdataError, SourceError
+from mmdata.moments import Moments
 from mmdata.schema import AudioStream, LowdimStream, Stream, VideoStream, stream_from_dict, stream_to_dict
 from mmdata.sources.episode import AudioSource, CameraSource, EpisodeSource, LowdimSource
 from mmdata.sources.limits import MAX_AUDIO_SECONDS_WITHOUT_VIDEO
@@ -101,6 +102,7 @@ class EncodedEpisode:
     videos: list[EncodedVideo] = field(default_factory=list)
     audio: list[EncodedAudio] = field(default_factory=list)
     lowdim: list[EncodedLowdim] = field(default_factory=list)
+    moments: dict[str, Moments] = field(default_factory=dict)
 
     @property
     def streams(self) -> list[Stream]:
@@ -137,6 +139,7 @@ def encode_episode(source: EpisodeSource, position: int, options: EncodeOptions)
     _check_declared_rows(source, episode, options.duration_tolerance)
     episode.lowdim = [_load_lowdim(source.name, stream) for stream in source.lowdim]
     _check_durations(source, episode, options.duration_tolerance)
+    episode.moments = {stream.spec.name: Moments.of(stream.values) for stream in episode.lowdim}
     return episode
 
 

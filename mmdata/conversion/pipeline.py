@@ -1,7 +1,10 @@
 """`convert`: encode episodes in parallel, write them in order, finish the store atomically.
 
 A store is complete only when `dataset.json` exists; it is written last. Until then the
-destination holds `.mmdata-partial/`, from which `resume=True` continues.
+destination holds `.mmdata-partial/`, from which `resume=True` continues. Each worker also
+returns the moments of its episode's low-dim streams; merged exactly (and kept in the resume
+checkpoint), they become the store's `stats.json` with the percentiles and camera figures
+computed once the store is complete (see `mmdata.stats`).
 """
 
 from __future__ import annotations
@@ -31,12 +34,15 @@ from tqdm import tqdm
 from mmdata.checks import as_int, parse_json
 from mmdata.conversion.encode import EncodedEpisode, EncodeOptions, encode_episode
 from mmdata.conversion.registry import StreamRegistry
-from mmdata.errors import DestinationError, SourceError
+from mmdata.dataset import open_dataset
+from mmdata.errors import DestinationError, MmdataError, SourceError
+from mmdata.moments import Moments
 from mmdata.schema import DatasetSchema, Layout, Stream, TextStream
 from mmdata.sharding.filesystem import write_text_atomically
 from mmdata.sharding.layout import DATASET_FILE, MANIFEST_FILE, PARTIAL_DIR
 from mmdata.sharding.manifest import write_manifest
 from mmdata.sources.episode import EpisodeSource
+from mmdata.stats import compute_stats, write_stats
 
 OPTIONS_FILE = "options.json"
 PR_SET_PDEATHSIG = 1
@@ -87,6 +93,7 @@ class ConversionReport:
     input_bytes: int = 0
     output_bytes: int = 0
     resumed_at: int = 0
+    stats_problem: str | None = None
 
 
 def convert(
@@ -94,8 +101,12 @@ def convert(
     destination: str | os.PathLike,
     options: ConvertOptions,
     source_root: str | os.PathLike | None = None,
+    source_stats: dict[str, Any] | None = None,
 ) -> ConversionReport:
     """Convert `sources` into a store at `destination` (a local folder).
+
+    `source_stats` are statistics the source format ships (LeRobot's `meta/stats.json`): kept in
+    the store's `stats.json` beside the recomputed ones, under their own key.
 
     The destination may not hold any of the source files, nor lie inside `source_root` (the
     folder or file they were discovered in): nothing in the source is ever deleted or written.
@@ -105,17 +116,20 @@ def convert(
     root = Path(destination)
     _refuse_overlap(root, sources, source_root)
     try:
-        return _convert(sources, root, options)
+        return _convert(sources, root, options, source_stats)
     except OSError as exc:
         raise _destination_failure(root, exc) from exc
 
 
-def _convert(sources: list[EpisodeSource], root: Path, options: ConvertOptions) -> ConversionReport:
+def _convert(
+    sources: list[EpisodeSource], root: Path, options: ConvertOptions, source_stats: dict[str, Any] | None
+) -> ConversionReport:
     started = time.perf_counter()
     _prepare_destination(root, sources, options)
     writer = _store_writer(options.layout, root, options.shard_bytes)
     checkpoint = writer.restore() or {"next_position": 0, "next_index": 0, "skipped": [], "streams": []}
     resumed_at, next_index, skipped, registry = _restored(checkpoint, len(sources), root)
+    moments = _restored_moments(checkpoint, root)
 
     positions = range(resumed_at, len(sources))
     jobs = ((sources[p], p, options.encode) for p in positions)
@@ -140,11 +154,13 @@ def _convert(sources: list[EpisodeSource], root: Path, options: ConvertOptions) 
                 skipped.append({"episode": sources[position].name, "error": str(outcome)})
             else:
                 next_index += 1
-                checkpoint = _checkpoint(position + 1, next_index, skipped, registry)
+                for name, figures in outcome.moments.items():
+                    moments[name] = moments.get(name, Moments()).merge(figures)
+                checkpoint = _checkpoint(position + 1, next_index, skipped, registry, moments)
                 writer.add(outcome, next_index - 1, checkpoint)
             progress.update(1)
 
-    final = _checkpoint(len(sources), next_index, skipped, registry)
+    final = _checkpoint(len(sources), next_index, skipped, registry, moments)
     rows = writer.finish(final, registry.streams)
     if not rows:
         first = f"; the first: {skipped[0]['error']}" if skipped else ""
@@ -166,6 +182,7 @@ def _convert(sources: list[EpisodeSource], root: Path, options: ConvertOptions) 
         ) from exc
     write_text_atomically(str(root / DATASET_FILE), schema.to_json())
     shutil.rmtree(root / PARTIAL_DIR)
+    stats_problem = _write_statistics(root, moments, source_stats)
     return ConversionReport(
         destination=str(root),
         layout=options.layout,
@@ -175,7 +192,19 @@ def _convert(sources: list[EpisodeSource], root: Path, options: ConvertOptions) 
         input_bytes=_source_bytes(sources),
         output_bytes=sum(p.stat().st_size for p in root.rglob("*") if p.is_file()),
         resumed_at=resumed_at,
+        stats_problem=stats_problem,
     )
+
+
+def _write_statistics(root: Path, moments: dict[str, Moments], source_stats: dict[str, Any] | None) -> str | None:
+    """Write the complete store's stats.json; a failure there leaves the store as it is (complete) and
+    is reported, with the command that computes them later."""
+    try:
+        dataset = open_dataset(str(root))
+        write_stats(dataset, {**compute_stats(dataset, moments=moments), **(source_stats or {})})
+    except (MmdataError, OSError, ValueError) as exc:
+        return f"normalization statistics were not written ({exc}); run `mmdata stats {root}` to compute them"
+    return None
 
 
 def _refuse_overlap(root: Path, sources: list[EpisodeSource], source_root: str | os.PathLike | None) -> None:
@@ -376,13 +405,29 @@ def _restored(checkpoint: Any, sources: int, root: Path) -> tuple[int, int, list
         ) from exc
 
 
-def _checkpoint(next_position: int, next_index: int, skipped: list, registry: StreamRegistry) -> dict[str, Any]:
+def _checkpoint(
+    next_position: int, next_index: int, skipped: list, registry: StreamRegistry, moments: dict[str, Moments]
+) -> dict[str, Any]:
     return {
         "next_position": next_position,
         "next_index": next_index,
         "skipped": list(skipped),
         "streams": registry.to_json(),
+        "moments": {name: figures.to_json() for name, figures in moments.items()},
     }
+
+
+def _restored_moments(checkpoint: dict[str, Any], root: Path) -> dict[str, Moments]:
+    """The low-dim moments of the episodes a resumed conversion already wrote."""
+    saved = checkpoint.get("moments", {})
+    try:
+        if not isinstance(saved, dict):
+            raise ValueError("'moments' is not an object")
+        return {str(name): Moments.from_json(figures) for name, figures in saved.items()}
+    except ValueError as exc:
+        raise DestinationError(
+            f"'{root}': the saved conversion state cannot be resumed from ({exc}); convert again with --overwrite"
+        ) from exc
 
 
 def _creation_info(options: ConvertOptions, sources: list[EpisodeSource], skipped: list) -> dict[str, Any]:

@@ -67,6 +67,19 @@ def discover_episodes(
     return readers[source_format]()
 
 
+def shipped_stats(path: str | Path, source_format: str = "auto") -> dict | None:
+    """Normalization statistics the source format ships, keyed by format (LeRobot's `meta/stats.json`
+    as `{"lerobot": ...}`); None when it ships none."""
+    from mmdata.sources.lerobot import lerobot_stats
+
+    if source_format == "auto":
+        source_format = detect_format(path)
+    if source_format == "lerobot":
+        found = lerobot_stats(path)
+        return {"lerobot": found} if found is not None else None
+    return None
+
+
 __all__ = [
     "FORMATS",
     "AudioSource",
@@ -76,4 +89,5 @@ __all__ = [
     "detect_format",
     "discover_episodes",
     "discover_raw_episodes",
+    "shipped_stats",
 ]

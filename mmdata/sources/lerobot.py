@@ -32,12 +32,26 @@ BOOKKEEPING = ("timestamp", "frame_index", "episode_index", "index", "task_index
 NUMERIC = ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
 VIDEO_FIELDS = ("chunk_index", "file_index", "from_timestamp", "to_timestamp")
 MAX_EPISODE_ROWS = 10**8
+MAX_STATS_BYTES = 64 << 20
 
 
 def is_lerobot(root: Path) -> bool:
     return (root / INFO).is_file() and (
         (root / "meta" / "episodes").is_dir() or (root / "meta/episodes.jsonl").is_file()
     )
+
+
+def lerobot_stats(root: str | Path) -> dict[str, Any] | None:
+    """LeRobot's own normalization statistics (`meta/stats.json`, keyed by feature name), when the
+    dataset ships them and they parse; kept in the converted store beside mmdata's."""
+    path = Path(root) / "meta" / "stats.json"
+    if not path.is_file() or path.stat().st_size > MAX_STATS_BYTES:
+        return None
+    try:
+        stats = parse_json(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    return stats if isinstance(stats, dict) else None
 
 
 def discover_lerobot_episodes(root: str | Path) -> list[EpisodeSource]:

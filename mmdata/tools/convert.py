@@ -9,7 +9,7 @@ from mmdata.codecs.video_encode import ACCESS_PATTERNS, VIDEO_CODECS, VideoEncod
 from mmdata.conversion.encode import EncodeOptions
 from mmdata.conversion.pipeline import ConversionReport, ConvertOptions, convert
 from mmdata.errors import DestinationError, SourceError
-from mmdata.sources import FORMATS, discover_episodes
+from mmdata.sources import FORMATS, discover_episodes, shipped_stats
 from mmdata.tools.formatting import format_bytes, format_seconds, parse_size
 
 DEFAULTS = VideoEncoding()
@@ -138,7 +138,8 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.quiet,
     )
     try:
-        report = convert(sources, destination, options, source_root=args.source)
+        source_stats = shipped_stats(args.source, args.source_format)
+        report = convert(sources, destination, options, source_root=args.source, source_stats=source_stats)
     except SourceError:
         print(
             "mmdata convert: finished shards are kept; fix the episode and run the same command with"
@@ -166,5 +167,9 @@ def print_report(report: ConversionReport) -> None:
         print(f"  skipped {len(report.skipped)} episodes:")
         for entry in report.skipped:
             print(f"    {entry['error']}")
+    if report.stats_problem:
+        print(f"  warning: {report.stats_problem}")
+    else:
+        print(f"  statistics:    {report.destination}/stats.json (for Values(normalize=...))")
     print(f"  check it with: mmdata verify {report.destination}")
     print(f"  look inside:   mmdata inspect {report.destination}")
