@@ -34,6 +34,8 @@ import mmdata
 from mmdata.bench.runner import run_for_seconds
 from mmdata.codecs.decoders.base import SequentialDecoder
 from mmdata.codecs.decoders.pyav_decoder import PyAvDecoder
+from mmdata.codecs.video_encode import encoding_for_access
+from mmdata.conversion.encode import EncodeOptions
 from mmdata.conversion.pipeline import ConvertOptions, convert
 from mmdata.sources.raw import discover_raw_episodes
 from mmdata.synthetic import CameraSpec, SynthSpec, write_synthetic_dataset
@@ -105,7 +107,8 @@ def resize_part(folder: Path, args) -> dict:
     part: dict = {}
     for access in ("both", "windows"):
         store = folder / f"480p-{access}.wds"
-        convert(discover_raw_episodes(raw), store, ConvertOptions(layout="wds", access=access, progress=False))
+        encode = EncodeOptions(video=encoding_for_access(access))
+        convert(discover_raw_episodes(raw), store, ConvertOptions(layout="wds", encode=encode, progress=False))
         for interpolation in ("bilinear", "area"):
             spec = resize_spec(interpolation)
             loaders = {

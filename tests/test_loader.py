@@ -434,3 +434,14 @@ def test_an_epoch_with_no_step_for_the_ranks_is_a_clear_error(stores):
     loader = mmdata.DataLoader(stores["wds"], spec, batch_size=4, rank=0, world_size=64)
     with pytest.raises(mmdata.SpecError, match="no step for 64 rank"):
         run(loader)
+
+
+def test_a_loader_closed_mid_epoch_continues_at_the_next_step(stores):
+    spec = mmdata.Windows(anchor_fps=10, streams={"state": mmdata.Values()})
+    whole = [b["sample_index"].tolist() for b in mmdata.DataLoader(str(stores["wds"]), spec, batch_size=4)]
+    loader = mmdata.DataLoader(str(stores["wds"]), spec, batch_size=4)
+    iterator = iter(loader)
+    head = [next(iterator)["sample_index"].tolist() for _ in range(3)]
+    loader.close()
+    tail = [b["sample_index"].tolist() for b in loader]
+    assert head + tail == whole

@@ -376,6 +376,9 @@ class DataLoader:
         last = state.stretches[-1]
         state.stretches[-1] = type(last)(last.world_size, last.steps + 1)
         state.samples_consumed = plan.samples_consumed(state.stretches[-1].steps)
+        # the cached plan stands where the state does, so a feed started from it (after close())
+        # begins at the next step, not at the step the plan was made at
+        plan.stretches = list(state.stretches)
         self._plan_cache = ((state.seed, state.epoch, tuple(state.stretches), self.world_size), plan)
         if state.stretches[-1].steps == len(plan.plan):
             state.epoch += 1
