@@ -12,8 +12,9 @@ Mixture: the same raw episodes converted once into one store and once split into
 (WebDataset, Zarr, WebDataset); `Mixture` of the three with their natural weights (every sample
 once per epoch) against the one store, same spec, batch and workers.
 
-Loaders run in alternating rounds (medians reported), since this VM's speed drifts by up to 2x
-within minutes. Results go to `benchmarks/results/training_batches_<tag>.json`, machine named.
+Loaders run in alternating rounds, since this VM's speed drifts by up to 2x within minutes;
+samples/s are medians over rounds and ratios the median of the ratios within each round.
+Results go to `benchmarks/results/training_batches_<tag>.json`, machine named.
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ from pathlib import Path
 
 import torch
 from convert_bench import machine_name
+from process_time import measure as timed_loop
 
 import mmdata
-from mmdata.bench.runner import run_for_seconds
 from mmdata.codecs.decoders.base import SequentialDecoder
 from mmdata.codecs.decoders.pyav_decoder import PyAvDecoder
 from mmdata.codecs.video_encode import encoding_for_access
@@ -79,21 +80,32 @@ MIXTURE_SPEC = mmdata.Windows(
 )
 
 
-def count(batch: dict) -> tuple[int, int]:
-    samples = len(batch["sample_index"])
-    return samples, samples * 2
-
-
 def measure(loaders: dict[str, mmdata.DataLoader], rounds: int, seconds: float) -> dict[str, dict]:
-    """Samples/s of each loader in `rounds` rounds whose order rotates; medians and every round."""
-    runs: dict[str, list[float]] = {name: [] for name in loaders}
+    """Samples/s and samples per CPU-second (main process and workers) of each loader in `rounds`
+    rounds whose order rotates: medians, and every round."""
+    runs: dict[str, dict[str, list[float]]] = {name: {"wall": [], "cpu": []} for name in loaders}
     names = list(loaders)
     for number in range(rounds):
         shift = number % len(names)
         for name in names[shift:] + names[:shift]:
-            runs[name].append(run_for_seconds(loaders[name], seconds, count)["samples_per_s"])
+            figures = timed_loop(lambda name=name: iter(loaders[name]), lambda b: len(b["sample_index"]), seconds)
+            runs[name]["wall"].append(figures["samples_per_s"])
+            runs[name]["cpu"].append(figures["samples_per_cpu_s"])
             loaders[name].close()
-    return {name: {"samples_per_s": round(statistics.median(v), 1), "rounds": v} for name, v in runs.items()}
+    return {
+        name: {
+            "samples_per_s": round(statistics.median(v["wall"]), 1),
+            "samples_per_cpu_s": round(statistics.median(v["cpu"]), 1),
+            "rounds": v["wall"],
+            "rounds_per_cpu_s": v["cpu"],
+        }
+        for name, v in runs.items()
+    }
+
+
+def paired_ratio(first: list[float], second: list[float]) -> float:
+    """The median over rounds of first / second measured in the same round (robust to the VM's drift)."""
+    return statistics.median(a / b for a, b in zip(first, second))
 
 
 def resize_part(folder: Path, args) -> dict:
@@ -125,7 +137,10 @@ def resize_part(folder: Path, args) -> dict:
                 ),
             }
             figures = measure(loaders, args.rounds, args.seconds)
-            ratio = figures["inside_decode"]["samples_per_s"] / figures["full_then_torch"]["samples_per_s"]
+            ratio = paired_ratio(figures["inside_decode"]["rounds"], figures["full_then_torch"]["rounds"])
+            cpu_ratio = paired_ratio(
+                figures["inside_decode"]["rounds_per_cpu_s"], figures["full_then_torch"]["rounds_per_cpu_s"]
+            )
             first = {
                 name: next(iter(mmdata.DataLoader(str(store), spec, batch_size=args.batch_size, seed=1, decoder=d)))
                 for name, d in (("inside", "pyav"), ("after", FullFramesThenTorch()))
@@ -134,12 +149,13 @@ def resize_part(folder: Path, args) -> dict:
             part[f"{access}/{interpolation}"] = {
                 **figures,
                 "ratio": round(ratio, 2),
+                "ratio_per_cpu_s": round(cpu_ratio, 2),
                 "mean_abs_difference": round(float(difference.mean()), 3),
             }
             print(
                 f"resize access={access:8s} {interpolation:8s} inside decode"
                 f" {figures['inside_decode']['samples_per_s']:7.1f} samples/s, full+torch"
-                f" {figures['full_then_torch']['samples_per_s']:7.1f}: {ratio:.2f}x"
+                f" {figures['full_then_torch']['samples_per_s']:7.1f}: {ratio:.2f}x ({cpu_ratio:.2f}x per CPU-s)"
                 f" (outputs differ by {float(difference.mean()):.2f} levels on average)"
             )
     return part
@@ -171,12 +187,20 @@ def mixture_part(folder: Path, args) -> dict:
     }
     assert len(loaders["one_store"].samples) == len(loaders["mixture_of_three"].samples)
     figures = measure(loaders, args.rounds, args.seconds)
-    cost = 1 - figures["mixture_of_three"]["samples_per_s"] / figures["one_store"]["samples_per_s"]
+    cost = 1 - paired_ratio(figures["mixture_of_three"]["rounds"], figures["one_store"]["rounds"])
+    cpu_cost = 1 - paired_ratio(
+        figures["mixture_of_three"]["rounds_per_cpu_s"], figures["one_store"]["rounds_per_cpu_s"]
+    )
     print(
         f"mixture of three {figures['mixture_of_three']['samples_per_s']:7.1f} samples/s, one store"
-        f" {figures['one_store']['samples_per_s']:7.1f}: costs {cost:+.1%}"
+        f" {figures['one_store']['samples_per_s']:7.1f}: costs {cost:+.1%} ({cpu_cost:+.1%} per CPU-s)"
     )
-    return {**figures, "samples": len(loaders["one_store"].samples), "cost": round(cost, 4)}
+    return {
+        **figures,
+        "samples": len(loaders["one_store"].samples),
+        "cost": round(cost, 4),
+        "cost_per_cpu_s": round(cpu_cost, 4),
+    }
 
 
 def main() -> None:
@@ -206,9 +230,11 @@ def main() -> None:
         "wall_seconds": round(time.time() - started),
         "ratios": {
             **{f"resize_{k}": v["ratio"] for k, v in resize.items()},
+            **{f"resize_{k}_per_cpu_s": v["ratio_per_cpu_s"] for k, v in resize.items()},
             "mixture_cost": mixture["cost"],
+            "mixture_cost_per_cpu_s": mixture["cost_per_cpu_s"],
         },
-        "note": "samples/s are medians over alternating rounds; ratios within one run only",
+        "note": "samples/s are medians over alternating rounds; ratios are medians of per-round ratios",
     }
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"training_batches_{args.tag}.json"

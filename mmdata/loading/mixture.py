@@ -158,11 +158,11 @@ def open_sources(mixture: Mixture, verify: bool, cache_bytes: int) -> list[OpenS
 def check_sources(spec: Spec, sources: list[OpenSource]) -> dict[str, Filler]:
     """Check `spec` against every source (SpecError naming the source and stream) and return, per
     stream, the shape its values take in every batch (what a source lacking it is padded with)."""
+    if len(sources) == 1 and all(stored == name for name, stored in sources[0].streams.items()):
+        spec.check_against(sources[0].dataset.schema)  # a single store's own messages, as before mixtures
     fillers = {}
     for name, stream in spec.streams.items():
         having = [s for s in sources if name in s.streams]
-        if len(sources) == 1:
-            spec.check_against(sources[0].dataset.schema)  # a single store's own message names the stream
         if not having:
             raise SpecError(
                 f"no source has stream '{name}'"
