@@ -27,6 +27,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/decode_bench.py
 	$(BIN)/python benchmarks/pack_bench.py
 	$(BIN)/python benchmarks/loader_bench.py
+	$(BIN)/python benchmarks/training_batches_bench.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
