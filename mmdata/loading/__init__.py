@@ -9,12 +9,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from mmdata.loading.episodes import Episodes
-from mmdata.loading.specs import Audio, Frames, Sequences, SpecError, Values, Windows
+from mmdata.loading.specs import Audio, Frames, Resize, Sequences, SpecError, Values, Windows
 
 if TYPE_CHECKING:
     from mmdata.loading.dataloader import DataLoader
 
-__all__ = ["Audio", "DataLoader", "Episodes", "Frames", "Sequences", "SpecError", "Values", "Windows"]
+__all__ = ["Audio", "DataLoader", "Episodes", "Frames", "Resize", "Sequences", "SpecError", "Values", "Windows"]
 
 
 def __getattr__(name: str) -> Any:
