@@ -28,6 +28,7 @@ from mmdata.loading.collate import collate
 from mmdata.loading.planning import LoaderPlanner, RankSteps
 from mmdata.loading.read import FALLBACK_SAMPLES, MicroBatch, SampleReader, SampleRef
 from mmdata.loading.timing import timed
+from mmdata.sharding.filesystem import read_retries
 
 # Tensors at least this large cross from workers in shared memory; smaller ones inside the message.
 SHARED_TENSOR_BYTES = 1 << 18
@@ -101,7 +102,7 @@ class StepSource(IterableDataset):
     def _read(self, epoch: int, step: int, samples, worker: int, fallback: list[SampleRef]) -> Item:
         decoder, reader = self.reader.video_decoder.stats, self.reader
         started = time.perf_counter()
-        before = (decoder.frames_decoded, decoder.frames_delivered, reader.bytes_read)
+        before = (decoder.frames_decoded, decoder.frames_delivered, reader.bytes_read, read_retries())
         batch = self.reader.read(step, samples, fallback)
         output: Any = batch
         if not batch.pending:
@@ -120,6 +121,7 @@ class StepSource(IterableDataset):
             "seconds": batch.seconds,
             "busy": time.perf_counter() - started,
             "bytes": reader.bytes_read - before[2],
+            "read_retries": read_retries() - before[3],
             "decoded": decoder.frames_decoded - before[0],
             "delivered": decoder.frames_delivered - before[1],
             "peak_rss": peak_rss_bytes(),

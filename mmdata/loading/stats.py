@@ -19,6 +19,7 @@ class LoaderStats:
     def __init__(self):
         self.steps = self.samples = self.tokens = 0
         self.bytes_read = 0
+        self.read_retries = 0
         self.frames_decoded = self.frames_delivered = 0
         self.data_wait = 0.0
         self.ready_when_asked = 0
@@ -43,6 +44,7 @@ class LoaderStats:
         self.samples += info["samples"]
         self.tokens += info["tokens"]
         self.bytes_read += info["bytes"]
+        self.read_retries += info.get("read_retries", 0)
         self.frames_decoded += info["decoded"]
         self.frames_delivered += info["delivered"]
         self.data_wait += waited
@@ -84,6 +86,7 @@ class LoaderStats:
             "samples": self.samples,
             "tokens": self.tokens,
             "bytes_read": self.bytes_read,
+            "read_retries": self.read_retries,
             "skipped_samples": self.skipped_count,
             "borrowed_samples": self.borrowed_count,
             "skipped": list(self.skipped),

@@ -148,7 +148,7 @@ def read_tail(
 def _read(fs: fsspec.AbstractFileSystem, path: str, offset: int, size: int) -> bytes:
     if isinstance(fs, LocalFileSystem):
         return _pread(path, offset, size)
-    return fs.cat_file(path, start=offset, end=offset + size)
+    return in_this_process(fs).cat_file(path, start=offset, end=offset + size)
 
 
 def _size(fs: fsspec.AbstractFileSystem, path: str) -> int:
@@ -156,7 +156,27 @@ def _size(fs: fsspec.AbstractFileSystem, path: str) -> int:
         descriptor, length = _open_regular(path)
         os.close(descriptor)
         return length
-    return int(fs.size(path))
+    return int(in_this_process(fs).size(path))
+
+
+_FORKED_COPIES: dict[tuple[int, int], fsspec.AbstractFileSystem] = {}
+
+
+def in_this_process(fs: fsspec.AbstractFileSystem) -> fsspec.AbstractFileSystem:
+    """`fs`, or in a process forked after it was made (DataLoader workers) a fresh instance with the
+    same options: fsspec's asynchronous filesystems (s3, gcs, http) hold an event loop and
+    connections that a forked child cannot use ("This class is not fork-safe")."""
+    made_in = getattr(fs, "_pid", None)
+    if made_in is None or made_in == os.getpid():
+        return fs
+    key = (os.getpid(), id(fs))
+    copy = _FORKED_COPIES.get(key)
+    if copy is None:
+        from fsspec.asyn import reset_lock
+
+        reset_lock()
+        copy = _FORKED_COPIES[key] = type(fs)(**fs.storage_options, skip_instance_cache=True)
+    return copy
 
 
 def _open_regular(path: str) -> tuple[int, int]:
@@ -187,12 +207,21 @@ def _pread(path: str, offset: int, size: int) -> bytes:
         os.close(descriptor)
 
 
+_RETRIES = [0]
+
+
+def read_retries() -> int:
+    """Reads this process has tried again after a transient error, so far (the loader reports them)."""
+    return _RETRIES[0]
+
+
 def _retried(fs, path: str, policy: ReadPolicy, what: str, attempt: Callable[[], T]) -> T:
     """`attempt()` under the policy's deadline, tried again on transient errors only."""
     guarded = policy.guard_local_reads or not isinstance(fs, LocalFileSystem)
     last: BaseException | None = None
     for number in range(policy.attempts):
         if number:
+            _RETRIES[0] += 1
             time.sleep(policy.delay(number - 1))
         try:
             return _with_deadline(attempt, policy.timeout_s) if guarded else attempt()

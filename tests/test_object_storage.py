@@ -1,0 +1,223 @@
+"""Stores in S3-compatible object storage, read over HTTP from a real S3 server (moto's) on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import time
+
+import fsspec.config
+import pytest
+import torch
+
+import mmdata
+from tests.conftest import run_cli
+
+moto_server = pytest.importorskip("moto.server", reason="the S3 tests need moto[server] (pip install -e .[dev])")
+s3fs = pytest.importorskip("s3fs", reason="the S3 tests need s3fs (pip install -e .[dev])")
+
+BUCKET = "mmdata-test"
+SPEC = mmdata.Windows(
+    anchor_fps=10,
+    streams={"cam_high": mmdata.Frames(offsets=[-0.1, 0.0]), "state": mmdata.Values(), "audio": mmdata.Audio()},
+)
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint():
+    """A moto S3 server on 127.0.0.1 (a free port), with fsspec and boto pointed at it through the
+    environment, as a user would configure a private endpoint; DataLoader workers inherit it."""
+    settings = {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    saved = {key: os.environ.get(key) for key in [*settings, "FSSPEC_S3_ENDPOINT_URL"]}
+    os.environ.update(settings)
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    os.environ["FSSPEC_S3_ENDPOINT_URL"] = endpoint  # read by fsspec when it is imported (CLI subprocesses)
+    saved_config = fsspec.config.conf.get("s3")
+    fsspec.config.conf["s3"] = {**(saved_config or {}), "endpoint_url": endpoint}  # this process
+    s3fs.S3FileSystem.clear_instance_cache()
+    filesystem = s3fs.S3FileSystem(endpoint_url=endpoint)
+    filesystem.mkdir(BUCKET)
+    yield filesystem
+    server.stop()
+    s3fs.S3FileSystem.clear_instance_cache()
+    if saved_config is None:
+        fsspec.config.conf.pop("s3", None)
+    else:
+        fsspec.config.conf["s3"] = saved_config
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture(scope="module")
+def s3_stores(stores, s3_endpoint) -> dict[str, str]:
+    """The session's stores (both layouts) uploaded to the S3 server; their s3:// URLs."""
+    urls = {}
+    for layout, path in stores.items():
+        key = f"{BUCKET}/stores/out.{layout}"
+        s3_endpoint.put(str(path), key, recursive=True)
+        urls[layout] = f"s3://{key}"
+    return urls
+
+
+def _batches(url: str, workers: int) -> list[dict]:
+    return list(mmdata.DataLoader(url, SPEC, batch_size=4, num_workers=workers, seed=3))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("layout", ["wds", "zarr"])
+def test_a_store_in_s3_gives_the_same_batches_as_on_local_disk(stores, s3_stores, layout, workers):
+    remote, local = _batches(s3_stores[layout], workers), _batches(str(stores[layout]), 0)
+    assert len(remote) == len(local) > 0
+    for a, b in zip(remote, local):
+        assert a.keys() == b.keys()
+        for key in a:
+            if isinstance(a[key], torch.Tensor):
+                assert torch.equal(a[key], b[key]), key
+            else:
+                assert a[key] == b[key], key
+
+
+def test_verify_and_inspect_read_a_store_in_s3(s3_stores):
+    verified = run_cli("verify", s3_stores["wds"])
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    inspected = run_cli("inspect", s3_stores["zarr"], "--json")
+    assert inspected.returncode == 0, inspected.stderr
+    assert '"cam_high"' in inspected.stdout
+
+
+def test_a_missing_shard_in_s3_is_named_and_not_retried(stores, s3_endpoint):
+    key = f"{BUCKET}/broken/out.wds"
+    s3_endpoint.put(str(stores["wds"]), key, recursive=True)
+    shards = sorted(p for p in s3_endpoint.find(key) if p.endswith(".tar"))
+    s3_endpoint.rm(shards[0])
+    spec = mmdata.Windows(anchor_fps=10, streams={"state": mmdata.Values(), "cam_high": mmdata.Frames()})
+    policy = mmdata.ReadPolicy(attempts=4, backoff_s=5.0)  # a retry would take seconds: none is made
+    dataset = mmdata.open_dataset(f"s3://{key}", read_policy=policy)
+    started = time.perf_counter()
+    with pytest.raises(mmdata.SampleError, match=shards[0].rsplit("/", 1)[-1]) as failure:
+        list(mmdata.DataLoader(dataset, spec, batch_size=4, shuffle="none"))
+    assert time.perf_counter() - started < policy.backoff_s, "a missing object is not retried"
+    assert "FileNotFoundError" in str(failure.value) or "restore it" in str(failure.value)
+    skipping = mmdata.DataLoader(dataset, spec, batch_size=4, shuffle="none", on_error="skip")
+    delivered = sum(len(batch["sample_index"]) for batch in skipping)
+    assert delivered > 0 and skipping.stats()["skipped_samples"] > 0
+
+
+class FaultyProxy:
+    """An HTTP proxy on 127.0.0.1 in front of the S3 server that, on byte-range reads, answers 503
+    SlowDown to every 4th request and drops the connection of every 7th, deterministically; the
+    rest it forwards (each upstream request bounded to 10 s)."""
+
+    def __init__(self, upstream: str):
+        import http.client
+        import http.server
+        import threading
+        from urllib.parse import urlsplit
+
+        target = urlsplit(upstream)
+        proxy = self
+        self.ranged = 0
+        self.faults = 0
+        lock = threading.Lock()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def setup(self):
+                super().setup()
+                self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # no 40 ms Nagle stalls
+
+            def _forward(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if self.command == "GET" and "Range" in self.headers:
+                    with lock:
+                        proxy.ranged += 1
+                        number = proxy.ranged
+                    if number % 7 == 0:  # a reset connection (RST at once, as a load balancer dropping it)
+                        proxy.faults += 1
+                        self.close_connection = True
+                        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                        self.connection.close()
+                        return
+                    if number % 4 == 0:
+                        proxy.faults += 1
+                        message = (
+                            b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
+                        )
+                        self.send_response(503)
+                        self.send_header("Content-Type", "application/xml")
+                        self.send_header("Content-Length", str(len(message)))
+                        self.end_headers()
+                        self.wfile.write(message)
+                        return
+                upstream_connection = http.client.HTTPConnection(target.hostname, target.port, timeout=10)
+                upstream_connection.connect()
+                upstream_connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
+                headers["Host"] = target.netloc
+                upstream_connection.request(self.command, self.path, body=body or None, headers=headers)
+                response = upstream_connection.getresponse()
+                payload = response.read()
+                self.send_response(response.status)
+                for key, value in response.getheaders():
+                    if key.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(key, value)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(payload)
+                upstream_connection.close()
+
+            do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _forward
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_an_epoch_through_a_faulty_connection_completes_with_identical_batches(
+    stores, s3_stores, s3_endpoint, monkeypatch
+):
+    proxy = FaultyProxy(s3_endpoint.client_kwargs.get("endpoint_url") or os.environ["FSSPEC_S3_ENDPOINT_URL"])
+    try:
+        # s3fs and botocore would retry on their own; with one attempt each, every fault reaches
+        # mmdata's read path, which retries it and counts it
+        monkeypatch.setattr(s3fs.S3FileSystem, "retries", 1)
+        saved = dict(fsspec.config.conf["s3"])
+        fsspec.config.conf["s3"] = {"endpoint_url": proxy.url, "config_kwargs": {"retries": {"total_max_attempts": 1}}}
+        s3fs.S3FileSystem.clear_instance_cache()
+        policy = mmdata.ReadPolicy(timeout_s=10, attempts=6, backoff_s=0.01, max_backoff_s=0.05)
+        dataset = mmdata.open_dataset(s3_stores["wds"], read_policy=policy)
+        fsspec.config.conf["s3"] = saved
+        s3fs.S3FileSystem.clear_instance_cache()
+        spec = mmdata.Windows(anchor_fps=2, streams={"cam_high": mmdata.Frames(), "state": mmdata.Values()})
+        loader = mmdata.DataLoader(dataset, spec, batch_size=4, num_workers=2, seed=3)
+        remote = list(loader)
+        local = list(mmdata.DataLoader(str(stores["wds"]), spec, batch_size=4, seed=3))
+        assert len(remote) == len(local) > 0
+        for a, b in zip(remote, local):
+            assert torch.equal(a["cam_high"], b["cam_high"]) and torch.equal(a["state"], b["state"])
+        assert loader.stats()["read_retries"] > 0
+        assert proxy.faults > 0
+    finally:
+        proxy.close()
