@@ -93,3 +93,4 @@ def test_sizes_parse_in_decimal_and_binary_units():
     assert parse_size("1500") == 1500
     with pytest.raises(MmdataError, match="write it like 1GB"):
         parse_size("lots")
+

@@ -155,6 +155,9 @@ def _encode_one_segment(
         stream.pix_fmt = "yuv420p"
         stream.gop_size = encoding.gop
         stream.codec_context.flags |= Flags.bitexact
+        # One encoder thread (conversion runs one encoder per core already): with FFmpeg's automatic
+        # thread count the bytes of a segment differed from run to run far more often.
+        stream.codec_context.thread_count = 1
         stream.options = encoding.encoder_options(len(frames))
         for index, frame in enumerate(frames):
             video_frame = _as_video_frame(frame, width, height)

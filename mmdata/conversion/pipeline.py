@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import errno
 import json
 import multiprocessing
@@ -33,6 +34,7 @@ from tqdm import tqdm
 
 from mmdata.checks import as_int, parse_json
 from mmdata.conversion.encode import EncodedEpisode, EncodeOptions, encode_episode
+from mmdata.conversion.publish import check_remote_destination, default_staging, is_remote, publish, remove_staging
 from mmdata.conversion.registry import StreamRegistry
 from mmdata.dataset import open_dataset
 from mmdata.errors import DestinationError, MmdataError, SourceError
@@ -63,7 +65,8 @@ class StoreWriter(Protocol):
 
 @dataclass(frozen=True)
 class ConvertOptions:
-    """Everything that shapes the output; `skip_bad`, `workers` and `progress` do not."""
+    """Everything that shapes the output; `skip_bad`, `workers`, `progress` and `staging` (the local
+    folder a conversion into object storage is made in) do not."""
 
     layout: Layout = "wds"
     encode: EncodeOptions = EncodeOptions()
@@ -73,6 +76,7 @@ class ConvertOptions:
     resume: bool = False
     overwrite: bool = False
     progress: bool = True
+    staging: str | None = None
 
     def fingerprint(self, sources: list[EpisodeSource]) -> dict[str, Any]:
         return {
@@ -103,7 +107,9 @@ def convert(
     source_root: str | os.PathLike | None = None,
     source_stats: dict[str, Any] | None = None,
 ) -> ConversionReport:
-    """Convert `sources` into a store at `destination` (a local folder).
+    """Convert `sources` into a store at `destination`: a local folder, or an object-store URL
+    (`s3://bucket/store`: made in a local staging folder, then uploaded with `dataset.json` last;
+    see `mmdata.conversion.publish`).
 
     `source_stats` are statistics the source format ships (LeRobot's `meta/stats.json`): kept in
     the store's `stats.json` beside the recomputed ones, under their own key.
@@ -113,12 +119,37 @@ def convert(
     A write that fails (disk full, read-only, no permission) is a DestinationError; whatever
     was completed before stays, and the same call with `resume=True` continues from it.
     """
+    if is_remote(destination):
+        return _convert_to_object_storage(sources, str(destination), options, source_root, source_stats)
     root = Path(destination)
     _refuse_overlap(root, sources, source_root)
     try:
         return _convert(sources, root, options, source_stats)
     except OSError as exc:
         raise _destination_failure(root, exc) from exc
+
+
+def _convert_to_object_storage(
+    sources: list[EpisodeSource],
+    url: str,
+    options: ConvertOptions,
+    source_root: str | os.PathLike | None,
+    source_stats: dict[str, Any] | None,
+) -> ConversionReport:
+    check_remote_destination(url, options.resume, options.overwrite)
+    local = Path(options.staging) if options.staging else default_staging(url)
+    if options.resume and (local / DATASET_FILE).exists():
+        report = ConversionReport(str(local), options.layout, 0, resumed_at=len(sources))  # staged whole before
+    else:
+        report = convert(sources, local, dataclasses.replace(options, staging=None), source_root, source_stats)
+    started = time.perf_counter()
+    publish(local, url, options.overwrite, options.progress)
+    report.seconds += time.perf_counter() - started
+    report.destination = url
+    if not report.converted:
+        report.converted = open_dataset(str(local)).schema.num_episodes
+    remove_staging(local)
+    return report
 
 
 def _convert(

@@ -8,7 +8,7 @@ import sys
 from mmdata.codecs.video_encode import ACCESS_PATTERNS, VIDEO_CODECS, VideoEncoding, encoding_for_access
 from mmdata.conversion.encode import EncodeOptions
 from mmdata.conversion.pipeline import ConversionReport, ConvertOptions, convert
-from mmdata.errors import DestinationError, SourceError
+from mmdata.errors import SourceError
 from mmdata.sources import FORMATS, discover_episodes, shipped_stats
 from mmdata.tools.formatting import format_bytes, format_seconds, parse_size
 
@@ -108,15 +108,18 @@ def add_parser(commands) -> None:
     existing.add_argument("--resume", action="store_true", help="continue an interrupted conversion into DST")
     existing.add_argument("--overwrite", action="store_true", help="replace whatever DST holds")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--staging",
+        help=(
+            "local folder a store for object storage (DST an s3:// or other fsspec URL) is made in before it is"
+            " uploaded, dataset.json last (default: ~/.cache/mmdata/staging/<hash of DST>, or $MMDATA_STAGING);"
+            " kept until the upload finishes, so --resume continues either"
+        ),
+    )
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    if "://" in args.destination and not args.destination.startswith("file://"):
-        raise DestinationError(
-            f"'{args.destination}': convert writes to a local folder; copy the finished store to"
-            " object storage afterwards (readers accept fsspec URLs)"
-        )
     destination = args.destination.removeprefix("file://")
     sources = discover_episodes(args.source, args.source_format, args.fps, args.task)
     video = encoding_for_access(
@@ -136,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
         resume=args.resume,
         overwrite=args.overwrite,
         progress=not args.quiet,
+        staging=args.staging,
     )
     try:
         source_stats = shipped_stats(args.source, args.source_format)

@@ -1,0 +1,99 @@
+"""Conversion into object storage: the store is made in a local staging folder, then uploaded with
+`dataset.json` last, so a reader never sees a store that is not whole.
+
+The staging folder (default: under `~/.cache/mmdata/staging/`, one per destination URL) holds the
+conversion's resume state, so `--resume` continues an interrupted conversion or an interrupted
+upload. Objects already uploaded with the right size are not sent again.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import fsspec
+import xxhash
+from fsspec.implementations.local import LocalFileSystem
+from tqdm import tqdm
+
+from mmdata.errors import DestinationError
+from mmdata.sharding.filesystem import join, resolve
+from mmdata.sharding.layout import DATASET_FILE
+
+
+def is_remote(destination: str | os.PathLike) -> bool:
+    """Whether `destination` is an fsspec URL of a filesystem other than the local one."""
+    text = str(destination)
+    if "://" not in text:
+        return False
+    fs, _ = resolve(text)
+    return not isinstance(fs, LocalFileSystem)
+
+
+def default_staging(url: str) -> Path:
+    """The local folder a conversion into `url` is staged in, the same on every run (for --resume)."""
+    base = Path(os.environ.get("MMDATA_STAGING", Path.home() / ".cache" / "mmdata" / "staging"))
+    return base / xxhash.xxh64_hexdigest(url.rstrip("/").encode())
+
+
+def check_remote_destination(url: str, resume: bool, overwrite: bool) -> None:
+    """Refuse a remote destination that holds a complete store, or anything, unless told what to do."""
+    fs, root = resolve(url)
+    if not fs.exists(root) or not fs.ls(root):
+        return
+    if fs.exists(join(root, DATASET_FILE)) and not overwrite:
+        raise DestinationError(f"'{url}' is already a complete store; pass --overwrite to convert again")
+    if not (resume or overwrite):
+        raise DestinationError(
+            f"destination '{url}' is not empty; pass --resume to continue an interrupted conversion or"
+            " --overwrite to replace it"
+        )
+
+
+def publish(
+    local: Path, url: str, overwrite: bool = False, progress: bool = True, upload: Callable | None = None
+) -> int:
+    """Upload the complete store at `local` to `url`, `dataset.json` last; returns the bytes sent.
+
+    With `overwrite` the objects under `url` are removed first; otherwise an object already there
+    with the same size is kept (an upload interrupted before is completed, not repeated).
+    """
+    fs, root = resolve(url)
+    if overwrite and fs.exists(root):
+        fs.rm(root, recursive=True)
+    files = sorted(p for p in local.rglob("*") if p.is_file() and p.name != DATASET_FILE)
+    sent = 0
+    put = upload or _put
+    with tqdm(total=len(files) + 1, unit="file", desc=f"upload -> {url}", disable=not progress) as bar:
+        for path in [*files, local / DATASET_FILE]:
+            target = join(root, path.relative_to(local).as_posix())
+            if path.name != DATASET_FILE and _already_there(fs, target, path.stat().st_size):
+                bar.update(1)
+                continue
+            try:
+                put(fs, path, target)
+            except OSError as exc:
+                raise DestinationError(
+                    f"uploading '{path.relative_to(local)}' to '{url}' failed ({exc}); run the same command"
+                    " with --resume to finish the upload"
+                ) from exc
+            sent += path.stat().st_size
+            bar.update(1)
+    return sent
+
+
+def _put(fs: fsspec.AbstractFileSystem, path: Path, target: str) -> None:
+    fs.put_file(str(path), target)
+
+
+def _already_there(fs: fsspec.AbstractFileSystem, target: str, size: int) -> bool:
+    try:
+        return int(fs.size(target)) == size
+    except (FileNotFoundError, OSError):
+        return False
+
+
+def remove_staging(local: Path) -> None:
+    shutil.rmtree(local, ignore_errors=True)
