@@ -282,3 +282,22 @@ def test_an_interrupted_upload_resumes_without_sending_again_what_arrived(raw_da
     report = convert(discover_episodes(raw_dataset, "raw"), url, dataclasses.replace(options, resume=True))
     assert report.destination == url and report.converted == 3
     assert mmdata.open_dataset(url).schema.num_episodes == 3
+
+
+def test_storage_options_on_the_command_line_reach_the_object_store(s3_stores):
+    import json
+    import subprocess
+    import sys
+
+    environment = {k: v for k, v in os.environ.items() if k != "FSSPEC_S3_ENDPOINT_URL"}
+    endpoint = os.environ["FSSPEC_S3_ENDPOINT_URL"]
+
+    def inspect(*options: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "mmdata", "inspect", s3_stores["wds"], "--json", *options]
+        return subprocess.run(command, capture_output=True, text=True, timeout=120, env=environment)
+
+    given = inspect("--storage-options", json.dumps({"s3": {"endpoint_url": endpoint}}))
+    assert given.returncode == 0, given.stderr
+    assert '"cam_high"' in given.stdout
+    wrong = inspect("--storage-options", '{"endpoint_url": "x"}')
+    assert wrong.returncode == 2 and "an object of options per protocol" in wrong.stderr

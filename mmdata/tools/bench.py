@@ -14,6 +14,7 @@ from mmdata.bench.report import build_document, compare, format_table, load, par
 from mmdata.bench.sweep import label, parse_sweep, plot_sweep
 from mmdata.dataset import open_dataset
 from mmdata.errors import MmdataError
+from mmdata.tools.storage import add_storage_options
 
 if TYPE_CHECKING:
     from mmdata.loading.dataloader import DataLoader
@@ -77,6 +78,7 @@ def add_parser(commands) -> None:
     output.add_argument("--baseline-seconds", type=float, default=20.0, help="how long to run the baseline")
     output.add_argument("--sweep", nargs="+", metavar="NAME=V1,V2", help="run every combination of these settings")
     output.add_argument("--plot", help="PNG of the sweep (needs matplotlib: pip install 'mmdata[bench]')")
+    add_storage_options(parser)
     parser.set_defaults(run=run_bench)
 
 

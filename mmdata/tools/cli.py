@@ -8,6 +8,7 @@ import sys
 from mmdata import __version__
 from mmdata.errors import MmdataError
 from mmdata.tools import bench, convert, demo, inspect, stats, synth, verify
+from mmdata.tools.storage import apply_storage_options
 
 TOOLS = (synth, convert, inspect, verify, stats, demo, bench)
 
@@ -27,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        apply_storage_options(getattr(args, "storage_options", None))
         return int(args.run(args) or 0)
     except MmdataError as exc:
         print(f"mmdata {args.command}: error: {exc}", file=sys.stderr)

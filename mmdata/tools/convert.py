@@ -11,6 +11,7 @@ from mmdata.conversion.pipeline import ConversionReport, ConvertOptions, convert
 from mmdata.errors import SourceError
 from mmdata.sources import FORMATS, discover_episodes, shipped_stats
 from mmdata.tools.formatting import format_bytes, format_seconds, parse_size
+from mmdata.tools.storage import add_storage_options
 
 DEFAULTS = VideoEncoding()
 
@@ -116,6 +117,7 @@ def add_parser(commands) -> None:
             " kept until the upload finishes, so --resume continues either"
         ),
     )
+    add_storage_options(parser)
     parser.set_defaults(run=run)
 
 

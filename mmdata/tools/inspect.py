@@ -12,6 +12,7 @@ import pyarrow as pa
 from mmdata.dataset import Dataset
 from mmdata.schema import AudioStream, LowdimStream, VideoStream
 from mmdata.tools.formatting import format_bytes, format_seconds
+from mmdata.tools.storage import add_storage_options
 
 
 def add_parser(commands) -> None:
@@ -22,6 +23,7 @@ def add_parser(commands) -> None:
     )
     parser.add_argument("path", help="store folder or fsspec URL")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    add_storage_options(parser)
     parser.set_defaults(run=run)
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from mmdata.dataset import open_dataset
 from mmdata.stats import QUANTILE_BINS, compute_stats, pooled_stats, write_stats
+from mmdata.tools.storage import add_storage_options
 
 
 def add_parser(commands) -> None:
@@ -32,6 +33,7 @@ def add_parser(commands) -> None:
         "--camera-frames", type=int, default=256, help="frames sampled per camera (default 256; 0 skips cameras)"
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the frame sample (default 0)")
+    add_storage_options(parser)
     parser.set_defaults(run=run)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from mmdata.tools.formatting import format_bytes
+from mmdata.tools.storage import add_storage_options
 from mmdata.verify import verify_dataset
 
 
@@ -20,6 +21,7 @@ def add_parser(commands) -> None:
     )
     parser.add_argument("path", help="store folder or fsspec URL")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_storage_options(parser)
     parser.set_defaults(run=run)
 
 
