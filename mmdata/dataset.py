@@ -217,12 +217,28 @@ class Dataset:
         first or last frame and are flagged in `is_pad`. Only the segments holding those frames
         are read, and each frame is decoded once however often it is asked for.
         """
+        row, spec, indices, timestamps, is_pad = self._frames_wanted(index, stream, times, tolerance)
+        return self._frame_plan(row, spec, indices, timestamps, is_pad)
+
+    def frame_pieces(
+        self, index: int, stream: str, times: Sequence[float], tolerance: float | None = None
+    ) -> list[Piece]:
+        """The stored pieces (segments) `plan_frames` with the same arguments reads, without reading
+        them: what a reader fetches ahead, coalesced, for a whole micro-batch (`PieceReader.prefetch`)."""
+        row, spec, indices, _, _ = self._frames_wanted(index, stream, times, tolerance)
+        table = self.cache.get(("segments", row["key"], spec.name), lambda: self.segment_table(row, spec.name))
+        owners = np.unique(np.searchsorted(table.first_frames, np.unique(indices), side="right") - 1)
+        return [table.pieces[number] for number in owners.tolist()]
+
+    def _frames_wanted(
+        self, index: int, stream: str, times: Sequence[float], tolerance: float | None
+    ) -> tuple[dict, VideoStream, np.ndarray, np.ndarray, np.ndarray]:
         row = self.manifest.row(index)
         spec = self._video_stream(stream)
         timestamps = self.timestamps_of(row, stream)
         limit = 0.5 / spec.fps if tolerance is None else float(tolerance)
         indices, is_pad = frame_indices_at(timestamps, np.asarray(times), limit, episode=row["key"], stream=stream)
-        return self._frame_plan(row, spec, indices, timestamps[indices], is_pad)
+        return row, spec, indices, timestamps[indices], is_pad
 
     def frames_at(
         self,

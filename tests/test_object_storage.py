@@ -117,10 +117,11 @@ def test_a_missing_shard_in_s3_is_named_and_not_retried(stores, s3_endpoint):
 
 class FaultyProxy:
     """An HTTP proxy on 127.0.0.1 in front of the S3 server that, on byte-range reads, answers 503
-    SlowDown to every 4th request and drops the connection of every 7th, deterministically; the
-    rest it forwards (each upstream request bounded to 10 s)."""
+    SlowDown to every `refuse_every`-th request and resets the connection of every `reset_every`-th,
+    deterministically (0: never); the rest it forwards (each upstream request bounded to 10 s).
+    It counts the byte-range reads it saw."""
 
-    def __init__(self, upstream: str):
+    def __init__(self, upstream: str, refuse_every: int = 4, reset_every: int = 7):
         import http.client
         import http.server
         import threading
@@ -148,13 +149,15 @@ class FaultyProxy:
                     with lock:
                         proxy.ranged += 1
                         number = proxy.ranged
-                    if number % 7 == 0:  # a reset connection (RST at once, as a load balancer dropping it)
+                    if (
+                        reset_every and number % reset_every == 0
+                    ):  # a reset connection (RST at once, as a load balancer dropping it)
                         proxy.faults += 1
                         self.close_connection = True
                         self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                         self.connection.close()
                         return
-                    if number % 4 == 0:
+                    if refuse_every and number % refuse_every == 0:
                         proxy.faults += 1
                         message = (
                             b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
@@ -301,3 +304,26 @@ def test_storage_options_on_the_command_line_reach_the_object_store(s3_stores):
     assert '"cam_high"' in given.stdout
     wrong = inspect("--storage-options", '{"endpoint_url": "x"}')
     assert wrong.returncode == 2 and "an object of options per protocol" in wrong.stderr
+
+
+def test_a_micro_batchs_segments_arrive_in_few_coalesced_requests(s3_stores, s3_endpoint, monkeypatch):
+    from mmdata.sharding.readers import WdsPieceReader
+
+    spec = mmdata.Windows(anchor_fps=10, streams={"cam_high": mmdata.Frames(offsets=[-0.1, 0.0])})
+    counted = {}
+    for coalescing in (True, False):
+        proxy = FaultyProxy(os.environ["FSSPEC_S3_ENDPOINT_URL"], refuse_every=0, reset_every=0)
+        try:
+            monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": proxy.url})
+            s3fs.S3FileSystem.clear_instance_cache()
+            if not coalescing:
+                monkeypatch.setattr(WdsPieceReader, "fetches_ahead", property(lambda self: False))
+            loader = mmdata.DataLoader(s3_stores["wds"], spec, batch_size=16, shuffle="none", seed=3)
+            opened = proxy.ranged
+            counted[coalescing] = ([b["cam_high"] for b in loader], proxy.ranged - opened)
+        finally:
+            proxy.close()
+            s3fs.S3FileSystem.clear_instance_cache()
+    (fetched, few), (alone, many) = counted[True], counted[False]
+    assert all(torch.equal(a, b) for a, b in zip(fetched, alone)) and len(fetched) == len(alone)
+    assert few * 3 <= many, f"{few} requests coalesced against {many} one by one"

@@ -56,7 +56,8 @@ class ReadPolicy:
     server error) is tried again up to `attempts` times in all, waiting `backoff_s`, doubled each
     time up to `max_backoff_s`, with jitter; permanent failures are not retried. Local files are
     read directly (fast); set `guard_local_reads` for stores on network or FUSE mounts that can
-    stall, so their reads get the deadline too.
+    stall, so their reads get the deadline too. `concurrency` bounds the requests one process has
+    in flight when it fetches a micro-batch's pieces ahead from object storage.
     """
 
     timeout_s: float = 60.0
@@ -64,10 +65,13 @@ class ReadPolicy:
     backoff_s: float = 0.1
     max_backoff_s: float = 5.0
     guard_local_reads: bool = False
+    concurrency: int = 8
 
     def __post_init__(self):
         if not self.timeout_s > 0 or self.attempts < 1 or self.backoff_s < 0 or self.max_backoff_s < 0:
             raise ValueError(f"a ReadPolicy needs timeout_s > 0, attempts >= 1 and backoffs >= 0: {self}")
+        if self.concurrency < 1:
+            raise ValueError(f"a ReadPolicy needs concurrency >= 1: {self}")
 
     def delay(self, attempt: int) -> float:
         """Seconds to wait before try `attempt + 1`: exponential, with full jitter in its upper half."""
