@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import socket
-import struct
 import time
 
 import fsspec.config
@@ -13,6 +11,7 @@ import pytest
 import torch
 
 import mmdata
+from mmdata.bench.object_store import S3Proxy, local_s3_server
 from tests.conftest import run_cli
 
 moto_server = pytest.importorskip("moto.server", reason="the S3 tests need moto[server] (pip install -e .[dev])")
@@ -28,36 +27,12 @@ SPEC = mmdata.Windows(
 @pytest.fixture(scope="module")
 def s3_endpoint():
     """A moto S3 server on 127.0.0.1 (a free port), with fsspec and boto pointed at it through the
-    environment, as a user would configure a private endpoint; DataLoader workers inherit it."""
-    settings = {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }
-    saved = {key: os.environ.get(key) for key in [*settings, "FSSPEC_S3_ENDPOINT_URL"]}
-    os.environ.update(settings)
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    os.environ["FSSPEC_S3_ENDPOINT_URL"] = endpoint  # read by fsspec when it is imported (CLI subprocesses)
-    saved_config = fsspec.config.conf.get("s3")
-    fsspec.config.conf["s3"] = {**(saved_config or {}), "endpoint_url": endpoint}  # this process
-    s3fs.S3FileSystem.clear_instance_cache()
-    filesystem = s3fs.S3FileSystem(endpoint_url=endpoint)
-    filesystem.mkdir(BUCKET)
-    yield filesystem
-    server.stop()
-    s3fs.S3FileSystem.clear_instance_cache()
-    if saved_config is None:
-        fsspec.config.conf.pop("s3", None)
-    else:
-        fsspec.config.conf["s3"] = saved_config
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    environment and fsspec's configuration, as a user would configure a private endpoint; DataLoader
+    workers inherit it. Yields an s3fs filesystem on it, with the test bucket made."""
+    with local_s3_server() as endpoint:
+        filesystem = s3fs.S3FileSystem(endpoint_url=endpoint)
+        filesystem.mkdir(BUCKET)
+        yield filesystem
 
 
 @pytest.fixture(scope="module")
@@ -115,94 +90,10 @@ def test_a_missing_shard_in_s3_is_named_and_not_retried(stores, s3_endpoint):
     assert delivered > 0 and skipping.stats()["skipped_samples"] > 0
 
 
-class FaultyProxy:
-    """An HTTP proxy on 127.0.0.1 in front of the S3 server that, on byte-range reads, answers 503
-    SlowDown to every `refuse_every`-th request and resets the connection of every `reset_every`-th,
-    deterministically (0: never); the rest it forwards (each upstream request bounded to 10 s).
-    It counts the byte-range reads it saw."""
-
-    def __init__(self, upstream: str, refuse_every: int = 4, reset_every: int = 7):
-        import http.client
-        import http.server
-        import threading
-        from urllib.parse import urlsplit
-
-        target = urlsplit(upstream)
-        proxy = self
-        self.ranged = 0
-        self.faults = 0
-        lock = threading.Lock()
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):
-                pass
-
-            def setup(self):
-                super().setup()
-                self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # no 40 ms Nagle stalls
-
-            def _forward(self):
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                if self.command == "GET" and "Range" in self.headers:
-                    with lock:
-                        proxy.ranged += 1
-                        number = proxy.ranged
-                    if (
-                        reset_every and number % reset_every == 0
-                    ):  # a reset connection (RST at once, as a load balancer dropping it)
-                        proxy.faults += 1
-                        self.close_connection = True
-                        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                        self.connection.close()
-                        return
-                    if refuse_every and number % refuse_every == 0:
-                        proxy.faults += 1
-                        message = (
-                            b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
-                        )
-                        self.send_response(503)
-                        self.send_header("Content-Type", "application/xml")
-                        self.send_header("Content-Length", str(len(message)))
-                        self.end_headers()
-                        self.wfile.write(message)
-                        return
-                upstream_connection = http.client.HTTPConnection(target.hostname, target.port, timeout=10)
-                upstream_connection.connect()
-                upstream_connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
-                headers["Host"] = target.netloc
-                upstream_connection.request(self.command, self.path, body=body or None, headers=headers)
-                response = upstream_connection.getresponse()
-                payload = response.read()
-                self.send_response(response.status)
-                for key, value in response.getheaders():
-                    if key.lower() not in ("transfer-encoding", "connection", "content-length"):
-                        self.send_header(key, value)
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                if self.command != "HEAD":
-                    self.wfile.write(payload)
-                upstream_connection.close()
-
-            do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _forward
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
-
-
 def test_an_epoch_through_a_faulty_connection_completes_with_identical_batches(
     stores, s3_stores, s3_endpoint, monkeypatch
 ):
-    proxy = FaultyProxy(s3_endpoint.client_kwargs.get("endpoint_url") or os.environ["FSSPEC_S3_ENDPOINT_URL"])
+    proxy = S3Proxy(os.environ["FSSPEC_S3_ENDPOINT_URL"], refuse_every=4, reset_every=7)
     try:
         # s3fs and botocore would retry on their own; with one attempt each, every fault reaches
         # mmdata's read path, which retries it and counts it
@@ -312,7 +203,7 @@ def test_a_micro_batchs_segments_arrive_in_few_coalesced_requests(s3_stores, s3_
     spec = mmdata.Windows(anchor_fps=10, streams={"cam_high": mmdata.Frames(offsets=[-0.1, 0.0])})
     counted = {}
     for coalescing in (True, False):
-        proxy = FaultyProxy(os.environ["FSSPEC_S3_ENDPOINT_URL"], refuse_every=0, reset_every=0)
+        proxy = S3Proxy(os.environ["FSSPEC_S3_ENDPOINT_URL"], refuse_every=0, reset_every=0)
         try:
             monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": proxy.url})
             s3fs.S3FileSystem.clear_instance_cache()
