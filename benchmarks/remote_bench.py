@@ -1,0 +1,138 @@
+"""The loader reading from S3 against local disk, measured in one run.
+
+A synthetic WebDataset store is read by `mmdata.DataLoader` (policy windows: 2 frames of one
+camera, state and a 50-step action chunk; 2 workers) from local disk, and from a moto S3 server
+on 127.0.0.1 behind a proxy that adds 0, 20 and 100 ms to every request, with the micro-batch's
+segments fetched ahead in coalesced requests and without (each segment its own request).
+Loaders run in alternating rounds; samples/s are medians. Results go to
+`benchmarks/results/remote_<tag>.json`, machine named.
+
+Needs the dev extra (moto[server], s3fs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import fsspec.config
+import s3fs
+import torch
+from convert_bench import machine_name
+from process_time import measure as timed_loop
+
+import mmdata
+from mmdata.bench.object_store import S3Proxy, local_s3_server
+from mmdata.conversion.pipeline import ConvertOptions, convert
+from mmdata.sharding.readers import WdsPieceReader
+from mmdata.sources.raw import discover_raw_episodes
+from mmdata.synthetic import SynthSpec, write_synthetic_dataset
+
+RESULTS = Path(__file__).parent / "results"
+SPEC = mmdata.Windows(
+    anchor_fps=10,
+    streams={
+        "cam_high": mmdata.Frames(offsets=[-0.1, 0.0]),
+        "state": mmdata.Values(offsets=[-0.1, 0.0]),
+        "action": mmdata.Values(offsets=[i / 50 for i in range(50)]),
+    },
+)
+
+
+def loader_for(url: str, args) -> mmdata.DataLoader:
+    return mmdata.DataLoader(url, SPEC, batch_size=args.batch_size, num_workers=args.workers, seed=1)
+
+
+def run(make, args) -> dict:
+    """Samples/s of a fresh loader from `make()` over `args.seconds`, after one warm-up batch."""
+    loader = make()
+    try:
+        return timed_loop(lambda: iter(loader), lambda b: len(b["sample_index"]), args.seconds)
+    finally:
+        loader.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--episodes", type=int, default=8)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--latencies", type=float, nargs="+", default=[0, 20, 100], help="milliseconds")
+    parser.add_argument("--tag", default="cpu")
+    args = parser.parse_args()
+    started = time.time()
+    with tempfile.TemporaryDirectory(prefix="mmdata-remote-bench-") as folder, local_s3_server() as endpoint:
+        raw, store = Path(folder) / "raw", Path(folder) / "store.wds"
+        write_synthetic_dataset(raw, SynthSpec(episodes=args.episodes, min_seconds=5.0, max_seconds=20.0))
+        convert(discover_raw_episodes(raw), store, ConvertOptions(layout="wds", progress=False))
+        upload = s3fs.S3FileSystem(endpoint_url=endpoint)
+        upload.mkdir("bench-bucket")
+        upload.put(str(store), "bench-bucket/store.wds", recursive=True)
+        url = "s3://bench-bucket/store.wds"
+        settings = {"local": None}
+        for latency in args.latencies:
+            for coalesced in (True, False):
+                settings[f"s3 {latency:g} ms {'coalesced' if coalesced else 'one request each'}"] = (latency, coalesced)
+        runs: dict[str, list[float]] = {name: [] for name in settings}
+        requests: dict[str, int] = {}
+        original = WdsPieceReader.fetches_ahead
+        for number in range(args.rounds):
+            names = list(settings)
+            shift = number % len(names)
+            for name in names[shift:] + names[:shift]:
+                setting = settings[name]
+                if setting is None:
+                    runs[name].append(run(lambda: loader_for(str(store), args), args)["samples_per_s"])
+                    continue
+                latency, coalesced = setting
+                with S3Proxy(endpoint, latency_s=latency / 1000) as proxy:
+                    fsspec.config.conf["s3"] = {"endpoint_url": proxy.url}
+                    s3fs.S3FileSystem.clear_instance_cache()
+                    WdsPieceReader.fetches_ahead = original if coalesced else property(lambda self: False)
+                    try:
+                        runs[name].append(run(lambda: loader_for(url, args), args)["samples_per_s"])
+                    finally:
+                        WdsPieceReader.fetches_ahead = original
+                        fsspec.config.conf["s3"] = {"endpoint_url": endpoint}
+                        s3fs.S3FileSystem.clear_instance_cache()
+                    requests[name] = proxy.ranged
+                print(f"round {number + 1}: {name:36s} {runs[name][-1]:8.1f} samples/s", flush=True)
+    local = statistics.median(runs["local"])
+    results = {
+        name: {
+            "samples_per_s": round(statistics.median(values), 1),
+            "of_local": round(statistics.median(values) / local, 3),
+            "rounds": values,
+            "range_requests_last_round": requests.get(name),
+        }
+        for name, values in runs.items()
+    }
+    for name, row in results.items():
+        print(f"{name:36s} {row['samples_per_s']:8.1f} samples/s  {row['of_local']:.0%} of local disk")
+    record = {
+        "benchmark": "remote_bench",
+        "machine": machine_name(),
+        "workers": args.workers,
+        "batch_size": args.batch_size,
+        "seconds_per_round": args.seconds,
+        "rounds": args.rounds,
+        "spec": SPEC.describe(),
+        "versions": {"mmdata": mmdata.__version__, "torch": torch.__version__, "s3fs": s3fs.__version__},
+        "server": "moto (ThreadedMotoServer) on 127.0.0.1 behind mmdata.bench.object_store.S3Proxy",
+        "results": results,
+        "wall_seconds": round(time.time() - started),
+    }
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"remote_{args.tag}.json"
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"written {path}")
+
+
+if __name__ == "__main__":
+    main()
