@@ -94,3 +94,16 @@ def test_sizes_parse_in_decimal_and_binary_units():
     with pytest.raises(MmdataError, match="write it like 1GB"):
         parse_size("lots")
 
+
+
+@pytest.mark.parametrize("codec", ["h264", "hevc", "vp9"])
+def test_encoding_the_same_frames_twice_gives_the_same_bytes(codec):
+    from fractions import Fraction
+
+    from mmdata.codecs.video_encode import VideoEncoding, encode_segments
+    from mmdata.synthetic import synthetic_frame
+
+    frames = [synthetic_frame(i, 0, 224, 224) for i in range(64)]
+    encoding = VideoEncoding(codec=codec)
+    runs = [[data for _, data in encode_segments(frames, Fraction(30), 224, 224, encoding)] for _ in range(3)]
+    assert runs[0] == runs[1] == runs[2], "a store must be reproducible byte for byte"

@@ -133,13 +133,10 @@ def test_convert_straight_into_s3_gives_the_store_a_local_conversion_gives(
     on_disk = tmp_path / f"local.{layout}"
     assert run_cli("convert", str(raw_dataset), str(on_disk), *options).returncode == 0
     remote, local = mmdata.open_dataset(url), mmdata.open_dataset(str(on_disk))
-    assert remote.table["key"].to_pylist() == local.table["key"].to_pylist()
-    assert remote.table["duration"].to_pylist() == local.table["duration"].to_pylist()
-    # x264 does not encode the same frames to the same bytes every time (see the issue notes), so
-    # frames are compared decoded, within a level; everything else must be equal
+    differing = [c for c in local.table.column_names if remote.table[c].to_pylist() != local.table[c].to_pylist()]
+    assert not differing, f"manifest columns {differing} differ from a local conversion's"
     for a, b in zip(_batches(url, 2), _batches(str(on_disk), 0)):
-        assert torch.equal(a["state"], b["state"]) and torch.equal(a["audio"], b["audio"])
-        assert (a["cam_high"].float() - b["cam_high"].float()).abs().mean() < 1.0
+        assert all(torch.equal(a[k], b[k]) for k in ("cam_high", "state", "audio"))
     again = run_cli("convert", str(raw_dataset), url, *options)
     assert again.returncode == 2 and "already a complete store" in again.stderr
 

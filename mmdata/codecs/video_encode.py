@@ -64,10 +64,12 @@ class VideoEncoding:
         gop = self.gop
         tune = {"tune": "fastdecode"} if self.fast_decode else {}
         if self.codec == "h264":
+            # cpu-independent: without it x264's macroblock-tree rate control gave other bytes on every
+            # run for the same frames (same size, same quality): a store must be reproducible
             return {
                 "crf": str(self.crf),
                 "preset": self.preset,
-                "x264-params": f"keyint={gop}:min-keyint={gop}:scenecut=0:open-gop=0:threads=1",
+                "x264-params": f"keyint={gop}:min-keyint={gop}:scenecut=0:open-gop=0:threads=1:cpu-independent=1",
                 **tune,
             }
         if self.codec == "hevc":
@@ -155,8 +157,8 @@ def _encode_one_segment(
         stream.pix_fmt = "yuv420p"
         stream.gop_size = encoding.gop
         stream.codec_context.flags |= Flags.bitexact
-        # One encoder thread (conversion runs one encoder per core already): with FFmpeg's automatic
-        # thread count the bytes of a segment differed from run to run far more often.
+        # One encoder thread: conversion runs one encoder per core already, and frame threads would
+        # make the bytes depend on timing.
         stream.codec_context.thread_count = 1
         stream.options = encoding.encoder_options(len(frames))
         for index, frame in enumerate(frames):
