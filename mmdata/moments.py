@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,3 +62,19 @@ class Moments:
         if count < 0 or len({a.shape for a in arrays}) != 1 or arrays[0].ndim != 1:
             raise ValueError("saved moments are damaged: inconsistent shapes")
         return cls(count, *arrays)
+
+
+def mixture_figures(
+    shares: Sequence[float],
+    means: Sequence[np.ndarray],
+    stds: Sequence[np.ndarray],
+    lows: Sequence[np.ndarray],
+    highs: Sequence[np.ndarray],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Mean, population std, min and max of a mixture whose parts (each with its mean, std, min and
+    max per dimension) weigh `shares` (summing to one); parts of share 0 are left out of the range."""
+    mean = sum(w * m for w, m in zip(shares, means))
+    second = sum(w * (s**2 + m**2) for w, m, s in zip(shares, means, stds))
+    low = np.min([x for w, x in zip(shares, lows) if w > 0], axis=0)
+    high = np.max([x for w, x in zip(shares, highs) if w > 0], axis=0)
+    return mean, np.sqrt(np.maximum(second - mean**2, 0.0)), low, high

@@ -23,7 +23,7 @@ import numpy as np
 from mmdata.checks import parse_json
 from mmdata.dataset import Dataset
 from mmdata.errors import ReadError, StoreError
-from mmdata.moments import Moments
+from mmdata.moments import Moments, mixture_figures
 from mmdata.schema import LowdimStream, VideoStream
 from mmdata.sharding.filesystem import join, read_file, write_text_atomically
 
@@ -75,20 +75,36 @@ def _lowdim_stats(dataset: Dataset, name: str, episodes: list[int], moments: Mom
         bins = _bins(_rows(dataset, name, episode), moments.low, width)
         for dim in range(bins.shape[1]):
             counts[dim] += np.bincount(bins[:, dim], minlength=QUANTILE_BINS)
-    cumulative = np.cumsum(counts, axis=1)
+    # the percentile q is the value of rank ceil(q * n) (1-based)
+    ranks = [max(int(np.ceil(quantile * moments.count)), 1) for quantile in QUANTILES]
+    return _figures(
+        moments.count, moments.mean, moments.std, moments.low, moments.high, width, np.cumsum(counts, axis=1), ranks
+    )
+
+
+def _figures(
+    count: int,
+    mean: np.ndarray,
+    std: np.ndarray,
+    low: np.ndarray,
+    high: np.ndarray,
+    width: np.ndarray,
+    cumulative: np.ndarray,
+    thresholds: list[float],
+) -> dict[str, Any]:
+    """A stream's entry in stats.json; each percentile of QUANTILES is reported at the upper edge of the
+    first histogram bin whose cumulative count (per dimension, `cumulative`) reaches its threshold."""
     figures: dict[str, Any] = {
-        "count": moments.count,
-        "mean": moments.mean.tolist(),
-        "std": moments.std.tolist(),
-        "min": moments.low.tolist(),
-        "max": moments.high.tolist(),
+        "count": count,
+        "mean": mean.tolist(),
+        "std": std.tolist(),
+        "min": low.tolist(),
+        "max": high.tolist(),
         "quantile_error": width.tolist(),
     }
-    for quantile in QUANTILES:
-        # the bin holding the value of rank ceil(q * n) (1-based), reported at its upper edge
-        rank = max(int(np.ceil(quantile * moments.count)), 1)
-        upper = np.array([np.searchsorted(cumulative[dim], rank) + 1 for dim in range(len(width))])
-        figures[f"q{round(quantile * 100):02d}"] = np.minimum(moments.low + upper * width, moments.high).tolist()
+    for quantile, threshold in zip(QUANTILES, thresholds):
+        upper = np.array([np.searchsorted(cumulative[dim], threshold) + 1 for dim in range(len(width))])
+        figures[f"q{round(quantile * 100):02d}"] = np.minimum(low + upper * width, high).tolist()
     return figures
 
 
@@ -116,10 +132,13 @@ def pooled_stats(datasets: list[Dataset], weights: list[float]) -> dict[str, Any
         if not all(np.isfinite(a).all() for m in moments for a in (m.mean, m.m2, m.low, m.high)):
             result["lowdim"][name] = {"count": int(sum(m.count for m in moments)), "non_finite": True}
             continue
-        mean = sum(w * m.mean for w, m in zip(shares, moments))
-        second = sum(w * (m.m2 / m.count + m.mean**2) for w, m in zip(shares, moments))
-        low = np.min([m.low for w, m in zip(shares, moments) if w > 0], axis=0)
-        high = np.max([m.high for w, m in zip(shares, moments) if w > 0], axis=0)
+        mean, std, low, high = mixture_figures(
+            shares,
+            [m.mean for m in moments],
+            [m.std for m in moments],
+            [m.low for m in moments],
+            [m.high for m in moments],
+        )
         width = np.where(high > low, (high - low) / QUANTILE_BINS, 0.0)
         weighted = np.zeros((len(mean), QUANTILE_BINS))
         for share, figures, (dataset, episodes) in zip(shares, moments, parts):
@@ -127,19 +146,10 @@ def pooled_stats(datasets: list[Dataset], weights: list[float]) -> dict[str, Any
                 bins = _bins(_rows(dataset, name, episode), low, width)
                 for dim in range(bins.shape[1]):
                     weighted[dim] += np.bincount(bins[:, dim], minlength=QUANTILE_BINS) * (share / figures.count)
-        cumulative = np.cumsum(weighted, axis=1)
-        entry: dict[str, Any] = {
-            "count": int(sum(m.count for m in moments)),
-            "mean": mean.tolist(),
-            "std": np.sqrt(np.maximum(second - mean**2, 0.0)).tolist(),
-            "min": low.tolist(),
-            "max": high.tolist(),
-            "quantile_error": width.tolist(),
-        }
-        for quantile in QUANTILES:
-            upper = np.array([np.searchsorted(cumulative[d], quantile - 1e-12) + 1 for d in range(len(width))])
-            entry[f"q{round(quantile * 100):02d}"] = np.minimum(low + upper * width, high).tolist()
-        result["lowdim"][name] = entry
+        # cumulative weights are shares of the mixture: the percentile q is where they reach q
+        thresholds = [quantile - 1e-12 for quantile in QUANTILES]
+        count = int(sum(m.count for m in moments))
+        result["lowdim"][name] = _figures(count, mean, std, low, high, width, np.cumsum(weighted, axis=1), thresholds)
     return result
 
 

@@ -13,6 +13,7 @@ import torch
 import mmdata
 from mmdata.bench.object_store import S3Proxy, local_s3_server
 from tests.conftest import run_cli
+from tests.test_loader import assert_same_batches
 
 moto_server = pytest.importorskip("moto.server", reason="the S3 tests need moto[server] (pip install -e .[dev])")
 s3fs = pytest.importorskip("s3fs", reason="the S3 tests need s3fs (pip install -e .[dev])")
@@ -54,14 +55,8 @@ def _batches(url: str, workers: int) -> list[dict]:
 @pytest.mark.parametrize("layout", ["wds", "zarr"])
 def test_a_store_in_s3_gives_the_same_batches_as_on_local_disk(stores, s3_stores, layout, workers):
     remote, local = _batches(s3_stores[layout], workers), _batches(str(stores[layout]), 0)
-    assert len(remote) == len(local) > 0
-    for a, b in zip(remote, local):
-        assert a.keys() == b.keys()
-        for key in a:
-            if isinstance(a[key], torch.Tensor):
-                assert torch.equal(a[key], b[key]), key
-            else:
-                assert a[key] == b[key], key
+    assert len(remote) > 0
+    assert_same_batches(remote, local)
 
 
 def test_verify_and_inspect_read_a_store_in_s3(s3_stores):

@@ -15,6 +15,7 @@ import numpy as np
 
 from mmdata.loading.mixture import NormalizeWith, OpenSource
 from mmdata.loading.specs import Spec, SpecError, Values
+from mmdata.moments import mixture_figures
 from mmdata.stats import STATS_FILE, normalizer, read_stats
 
 
@@ -65,11 +66,8 @@ def _pooled(name: str, stream: Values, having: list[tuple[dict, OpenSource, floa
     if len(widths) > 1:
         raise SpecError(f"stream '{name}' has different widths in the sources, so its statistics cannot be pooled")
     total = sum(f["share"] for f in figures) or 1.0
-    weights = [f["share"] / total for f in figures]
-    mean = sum(w * f["mean"] for w, f in zip(weights, figures))
-    second = sum(w * (f["std"] ** 2 + f["mean"] ** 2) for w, f in zip(weights, figures))
-    std = np.sqrt(np.maximum(second - mean**2, 0.0))
-    low = np.min([f["min"] for w, f in zip(weights, figures) if w > 0], axis=0)
-    high = np.max([f["max"] for w, f in zip(weights, figures) if w > 0], axis=0)
+    mean, std, low, high = mixture_figures(
+        [f["share"] / total for f in figures], *([f[k] for f in figures] for k in ("mean", "std", "min", "max"))
+    )
     pooled = {"lowdim": {name: {"mean": mean, "std": std, "min": low, "max": high}}}
     return normalizer(pooled, name, stream.normalize, len(mean), "the mixture")
