@@ -226,9 +226,8 @@ class Dataset:
         """The stored pieces (segments) `plan_frames` with the same arguments reads, without reading
         them: what a reader fetches ahead, coalesced, for a whole micro-batch (`PieceReader.prefetch`)."""
         row, spec, indices, _, _ = self._frames_wanted(index, stream, times, tolerance)
-        table = self.cache.get(("segments", row["key"], spec.name), lambda: self.segment_table(row, spec.name))
-        owners = np.unique(np.searchsorted(table.first_frames, np.unique(indices), side="right") - 1)
-        return [table.pieces[number] for number in owners.tolist()]
+        table, _, owner = self._segments_holding(row, spec, indices)
+        return [table.pieces[number] for number in np.unique(owner).tolist()]
 
     def _frames_wanted(
         self, index: int, stream: str, times: Sequence[float], tolerance: float | None
@@ -276,9 +275,7 @@ class Dataset:
     def _frame_plan(
         self, row: dict, spec: VideoStream, indices: np.ndarray, timestamps: np.ndarray, is_pad: np.ndarray
     ) -> FramePlan:
-        table = self.cache.get(("segments", row["key"], spec.name), lambda: self.segment_table(row, spec.name))
-        unique = np.unique(indices)
-        owner = np.searchsorted(table.first_frames, unique, side="right") - 1
+        table, unique, owner = self._segments_holding(row, spec, indices)
         requests = []
         for number in np.unique(owner).tolist():
             segment = table.segments[number]
@@ -294,6 +291,14 @@ class Dataset:
                 )
             )
         return FramePlan(requests, np.searchsorted(unique, indices), timestamps, is_pad)
+
+    def _segments_holding(
+        self, row: dict, spec: VideoStream, indices: np.ndarray
+    ) -> tuple[SegmentTable, np.ndarray, np.ndarray]:
+        """The camera's segment table, the distinct frames wanted, and the segment holding each of them."""
+        table = self.cache.get(("segments", row["key"], spec.name), lambda: self.segment_table(row, spec.name))
+        unique = np.unique(indices)
+        return table, unique, np.searchsorted(table.first_frames, unique, side="right") - 1
 
     @staticmethod
     def segment_table(row: dict, name: str) -> SegmentTable:
