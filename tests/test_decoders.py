@@ -154,9 +154,13 @@ def _run_in_forked_child(decoder, request):
     queue = context.Queue()
     child = context.Process(target=_decode_in_child, args=(decoder, request, queue))
     child.start()
-    answer = queue.get(timeout=60)
-    child.join(10)
-    return answer
+    try:
+        return queue.get(timeout=60)
+    finally:  # a child that hangs must not outlive the test (later tests count live children)
+        child.join(10)
+        if child.is_alive():
+            child.kill()
+            child.join(10)
 
 
 @pytest.mark.parametrize(("backend", "codec"), [("pyav", "h264"), ("decord", "h264"), ("dali-cpu", "vp9")])
