@@ -9,7 +9,6 @@ cannot make `convert --resume` run their code, and a damaged file is an error na
 from __future__ import annotations
 
 import json
-import os
 import struct
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from mmdata.codecs.lowdim import NpyError, decode_npy, encode_npy
 from mmdata.conversion.encode import EncodedAudio, EncodedEpisode, EncodedLowdim, EncodedVideo
 from mmdata.errors import DestinationError
 from mmdata.schema import AudioStream, LowdimStream, VideoStream, stream_from_dict, stream_to_dict
+from mmdata.sharding.filesystem import write_bytes_atomically
 
 MAGIC = b"MMDATA-EPISODE-1\n"
 MAX_HEADER_BYTES = 256 << 20
@@ -28,6 +28,11 @@ MAX_HEADER_BYTES = 256 << 20
 
 def write_episode_file(path: Path, episode: EncodedEpisode, index: int, checkpoint: dict[str, Any]) -> None:
     """Save `episode` at `path` atomically (a temporary file renamed into place once synced)."""
+    write_bytes_atomically(str(path), episode_file_chunks(episode, index, checkpoint))
+
+
+def episode_file_chunks(episode: EncodedEpisode, index: int, checkpoint: dict[str, Any]) -> list[bytes]:
+    """The bytes of an episode file, in order: the header, then each blob."""
     blobs: list[bytes] = []
     end = 0
 
@@ -67,19 +72,16 @@ def write_episode_file(path: Path, episode: EncodedEpisode, index: int, checkpoi
         ],
     }
     encoded = _json(header)
-    temporary = path.with_suffix(".tmp")
-    with open(temporary, "wb") as handle:
-        handle.write(MAGIC + struct.pack("<Q", len(encoded)) + encoded)
-        for data in blobs:
-            handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
+    return [MAGIC + struct.pack("<Q", len(encoded)) + encoded, *blobs]
 
 
 def read_episode_file(path: Path) -> tuple[EncodedEpisode, int, dict[str, Any]]:
     """(episode, its index in the store, the converter's checkpoint) from a file `write_episode_file` made."""
-    data = path.read_bytes()
+    return episode_from_bytes(path.read_bytes(), str(path))
+
+
+def episode_from_bytes(data: bytes, where: str) -> tuple[EncodedEpisode, int, dict[str, Any]]:
+    """`read_episode_file` of bytes already read from `where` (a local or object-store path)."""
     try:
         if not data.startswith(MAGIC) or len(data) < len(MAGIC) + 8:
             raise ValueError("is not an mmdata episode file")
@@ -92,7 +94,7 @@ def read_episode_file(path: Path) -> tuple[EncodedEpisode, int, dict[str, Any]]:
         return _episode(header, body), as_int(header["index"], "index", 0), _checkpoint(header["checkpoint"])
     except (ValueError, KeyError, TypeError, NpyError) as exc:
         raise DestinationError(
-            f"{path}: the saved episode cannot be resumed from ({exc}); delete the file, or convert again with"
+            f"{where}: the saved episode cannot be resumed from ({exc}); delete the file, or convert again with"
             " --overwrite"
         ) from exc
 

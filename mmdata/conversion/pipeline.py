@@ -12,11 +12,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
-import errno
-import json
 import multiprocessing
 import os
-import shutil
 import signal
 import sys
 import threading
@@ -29,24 +26,20 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-import pyarrow as pa
+from fsspec.implementations.local import LocalFileSystem
 from tqdm import tqdm
 
-from mmdata.checks import as_int, parse_json
+from mmdata.conversion.completion import complete_store, creation_info, source_bytes, store_bytes, store_schema
+from mmdata.conversion.destination import destination_failure, prepare_destination, refuse_overlap
 from mmdata.conversion.encode import EncodedEpisode, EncodeOptions, encode_episode
+from mmdata.conversion.ledger import ConversionLedger
 from mmdata.conversion.publish import check_remote_destination, default_staging, is_remote, publish, remove_staging
-from mmdata.conversion.registry import StreamRegistry
 from mmdata.dataset import open_dataset
-from mmdata.errors import DestinationError, MmdataError, SourceError
-from mmdata.moments import Moments
-from mmdata.schema import DatasetSchema, Layout, Stream, TextStream
-from mmdata.sharding.filesystem import write_text_atomically
-from mmdata.sharding.layout import DATASET_FILE, MANIFEST_FILE, PARTIAL_DIR
-from mmdata.sharding.manifest import write_manifest
+from mmdata.errors import SourceError
+from mmdata.schema import Layout, Stream
+from mmdata.sharding.layout import DATASET_FILE
 from mmdata.sources.episode import EpisodeSource
-from mmdata.stats import compute_stats, write_stats
 
-OPTIONS_FILE = "options.json"
 PR_SET_PDEATHSIG = 1
 
 
@@ -86,6 +79,9 @@ class ConvertOptions:
             "episodes": [s.name for s in sources],
         }
 
+    def creation_info(self, sources: list[EpisodeSource], skipped: list) -> dict[str, Any]:
+        return creation_info(self.encode.video, self.layout, self.shard_bytes, sources, skipped)
+
 
 @dataclass
 class ConversionReport:
@@ -122,11 +118,11 @@ def convert(
     if is_remote(destination):
         return _convert_to_object_storage(sources, str(destination), options, source_root, source_stats)
     root = Path(destination)
-    _refuse_overlap(root, sources, source_root)
+    refuse_overlap(root, sources, source_root)
     try:
         return _convert(sources, root, options, source_stats)
     except OSError as exc:
-        raise _destination_failure(root, exc) from exc
+        raise destination_failure(root, exc) from exc
 
 
 def _convert_to_object_storage(
@@ -156,17 +152,15 @@ def _convert(
     sources: list[EpisodeSource], root: Path, options: ConvertOptions, source_stats: dict[str, Any] | None
 ) -> ConversionReport:
     started = time.perf_counter()
-    _prepare_destination(root, sources, options)
+    prepare_destination(root, options.fingerprint(sources), options.resume, options.overwrite)
     writer = _store_writer(options.layout, root, options.shard_bytes)
-    checkpoint = writer.restore() or {"next_position": 0, "next_index": 0, "skipped": [], "streams": []}
-    resumed_at, next_index, skipped, registry = _restored(checkpoint, len(sources), root)
-    moments = _restored_moments(checkpoint, root)
+    ledger = ConversionLedger(writer.restore(), len(sources), root)
 
-    positions = range(resumed_at, len(sources))
+    positions = range(ledger.resumed_at, len(sources))
     jobs = ((sources[p], p, options.encode) for p in positions)
     progress = tqdm(
         total=len(sources),
-        initial=resumed_at,
+        initial=ledger.resumed_at,
         unit="episode",
         desc=f"convert -> {options.layout}",
         disable=not options.progress,
@@ -174,144 +168,27 @@ def _convert(
     )
     with progress:
         for position, outcome in _ordered(_encode_job, jobs, _worker_count(options.workers)):
-            if isinstance(outcome, EncodedEpisode):
-                try:
-                    registry.check_and_add(outcome)
-                except SourceError as problem:
-                    outcome = problem
-            if isinstance(outcome, SourceError):
-                if not options.skip_bad:
-                    raise outcome
-                skipped.append({"episode": sources[position].name, "error": str(outcome)})
-            else:
-                next_index += 1
-                for name, figures in outcome.moments.items():
-                    moments[name] = moments.get(name, Moments()).merge(figures)
-                checkpoint = _checkpoint(position + 1, next_index, skipped, registry, moments)
-                writer.add(outcome, next_index - 1, checkpoint)
+            index = ledger.accept(position, sources[position].name, outcome, options.skip_bad)
+            if index is not None:
+                writer.add(outcome, index, ledger.checkpoint())
             progress.update(1)
 
-    final = _checkpoint(len(sources), next_index, skipped, registry, moments)
-    rows = writer.finish(final, registry.streams)
-    if not rows:
-        first = f"; the first: {skipped[0]['error']}" if skipped else ""
-        raise SourceError.for_source(
-            str(root), None, f"no episode could be converted ({len(skipped)} skipped{first})", "fix the inputs"
-        )
-    schema = DatasetSchema(
-        layout=options.layout,
-        streams=[TextStream(), *registry.streams],
-        num_episodes=len(rows),
-        created=_creation_info(options, sources, skipped),
-    )
-    try:
-        write_manifest(rows, schema.streams, str(root / MANIFEST_FILE))
-    except (pa.ArrowException, TypeError, ValueError) as exc:
-        raise DestinationError(
-            f"'{root}': the manifest rows saved by the interrupted run are malformed ({exc}); convert again with"
-            " --overwrite"
-        ) from exc
-    write_text_atomically(str(root / DATASET_FILE), schema.to_json())
-    shutil.rmtree(root / PARTIAL_DIR)
-    stats_problem = _write_statistics(root, moments, source_stats)
+    rows = writer.finish(ledger.checkpoint(), ledger.registry.streams)
+    created = options.creation_info(sources, ledger.skipped)
+    schema = store_schema(options.layout, ledger.registry.streams, rows, created, str(root))
+    fs = LocalFileSystem()
+    stats_problem = complete_store(fs, str(root), str(root), rows, schema, ledger.moments, source_stats)
     return ConversionReport(
         destination=str(root),
         layout=options.layout,
         converted=len(rows),
-        skipped=skipped,
+        skipped=ledger.skipped,
         seconds=time.perf_counter() - started,
-        input_bytes=_source_bytes(sources),
-        output_bytes=sum(p.stat().st_size for p in root.rglob("*") if p.is_file()),
-        resumed_at=resumed_at,
+        input_bytes=source_bytes(sources),
+        output_bytes=store_bytes(fs, str(root)),
+        resumed_at=ledger.resumed_at,
         stats_problem=stats_problem,
     )
-
-
-def _write_statistics(root: Path, moments: dict[str, Moments], source_stats: dict[str, Any] | None) -> str | None:
-    """Write the complete store's stats.json; a failure there leaves the store as it is (complete) and
-    is reported, with the command that computes them later."""
-    try:
-        dataset = open_dataset(str(root))
-        write_stats(dataset, {**compute_stats(dataset, moments=moments), **(source_stats or {})})
-    except (MmdataError, OSError, ValueError) as exc:
-        return f"normalization statistics were not written ({exc}); run `mmdata stats {root}` to compute them"
-    return None
-
-
-def _refuse_overlap(root: Path, sources: list[EpisodeSource], source_root: str | os.PathLike | None) -> None:
-    """Refuse a destination that is, contains or lies inside the source: converting would delete
-    (--overwrite), clean up (--resume) or write over the recordings."""
-    target = Path(os.path.realpath(root))
-    if source_root is not None:
-        origin = Path(os.path.realpath(source_root))
-        if target == origin or origin in target.parents or target in origin.parents:
-            raise DestinationError(
-                f"destination '{root}' overlaps the source '{source_root}'; write the store to a folder outside"
-                " the source (nothing in the source is ever deleted or written)"
-            )
-    folders = {os.path.dirname(s.path) for e in sources for s in (*e.cameras, *e.audio, *e.lowdim)}
-    for folder in sorted(folders):
-        resolved = Path(os.path.realpath(folder))
-        if resolved == target or target in resolved.parents:
-            raise DestinationError(
-                f"destination '{root}' holds source recordings ({folder}); write the store to a folder outside"
-                " the source (nothing in the source is ever deleted or written)"
-            )
-
-
-def _destination_failure(root: Path, error: OSError) -> DestinationError:
-    """A DestinationError that says what failed to be written and what to do about it."""
-    where = error.filename or root
-    if error.errno in (errno.ENOSPC, errno.EDQUOT):
-        fix = "free space (or choose another disk) and run the same command with --resume"
-        return DestinationError(f"the disk is full while writing '{where}'; {fix}; finished shards are kept")
-    if error.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
-        return DestinationError(f"cannot write '{where}': {error.strerror}; choose a writable destination")
-    return DestinationError(f"writing '{where}' failed: {error.strerror or error}; fix it and run again with --resume")
-
-
-def _prepare_destination(root: Path, sources: list[EpisodeSource], options: ConvertOptions) -> None:
-    fingerprint = options.fingerprint(sources)
-    options_path = root / PARTIAL_DIR / OPTIONS_FILE
-    if root.is_symlink() and options.overwrite:
-        raise DestinationError(
-            f"destination '{root}' is a symbolic link (to '{os.path.realpath(root)}'); --overwrite replaces a folder,"
-            " not a link's target: give the folder itself, or remove the link"
-        )
-    if root.exists() and not root.is_dir():
-        raise DestinationError(f"destination '{root}' exists and is not a folder")
-    if root.exists() and any(root.iterdir()):
-        if options.overwrite:
-            shutil.rmtree(root)
-        elif options.resume:
-            if (root / DATASET_FILE).exists():
-                raise DestinationError(
-                    f"'{root}' is already a complete store; nothing to resume (pass --overwrite to convert again)"
-                )
-            if not options_path.exists():
-                raise DestinationError(
-                    f"'{root}' is not an interrupted mmdata conversion (no {PARTIAL_DIR}/{OPTIONS_FILE});"
-                    " choose an empty destination or pass --overwrite"
-                )
-            try:
-                saved = parse_json(options_path.read_bytes())
-            except ValueError as exc:
-                raise DestinationError(f"{options_path} {exc}; convert again with --overwrite") from exc
-            if saved != fingerprint:
-                saved = saved if isinstance(saved, dict) else {}
-                changed = sorted(k for k in fingerprint if saved.get(k) != fingerprint[k])
-                raise DestinationError(
-                    f"cannot resume '{root}': {', '.join(changed)} changed since the interrupted run;"
-                    " resume with the same source and options, or pass --overwrite"
-                )
-            return
-        else:
-            raise DestinationError(
-                f"destination '{root}' is not empty; pass --resume to continue an interrupted"
-                " conversion or --overwrite to replace it"
-            )
-    (root / PARTIAL_DIR).mkdir(parents=True, exist_ok=True)
-    write_text_atomically(str(options_path), json.dumps(fingerprint, indent=1))
 
 
 def _encode_job(job: tuple[EpisodeSource, int, EncodeOptions]) -> EncodedEpisode | SourceError:
@@ -413,70 +290,6 @@ def _die_with_parent(parent: int) -> None:
 
 def _worker_count(requested: int | None) -> int:
     return requested if requested else (os.cpu_count() or 1)
-
-
-def _restored(checkpoint: Any, sources: int, root: Path) -> tuple[int, int, list, StreamRegistry]:
-    """(next source position, next episode index, skipped episodes, streams) of a saved checkpoint,
-    each checked: the resume state is data someone else may have written."""
-    try:
-        if not isinstance(checkpoint, dict):
-            raise ValueError("it is not an object")
-        position = as_int(checkpoint.get("next_position"), "next_position", 0, sources)
-        index = as_int(checkpoint.get("next_index"), "next_index", 0, position)
-        skipped = checkpoint.get("skipped")
-        if not isinstance(skipped, list) or not all(isinstance(s, dict) for s in skipped):
-            raise ValueError("'skipped' is not a list of objects")
-        streams = checkpoint.get("streams")
-        if not isinstance(streams, list):
-            raise ValueError("'streams' is not a list")
-        return position, index, list(skipped), StreamRegistry(streams)
-    except ValueError as exc:
-        raise DestinationError(
-            f"'{root}': the saved conversion state cannot be resumed from ({exc}); convert again with --overwrite"
-        ) from exc
-
-
-def _checkpoint(
-    next_position: int, next_index: int, skipped: list, registry: StreamRegistry, moments: dict[str, Moments]
-) -> dict[str, Any]:
-    return {
-        "next_position": next_position,
-        "next_index": next_index,
-        "skipped": list(skipped),
-        "streams": registry.to_json(),
-        "moments": {name: figures.to_json() for name, figures in moments.items()},
-    }
-
-
-def _restored_moments(checkpoint: dict[str, Any], root: Path) -> dict[str, Moments]:
-    """The low-dim moments of the episodes a resumed conversion already wrote."""
-    saved = checkpoint.get("moments", {})
-    try:
-        if not isinstance(saved, dict):
-            raise ValueError("'moments' is not an object")
-        return {str(name): Moments.from_json(figures) for name, figures in saved.items()}
-    except ValueError as exc:
-        raise DestinationError(
-            f"'{root}': the saved conversion state cannot be resumed from ({exc}); convert again with --overwrite"
-        ) from exc
-
-
-def _creation_info(options: ConvertOptions, sources: list[EpisodeSource], skipped: list) -> dict[str, Any]:
-    from mmdata import __version__
-
-    return {
-        "tool": f"mmdata {__version__}",
-        "video": asdict(options.encode.video),
-        "shard_bytes": options.shard_bytes if options.layout == "wds" else None,
-        "source_episodes": len(sources),
-        "skipped_episodes": skipped,
-        "checksum": "xxh64",
-    }
-
-
-def _source_bytes(sources: list[EpisodeSource]) -> int:
-    paths = {s.path for e in sources for s in (*e.cameras, *e.audio, *e.lowdim)}
-    return sum(os.path.getsize(p) for p in paths if os.path.exists(p))
 
 
 def _store_writer(layout: str, root, shard_bytes: int) -> StoreWriter:

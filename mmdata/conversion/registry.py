@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Protocol
 
-from mmdata.conversion.encode import EncodedEpisode
 from mmdata.errors import SourceError
 from mmdata.schema import LowdimStream, Stream, stream_from_dict, stream_to_dict
+
+
+class EpisodeStreams(Protocol):
+    """What the registry needs of an episode (an EncodedEpisode, or a summary of one)."""
+
+    @property
+    def source(self) -> str: ...
+
+    @property
+    def streams(self) -> list[Stream]: ...
 
 
 class StreamRegistry:
@@ -26,7 +35,7 @@ class StreamRegistry:
     def to_json(self) -> list[dict[str, Any]]:
         return [stream_to_dict(s) for s in self._streams.values()]
 
-    def check_and_add(self, episode: EncodedEpisode) -> None:
+    def check_and_add(self, episode: EpisodeStreams) -> None:
         """Raise SourceError if the episode's streams differ from earlier episodes'; else record them."""
         incoming = {s.name: s for s in episode.streams}
         if not self._streams:

@@ -17,7 +17,7 @@ import random
 import stat
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -93,16 +93,23 @@ def join(root: str, relative: str) -> str:
 
 
 def write_text_atomically(path: str, text: str, fs: fsspec.AbstractFileSystem | None = None) -> None:
-    """Write `text` to `path` (local, or on `fs`): locally through a synced temporary file renamed over
-    it, so a reader sees the old file or the whole new one; elsewhere as one upload (object stores
-    replace whole objects)."""
+    """Write `text` to `path` (local, or on `fs`) as `write_bytes_atomically` does."""
+    write_bytes_atomically(path, [text.encode("utf-8")], fs)
+
+
+def write_bytes_atomically(path: str, chunks: Iterable[bytes], fs: fsspec.AbstractFileSystem | None = None) -> None:
+    """Write `chunks` to `path` (local, or on `fs`): locally through a synced temporary file renamed
+    over it, so a reader sees the old file or the whole new one; elsewhere as one upload (object
+    stores replace whole objects)."""
     if fs is not None and not isinstance(fs, LocalFileSystem):
-        with fs.open(path, "w") as handle:
-            handle.write(text)
+        with fs.open(path, "wb") as handle:
+            for chunk in chunks:
+                handle.write(chunk)
         return
     temporary = f"{path}.tmp"
-    with open(temporary, "w", encoding="utf-8") as handle:
-        handle.write(text)
+    with open(temporary, "wb") as handle:
+        for chunk in chunks:
+            handle.write(chunk)
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(temporary, path)

@@ -12,15 +12,16 @@ written before it existed); audio has `s/data`; low-dim streams have `s/data` an
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from mmdata.errors import IntegrityError
 from mmdata.schema import Stream
+from mmdata.sharding.filesystem import write_bytes_atomically
 
 PIECE = pa.struct([("path", pa.string()), ("offset", pa.int64()), ("size", pa.int64()), ("checksum", pa.string())])
 SEGMENT = pa.struct([("first_frame", pa.int64()), ("num_frames", pa.int64()), *[(f.name, f.type) for f in PIECE]])
@@ -107,12 +108,14 @@ def span_columns(stream: Any) -> dict[str, Any]:
     return {f"{name}/count": stream.count, f"{name}/t_start": stream.t_start, f"{name}/t_end": stream.t_end}
 
 
-def write_manifest(rows: list[dict[str, Any]], streams: list[Stream], path: str) -> None:
-    """Write the manifest atomically: a reader sees the old file or the whole new one."""
+def write_manifest(
+    rows: list[dict[str, Any]], streams: list[Stream], path: str, fs: fsspec.AbstractFileSystem | None = None
+) -> None:
+    """Write the manifest atomically (local, or on `fs`): a reader sees the old file or the whole new one."""
     table = pa.Table.from_pylist(rows, schema=manifest_schema(streams))
-    temporary = f"{path}.tmp"
-    pq.write_table(table, temporary, compression="zstd")
-    os.replace(temporary, path)
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="zstd")
+    write_bytes_atomically(path, [sink.getvalue().to_pybytes()], fs)
 
 
 class Manifest:

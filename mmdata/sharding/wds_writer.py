@@ -24,6 +24,7 @@ from mmdata.conversion.encode import EncodedEpisode
 from mmdata.errors import DestinationError
 from mmdata.schema import Stream
 from mmdata.sharding.checksum import checksum_bytes
+from mmdata.sharding.filesystem import write_text_atomically
 from mmdata.sharding.layout import PARTIAL_DIR, SHARDS_DIR
 from mmdata.sharding.manifest import PACKETS_SUFFIX, Piece, base_row, episode_key, packets_column, span_columns
 
@@ -50,17 +51,16 @@ def audio_member(key: str, stream: str, codec: str) -> str:
     return f"{key}.{stream}.{codec}"
 
 
+def episode_meta(index: int, source: str, task: str, duration: float, metadata: dict[str, Any]) -> bytes:
+    """The `<key>.json` member: the one member whose bytes depend on the episode's number."""
+    meta = {"episode_index": index, "source": source, "task": task, "duration": duration, "metadata": metadata}
+    return json.dumps(meta, sort_keys=True).encode()
+
+
 def episode_members(episode: EncodedEpisode, key: str, index: int) -> list[tuple[str, bytes]]:
     """The tar members of one episode, in a fixed order: meta, task, then each stream."""
-    meta = {
-        "episode_index": index,
-        "source": episode.source,
-        "task": episode.task,
-        "duration": episode.duration,
-        "metadata": episode.metadata,
-    }
     members = [
-        (f"{key}.json", json.dumps(meta, sort_keys=True).encode()),
+        (f"{key}.json", episode_meta(index, episode.source, episode.task, episode.duration, episode.metadata)),
         (f"{key}.task.txt", episode.task.encode()),
     ]
     for video in episode.videos:
@@ -75,8 +75,74 @@ def episode_members(episode: EncodedEpisode, key: str, index: int) -> list[tuple
     return members
 
 
-def _member_bytes_on_disk(size: int) -> int:
+def member_disk_bytes(size: int) -> int:
+    """Bytes a member of `size` bytes takes in a tar: its header block and its data padded to blocks."""
     return TAR_BLOCK + -(-size // TAR_BLOCK) * TAR_BLOCK
+
+
+def starts_new_shard(shard_offset: int, episode_bytes: int, shard_bytes: int, shard_has_episodes: bool) -> bool:
+    """The packing rule: an episode that would take a shard holding others past `shard_bytes` opens the next
+    one (so an episode never spans two shards, and one larger than `shard_bytes` has a shard to itself)."""
+    return shard_has_episodes and shard_offset + episode_bytes > shard_bytes
+
+
+class ShardTar:
+    """One shard being written into `file`: episodes appended as tar members, their manifest rows kept."""
+
+    def __init__(self, file: BinaryIO, shard: str):
+        self.shard = shard
+        self.rows: list[dict[str, Any]] = []
+        self._tar = tarfile.TarFile(fileobj=file, mode="w", format=tarfile.USTAR_FORMAT)
+
+    @property
+    def offset(self) -> int:
+        """Bytes written so far."""
+        return self._tar.offset
+
+    def add(self, episode: EncodedEpisode, index: int) -> None:
+        key = episode_key(index)
+        written: dict[str, Piece] = {}
+        for name, data in episode_members(episode, key, index):
+            offset = self._add_member(name, data)
+            written[name] = Piece(self.shard, offset, len(data), checksum_bytes(data))
+        self.rows.append(_episode_row(episode, index, key, self.shard, written))
+
+    def close(self) -> None:
+        """Write the end-of-archive blocks; the caller closes the file."""
+        self._tar.close()
+
+    def _add_member(self, name: str, data: bytes) -> int:
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        info.mode = 0o644
+        info.mtime = 0
+        header = info.tobuf(self._tar.format, self._tar.encoding, self._tar.errors)
+        data_offset = self._tar.offset + len(header)
+        self._tar.addfile(info, io.BytesIO(data))
+        return data_offset
+
+
+def shard_record(rows: list[dict[str, Any]], checkpoint: dict[str, Any] | None) -> str:
+    """The sidecar saved beside a complete shard: its manifest rows and the state to resume from after it."""
+    return json.dumps({"rows": [_row_to_json(row) for row in rows], "checkpoint": checkpoint})
+
+
+def read_shard_record(text: bytes, where: str) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """(rows, checkpoint) of a sidecar `shard_record` made; DestinationError naming `where` if damaged."""
+    try:
+        record = parse_json(text, max_bytes=1 << 30)
+        if not isinstance(record, dict) or not isinstance(record.get("rows"), list):
+            raise ValueError("holds no list of manifest rows")
+        if not all(isinstance(row, dict) for row in record["rows"]):
+            raise ValueError("holds a manifest row that is not an object")
+    except ValueError as exc:
+        raise DestinationError(f"{where} {exc}; convert again with --overwrite") from exc
+    return [_row_from_json(row, where) for row in record["rows"]], record.get("checkpoint")
+
+
+def sidecar_name(index: int) -> str:
+    """The sidecar's path under the partial folder."""
+    return f"shard-{index:06d}.json"
 
 
 class WdsWriter:
@@ -87,9 +153,8 @@ class WdsWriter:
         self.shard_bytes = shard_bytes
         self.partial = self.root / PARTIAL_DIR
         self._rows: list[dict[str, Any]] = []
-        self._shard_rows: list[dict[str, Any]] = []
         self._shard_index = 0
-        self._tar: tarfile.TarFile | None = None
+        self._shard: ShardTar | None = None
         self._file: BinaryIO | None = None
         self._checkpoint: dict[str, Any] | None = None
 
@@ -99,18 +164,10 @@ class WdsWriter:
         self.partial.mkdir(exist_ok=True)
         checkpoint = None
         index = 0
-        while (self.partial / f"shard-{index:06d}.json").exists() and (self.root / shard_name(index)).exists():
-            sidecar = self.partial / f"shard-{index:06d}.json"
-            try:
-                record = parse_json(sidecar.read_bytes(), max_bytes=1 << 30)
-                if not isinstance(record, dict) or not isinstance(record.get("rows"), list):
-                    raise ValueError("holds no list of manifest rows")
-                if not all(isinstance(row, dict) for row in record["rows"]):
-                    raise ValueError("holds a manifest row that is not an object")
-            except ValueError as exc:
-                raise DestinationError(f"{sidecar} {exc}; convert again with --overwrite") from exc
-            self._rows.extend(_row_from_json(row, sidecar) for row in record["rows"])
-            checkpoint = record.get("checkpoint")
+        while (self.partial / sidecar_name(index)).exists() and (self.root / shard_name(index)).exists():
+            sidecar = self.partial / sidecar_name(index)
+            rows, checkpoint = read_shard_record(sidecar.read_bytes(), str(sidecar))
+            self._rows.extend(rows)
             index += 1
         self._shard_index = index
         complete = {Path(shard_name(i)).name for i in range(index)}
@@ -120,61 +177,42 @@ class WdsWriter:
         return checkpoint
 
     def add(self, episode: EncodedEpisode, index: int, checkpoint: dict[str, Any]) -> None:
-        key = episode_key(index)
-        members = episode_members(episode, key, index)
-        episode_bytes = sum(_member_bytes_on_disk(len(data)) for _, data in members)
-        if self._tar is not None and self._tar.offset + episode_bytes > self.shard_bytes and self._shard_rows:
+        episode_bytes = sum(member_disk_bytes(len(data)) for _, data in episode_members(episode, "", index))
+        if self._shard is not None and starts_new_shard(
+            self._shard.offset, episode_bytes, self.shard_bytes, bool(self._shard.rows)
+        ):
             self._close_shard()
-        if self._tar is None:
+        if self._shard is None:
             self._open_shard()
-        shard = shard_name(self._shard_index)
-        written: dict[str, Piece] = {}
-        for name, data in members:
-            offset = self._add_member(name, data)
-            written[name] = Piece(shard, offset, len(data), checksum_bytes(data))
-        self._shard_rows.append(_episode_row(episode, index, key, shard, written))
+        assert self._shard is not None
+        self._shard.add(episode, index)
         self._checkpoint = checkpoint
 
     def finish(self, checkpoint: dict[str, Any], streams: list[Stream]) -> list[dict[str, Any]]:
         """Close the last shard (saving `checkpoint` beside it); every manifest row in episode order."""
         self._checkpoint = checkpoint
-        if self._tar is not None:
+        if self._shard is not None:
             self._close_shard()
         return self._rows
 
     def _open_shard(self) -> None:
         path = self.root / f"{shard_name(self._shard_index)}.tmp"
-        # Both stay open across add() calls until the shard is full; _close_shard closes them.
+        # Stays open across add() calls until the shard is full; _close_shard closes it.
         self._file = open(path, "wb")  # noqa: SIM115
-        self._tar = tarfile.TarFile(fileobj=self._file, mode="w", format=tarfile.USTAR_FORMAT)
-
-    def _add_member(self, name: str, data: bytes) -> int:
-        assert self._tar is not None
-        info = tarfile.TarInfo(name)
-        info.size = len(data)
-        info.mode = 0o644
-        info.mtime = 0
-        header = info.tobuf(self._tar.format, self._tar.encoding, self._tar.errors)
-        data_offset = self._tar.offset + len(header)
-        self._tar.addfile(info, io.BytesIO(data))
-        return data_offset
+        self._shard = ShardTar(self._file, shard_name(self._shard_index))
 
     def _close_shard(self) -> None:
-        assert self._tar is not None and self._file is not None
-        self._tar.close()
+        assert self._shard is not None and self._file is not None
+        self._shard.close()
         self._file.flush()
         os.fsync(self._file.fileno())
         self._file.close()
-        temporary = Path(self._file.name)
-        os.replace(temporary, self.root / shard_name(self._shard_index))
-        record = {"rows": [_row_to_json(row) for row in self._shard_rows], "checkpoint": self._checkpoint}
-        sidecar = self.partial / f"shard-{self._shard_index:06d}.json"
-        sidecar.with_suffix(".tmp").write_text(json.dumps(record))
-        os.replace(sidecar.with_suffix(".tmp"), sidecar)
-        self._rows.extend(self._shard_rows)
-        self._shard_rows = []
+        os.replace(self._file.name, self.root / shard_name(self._shard_index))
+        sidecar = self.partial / sidecar_name(self._shard_index)
+        write_text_atomically(str(sidecar), shard_record(self._shard.rows, self._checkpoint))
+        self._rows.extend(self._shard.rows)
         self._shard_index += 1
-        self._tar = None
+        self._shard = None
         self._file = None
 
 
@@ -210,7 +248,7 @@ def _row_to_json(row: dict[str, Any]) -> dict[str, Any]:
     return _with_packet_bytes(row, lambda value: base64.b64encode(value).decode("ascii"))
 
 
-def _row_from_json(row: dict[str, Any], sidecar: Path) -> dict[str, Any]:
+def _row_from_json(row: dict[str, Any], sidecar: str) -> dict[str, Any]:
     try:
         return _with_packet_bytes(row, lambda value: base64.b64decode(value, validate=True))
     except (TypeError, AttributeError, ValueError) as exc:

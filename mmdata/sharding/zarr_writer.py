@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -118,18 +119,23 @@ class ZarrWriter:
 
     def finish(self, checkpoint: dict[str, Any], streams: list[Stream]) -> list[dict[str, Any]]:
         """Write every cached episode into the arrays; the checkpoint is already in the cache."""
+        cached = (read_episode_file(path)[:2] for path in sorted(self.partial.glob(f"*{EPISODE_SUFFIX}")))
+        return self.write(streams, cached)
+
+    def write(self, streams: list[Stream], episodes: Iterable[tuple[EncodedEpisode, int]]) -> list[dict[str, Any]]:
+        """Write `episodes` (each with its number in the store), in order, into the arrays in one pass;
+        their manifest rows."""
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*does not have a Zarr V3 specification")
-            return self._write_store(streams)
+            return self._write_store(streams, episodes)
 
-    def _write_store(self, streams: list[Stream]) -> list[dict[str, Any]]:
+    def _write_store(
+        self, streams: list[Stream], episodes: Iterable[tuple[EncodedEpisode, int]]
+    ) -> list[dict[str, Any]]:
         group = zarr.open_group(str(self.root), mode="a", zarr_format=3)
         group.attrs.update({"mmdata": {"layout": "zarr", "manifest": "episodes.parquet"}})
         appenders = self._create_arrays(group, streams)
-        rows: list[dict[str, Any]] = []
-        for path in sorted(self.partial.glob(f"*{EPISODE_SUFFIX}")):
-            episode, index, _ = read_episode_file(path)
-            rows.append(self._write_episode(episode, index, appenders))
+        rows = [self._write_episode(episode, index, appenders) for episode, index in episodes]
         for appender in appenders.values():
             appender.flush()
         self._write_episode_ends(group, rows, streams)

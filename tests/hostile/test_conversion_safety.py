@@ -77,22 +77,22 @@ def test_a_read_only_destination_is_a_destination_error(raw_dataset, tmp_path, m
 
 
 def test_a_full_disk_is_a_destination_error_and_resume_completes_the_store(raw_dataset, tmp_path, monkeypatch):
-    from mmdata.sharding.wds_writer import WdsWriter
+    from mmdata.sharding.wds_writer import ShardTar
 
     options = ConvertOptions(progress=False, workers=1, shard_bytes=150_000)
-    original = WdsWriter._add_member
+    original = ShardTar._add_member
     calls = {"n": 0}
 
     def fill_up(self, name, data):
         calls["n"] += 1
         if calls["n"] > 40:
-            raise OSError(errno.ENOSPC, "No space left on device", str(self.root / "shards"))
+            raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "out" / "shards"))
         return original(self, name, data)
 
-    monkeypatch.setattr(WdsWriter, "_add_member", fill_up)
+    monkeypatch.setattr(ShardTar, "_add_member", fill_up)
     with pytest.raises(DestinationError, match="the disk is full .*--resume"):
         convert(discover_raw_episodes(raw_dataset), tmp_path / "out", options)
-    monkeypatch.setattr(WdsWriter, "_add_member", original)
+    monkeypatch.setattr(ShardTar, "_add_member", original)
     report = convert(discover_raw_episodes(raw_dataset), tmp_path / "out", dataclasses.replace(options, resume=True))
     assert report.resumed_at > 0 and report.converted == 3
     assert verify_dataset(str(tmp_path / "out"), progress=False).ok

@@ -1,0 +1,87 @@
+"""The last steps of every conversion, whatever engine encoded it: the manifest, then `dataset.json`
+(from then on the store is complete), then the partial folder removed, then `stats.json`."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict
+from typing import Any
+
+import fsspec
+import pyarrow as pa
+
+from mmdata.dataset import open_dataset
+from mmdata.errors import DestinationError, MmdataError, SourceError
+from mmdata.moments import Moments
+from mmdata.schema import DatasetSchema, Layout, Stream, TextStream
+from mmdata.sharding.filesystem import join, write_text_atomically
+from mmdata.sharding.layout import DATASET_FILE, MANIFEST_FILE, PARTIAL_DIR
+from mmdata.sharding.manifest import write_manifest
+from mmdata.sources.episode import EpisodeSource
+from mmdata.stats import compute_stats, write_stats
+
+
+def complete_store(
+    fs: fsspec.AbstractFileSystem,
+    root: str,
+    url: str,
+    rows: list[dict[str, Any]],
+    schema: DatasetSchema,
+    moments: dict[str, Moments],
+    source_stats: dict[str, Any] | None,
+) -> str | None:
+    """Write the manifest and `dataset.json` of the store at `root` on `fs` (`url` to name it), remove
+    its partial folder, then write its statistics; returns why the statistics were not written, if so."""
+    try:
+        write_manifest(rows, schema.streams, join(root, MANIFEST_FILE), fs)
+    except (pa.ArrowException, TypeError, ValueError) as exc:
+        raise DestinationError(
+            f"'{url}': the manifest rows saved by the interrupted run are malformed ({exc}); convert again with"
+            " --overwrite"
+        ) from exc
+    write_text_atomically(join(root, DATASET_FILE), schema.to_json(), fs)
+    fs.rm(join(root, PARTIAL_DIR), recursive=True)
+    try:
+        dataset = open_dataset(url)
+        write_stats(dataset, {**compute_stats(dataset, moments=moments), **(source_stats or {})})
+    except (MmdataError, OSError, ValueError) as exc:
+        return f"normalization statistics were not written ({exc}); run `mmdata stats {url}` to compute them"
+    return None
+
+
+def store_schema(
+    layout: Layout, streams: list[Stream], rows: list[dict[str, Any]], created: dict[str, Any], url: str
+) -> DatasetSchema:
+    """The schema of a finished conversion; SourceError when no episode could be converted."""
+    if not rows:
+        skipped = created["skipped_episodes"]
+        first = f"; the first: {skipped[0]['error']}" if skipped else ""
+        raise SourceError.for_source(
+            url, None, f"no episode could be converted ({len(skipped)} skipped{first})", "fix the inputs"
+        )
+    return DatasetSchema(layout=layout, streams=[TextStream(), *streams], num_episodes=len(rows), created=created)
+
+
+def creation_info(
+    video: Any, layout: Layout, shard_bytes: int, sources: list[EpisodeSource], skipped: list
+) -> dict[str, Any]:
+    """`dataset.json`'s record of how the store was made (no times or hosts: equal inputs, equal stores)."""
+    from mmdata import __version__
+
+    return {
+        "tool": f"mmdata {__version__}",
+        "video": asdict(video),
+        "shard_bytes": shard_bytes if layout == "wds" else None,
+        "source_episodes": len(sources),
+        "skipped_episodes": skipped,
+        "checksum": "xxh64",
+    }
+
+
+def source_bytes(sources: list[EpisodeSource]) -> int:
+    paths = {s.path for e in sources for s in (*e.cameras, *e.audio, *e.lowdim)}
+    return sum(os.path.getsize(p) for p in paths if os.path.exists(p))
+
+
+def store_bytes(fs: fsspec.AbstractFileSystem, root: str) -> int:
+    return int(sum(fs.du(root, total=False).values())) if fs.exists(root) else 0

@@ -1,0 +1,132 @@
+"""Where a conversion writes: checks that it may, and the saved options a resumed run must match.
+
+A local destination may not overlap the source; a non-empty one needs `--resume` (same source and
+options as the interrupted run, recorded in `.mmdata-partial/options.json`) or `--overwrite`.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import fsspec
+
+from mmdata.checks import parse_json
+from mmdata.errors import DestinationError
+from mmdata.sharding.filesystem import join, write_text_atomically
+from mmdata.sharding.layout import DATASET_FILE, PARTIAL_DIR
+from mmdata.sources.episode import EpisodeSource
+
+OPTIONS_FILE = "options.json"
+
+
+def refuse_overlap(root: Path, sources: list[EpisodeSource], source_root: str | os.PathLike | None) -> None:
+    """Refuse a destination that is, contains or lies inside the source: converting would delete
+    (--overwrite), clean up (--resume) or write over the recordings."""
+    target = Path(os.path.realpath(root))
+    if source_root is not None:
+        origin = Path(os.path.realpath(source_root))
+        if target == origin or origin in target.parents or target in origin.parents:
+            raise DestinationError(
+                f"destination '{root}' overlaps the source '{source_root}'; write the store to a folder outside"
+                " the source (nothing in the source is ever deleted or written)"
+            )
+    folders = {os.path.dirname(s.path) for e in sources for s in (*e.cameras, *e.audio, *e.lowdim)}
+    for folder in sorted(folders):
+        resolved = Path(os.path.realpath(folder))
+        if resolved == target or target in resolved.parents:
+            raise DestinationError(
+                f"destination '{root}' holds source recordings ({folder}); write the store to a folder outside"
+                " the source (nothing in the source is ever deleted or written)"
+            )
+
+
+def destination_failure(root: Path | str, error: OSError) -> DestinationError:
+    """A DestinationError that says what failed to be written and what to do about it."""
+    where = error.filename or root
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        fix = "free space (or choose another disk) and run the same command with --resume"
+        return DestinationError(f"the disk is full while writing '{where}'; {fix}; finished shards are kept")
+    if error.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return DestinationError(f"cannot write '{where}': {error.strerror}; choose a writable destination")
+    return DestinationError(f"writing '{where}' failed: {error.strerror or error}; fix it and run again with --resume")
+
+
+def prepare_destination(root: Path, fingerprint: dict[str, Any], resume: bool, overwrite: bool) -> None:
+    """Make a local destination ready: empty (created), replaced (`overwrite`), or an interrupted
+    conversion with the same `fingerprint` (`resume`)."""
+    options_path = root / PARTIAL_DIR / OPTIONS_FILE
+    if root.is_symlink() and overwrite:
+        raise DestinationError(
+            f"destination '{root}' is a symbolic link (to '{os.path.realpath(root)}'); --overwrite replaces a folder,"
+            " not a link's target: give the folder itself, or remove the link"
+        )
+    if root.exists() and not root.is_dir():
+        raise DestinationError(f"destination '{root}' exists and is not a folder")
+    if root.exists() and any(root.iterdir()):
+        if overwrite:
+            shutil.rmtree(root)
+        elif resume:
+            if (root / DATASET_FILE).exists():
+                raise DestinationError(
+                    f"'{root}' is already a complete store; nothing to resume (pass --overwrite to convert again)"
+                )
+            if not options_path.exists():
+                raise DestinationError(
+                    f"'{root}' is not an interrupted mmdata conversion (no {PARTIAL_DIR}/{OPTIONS_FILE});"
+                    " choose an empty destination or pass --overwrite"
+                )
+            _check_same_options(str(root), str(options_path), options_path.read_bytes(), fingerprint)
+            return
+        else:
+            raise _not_empty(str(root))
+    (root / PARTIAL_DIR).mkdir(parents=True, exist_ok=True)
+    write_text_atomically(str(options_path), json.dumps(fingerprint, indent=1))
+
+
+def prepare_remote_destination(
+    fs: fsspec.AbstractFileSystem, root: str, url: str, fingerprint: dict[str, Any], resume: bool, overwrite: bool
+) -> None:
+    """`prepare_destination` for a store written straight into object storage (`convert --engine ray`)."""
+    options_path = join(root, f"{PARTIAL_DIR}/{OPTIONS_FILE}")
+    if fs.exists(root) and fs.ls(root):
+        if fs.exists(join(root, DATASET_FILE)) and not overwrite:
+            raise DestinationError(f"'{url}' is already a complete store; pass --overwrite to convert again")
+        if overwrite:
+            fs.rm(root, recursive=True)
+        elif resume:
+            if not fs.exists(options_path):
+                raise DestinationError(
+                    f"'{url}' is not an interrupted mmdata conversion (no {PARTIAL_DIR}/{OPTIONS_FILE});"
+                    " choose an empty destination or pass --overwrite"
+                )
+            _check_same_options(url, options_path, fs.cat_file(options_path), fingerprint)
+            return
+        else:
+            raise _not_empty(url)
+    write_text_atomically(options_path, json.dumps(fingerprint, indent=1), fs)
+
+
+def _check_same_options(root: str, options_path: str, saved_text: bytes, fingerprint: dict[str, Any]) -> None:
+    try:
+        saved = parse_json(saved_text)
+    except ValueError as exc:
+        raise DestinationError(f"{options_path} {exc}; convert again with --overwrite") from exc
+    if saved != fingerprint:
+        saved = saved if isinstance(saved, dict) else {}
+        changed = sorted(k for k in fingerprint if saved.get(k) != fingerprint[k])
+        raise DestinationError(
+            f"cannot resume '{root}': {', '.join(changed)} changed since the interrupted run;"
+            " resume with the same source and options, or pass --overwrite"
+        )
+
+
+def _not_empty(root: str) -> DestinationError:
+    return DestinationError(
+        f"destination '{root}' is not empty; pass --resume to continue an interrupted conversion or --overwrite to"
+        " replace it"
+    )
