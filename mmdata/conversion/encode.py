@@ -143,6 +143,32 @@ def encode_episode(source: EpisodeSource, position: int, options: EncodeOptions)
     return episode
 
 
+def encode_or_error(source: EpisodeSource, position: int, options: EncodeOptions) -> EncodedEpisode | SourceError:
+    """One episode, or the SourceError that stops it. Any other exception is an input this code
+    does not expect: it too becomes the episode's error, so that --skip-bad can go on without it."""
+    try:
+        return encode_episode(source, position, options)
+    except SourceError as problem:
+        return problem
+    except Exception as exc:  # a per-episode boundary: the rest of the conversion must survive it
+        return SourceError(
+            source.name,
+            None,
+            f"could not be converted: {type(exc).__name__}: {exc}",
+            "an input mmdata did not expect: report it with the file, or pass --skip-bad to leave it out",
+        )
+
+
+def worker_crashed(episode: str) -> SourceError:
+    """The error of an episode whose worker process died while converting it, every retry."""
+    return SourceError(
+        episode,
+        None,
+        "the worker process converting it crashed (a decoder or encoder failed on this input)",
+        "re-export the recording, or pass --skip-bad to leave it out",
+    )
+
+
 def _encode_camera(episode: str, camera: CameraSource, encoding: VideoEncoding) -> EncodedVideo:
     info = camera.info(episode)
     timestamps: list[float] = []

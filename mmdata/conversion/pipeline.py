@@ -24,14 +24,14 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from fsspec.implementations.local import LocalFileSystem
 from tqdm import tqdm
 
 from mmdata.conversion.completion import complete_store, creation_info, source_bytes, store_bytes, store_schema
 from mmdata.conversion.destination import destination_failure, prepare_destination, refuse_overlap
-from mmdata.conversion.encode import EncodedEpisode, EncodeOptions, encode_episode
+from mmdata.conversion.encode import EncodedEpisode, EncodeOptions, encode_or_error, worker_crashed
 from mmdata.conversion.ledger import ConversionLedger
 from mmdata.conversion.publish import check_remote_destination, default_staging, is_remote, publish, remove_staging
 from mmdata.dataset import open_dataset
@@ -41,6 +41,7 @@ from mmdata.sharding.layout import DATASET_FILE
 from mmdata.sources.episode import EpisodeSource
 
 PR_SET_PDEATHSIG = 1
+Engine = Literal["local", "ray"]
 
 
 class StoreWriter(Protocol):
@@ -58,8 +59,9 @@ class StoreWriter(Protocol):
 
 @dataclass(frozen=True)
 class ConvertOptions:
-    """Everything that shapes the output; `skip_bad`, `workers`, `progress` and `staging` (the local
-    folder a conversion into object storage is made in) do not."""
+    """Everything that shapes the output; `skip_bad`, `workers`, `progress`, `staging` (the local
+    folder a conversion into object storage is made in), `engine` ("local": a process pool on this
+    machine; "ray": a Ray cluster, see `mmdata.conversion.ray_engine`) and `ray_address` do not."""
 
     layout: Layout = "wds"
     encode: EncodeOptions = EncodeOptions()
@@ -70,6 +72,8 @@ class ConvertOptions:
     overwrite: bool = False
     progress: bool = True
     staging: str | None = None
+    engine: Engine = "local"
+    ray_address: str | None = None
 
     def fingerprint(self, sources: list[EpisodeSource]) -> dict[str, Any]:
         return {
@@ -115,6 +119,10 @@ def convert(
     A write that fails (disk full, read-only, no permission) is a DestinationError; whatever
     was completed before stays, and the same call with `resume=True` continues from it.
     """
+    if options.engine == "ray":
+        from mmdata.conversion.ray_engine import convert_on_ray
+
+        return convert_on_ray(sources, str(destination), options, source_root, source_stats)
     if is_remote(destination):
         return _convert_to_object_storage(sources, str(destination), options, source_root, source_stats)
     root = Path(destination)
@@ -192,29 +200,12 @@ def _convert(
 
 
 def _encode_job(job: tuple[EpisodeSource, int, EncodeOptions]) -> EncodedEpisode | SourceError:
-    """One episode, or the SourceError that stops it. Any other exception is an input this code
-    does not expect: it too becomes the episode's error, so that --skip-bad can go on without it."""
     source, position, options = job
-    try:
-        return encode_episode(source, position, options)
-    except SourceError as problem:
-        return problem
-    except Exception as exc:  # a per-episode boundary: the rest of the conversion must survive it
-        return SourceError(
-            source.name,
-            None,
-            f"could not be converted: {type(exc).__name__}: {exc}",
-            "an input mmdata did not expect: report it with the file, or pass --skip-bad to leave it out",
-        )
+    return encode_or_error(source, position, options)
 
 
 def _crashed(job: tuple[EpisodeSource, int, EncodeOptions]) -> SourceError:
-    return SourceError(
-        job[0].name,
-        None,
-        "the worker process converting it crashed (a decoder or encoder failed on this input)",
-        "re-export the recording, or pass --skip-bad to leave it out",
-    )
+    return worker_crashed(job[0].name)
 
 
 def _ordered(function, jobs, workers: int) -> Iterator[tuple[int, Any]]:

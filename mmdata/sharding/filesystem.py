@@ -11,15 +11,16 @@ writes (metadata beside a store) are replaced atomically with `write_text_atomic
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import random
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import BinaryIO, TypeVar
 
 import fsspec
 from fsspec.core import url_to_fs
@@ -98,21 +99,38 @@ def write_text_atomically(path: str, text: str, fs: fsspec.AbstractFileSystem | 
 
 
 def write_bytes_atomically(path: str, chunks: Iterable[bytes], fs: fsspec.AbstractFileSystem | None = None) -> None:
-    """Write `chunks` to `path` (local, or on `fs`): locally through a synced temporary file renamed
-    over it, so a reader sees the old file or the whole new one; elsewhere as one upload (object
-    stores replace whole objects)."""
-    if fs is not None and not isinstance(fs, LocalFileSystem):
-        with fs.open(path, "wb") as handle:
-            for chunk in chunks:
-                handle.write(chunk)
-        return
-    temporary = f"{path}.tmp"
-    with open(temporary, "wb") as handle:
+    """Write `chunks` to `path` (local, or on `fs`) as `writing_atomically` does."""
+    with writing_atomically(path, fs) as handle:
         for chunk in chunks:
             handle.write(chunk)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
+
+
+@contextlib.contextmanager
+def writing_atomically(path: str, fs: fsspec.AbstractFileSystem | None = None) -> Iterator[BinaryIO]:
+    """A binary file to write `path` through: locally a temporary file, synced and renamed over `path` when
+    the block ends, so a reader sees the old file or the whole new one; elsewhere one upload (object stores
+    replace whole objects, and an upload that fails is not completed). Nothing is left if the block fails."""
+    if fs is not None and not isinstance(fs, LocalFileSystem):
+        remote = fs.open(path, "wb")
+        try:
+            yield remote
+        except BaseException:
+            with contextlib.suppress(Exception):
+                remote.discard()
+            raise
+        remote.close()
+        return
+    temporary = f"{path}.tmp"
+    try:
+        with open(temporary, "wb") as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
 
 
 def read_range(

@@ -303,7 +303,6 @@ def zstd_content_size(data: bytes) -> int | None:
     return value + 256 if width == 2 else value
 
 
-
 def _zstd_bound(size: int) -> int:
     """The most bytes a zstd frame of `size` bytes of content can take (ZSTD_COMPRESSBOUND, with room)."""
     return size + (size >> 7) + 1024

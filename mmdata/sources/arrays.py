@@ -237,8 +237,10 @@ class ArrayCameraSource:
 
 def _encoded_rows(declared: ArrayShape) -> bool:
     """Whether each row holds one compressed image (bytes objects, or a padded uint8 vector)."""
-    return declared.dtype == object or len(declared.row_shape) == 0 or (
-        len(declared.row_shape) == 1 and declared.dtype == np.uint8
+    return (
+        declared.dtype == object
+        or len(declared.row_shape) == 0
+        or (len(declared.row_shape) == 1 and declared.dtype == np.uint8)
     )
 
 

@@ -110,9 +110,7 @@ def _path_from_template(root: Path, info: dict, key: str, episode: str, **fields
                 continue
             if name not in fields or conversion is not None or not re.fullmatch(r"0?[0-9]{0,2}d?", spec or ""):
                 raise ValueError(f"field {{{name}{':' + spec if spec else ''}}} is not one LeRobot fills in")
-        values = {
-            k: v if k == "video_key" else as_int(v, f"'{k}' of the episode's row", 0) for k, v in fields.items()
-        }
+        values = {k: v if k == "video_key" else as_int(v, f"'{k}' of the episode's row", 0) for k, v in fields.items()}
         relative = template.format(**values)
     except (ValueError, KeyError, IndexError) as exc:
         raise SourceError(episode, str(root / INFO), f"'{key}' {template!r}: {exc}", "fix meta/info.json") from exc

@@ -35,7 +35,9 @@ def add_parser(commands) -> None:
         help="the recordings: a raw folder (one sub-folder per episode), a LeRobot dataset, HDF5 files or a"
         " replay-buffer Zarr store",
     )
-    parser.add_argument("destination", help="local folder for the store (created; must be empty)")
+    parser.add_argument(
+        "destination", help="folder or object-store URL (s3://bucket/store) for the store (created; must be empty)"
+    )
     parser.add_argument(
         "--to",
         dest="layout",
@@ -117,6 +119,25 @@ def add_parser(commands) -> None:
             " kept until the upload finishes, so --resume continues either"
         ),
     )
+    cluster = parser.add_argument_group("cluster")
+    cluster.add_argument(
+        "--engine",
+        choices=["local", "ray"],
+        default="local",
+        help=(
+            "local: a process pool on this machine (default); ray: episodes encoded and shards written by Ray tasks"
+            " across a cluster, straight into DST (a folder every node shares, or an object-store URL); the store"
+            " is the same either way (needs `pip install 'mmdata[ray]'` on every node; see docs/object-storage.md)"
+        ),
+    )
+    cluster.add_argument(
+        "--ray-address",
+        metavar="ADDRESS",
+        help=(
+            "Ray cluster to run on with --engine ray, e.g. 10.0.0.1:6379 or ray://head:10001 (default: $RAY_ADDRESS,"
+            " else a cluster `ray start` made on this machine, else a new one on this machine)"
+        ),
+    )
     add_storage_options(parser)
     parser.set_defaults(run=run)
 
@@ -142,6 +163,8 @@ def run(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         progress=not args.quiet,
         staging=args.staging,
+        engine=args.engine,
+        ray_address=args.ray_address,
     )
     try:
         source_stats = shipped_stats(args.source, args.source_format)
