@@ -210,3 +210,59 @@ def test_a_micro_batchs_segments_arrive_in_few_coalesced_requests(s3_stores, s3_
     (fetched, few), (alone, many) = counted[True], counted[False]
     assert all(torch.equal(a, b) for a, b in zip(fetched, alone)) and len(fetched) == len(alone)
     assert few * 3 <= many, f"{few} requests coalesced against {many} one by one"
+
+
+@pytest.mark.parametrize("layout", ["wds", "zarr"])
+def test_a_second_epoch_through_the_disk_cache_downloads_no_piece_again(
+    stores, s3_stores, s3_endpoint, tmp_path, monkeypatch, layout
+):
+    proxy = S3Proxy(os.environ["FSSPEC_S3_ENDPOINT_URL"], refuse_every=0, reset_every=0)
+    try:
+        monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": proxy.url})
+        s3fs.S3FileSystem.clear_instance_cache()
+        policy = mmdata.ReadPolicy(cache_dir=str(tmp_path / "cache"))
+        dataset = mmdata.open_dataset(s3_stores[layout], read_policy=policy)
+        before = proxy.ranged
+        first = list(mmdata.DataLoader(dataset, SPEC, batch_size=4, num_workers=2, seed=3))
+        downloaded = proxy.ranged - before
+        # a second loader, in other worker processes, on the same cache folder
+        again = mmdata.open_dataset(s3_stores[layout], read_policy=policy)
+        before = proxy.ranged
+        second = list(mmdata.DataLoader(again, SPEC, batch_size=4, num_workers=2, seed=3))
+        assert downloaded > 0 and proxy.ranged - before == 0, "the second epoch read every piece from the cache"
+    finally:
+        proxy.close()
+        s3fs.S3FileSystem.clear_instance_cache()
+    assert_same_batches(second, first)
+    assert_same_batches(first, _batches(str(stores[layout]), 0))
+
+
+def test_a_damaged_cache_entry_is_fetched_again_not_delivered(stores, s3_stores, s3_endpoint, tmp_path):
+    policy = mmdata.ReadPolicy(cache_dir=str(tmp_path / "cache"))
+    list(mmdata.DataLoader(mmdata.open_dataset(s3_stores["wds"], read_policy=policy), SPEC, batch_size=4, seed=3))
+    entries = [p for p in (tmp_path / "cache").rglob("*") if p.is_file() and not p.name.startswith(".")]
+    for entry in entries:
+        damaged = bytearray(entry.read_bytes())
+        damaged[len(damaged) // 2] ^= 0xFF
+        entry.write_bytes(bytes(damaged))
+    dataset = mmdata.open_dataset(s3_stores["wds"], read_policy=policy)
+    assert_same_batches(list(mmdata.DataLoader(dataset, SPEC, batch_size=4, seed=3)), _batches(str(stores["wds"]), 0))
+
+
+def test_the_disk_cache_keeps_within_its_limit_dropping_the_least_recently_used(tmp_path):
+    from mmdata.sharding.manifest import Piece
+    from mmdata.sharding.piece_cache import PieceCache
+
+    cache = PieceCache(tmp_path, max_bytes=10_000, namespace="s3://bucket/store")
+    pieces = [Piece("shards/shard-000000.tar", 1000 * i, 1000, f"{i:016x}") for i in range(30)]
+    for number, piece in enumerate(pieces):
+        cache.put(piece, bytes([number]) * 1000)
+        os.utime(cache._path(piece), (number, number))  # distinct last-use times, oldest first
+        if number == 5:
+            assert cache.get(pieces[0]) == bytes([0]) * 1000  # a hit makes it the most recently used
+    assert cache.size() <= 10_000 * 1.05
+    assert cache.get(pieces[-1]) == bytes([29]) * 1000
+    assert cache.get(pieces[1]) is None, "the least recently used entries were dropped"
+    assert cache.get(pieces[0]) == bytes([0]) * 1000, "a recently read entry was kept"
+    other_store = PieceCache(tmp_path, max_bytes=10_000, namespace="s3://bucket/another")
+    assert other_store.get(pieces[-1]) is None, "entries are not shared between stores"

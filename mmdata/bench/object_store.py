@@ -113,11 +113,10 @@ class S3Proxy:
                     upstream_connection.request(self.command, self.path, body=body or None, headers=headers)
                     response = upstream_connection.getresponse()
                     payload = response.read()
-                    kept = [
-                        (k, v)
-                        for k, v in response.getheaders()
-                        if k.lower() not in ("transfer-encoding", "connection", "content-length")
-                    ]
+                    dropped = {"transfer-encoding", "connection"}
+                    if self.command != "HEAD":
+                        dropped.add("content-length")
+                    kept = [(k, v) for k, v in response.getheaders() if k.lower() not in dropped]
                     self._answer(response.status, kept, payload)
                 finally:
                     upstream_connection.close()
@@ -126,7 +125,8 @@ class S3Proxy:
                 self.send_response(status)
                 for key, value in headers:
                     self.send_header(key, value)
-                self.send_header("Content-Length", str(len(payload)))
+                if self.command != "HEAD":  # a HEAD answer carries the object's length, as upstream gave it
+                    self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
                 if self.command != "HEAD":
                     self.wfile.write(payload)

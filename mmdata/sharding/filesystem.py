@@ -59,6 +59,10 @@ class ReadPolicy:
     read directly (fast); set `guard_local_reads` for stores on network or FUSE mounts that can
     stall, so their reads get the deadline too. `concurrency` bounds the requests one process has
     in flight when it fetches a micro-batch's pieces ahead from object storage.
+
+    `cache_dir` keeps what is fetched from object storage on local disk, up to about
+    `cache_max_bytes` (least recently used removed first), shared by every process and loader on
+    the host, so a second epoch does not download again (see `mmdata.sharding.piece_cache`).
     """
 
     timeout_s: float = 60.0
@@ -67,12 +71,16 @@ class ReadPolicy:
     max_backoff_s: float = 5.0
     guard_local_reads: bool = False
     concurrency: int = 8
+    cache_dir: str | None = None
+    cache_max_bytes: int = 100 << 30
 
     def __post_init__(self):
         if not self.timeout_s > 0 or self.attempts < 1 or self.backoff_s < 0 or self.max_backoff_s < 0:
             raise ValueError(f"a ReadPolicy needs timeout_s > 0, attempts >= 1 and backoffs >= 0: {self}")
         if self.concurrency < 1:
             raise ValueError(f"a ReadPolicy needs concurrency >= 1: {self}")
+        if self.cache_max_bytes <= 0:
+            raise ValueError(f"a ReadPolicy needs cache_max_bytes > 0: {self}")
 
     def delay(self, attempt: int) -> float:
         """Seconds to wait before try `attempt + 1`: exponential, with full jitter in its upper half."""

@@ -8,7 +8,8 @@ and dtype the schema declares before anything is allocated for them.
 From object storage, where each request costs a round trip, a reader can be told the pieces a
 micro-batch will need (`prefetch`): WebDataset byte ranges of one shard that lie close together
 are fetched as one request, several requests at a time (`ReadPolicy.concurrency`); the pieces
-are then served from memory until `forget`.
+are then served from memory until `forget`. With `ReadPolicy.cache_dir`, pieces fetched from object
+storage are also kept on local disk (`PieceCache`) and read from there next time.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from mmdata.schema import DatasetSchema
 from mmdata.sharding.checksum import checksum_array, checksum_bytes
 from mmdata.sharding.filesystem import DEFAULT_READ_POLICY, ReadPolicy, join, read_range
 from mmdata.sharding.manifest import Piece
+from mmdata.sharding.piece_cache import PieceCache
 from mmdata.sharding.zarr_reader import ZarrArrays
 
 # Byte ranges of one shard at most this far apart are fetched in one request (the bytes between
@@ -90,6 +92,22 @@ def checked(piece: Piece, checksum: str) -> None:
         )
 
 
+def piece_cache(fs: fsspec.AbstractFileSystem, root: str, policy: ReadPolicy) -> PieceCache | None:
+    """The disk cache `policy` asks for, for a store in object storage (a local store is read in place)."""
+    if policy.cache_dir is None or isinstance(fs, LocalFileSystem):
+        return None
+    return PieceCache(policy.cache_dir, policy.cache_max_bytes, fs.unstrip_protocol(root))
+
+
+def cached_bytes(cache: PieceCache | None, piece: Piece, verify: bool) -> bytes | None:
+    """`piece` from the disk cache; an entry that fails its checksum is removed and reads as a miss."""
+    data = cache.get(piece) if cache is not None else None
+    if data is not None and verify and checksum_bytes(data) != piece.checksum:
+        cache.discard(piece)
+        return None
+    return data
+
+
 class WdsPieceReader:
     """Pieces of WebDataset shards: each one is one byte-range read, checked against its checksum
     when `verify` is set (xxHash64 runs at several GB/s, far below the cost of decoding)."""
@@ -103,17 +121,27 @@ class WdsPieceReader:
         self.policy = policy
         self.bytes_read = 0
         self.requests = 0
+        self.cache = piece_cache(fs, root, policy)
         self._ready: dict[Piece, bytes] = {}
 
     def read_bytes(self, piece: Piece) -> bytes:
         data = self._ready.get(piece)
         if data is None:
+            data = cached_bytes(self.cache, piece, self.verify)
+            if data is not None:
+                self.bytes_read += len(data)
+                return data
             data = read_range(self.fs, join(self.root, piece.path), piece.offset, piece.size, self.policy)
             self.requests += 1
+            self._keep(piece, data)
         self.bytes_read += len(data)
         if self.verify:
             checked(piece, checksum_bytes(data))
         return data
+
+    def _keep(self, piece: Piece, data: bytes) -> None:
+        if self.cache is not None and (not self.verify or checksum_bytes(data) == piece.checksum):
+            self.cache.put(piece, data)
 
     def read_rows(self, piece: Piece, shape: tuple[int, ...], dtype: str) -> np.ndarray:
         data = self.read_bytes(piece)
@@ -129,7 +157,14 @@ class WdsPieceReader:
     def prefetch(self, pieces: Iterable[Piece]) -> None:
         if not self.fetches_ahead:
             return
-        ranges = coalesce(p for p in pieces if p not in self._ready)
+        wanted = [p for p in pieces if p not in self._ready]
+        if self.cache is not None:
+            for piece in wanted:
+                data = cached_bytes(self.cache, piece, self.verify)
+                if data is not None:
+                    self._ready[piece] = data
+            wanted = [p for p in wanted if p not in self._ready]
+        ranges = coalesce(wanted)
         if not ranges:
             return
 
@@ -148,6 +183,7 @@ class WdsPieceReader:
                     continue
                 for piece in span.members:
                     self._ready[piece] = data[piece.offset - span.start : piece.offset - span.start + piece.size]
+                    self._keep(piece, self._ready[piece])
 
     def forget(self) -> None:
         self._ready.clear()
@@ -162,19 +198,33 @@ class ZarrPieceReader:
         self.arrays = ZarrArrays(fs, root, policy)
         self.verify = verify
         self.bytes_read = 0
+        self.cache = piece_cache(fs, root, policy)
 
     def read_bytes(self, piece: Piece) -> bytes:
-        data = self.arrays.element(piece.path, piece.offset, piece.size)
+        data = cached_bytes(self.cache, piece, self.verify)
+        if data is None:
+            data = self.arrays.element(piece.path, piece.offset, piece.size)
+            if self.verify:
+                checked(piece, checksum_bytes(data))
+            if self.cache is not None:
+                self.cache.put(piece, data)
         self.bytes_read += len(data)
-        if self.verify:
-            checked(piece, checksum_bytes(data))
         return data
 
     def read_rows(self, piece: Piece, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+        data = self.cache.get(piece) if self.cache is not None else None
+        if data is not None:
+            values = np.frombuffer(data, dtype=np.dtype(dtype)).reshape(shape)
+            if not self.verify or checksum_array(values) == piece.checksum:
+                self.bytes_read += values.nbytes
+                return values.copy()
+            self.cache.discard(piece)
         values = self.arrays.rows(piece.path, piece.offset, shape[0], shape[1:], dtype)
         self.bytes_read += values.nbytes
         if self.verify:
             checked(piece, checksum_array(values))
+        if self.cache is not None:
+            self.cache.put(piece, np.ascontiguousarray(values).tobytes())
         return values
 
     fetches_ahead = False  # not done for Zarr yet: its elements are read one request each
