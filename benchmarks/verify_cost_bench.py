@@ -51,14 +51,19 @@ loader = mmdata.DataLoader(
 )
 """
 
-LOADER = BUILD_LOADER + """
+LOADER = (
+    BUILD_LOADER
+    + """
 from mmdata.bench.runner import run_for_seconds
 figures = run_for_seconds(loader, {seconds}, lambda b: (len(b["sample_index"]), 2 * len(b["sample_index"])), warmup=4)
 print("RESULT " + json.dumps(figures))
 """
+)
 
 # The same loader in one process: CPU time per sample, which the machine's noise barely moves.
-LOADER_CPU = BUILD_LOADER + """
+LOADER_CPU = (
+    BUILD_LOADER
+    + """
 batches = iter(loader)
 for _ in range(3):
     next(batches)
@@ -67,6 +72,7 @@ for _, batch in zip(range(60), batches):
     samples += len(batch["sample_index"])
 print("RESULT " + json.dumps({{"cpu_ms_per_sample": (time.process_time() - started) / samples * 1000}}))
 """
+)
 
 ACCESS = """
 import json, time
@@ -134,9 +140,7 @@ def main() -> None:
                     (loader[layout][name] if verify else unverified[layout]).append(figures["samples_per_s"])
                 print(f"round {round_number}: {layout} {[(n, v[-1]) for n, v in loader[layout].items()]}", flush=True)
         record["loader_samples_per_s"] = {
-            layout: {
-                name: {"runs": runs, "median": statistics.median(runs)} for name, runs in by_tree.items()
-            }
+            layout: {name: {"runs": runs, "median": statistics.median(runs)} for name, runs in by_tree.items()}
             | {"this_unverified": {"runs": unverified[layout], "median": statistics.median(unverified[layout])}}
             for layout, by_tree in loader.items()
         }

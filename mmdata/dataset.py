@@ -229,6 +229,25 @@ class Dataset:
         table, _, owner = self._segments_holding(row, spec, indices)
         return [table.pieces[number] for number in np.unique(owner).tolist()]
 
+    def pieces_ahead(self, index: int, streams: dict[str, Sequence[float] | None]) -> list[Piece]:
+        """The pieces reading `streams` of episode `index` likely needs, found from its manifest row alone (no
+        read), for a reader to fetch ahead in one round: each stream's data and timestamps, and for a camera
+        with the `times` wanted, the segments holding them if its frames are evenly spaced (a guess: what
+        `frame_pieces` then finds from the stored timestamps, and the guess missed, is fetched after)."""
+        row = self.manifest.row(index)
+        pieces = []
+        for name, times in streams.items():
+            for column in (f"{name}/timestamps", f"{name}/data"):
+                if row.get(column) is not None:
+                    pieces.append(Piece.from_dict(row[column]))
+            if times is not None and row.get(f"{name}/segments"):
+                spec = self._video_stream(name)
+                count = row[f"{name}/count"]
+                guess = np.rint((np.asarray(times) - row[f"{name}/t_start"]) * spec.fps).astype(np.int64)
+                table, _, owner = self._segments_holding(row, spec, np.clip(guess, 0, max(count - 1, 0)))
+                pieces += [table.pieces[number] for number in np.unique(owner).tolist()]
+        return pieces
+
     def _frames_wanted(
         self, index: int, stream: str, times: Sequence[float], tolerance: float | None
     ) -> tuple[dict, VideoStream, np.ndarray, np.ndarray, np.ndarray]:

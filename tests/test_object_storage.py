@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 import time
 
 import fsspec.config
@@ -266,3 +267,23 @@ def test_the_disk_cache_keeps_within_its_limit_dropping_the_least_recently_used(
     assert cache.get(pieces[0]) == bytes([0]) * 1000, "a recently read entry was kept"
     other_store = PieceCache(tmp_path, max_bytes=10_000, namespace="s3://bucket/another")
     assert other_store.get(pieces[-1]) is None, "entries are not shared between stores"
+
+
+def test_the_next_micro_batch_is_fetched_in_the_background_while_this_one_decodes(stores, s3_stores, monkeypatch):
+    from mmdata.sharding.readers import WdsPieceReader
+
+    fetching = WdsPieceReader._fetch
+    wanted_by_thread: list[tuple[str, int]] = []
+
+    def recorded(self, wanted):
+        wanted_by_thread.append((threading.current_thread().name, len(wanted)))
+        return fetching(self, wanted)
+
+    monkeypatch.setattr(WdsPieceReader, "_fetch", recorded)
+    batches = list(mmdata.DataLoader(s3_stores["wds"], SPEC, batch_size=4, num_workers=0, seed=3))
+    assert len(batches) > 3
+    in_the_loop = [count for thread, count in wanted_by_thread if not thread.startswith("mmdata-fetch-ahead")]
+    ahead = [count for thread, count in wanted_by_thread if thread.startswith("mmdata-fetch-ahead")]
+    assert in_the_loop[0] > 0 and sum(in_the_loop[1:]) == 0, "after the first, each micro-batch's pieces were there"
+    assert len(ahead) >= len(batches) - 1 and sum(ahead) > 0
+    assert_same_batches(batches, _batches(str(stores["wds"]), 0))

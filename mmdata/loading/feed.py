@@ -15,7 +15,7 @@ import queue
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from itertools import islice
 from typing import Any
 
@@ -92,18 +92,21 @@ class StepSource(IterableDataset):
                         upcoming = upcoming or _next_or_error(epochs)
                         if not isinstance(upcoming, BaseException):
                             fallback += islice(_samples_of(upcoming[1]), FALLBACK_SAMPLES - len(fallback))
-                    yield self._read(epoch, step, samples, number, fallback)
+                    read_next = steps[index + count][1] if index + count < len(steps) else ()
+                    yield self._read(epoch, step, samples, number, fallback, read_next)
                 position += 1
             if isinstance(upcoming, BaseException):
                 raise upcoming
             epoch, steps = upcoming or next(epochs)
             upcoming = None
 
-    def _read(self, epoch: int, step: int, samples, worker: int, fallback: list[SampleRef]) -> Item:
+    def _read(
+        self, epoch: int, step: int, samples, worker: int, fallback: list[SampleRef], read_next: Sequence[SampleRef]
+    ) -> Item:
         decoder, reader = self.reader.video_decoder.stats, self.reader
         started = time.perf_counter()
         before = (decoder.frames_decoded, decoder.frames_delivered, reader.bytes_read, read_retries())
-        batch = self.reader.read(step, samples, fallback)
+        batch = self.reader.read(step, samples, fallback, read_next)
         output: Any = batch
         if not batch.pending:
             with timed(batch.seconds, "collate"):

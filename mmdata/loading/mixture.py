@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from mmdata.cache import ByteBudgetCache
 from mmdata.dataset import Dataset
 from mmdata.loading.episodes import Episodes
 from mmdata.loading.specs import Audio, Frames, Spec, SpecError, Values
@@ -136,13 +137,16 @@ class Filler:
 
 
 def open_sources(mixture: Mixture, verify: bool, cache_bytes: int) -> list[OpenSource]:
-    """Open every source's store (a `Dataset` given is copied, so the loader's decoder leaves it alone)."""
+    """Open every source's store. A `Dataset` given is copied, so the loader's decoder leaves it alone, and
+    the copy gets a memory cache of its own of `cache_bytes` (unless the dataset was opened with a larger one)."""
     opened = []
     for source in mixture.sources:
         dataset = source.dataset
-        dataset = (
-            copy.copy(dataset) if isinstance(dataset, Dataset) else Dataset(str(dataset), "pyav", verify, cache_bytes)
-        )
+        if isinstance(dataset, Dataset):
+            dataset = copy.copy(dataset)
+            dataset.cache = ByteBudgetCache(max(cache_bytes, dataset.cache.max_bytes))
+        else:
+            dataset = Dataset(str(dataset), "pyav", verify, cache_bytes)
         present = {s.name for s in dataset.schema.streams}
         unknown = sorted(set(source.streams) - present)
         if unknown:

@@ -14,6 +14,7 @@ failed, by one borrowed from the samples planned after it.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import zlib
@@ -32,6 +33,7 @@ from mmdata.loading.mixture import Filler, OpenSource
 from mmdata.loading.samples import audio_samples, grid_times
 from mmdata.loading.specs import Audio, Frames, Sequences, Spec, Values, Windows
 from mmdata.loading.timing import timed
+from mmdata.sharding.manifest import Piece
 
 OnError = Literal["raise", "skip"]
 # Samples planned after a micro-batch that a worker carries with it, to borrow from when all of its own fail.
@@ -129,10 +131,18 @@ class SampleReader:
     def bytes_read(self) -> int:
         return sum(source.dataset.pieces.bytes_read for source in self.sources)
 
-    def read(self, step: int, samples: Sequence[SampleRef], fallback: Sequence[SampleRef] = ()) -> MicroBatch:
-        """Read a micro-batch; failed samples are replaced (see `settle`) unless video is still pending."""
+    def read(
+        self,
+        step: int,
+        samples: Sequence[SampleRef],
+        fallback: Sequence[SampleRef] = (),
+        upcoming: Sequence[SampleRef] = (),
+    ) -> MicroBatch:
+        """Read a micro-batch; failed samples are replaced (see `settle`) unless video is still pending.
+        `upcoming` are the samples this reader reads next: from object storage, their pieces are fetched
+        in the background while this micro-batch decodes."""
         batch = MicroBatch(step, list(samples), [self._task(sample) for sample in samples], fallback=list(fallback))
-        self._read_streams(batch)
+        self._read_streams(batch, upcoming)
         if not batch.pending:
             self.settle(batch)
         return batch
@@ -176,38 +186,65 @@ class SampleReader:
             f" planned after it could be read in their place; the first failure: {first}"
         )
 
-    def _read_streams(self, batch: MicroBatch) -> None:
+    def _read_streams(self, batch: MicroBatch, upcoming: Sequence[SampleRef] = ()) -> None:
         try:
             self._prefetch_segments(batch)
+            self._fetch_ahead(upcoming)
             self._read_each_stream(batch)
         finally:
             for source in self.sources:
                 source.dataset.pieces.forget()
 
     def _prefetch_segments(self, batch: MicroBatch) -> None:
-        """Hand each store the video segments the micro-batch will read, so that from object storage
-        they arrive in a few coalesced requests instead of one round trip each."""
-        wanted: dict[int, list] = {}
+        """Hand each store the pieces the micro-batch will read, so that from object storage they arrive in
+        a few coalesced requests instead of one round trip each: first every piece the manifest rows point
+        to (timestamps, low-dim and audio data, and the segments likely holding the frames), then the
+        segments the stored timestamps show were missed."""
         if not any(source.dataset.pieces.fetches_ahead for source in self.sources):
             return
         with timed(batch.seconds, "read"):
-            for name, stream in self.spec.streams.items():
-                if not isinstance(stream, Frames):
-                    continue
-                for sample in batch.samples:
-                    source = self.sources[sample.source]
-                    stored = source.streams.get(name)
-                    if stored is None or not source.dataset.pieces.fetches_ahead:
-                        continue
-                    try:
-                        pieces = source.dataset.frame_pieces(
-                            sample.episode, stored, self._times(sample, name, stream), stream.tolerance
-                        )
-                    except (MmdataError, OSError):
-                        continue  # reported by the read itself
-                    wanted.setdefault(sample.source, []).extend(pieces)
-            for number, pieces in wanted.items():
-                self.sources[number].dataset.pieces.prefetch(pieces)
+            self._prefetch(batch, self._pieces_ahead)
+            self._prefetch(batch, self._frame_pieces)
+
+    def _fetch_ahead(self, upcoming: Sequence[SampleRef]) -> None:
+        wanted: dict[int, list[Piece]] = {}
+        for sample in upcoming:
+            source = self.sources[sample.source]
+            if source.dataset.pieces.fetches_ahead:
+                with contextlib.suppress(MmdataError, OSError):  # the sample's own read reports it
+                    wanted.setdefault(sample.source, []).extend(self._pieces_ahead(sample, source))
+        for number, pieces in wanted.items():
+            self.sources[number].dataset.pieces.prefetch_ahead(pieces)
+
+    def _prefetch(self, batch: MicroBatch, pieces_of: Callable[[SampleRef, OpenSource], list[Piece]]) -> None:
+        wanted: dict[int, list[Piece]] = {}
+        for sample in batch.samples:
+            source = self.sources[sample.source]
+            if not source.dataset.pieces.fetches_ahead:
+                continue
+            try:
+                wanted.setdefault(sample.source, []).extend(pieces_of(sample, source))
+            except (MmdataError, OSError):
+                continue  # reported by the read itself
+        for number, pieces in wanted.items():
+            self.sources[number].dataset.pieces.prefetch(pieces)
+
+    def _pieces_ahead(self, sample: SampleRef, source: OpenSource) -> list[Piece]:
+        streams: dict[str, np.ndarray | None] = {}
+        for name, stream in self.spec.streams.items():
+            stored = source.streams.get(name)
+            if stored is not None:
+                streams[stored] = self._times(sample, name, stream) if isinstance(stream, Frames) else None
+        return source.dataset.pieces_ahead(sample.episode, streams)
+
+    def _frame_pieces(self, sample: SampleRef, source: OpenSource) -> list[Piece]:
+        pieces = []
+        for name, stream in self.spec.streams.items():
+            stored = source.streams.get(name)
+            if isinstance(stream, Frames) and stored is not None:
+                times = self._times(sample, name, stream)
+                pieces += source.dataset.frame_pieces(sample.episode, stored, times, stream.tolerance)
+        return pieces
 
     def _read_each_stream(self, batch: MicroBatch) -> None:
         samples = batch.samples

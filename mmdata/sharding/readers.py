@@ -14,8 +14,9 @@ storage are also kept on local disk (`PieceCache`) and read from there next time
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -55,8 +56,12 @@ class PieceReader(Protocol):
     def prefetch(self, pieces: Iterable[Piece]) -> None:
         """Fetch these pieces ahead, in as few requests as sensible; failures are left to `read_bytes`."""
 
+    def prefetch_ahead(self, pieces: Iterable[Piece]) -> None:
+        """Start fetching these pieces in the background (the next micro-batch's, while this one decodes);
+        the next `prefetch` takes them. One fetch ahead at a time: a call while one runs does nothing."""
+
     def forget(self) -> None:
-        """Drop what `prefetch` holds."""
+        """Drop what `prefetch` holds (not what is being fetched ahead)."""
 
 
 @dataclass
@@ -123,6 +128,9 @@ class WdsPieceReader:
         self.requests = 0
         self.cache = piece_cache(fs, root, policy)
         self._ready: dict[Piece, bytes] = {}
+        self._ahead: Future | None = None
+        self._ahead_thread: ThreadPoolExecutor | None = None
+        self._ahead_owner = os.getpid()
 
     def read_bytes(self, piece: Piece) -> bytes:
         data = self._ready.get(piece)
@@ -157,16 +165,53 @@ class WdsPieceReader:
     def prefetch(self, pieces: Iterable[Piece]) -> None:
         if not self.fetches_ahead:
             return
-        wanted = [p for p in pieces if p not in self._ready]
+        self._take_ahead()
+        fetched, requests = self._fetch([p for p in set(pieces) if p not in self._ready])
+        self._ready.update(fetched)
+        self.requests += requests
+
+    def prefetch_ahead(self, pieces: Iterable[Piece]) -> None:
+        if not self.fetches_ahead or (self._ahead is not None and not self._ahead.done()):
+            return
+        pieces = set(pieces)
+        carried = {piece: self._ready[piece] for piece in pieces if piece in self._ready}  # outlives `forget`
+        wanted = [piece for piece in pieces if piece not in carried]
+        if self._ahead_thread is None or self._ahead_owner != os.getpid():  # a forked copy has no thread
+            self._ahead_thread = ThreadPoolExecutor(1, thread_name_prefix="mmdata-fetch-ahead")
+            self._ahead_owner, self._ahead = os.getpid(), None
+        self._take_ahead()
+
+        def fetch() -> tuple[dict[Piece, bytes], int]:
+            fetched, requests = self._fetch(wanted)
+            return {**carried, **fetched}, requests
+
+        self._ahead = self._ahead_thread.submit(fetch)
+
+    def _take_ahead(self) -> None:
+        """Wait for the pieces `prefetch_ahead` is fetching and hold them with the others."""
+        if self._ahead is None or self._ahead_owner != os.getpid():
+            self._ahead = None
+            return
+        try:
+            fetched, requests = self._ahead.result()
+        except Exception:  # a fetch ahead is an optimisation: the reads themselves report any failure
+            fetched, requests = {}, 0
+        self._ahead = None
+        self._ready.update(fetched)
+        self.requests += requests
+
+    def _fetch(self, wanted: list[Piece]) -> tuple[dict[Piece, bytes], int]:
+        """`wanted` from the disk cache, else in coalesced requests, several at a time; (pieces, requests)."""
+        fetched: dict[Piece, bytes] = {}
         if self.cache is not None:
-            for piece in wanted:
+            for piece in set(wanted):
                 data = cached_bytes(self.cache, piece, self.verify)
                 if data is not None:
-                    self._ready[piece] = data
-            wanted = [p for p in wanted if p not in self._ready]
+                    fetched[piece] = data
+            wanted = [p for p in wanted if p not in fetched]
         ranges = coalesce(wanted)
         if not ranges:
-            return
+            return fetched, 0
 
         def fetch(span: CoalescedRange) -> tuple[CoalescedRange, bytes | None]:
             try:
@@ -178,15 +223,18 @@ class WdsPieceReader:
 
         with ThreadPoolExecutor(min(self.policy.concurrency, len(ranges)), thread_name_prefix="mmdata-fetch") as pool:
             for span, data in pool.map(fetch, ranges):
-                self.requests += 1
                 if data is None:
                     continue
                 for piece in span.members:
-                    self._ready[piece] = data[piece.offset - span.start : piece.offset - span.start + piece.size]
-                    self._keep(piece, self._ready[piece])
+                    fetched[piece] = data[piece.offset - span.start : piece.offset - span.start + piece.size]
+                    self._keep(piece, fetched[piece])
+        return fetched, len(ranges)
 
     def forget(self) -> None:
         self._ready.clear()
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_ready": {}, "_ahead": None, "_ahead_thread": None}
 
 
 class ZarrPieceReader:
@@ -230,6 +278,9 @@ class ZarrPieceReader:
     fetches_ahead = False  # not done for Zarr yet: its elements are read one request each
 
     def prefetch(self, pieces: Iterable[Piece]) -> None:
+        pass
+
+    def prefetch_ahead(self, pieces: Iterable[Piece]) -> None:
         pass
 
     def forget(self) -> None:
