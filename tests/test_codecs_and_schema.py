@@ -95,7 +95,6 @@ def test_sizes_parse_in_decimal_and_binary_units():
         parse_size("lots")
 
 
-
 @pytest.mark.parametrize("codec", ["h264", "hevc", "vp9"])
 def test_encoding_the_same_frames_twice_gives_the_same_bytes(codec):
     from fractions import Fraction

@@ -33,7 +33,8 @@ def s3_endpoint():
     workers inherit it. Yields an s3fs filesystem on it, with the test bucket made."""
     with local_s3_server() as endpoint:
         filesystem = s3fs.S3FileSystem(endpoint_url=endpoint)
-        filesystem.mkdir(BUCKET)
+        if not filesystem.exists(BUCKET):  # moto keeps its buckets per process, across servers
+            filesystem.mkdir(BUCKET)
         yield filesystem
 
 

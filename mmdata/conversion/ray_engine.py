@@ -237,13 +237,10 @@ def _run(
 
 def _saved_summaries(store: _Store, count: int) -> dict[int, EpisodeSummary | SourceError]:
     """The episodes an interrupted run already encoded (both the episode file and its summary saved)."""
-    saved: dict[int, EpisodeSummary | SourceError] = {}
     names = {Path(p).name for p in _listing(store.fs, store.path(ENCODED_DIR))}
-    for position in range(count):
-        if f"{position:08d}.json" in names and f"{position:08d}.episode" in names:
-            where = store.summary_file(position)
-            saved[position] = EpisodeSummary.from_json(store.fs.cat_file(where), where)
-    return saved
+    done = [p for p in range(count) if f"{p:08d}.json" in names and f"{p:08d}.episode" in names]
+    texts = _read_all(store.fs, [store.summary_file(p) for p in done])
+    return {p: EpisodeSummary.from_json(texts[store.summary_file(p)], store.summary_file(p)) for p in done}
 
 
 def _encode_all(
@@ -355,13 +352,10 @@ def _assemble_shards(ray: Any, store: _Store, shards: list[_PlannedShard], progr
     (when it holds the planned episodes), else from a Ray task that writes the shard."""
     assemble = ray.remote(num_cpus=1, max_retries=TASK_RETRIES)(_assemble_shard)
     _remove_stale_shards(store, len(shards))
-    rows: dict[int, list[dict[str, Any]]] = {}
+    rows = _completed_shards(store, shards)
     pending: dict[Any, int] = {}
     for shard in shards:
-        saved = _completed_shard(store, shard)
-        if saved is not None:
-            rows[shard.number] = saved
-        else:
+        if shard.number not in rows:
             ref = assemble.remote(store.fs, store.root, shard.number, shard.episodes, shard.checkpoint)
             pending[ref] = shard.number
     with tqdm(total=len(shards), initial=len(rows), unit="shard", desc="assemble shards", disable=not progress) as bar:
@@ -373,14 +367,28 @@ def _assemble_shards(ray: Any, store: _Store, shards: list[_PlannedShard], progr
     return [row for number in range(len(shards)) for row in rows[number]]
 
 
-def _completed_shard(store: _Store, shard: _PlannedShard) -> list[dict[str, Any]] | None:
-    sidecar = store.path(f"{PARTIAL_DIR}/{sidecar_name(shard.number)}")
-    if not (store.fs.exists(sidecar) and store.fs.exists(store.path(shard_name(shard.number)))):
-        return None
-    rows, _ = read_shard_record(store.fs.cat_file(sidecar), sidecar)
-    if [row.get("episode_index") for row in rows] != [index for _, index in shard.episodes]:
-        return None
-    return rows
+def _completed_shards(store: _Store, shards: list[_PlannedShard]) -> dict[int, list[dict[str, Any]]]:
+    """The manifest rows of each planned shard an interrupted run completed (its file and its sidecar saved,
+    the sidecar naming the planned episodes)."""
+    written = {Path(p).name for p in _listing(store.fs, store.path(SHARDS_DIR))}
+    sidecars = {Path(p).name for p in _listing(store.fs, store.path(PARTIAL_DIR))}
+    done = [s for s in shards if Path(shard_name(s.number)).name in written and sidecar_name(s.number) in sidecars]
+    paths = {s.number: store.path(f"{PARTIAL_DIR}/{sidecar_name(s.number)}") for s in done}
+    texts = _read_all(store.fs, list(paths.values()))
+    completed = {}
+    for shard in done:
+        rows, _ = read_shard_record(texts[paths[shard.number]], paths[shard.number])
+        if [row.get("episode_index") for row in rows] == [index for _, index in shard.episodes]:
+            completed[shard.number] = rows
+    return completed
+
+
+def _read_all(fs: fsspec.AbstractFileSystem, paths: list[str]) -> dict[str, bytes]:
+    """Small files read in one batch (concurrent requests on an object store), by the paths given."""
+    if not paths:
+        return {}
+    found = fs.cat(paths, on_error="raise")
+    return {path: found[path] if path in found else found[fs._strip_protocol(path)] for path in paths}
 
 
 def _remove_stale_shards(store: _Store, count: int) -> None:

@@ -96,7 +96,7 @@ class PieceCache:
     def _entries(self) -> list[tuple[float, int, Path]]:
         """(last use, bytes, path) of every entry; entries another process removes meanwhile are left out."""
         found = []
-        for shard in (self.folder.iterdir() if self.folder.exists() else []):
+        for shard in self.folder.iterdir() if self.folder.exists() else []:
             if not shard.is_dir():
                 continue
             for entry in os.scandir(shard):
