@@ -191,8 +191,11 @@ def test_storage_options_on_the_command_line_reach_the_object_store(s3_stores):
     assert wrong.returncode == 2 and "an object of options per protocol" in wrong.stderr
 
 
-def test_a_micro_batchs_segments_arrive_in_few_coalesced_requests(s3_stores, s3_endpoint, monkeypatch):
-    from mmdata.sharding.readers import WdsPieceReader
+@pytest.mark.parametrize("layout", ["wds", "zarr"])
+def test_a_micro_batchs_segments_arrive_in_few_coalesced_requests(s3_stores, s3_endpoint, monkeypatch, layout):
+    from mmdata.sharding.readers import WdsPieceReader, ZarrPieceReader
+
+    reader = WdsPieceReader if layout == "wds" else ZarrPieceReader
 
     spec = mmdata.Windows(anchor_fps=10, streams={"cam_high": mmdata.Frames(offsets=[-0.1, 0.0])})
     counted = {}
@@ -202,8 +205,8 @@ def test_a_micro_batchs_segments_arrive_in_few_coalesced_requests(s3_stores, s3_
             monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": proxy.url})
             s3fs.S3FileSystem.clear_instance_cache()
             if not coalescing:
-                monkeypatch.setattr(WdsPieceReader, "fetches_ahead", property(lambda self: False))
-            loader = mmdata.DataLoader(s3_stores["wds"], spec, batch_size=16, shuffle="none", seed=3)
+                monkeypatch.setattr(reader, "fetches_ahead", property(lambda self: False))
+            loader = mmdata.DataLoader(s3_stores[layout], spec, batch_size=16, shuffle="none", seed=3)
             opened = proxy.ranged
             counted[coalescing] = ([b["cam_high"] for b in loader], proxy.ranged - opened)
         finally:
@@ -270,21 +273,26 @@ def test_the_disk_cache_keeps_within_its_limit_dropping_the_least_recently_used(
     assert other_store.get(pieces[-1]) is None, "entries are not shared between stores"
 
 
-def test_the_next_micro_batch_is_fetched_in_the_background_while_this_one_decodes(stores, s3_stores, monkeypatch):
-    from mmdata.sharding.readers import WdsPieceReader
+@pytest.mark.parametrize("layout", ["wds", "zarr"])
+def test_the_next_micro_batch_is_fetched_in_the_background_while_this_one_decodes(
+    stores, s3_stores, monkeypatch, layout
+):
+    from mmdata.sharding.readers import WdsPieceReader, ZarrPieceReader
 
-    fetching = WdsPieceReader._fetch
+    reader = WdsPieceReader if layout == "wds" else ZarrPieceReader
+    fetching = reader._fetch
     wanted_by_thread: list[tuple[str, int]] = []
 
-    def recorded(self, wanted):
-        wanted_by_thread.append((threading.current_thread().name, len(wanted)))
-        return fetching(self, wanted)
+    def recorded(self, *args):
+        fetched = fetching(self, *args)
+        wanted_by_thread.append((threading.current_thread().name, fetched[1]))  # requests made
+        return fetched
 
-    monkeypatch.setattr(WdsPieceReader, "_fetch", recorded)
-    batches = list(mmdata.DataLoader(s3_stores["wds"], SPEC, batch_size=4, num_workers=0, seed=3))
+    monkeypatch.setattr(reader, "_fetch", recorded)
+    batches = list(mmdata.DataLoader(s3_stores[layout], SPEC, batch_size=4, num_workers=0, seed=3))
     assert len(batches) > 3
     in_the_loop = [count for thread, count in wanted_by_thread if not thread.startswith("mmdata-fetch-ahead")]
     ahead = [count for thread, count in wanted_by_thread if thread.startswith("mmdata-fetch-ahead")]
     assert in_the_loop[0] > 0 and sum(in_the_loop[1:]) == 0, "after the first, each micro-batch's pieces were there"
     assert len(ahead) >= len(batches) - 1 and sum(ahead) > 0
-    assert_same_batches(batches, _batches(str(stores["wds"]), 0))
+    assert_same_batches(batches, _batches(str(stores[layout]), 0))

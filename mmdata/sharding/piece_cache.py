@@ -74,6 +74,10 @@ class PieceCache:
         if self._due_for_scan():
             self._trim()
 
+    def contains(self, piece: Piece) -> bool:
+        """Whether `piece` is cached now (it may still be evicted before it is read)."""
+        return self._path(piece).exists()
+
     def discard(self, piece: Piece) -> None:
         """Remove `piece`'s entry (one found damaged)."""
         with contextlib.suppress(OSError):

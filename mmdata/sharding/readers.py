@@ -14,11 +14,12 @@ storage are also kept on local disk (`PieceCache`) and read from there next time
 
 from __future__ import annotations
 
+import math
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import fsspec
 import numpy as np
@@ -28,10 +29,10 @@ from mmdata.codecs.lowdim import NpyError, decode_npy
 from mmdata.errors import IntegrityError, MmdataError
 from mmdata.schema import DatasetSchema
 from mmdata.sharding.checksum import checksum_array, checksum_bytes
-from mmdata.sharding.filesystem import DEFAULT_READ_POLICY, ReadPolicy, join, read_range
+from mmdata.sharding.filesystem import DEFAULT_READ_POLICY, ReadPolicy, join, read_file, read_range
 from mmdata.sharding.manifest import Piece
 from mmdata.sharding.piece_cache import PieceCache
-from mmdata.sharding.zarr_reader import ZarrArrays
+from mmdata.sharding.zarr_reader import HeldBytes, ZarrArrays
 
 # Byte ranges of one shard at most this far apart are fetched in one request (the bytes between
 # are read and dropped: at 20 ms a request and 100+ MB/s, 1 MiB costs less than a round trip).
@@ -113,6 +114,39 @@ def cached_bytes(cache: PieceCache | None, piece: Piece, verify: bool) -> bytes 
     return data
 
 
+class BackgroundFetch:
+    """One fetch at a time on a thread of its own (the next micro-batch's, while this one decodes). A forked
+    or unpickled copy starts a thread of its own: the parent's does not exist there."""
+
+    def __init__(self) -> None:
+        self._future: Future | None = None
+        self._thread: ThreadPoolExecutor | None = None
+        self._owner = os.getpid()
+
+    def busy(self) -> bool:
+        return self._owner == os.getpid() and self._future is not None and not self._future.done()
+
+    def start(self, fetch: Callable[[], Any]) -> None:
+        if self._thread is None or self._owner != os.getpid():
+            self._thread = ThreadPoolExecutor(1, thread_name_prefix="mmdata-fetch-ahead")
+            self._owner = os.getpid()
+        self._future = self._thread.submit(fetch)
+
+    def take(self) -> Any | None:
+        """What the fetch returned (waiting for it), or None: none started, or it failed (a fetch ahead is an
+        optimisation; the reads themselves report any failure)."""
+        future, self._future = self._future, None
+        if future is None or self._owner != os.getpid():
+            return None
+        try:
+            return future.result()
+        except Exception:
+            return None
+
+    def __getstate__(self) -> dict:
+        return {"_future": None, "_thread": None, "_owner": -1}
+
+
 class WdsPieceReader:
     """Pieces of WebDataset shards: each one is one byte-range read, checked against its checksum
     when `verify` is set (xxHash64 runs at several GB/s, far below the cost of decoding)."""
@@ -128,9 +162,7 @@ class WdsPieceReader:
         self.requests = 0
         self.cache = piece_cache(fs, root, policy)
         self._ready: dict[Piece, bytes] = {}
-        self._ahead: Future | None = None
-        self._ahead_thread: ThreadPoolExecutor | None = None
-        self._ahead_owner = os.getpid()
+        self._ahead = BackgroundFetch()
 
     def read_bytes(self, piece: Piece) -> bytes:
         data = self._ready.get(piece)
@@ -171,34 +203,26 @@ class WdsPieceReader:
         self.requests += requests
 
     def prefetch_ahead(self, pieces: Iterable[Piece]) -> None:
-        if not self.fetches_ahead or (self._ahead is not None and not self._ahead.done()):
+        if not self.fetches_ahead or self._ahead.busy():
             return
         pieces = set(pieces)
         carried = {piece: self._ready[piece] for piece in pieces if piece in self._ready}  # outlives `forget`
         wanted = [piece for piece in pieces if piece not in carried]
-        if self._ahead_thread is None or self._ahead_owner != os.getpid():  # a forked copy has no thread
-            self._ahead_thread = ThreadPoolExecutor(1, thread_name_prefix="mmdata-fetch-ahead")
-            self._ahead_owner, self._ahead = os.getpid(), None
         self._take_ahead()
 
         def fetch() -> tuple[dict[Piece, bytes], int]:
             fetched, requests = self._fetch(wanted)
             return {**carried, **fetched}, requests
 
-        self._ahead = self._ahead_thread.submit(fetch)
+        self._ahead.start(fetch)
 
     def _take_ahead(self) -> None:
         """Wait for the pieces `prefetch_ahead` is fetching and hold them with the others."""
-        if self._ahead is None or self._ahead_owner != os.getpid():
-            self._ahead = None
-            return
-        try:
-            fetched, requests = self._ahead.result()
-        except Exception:  # a fetch ahead is an optimisation: the reads themselves report any failure
-            fetched, requests = {}, 0
-        self._ahead = None
-        self._ready.update(fetched)
-        self.requests += requests
+        taken = self._ahead.take()
+        if taken is not None:
+            fetched, requests = taken
+            self._ready.update(fetched)
+            self.requests += requests
 
     def _fetch(self, wanted: list[Piece]) -> tuple[dict[Piece, bytes], int]:
         """`wanted` from the disk cache, else in coalesced requests, several at a time; (pieces, requests)."""
@@ -234,7 +258,7 @@ class WdsPieceReader:
         self._ready.clear()
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_ready": {}, "_ahead": None, "_ahead_thread": None}
+        return {**self.__dict__, "_ready": {}}
 
 
 class ZarrPieceReader:
@@ -246,7 +270,9 @@ class ZarrPieceReader:
         self.arrays = ZarrArrays(fs, root, policy)
         self.verify = verify
         self.bytes_read = 0
+        self.requests = 0
         self.cache = piece_cache(fs, root, policy)
+        self._ahead = BackgroundFetch()
 
     def read_bytes(self, piece: Piece) -> bytes:
         data = cached_bytes(self.cache, piece, self.verify)
@@ -275,16 +301,77 @@ class ZarrPieceReader:
             self.cache.put(piece, np.ascontiguousarray(values).tobytes())
         return values
 
-    fetches_ahead = False  # not done for Zarr yet: its elements are read one request each
+    @property
+    def fetches_ahead(self) -> bool:
+        return not isinstance(self.arrays.fs, LocalFileSystem)
 
     def prefetch(self, pieces: Iterable[Piece]) -> None:
-        pass
+        if not self.fetches_ahead:
+            return
+        self._take_ahead()
+        held, requests = self._fetch(set(pieces), self.arrays.held)
+        self.arrays.held.add(held)
+        self.requests += requests
 
     def prefetch_ahead(self, pieces: Iterable[Piece]) -> None:
-        pass
+        if not self.fetches_ahead or self._ahead.busy():
+            return
+        pieces, carried = set(pieces), self.arrays.held.copy()  # what this micro-batch holds outlives `forget`
+        self._take_ahead()
+
+        def fetch() -> tuple[HeldBytes, int]:
+            held, requests = self._fetch(pieces, carried)
+            held.add(carried)
+            return held, requests
+
+        self._ahead.start(fetch)
+
+    def _take_ahead(self) -> None:
+        taken = self._ahead.take()
+        if taken is not None:
+            held, requests = taken
+            self.arrays.held.add(held)
+            self.requests += requests
+
+    def _fetch(self, pieces: Iterable[Piece], have: HeldBytes) -> tuple[HeldBytes, int]:
+        """The shard-file spans and chunk files holding `pieces` that neither `have` nor the disk cache holds,
+        spans of one file at most `COALESCE_GAP` apart in one request, several requests at a time."""
+        elements, rows = [], []
+        for piece in pieces:
+            if self.cache is not None and self.cache.contains(piece):
+                continue
+            layout = self.arrays.layout(piece.path)
+            if layout.dtype is None:
+                elements.append((piece.path, piece.offset))
+            else:
+                row_bytes = layout.dtype.itemsize * math.prod(layout.shape[1:])
+                rows.append((piece.path, piece.offset, piece.size // row_bytes if row_bytes else 0))
+        plan = self.arrays.locate(elements, rows)
+        spans = [
+            Piece(path, start, size, "") for path, start, size in plan.spans if have.span(path, start, size) is None
+        ]
+        files = [(path, limit) for path, limit in plan.files if path not in have.files]
+        ranges = coalesce(spans)
+        held = HeldBytes()
+
+        def fetch(job: CoalescedRange | tuple[str, int]) -> None:
+            try:
+                if isinstance(job, CoalescedRange):
+                    data = read_range(self.arrays.fs, job.path, job.start, job.end - job.start, self.arrays.policy)
+                    held.spans.setdefault(job.path, []).append((job.start, data))
+                else:
+                    held.files[job[0]] = read_file(self.arrays.fs, job[0], job[1], self.arrays.policy)
+            except (MmdataError, OSError):
+                pass  # read again alone by the read itself, which reports it as usual
+
+        jobs = [*ranges, *files]
+        if jobs:
+            with ThreadPoolExecutor(min(self.arrays.policy.concurrency, len(jobs)), "mmdata-fetch") as pool:
+                list(pool.map(fetch, jobs))
+        return held, len(jobs)
 
     def forget(self) -> None:
-        pass
+        self.arrays.held = HeldBytes()
 
 
 def zarr_array_paths(schema: DatasetSchema) -> list[str]:

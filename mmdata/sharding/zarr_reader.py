@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import struct
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -58,18 +59,78 @@ class ArrayLayout:
         return join(self.path, self.separator.join(["c", str(chunk), *["0"] * (len(self.shape) - 1)]))
 
 
+class HeldBytes:
+    """Bytes fetched ahead for a micro-batch's reads: spans of shard files and whole chunk files, by path."""
+
+    def __init__(self) -> None:
+        self.spans: dict[str, list[tuple[int, bytes]]] = {}
+        self.files: dict[str, bytes] = {}
+
+    def span(self, path: str, offset: int, size: int) -> bytes | None:
+        for start, data in self.spans.get(path, ()):
+            if start <= offset and offset + size <= start + len(data):
+                return data[offset - start : offset - start + size]
+        return None
+
+    def add(self, other: HeldBytes) -> None:
+        for path, spans in other.spans.items():
+            self.spans.setdefault(path, []).extend(spans)
+        self.files.update(other.files)
+
+    def copy(self) -> HeldBytes:
+        held = HeldBytes()
+        held.add(self)
+        return held
+
+
+@dataclass(frozen=True)
+class FetchPlan:
+    """Where a set of pieces lies in the store's files: byte spans (path, offset, size) and whole files."""
+
+    spans: list[tuple[str, int, int]]
+    files: list[tuple[str, int]]  # (path, most bytes it may hold)
+
+
 class ZarrArrays:
-    """The arrays of one store, each checked once when first used; reads rows and byte elements."""
+    """The arrays of one store, each checked once when first used; reads rows and byte elements, from
+    `held` bytes when they were fetched ahead (see `locate`)."""
 
     def __init__(self, fs: fsspec.AbstractFileSystem, root: str, policy: ReadPolicy = DEFAULT_READ_POLICY):
         self.fs = fs
         self.root = root
         self.policy = policy
+        self.held = HeldBytes()
         self._layouts: dict[str, ArrayLayout] = {}
         self._indexes: OrderedDict[tuple[str, int], np.ndarray] = OrderedDict()
+        self._indexes_lock = threading.Lock()
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_indexes": OrderedDict()}
+        return {**self.__dict__, "_indexes": OrderedDict(), "held": HeldBytes(), "_indexes_lock": None}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _indexes_lock=threading.Lock())
+
+    def locate(self, elements: list[tuple[str, int]], rows: list[tuple[str, int, int]]) -> FetchPlan:
+        """Where byte-array `elements` (path, index) and numeric `rows` (path, start, count) lie; reads the shard
+        indexes it needs (a fetch ahead runs this in its own thread). Anything out of range is left to the read."""
+        spans: list[tuple[str, int, int]] = []
+        files: dict[str, int] = {}
+        for path, index in elements:
+            layout = self.layout(path)
+            if layout.dtype is not None or not 0 <= index < layout.shape[0]:
+                continue
+            shard, inner = divmod(index, layout.chunk_rows)
+            offset, nbytes = (int(v) for v in self._shard_index(layout, shard)[inner])
+            if offset != _EMPTY:
+                spans.append((join(self.root, layout.key(shard)), offset, nbytes))
+        for path, start, count in rows:
+            layout = self.layout(path)
+            if layout.dtype is None or count <= 0 or start < 0 or start + count > layout.shape[0]:
+                continue
+            limit = _zstd_bound(layout.chunk_bytes) if layout.compressed else layout.chunk_bytes
+            for chunk in range(start // layout.chunk_rows, (start + count - 1) // layout.chunk_rows + 1):
+                files[join(self.root, layout.key(chunk))] = limit
+        return FetchPlan(spans, sorted(files.items()))
 
     def layout(self, path: str) -> ArrayLayout:
         if path not in self._layouts:
@@ -119,7 +180,9 @@ class ZarrArrays:
         expected = size + 8  # vlen-bytes: item count and length, then the bytes
         if nbytes > (_zstd_bound(expected) if layout.compressed else expected):
             raise IntegrityError(f"{key}: element {index} takes {nbytes} bytes, too many for the {size} it holds")
-        raw = read_range(self.fs, join(self.root, key), offset, nbytes, self.policy)
+        raw = self.held.span(join(self.root, key), offset, nbytes)
+        if raw is None:
+            raw = read_range(self.fs, join(self.root, key), offset, nbytes, self.policy)
         payload = _decompress(raw, expected, key).tobytes() if layout.compressed else raw
         if len(payload) != expected:
             raise IntegrityError(f"{key}: element {index} holds {len(payload) - 8} bytes, the manifest says {size}")
@@ -134,7 +197,9 @@ class ZarrArrays:
         expected = layout.chunk_bytes
         limit = _zstd_bound(expected) if layout.compressed else expected
         try:
-            raw = read_file(self.fs, join(self.root, key), limit, self.policy)
+            raw = self.held.files.get(join(self.root, key))
+            if raw is None or len(raw) > limit:
+                raw = read_file(self.fs, join(self.root, key), limit, self.policy)
         except ReadError as exc:
             if not isinstance(exc.__cause__, FileNotFoundError):
                 raise
@@ -147,10 +212,11 @@ class ZarrArrays:
         return payload.view(layout.dtype).reshape(shape)
 
     def _shard_index(self, layout: ArrayLayout, shard: int) -> np.ndarray:
-        cached = self._indexes.get((layout.path, shard))
-        if cached is not None:
-            self._indexes.move_to_end((layout.path, shard))
-            return cached
+        with self._indexes_lock:
+            cached = self._indexes.get((layout.path, shard))
+            if cached is not None:
+                self._indexes.move_to_end((layout.path, shard))
+                return cached
         key = join(self.root, layout.key(shard))
         index_bytes = layout.chunk_rows * 16 + (4 if layout.index_checksum else 0)
         if layout.index_at_end:
@@ -164,9 +230,10 @@ class ZarrArrays:
         used = index[:, 0] != _EMPTY
         if length is not None and (index[used, 0] + index[used, 1] > length).any():
             raise IntegrityError(f"{key}: the shard index points past the end of the shard")
-        self._indexes[(layout.path, shard)] = index
-        if len(self._indexes) > _SHARD_INDEXES_KEPT:
-            self._indexes.popitem(last=False)
+        with self._indexes_lock:
+            self._indexes[(layout.path, shard)] = index
+            if len(self._indexes) > _SHARD_INDEXES_KEPT:
+                self._indexes.popitem(last=False)
         return index
 
 
