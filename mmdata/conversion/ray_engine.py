@@ -166,11 +166,11 @@ def convert_on_ray(
         _prepare(store, sources, options)
         with _connected(ray, options.ray_address):
             ledger, rows = _run(ray, store, sources, options)
+        created = options.creation_info(sources, ledger.skipped)
+        schema = store_schema(options.layout, ledger.registry.streams, rows, created, store.url)
+        stats_problem = complete_store(fs, root, store.url, rows, schema, ledger.moments, source_stats)
     except OSError as exc:
         raise destination_failure(destination, exc) from exc
-    created = options.creation_info(sources, ledger.skipped)
-    schema = store_schema(options.layout, ledger.registry.streams, rows, created, store.url)
-    stats_problem = complete_store(fs, root, store.url, rows, schema, ledger.moments, source_stats)
     return ConversionReport(
         destination=store.url,
         layout=options.layout,
@@ -250,10 +250,11 @@ def _encode_all(
     options: ConvertOptions,
     outcomes: dict[int, EpisodeSummary | SourceError],
 ) -> None:
-    """Encode every episode not in `outcomes` as Ray tasks, a bounded number in flight; adds their outcomes.
+    """Encode every episode not in `outcomes` as Ray tasks, at most `options.workers` in flight (default: twice
+    the cluster's CPUs); adds their outcomes.
     Without `skip_bad`, the first bad episode stops the conversion (what was encoded stays for --resume)."""
     encode = ray.remote(num_cpus=1, max_retries=TASK_RETRIES)(_encode_to_store)
-    limit = max(2, TASKS_PER_CPU * int(ray.cluster_resources().get("CPU", 1)))
+    limit = options.workers or max(2, TASKS_PER_CPU * int(ray.cluster_resources().get("CPU", 1)))
     waiting = iter(p for p in range(len(sources)) if p not in outcomes)
     in_flight: dict[Any, int] = {}
     frames = 0

@@ -95,7 +95,12 @@ def add_parser(commands) -> None:
         help=f"encoder speed preset for h264/hevc (default {DEFAULTS.preset})",
     )
     parser.add_argument("--shard-size", default="1GB", help="target size of a WebDataset shard (default 1GB)")
-    parser.add_argument("--workers", type=int, default=None, help="episodes encoded in parallel (default: all cores)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="episodes encoded in parallel (default: all cores; with --engine ray, twice the cluster's CPUs)",
+    )
     parser.add_argument(
         "--duration-tolerance",
         type=float,
