@@ -296,3 +296,45 @@ def test_the_next_micro_batch_is_fetched_in_the_background_while_this_one_decode
     assert in_the_loop[0] > 0 and sum(in_the_loop[1:]) == 0, "after the first, each micro-batch's pieces were there"
     assert len(ahead) >= len(batches) - 1 and sum(ahead) > 0
     assert_same_batches(batches, _batches(str(stores[layout]), 0))
+
+
+def _fill_cache(folder: str, seed: int) -> int:
+    """In a process of its own: put and read back 200 pieces of 1 KB through a cache limited to 50 KB."""
+    from mmdata.sharding.manifest import Piece
+    from mmdata.sharding.piece_cache import PieceCache
+
+    cache = PieceCache(folder, max_bytes=50_000, namespace="s3://bucket/store")
+    served = 0
+    for number in range(200):
+        piece = Piece("shards/shard-000000.tar", 1000 * ((number * 7 + seed) % 120), 1000, f"{number:016x}")
+        data = bytes([number % 251]) * 1000
+        cache.put(piece, data)
+        found = cache.get(piece)
+        assert found is None or found == data, "a reader saw a half-written or foreign entry"
+        served += found is not None
+    return served
+
+
+def test_processes_sharing_a_disk_cache_never_see_partial_entries_and_keep_it_bounded(tmp_path):
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(3) as pool:
+        served = pool.starmap(_fill_cache, [(str(tmp_path), seed) for seed in range(3)])
+    from mmdata.sharding.piece_cache import PieceCache
+
+    assert all(count > 100 for count in served)
+    assert PieceCache(tmp_path, 50_000, "s3://bucket/store").size() <= 50_000 * (1 + 3 * 0.05)
+    assert not [p for p in tmp_path.rglob("*.tmp")], "no temporary file is left behind"
+
+
+def test_a_ray_conversion_of_a_zarr_store_into_object_storage_is_refused_with_the_way_round(
+    raw_dataset, s3_endpoint
+):
+    from mmdata.conversion.pipeline import ConvertOptions, convert
+    from mmdata.errors import DestinationError
+    from mmdata.sources import discover_episodes
+
+    options = ConvertOptions(layout="zarr", engine="ray", progress=False)
+    with pytest.raises(DestinationError, match="shared folder .* local engine"):
+        convert(discover_episodes(raw_dataset, "raw"), f"s3://{BUCKET}/refused/out.zarr", options)
+    assert not s3_endpoint.exists(f"{BUCKET}/refused/out.zarr"), "nothing was written"
