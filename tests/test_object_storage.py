@@ -338,3 +338,15 @@ def test_a_ray_conversion_of_a_zarr_store_into_object_storage_is_refused_with_th
     with pytest.raises(DestinationError, match="shared folder .* local engine"):
         convert(discover_episodes(raw_dataset, "raw"), f"s3://{BUCKET}/refused/out.zarr", options)
     assert not s3_endpoint.exists(f"{BUCKET}/refused/out.zarr"), "nothing was written"
+
+
+def test_bench_reads_a_store_in_s3_through_a_disk_cache(s3_stores, tmp_path):
+    cache = tmp_path / "cache"
+    arguments = ("bench", s3_stores["wds"], "--steps", "3", "--num-workers", "0", "--cache-dir", str(cache))
+    result = run_cli(*arguments, "--json", str(tmp_path / "bench.json"))
+    assert result.returncode == 0, result.stderr
+    entries = [p for p in cache.rglob("*") if p.is_file() and not p.name.startswith(".")]
+    assert entries, "the pieces the bench fetched are kept in the cache folder"
+    import json
+
+    assert json.loads((tmp_path / "bench.json").read_text())["config"]["cache_dir"] == str(cache)

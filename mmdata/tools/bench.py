@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Any
 from mmdata.bench.presets import PRESETS, default_tokens_per, preset_spec
 from mmdata.bench.report import build_document, compare, format_table, load, parse_fraction
 from mmdata.bench.sweep import label, parse_sweep, plot_sweep
-from mmdata.dataset import open_dataset
+from mmdata.dataset import Dataset, open_dataset
 from mmdata.errors import MmdataError
+from mmdata.sharding.filesystem import ReadPolicy
 from mmdata.tools.storage import add_storage_options
 
 if TYPE_CHECKING:
@@ -58,6 +59,11 @@ def add_parser(commands) -> None:
     loader.add_argument("--decode-in", choices=("workers", "main"), help="where video is decoded")
     loader.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     loader.add_argument("--seed", type=int, default=0)
+    loader.add_argument(
+        "--cache-dir",
+        help="keep pieces fetched from object storage on local disk here (ReadPolicy.cache_dir): a second run reads"
+        " them from disk",
+    )
     loader.add_argument("--world-size", type=int, default=1, help="plan for this many ranks (this process is rank 0)")
     run = parser.add_argument_group("the run")
     run.add_argument("--steps", type=int, default=50, help="measured steps (default 50)")
@@ -133,7 +139,7 @@ def _measure(args: argparse.Namespace, dataset: str) -> dict[str, Any]:
         "world_size": args.world_size,
         "profiler_ranges": args.profile_ranges,
     }
-    loader = DataLoader(dataset, spec, **options)
+    loader = DataLoader(_source(args, dataset), spec, **options)
     warmup = _warmup(args, options)
     measured = run_loader(loader, args.steps, warmup, args.step_ms)
     config = {
@@ -151,6 +157,7 @@ def _measure(args: argparse.Namespace, dataset: str) -> dict[str, Any]:
         "device": str(loader.device),
         "world_size": args.world_size,
         "seed": args.seed,
+        "cache_dir": args.cache_dir,
         "steps": args.steps,
         "warmup": warmup,
         "step_ms": args.step_ms,
@@ -161,6 +168,13 @@ def _measure(args: argparse.Namespace, dataset: str) -> dict[str, Any]:
     if args.baseline:
         measured.update(_baseline(args, dataset, spec, loader, measured["figures"]))
     return build_document(config, measured)
+
+
+def _source(args: argparse.Namespace, dataset: str) -> str | Dataset:
+    """The store the loaders read: its URL, or with `--cache-dir` the store opened with that disk cache."""
+    if not args.cache_dir:
+        return dataset
+    return open_dataset(dataset, read_policy=ReadPolicy(cache_dir=args.cache_dir))
 
 
 def _sweep(args: argparse.Namespace, dataset: str, spec, options: dict[str, Any]) -> list[dict[str, Any]]:
@@ -174,7 +188,7 @@ def _sweep(args: argparse.Namespace, dataset: str, spec, options: dict[str, Any]
             overrides["batch_tokens"] = None
         elif "batch_tokens" in overrides:
             overrides["batch_size"] = None
-        loader = DataLoader(dataset, spec, **(options | overrides))
+        loader = DataLoader(_source(args, dataset), spec, **(options | overrides))
         figures = run_loader(loader, args.steps, _warmup(args, options | overrides), args.step_ms)["figures"]
         rows.append({"setting": setting, "decoder": loader.decoder.describe(), "figures": figures})
         print(
