@@ -1,7 +1,8 @@
 """The loader reading from S3 against local disk, measured in one run.
 
-A synthetic WebDataset store is read by `mmdata.DataLoader` (policy windows: 2 frames of one
-camera, state and a 50-step action chunk; 2 workers) from local disk, and from a moto S3 server
+A synthetic store (WebDataset, or Zarr with `--layout zarr`) is read by `mmdata.DataLoader`
+(policy windows: 2 frames of one camera, state and a 50-step action chunk; 2 workers) from
+local disk, and from a moto S3 server
 on 127.0.0.1 behind a proxy that adds 0, 20 and 100 ms to every request, with the micro-batch's
 pieces fetched ahead in coalesced requests and without (each piece its own request), and with
 the local disk cache (`ReadPolicy(cache_dir=...)`) warmed by one epoch beforehand, as a second
@@ -29,7 +30,7 @@ from process_time import measure as timed_loop
 import mmdata
 from mmdata.bench.object_store import S3Proxy, local_s3_server
 from mmdata.conversion.pipeline import ConvertOptions, convert
-from mmdata.sharding.readers import WdsPieceReader
+from mmdata.sharding.readers import WdsPieceReader, ZarrPieceReader
 from mmdata.sources.raw import discover_raw_episodes
 from mmdata.synthetic import SynthSpec, write_synthetic_dataset
 
@@ -74,17 +75,18 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--latencies", type=float, nargs="+", default=[0, 20, 100], help="milliseconds")
-    parser.add_argument("--tag", default="cpu")
+    parser.add_argument("--layout", choices=("wds", "zarr"), default="wds")
+    parser.add_argument("--tag", default="cpu", help="results go to remote_<tag>.json")
     args = parser.parse_args()
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="mmdata-remote-bench-") as folder, local_s3_server() as endpoint:
-        raw, store = Path(folder) / "raw", Path(folder) / "store.wds"
+        raw, store = Path(folder) / "raw", Path(folder) / f"store.{args.layout}"
         write_synthetic_dataset(raw, SynthSpec(episodes=args.episodes, min_seconds=5.0, max_seconds=20.0))
-        convert(discover_raw_episodes(raw), store, ConvertOptions(layout="wds", progress=False))
+        convert(discover_raw_episodes(raw), store, ConvertOptions(layout=args.layout, progress=False))
         upload = s3fs.S3FileSystem(endpoint_url=endpoint)
         upload.mkdir("bench-bucket")
-        upload.put(str(store), "bench-bucket/store.wds", recursive=True)
-        url = "s3://bench-bucket/store.wds"
+        upload.put(str(store), f"bench-bucket/store.{args.layout}", recursive=True)
+        url = f"s3://bench-bucket/store.{args.layout}"
         settings = {"local": None}
         for latency in args.latencies:
             settings[f"s3 {latency:g} ms coalesced"] = (latency, True, None)
@@ -93,7 +95,8 @@ def main() -> None:
         one_epoch(loader_for(url, args, str(Path(folder) / "cache")))  # a first epoch fills the cache
         runs: dict[str, list[float]] = {name: [] for name in settings}
         requests: dict[str, int] = {}
-        original = WdsPieceReader.fetches_ahead
+        reader = WdsPieceReader if args.layout == "wds" else ZarrPieceReader
+        original = reader.fetches_ahead
         for number in range(args.rounds):
             names = list(settings)
             shift = number % len(names)
@@ -106,12 +109,12 @@ def main() -> None:
                 with S3Proxy(endpoint, latency_s=latency / 1000) as proxy:
                     fsspec.config.conf["s3"] = {"endpoint_url": proxy.url}
                     s3fs.S3FileSystem.clear_instance_cache()
-                    WdsPieceReader.fetches_ahead = original if coalesced else property(lambda self: False)
+                    reader.fetches_ahead = original if coalesced else property(lambda self: False)
                     try:
                         measured = run(lambda cache=cache_dir: loader_for(url, args, cache), args)
                         runs[name].append(measured["samples_per_s"])
                     finally:
-                        WdsPieceReader.fetches_ahead = original
+                        reader.fetches_ahead = original
                         fsspec.config.conf["s3"] = {"endpoint_url": endpoint}
                         s3fs.S3FileSystem.clear_instance_cache()
                     requests[name] = proxy.ranged
@@ -131,6 +134,7 @@ def main() -> None:
     record = {
         "benchmark": "remote_bench",
         "machine": machine_name(),
+        "layout": args.layout,
         "workers": args.workers,
         "batch_size": args.batch_size,
         "seconds_per_round": args.seconds,
