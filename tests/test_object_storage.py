@@ -327,9 +327,7 @@ def test_processes_sharing_a_disk_cache_never_see_partial_entries_and_keep_it_bo
     assert not [p for p in tmp_path.rglob("*.tmp")], "no temporary file is left behind"
 
 
-def test_a_ray_conversion_of_a_zarr_store_into_object_storage_is_refused_with_the_way_round(
-    raw_dataset, s3_endpoint
-):
+def test_a_ray_conversion_of_a_zarr_store_into_object_storage_is_refused_with_the_way_round(raw_dataset, s3_endpoint):
     from mmdata.conversion.pipeline import ConvertOptions, convert
     from mmdata.errors import DestinationError
     from mmdata.sources import discover_episodes

@@ -27,6 +27,7 @@ import numpy as np
 
 from mmdata.checks import parse_json
 from mmdata.errors import IntegrityError, ReadError, StoreError
+from mmdata.sharding.checksum import crc32c
 from mmdata.sharding.filesystem import DEFAULT_READ_POLICY, ReadPolicy, join, read_file, read_range, read_tail
 
 MAX_CHUNK_BYTES = 256 << 20
@@ -224,7 +225,7 @@ class ZarrArrays:
         else:
             data, length = read_range(self.fs, key, 0, index_bytes, self.policy), None
         entries = data[: layout.chunk_rows * 16]
-        if layout.index_checksum and _crc32c(entries) != struct.unpack("<I", data[-4:])[0]:
+        if layout.index_checksum and crc32c(entries) != struct.unpack("<I", data[-4:])[0]:
             raise IntegrityError(f"{key}: the shard index fails its CRC32C; restore the store or convert again")
         index = np.frombuffer(entries, "<u8").reshape(layout.chunk_rows, 2)
         used = index[:, 0] != _EMPTY
@@ -373,14 +374,3 @@ def zstd_content_size(data: bytes) -> int | None:
 def _zstd_bound(size: int) -> int:
     """The most bytes a zstd frame of `size` bytes of content can take (ZSTD_COMPRESSBOUND, with room)."""
     return size + (size >> 7) + 1024
-
-
-def _crc32c(data: bytes) -> int:
-    try:
-        import google_crc32c
-
-        return int(google_crc32c.value(data))
-    except ImportError:
-        from numcodecs import CRC32C
-
-        return struct.unpack("<I", bytes(CRC32C().encode(np.frombuffer(data, np.uint8)))[-4:])[0]

@@ -1,0 +1,123 @@
+"""RLDS / TFDS input, read without TensorFlow: the TFRecord framing and tf.train.Example records of a
+dataset written by TensorFlow Datasets' own writer (tests/fixtures/rlds_small), against its ground truth."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mmdata.sources.arrays import decode_image
+from mmdata.sources.tfrecord import TFRecordError, masked_crc32c, parse_example, read_records
+
+FIXTURE = Path(__file__).parent / "fixtures" / "rlds_small"
+TRUTH = json.loads((FIXTURE / "fixture_truth.json").read_text())
+RECORDS = sorted((FIXTURE / "tfds" / "robot_small" / "1.0.0").glob("*.tfrecord-*"))
+
+
+def bars(image: np.ndarray, rows: slice) -> int:
+    """The number an image's 8 bars show in `rows` (bit 7 on the left)."""
+    width = image.shape[1] // 8
+    bits = [image[rows, bit * width + width // 4 : (bit + 1) * width - width // 4].mean() > 127 for bit in range(8)]
+    return int("".join("1" if bit else "0" for bit in bits), 2)
+
+
+def test_every_record_of_the_tfds_fixture_parses_to_its_ground_truth():
+    episodes = [parse_example(data, f"record {n}") for path in RECORDS for n, data in enumerate(read_records(path))]
+    assert [int(e["episode_metadata/episode_id"].values[0]) for e in episodes] == TRUTH["file_order"]
+    for example in episodes:
+        number = int(example["episode_metadata/episode_id"].values[0]) - 100
+        truth = TRUTH["episodes"][number]
+        steps = truth["steps"]
+        assert example["episode_metadata/file_path"].values == [truth["metadata"]["file_path"].encode()]
+        state = example["steps/observation/state"].values.reshape(steps, 7)
+        action = example["steps/action"].values.reshape(steps, 7)
+        assert np.array_equal(state, np.array(truth["state"], np.float32))
+        assert np.array_equal(action, np.array(truth["action"], np.float32))
+        assert np.array_equal(example["steps/reward"].values, np.array(truth["reward"], np.float32))
+        assert example["steps/is_first"].values.tolist() == [1] + [0] * (steps - 1)
+        assert example["steps/is_last"].values.tolist() == [0] * (steps - 1) + [1]
+        assert example["steps/language_instruction"].values == [truth["task"].encode()] * steps
+        for key, (height, width, _) in TRUTH["image_keys"].items():
+            images = example[f"steps/observation/{key}"].values
+            assert len(images) == steps
+            for step, encoded in enumerate(images):
+                image = decode_image(encoded, f"episode {number}", key)
+                assert image.shape == (height, width, 3)
+                assert bars(image, slice(height // 2, None)) == step
+                assert bars(image, slice(0, height // 8)) == number
+
+
+def _copy(tmp_path: Path) -> Path:
+    copy = tmp_path / RECORDS[0].name
+    shutil.copyfile(RECORDS[0], copy)
+    return copy
+
+
+def test_a_flipped_byte_in_a_record_is_a_crc_error_naming_the_file_and_record(tmp_path):
+    damaged = _copy(tmp_path)
+    data = bytearray(damaged.read_bytes())
+    (first,) = struct.unpack_from("<Q", data, 0)
+    data[12 + first + 16 + 40] ^= 0x01  # inside the second record's data
+    damaged.write_bytes(bytes(data))
+    second = 12 + first + 4
+    with pytest.raises(TFRecordError, match=rf"{damaged.name}: record 1 at byte {second}: .*data fails its CRC32C"):
+        list(read_records(damaged))
+
+
+def test_a_truncated_tfrecord_file_is_named_as_truncated(tmp_path):
+    cut = _copy(tmp_path)
+    cut.write_bytes(cut.read_bytes()[:-100])
+    with pytest.raises(TFRecordError, match=r"record 2 at byte \d+: .*past the end of the file \(truncated\)"):
+        list(read_records(cut))
+    cut.write_bytes(cut.read_bytes()[:5])
+    with pytest.raises(TFRecordError, match=r"record 0 at byte 0: the file ends inside the record's header"):
+        list(read_records(cut))
+
+
+def test_a_damaged_length_is_caught_before_anything_is_allocated(tmp_path):
+    damaged = _copy(tmp_path)
+    data = bytearray(damaged.read_bytes())
+    data[7] = 0x7F  # the length's top byte: 2**62 bytes, with the length's CRC now wrong
+    damaged.write_bytes(bytes(data))
+    with pytest.raises(TFRecordError, match="record 0 at byte 0: the record's length fails its CRC32C"):
+        list(read_records(damaged))
+
+
+def _record(data: bytes) -> bytes:
+    length = struct.pack("<Q", len(data))
+    return length + struct.pack("<I", masked_crc32c(length)) + data + struct.pack("<I", masked_crc32c(data))
+
+
+def test_negative_and_unpacked_values_parse_as_protobuf_encodes_them(tmp_path):
+    def field(number: int, wire: int, payload: bytes) -> bytes:
+        return bytes([number << 3 | wire]) + payload
+
+    def delimited(number: int, payload: bytes) -> bytes:
+        return field(number, 2, bytes([len(payload)]) + payload)
+
+    minus_five = (2**64 - 5).to_bytes(8, "little")
+    varint = bytearray()
+    value = int.from_bytes(minus_five, "little")
+    while value > 0x7F:
+        varint.append(value & 0x7F | 0x80)
+        value >>= 7
+    varint.append(value)
+    int64_list = delimited(1, bytes([1 << 3 | 0]) + bytes([7]) + bytes([1 << 3 | 0]) + bytes(varint))
+    float_list = delimited(1, field(1, 5, struct.pack("<f", 1.5)) + field(1, 5, struct.pack("<f", -2.0)))
+    entries = delimited(1, delimited(1, b"ints") + delimited(2, delimited(3, int64_list[2:])))
+    entries += delimited(1, delimited(1, b"floats") + delimited(2, delimited(2, float_list[2:])))
+    path = tmp_path / "made.tfrecord"
+    path.write_bytes(_record(delimited(1, entries)))
+    (example,) = [parse_example(data, "made") for data in read_records(path)]
+    assert example["ints"].values.tolist() == [7, -5]
+    assert example["floats"].values.tolist() == [1.5, -2.0]
+
+
+def test_bytes_that_are_not_an_example_are_a_clear_error():
+    with pytest.raises(TFRecordError, match="record 3: not a tf.train.Example"):
+        parse_example(b"\x0a\xff\xff\xff\xff\x0f", "record 3")
