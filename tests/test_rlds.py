@@ -121,3 +121,47 @@ def test_negative_and_unpacked_values_parse_as_protobuf_encodes_them(tmp_path):
 def test_bytes_that_are_not_an_example_are_a_clear_error():
     with pytest.raises(TFRecordError, match="record 3: not a tf.train.Example"):
         parse_example(b"\x0a\xff\xff\xff\xff\x0f", "record 3")
+
+
+@pytest.mark.parametrize("layout", ["wds", "zarr"])
+def test_an_rlds_dataset_converts_and_reads_back_as_its_ground_truth(tmp_path, layout):
+    import mmdata
+    from mmdata.conversion.pipeline import ConvertOptions, convert
+    from mmdata.sources import discover_episodes
+    from mmdata.verify import verify_dataset
+
+    sources = discover_episodes(FIXTURE, "auto", fps=10)
+    report = convert(sources, tmp_path / "out", ConvertOptions(layout=layout, workers=1, progress=False))
+    assert report.converted == 3 and verify_dataset(str(tmp_path / "out"), progress=False).ok
+    dataset = mmdata.open_dataset(str(tmp_path / "out"))
+    for index, episode_id in enumerate(TRUTH["file_order"]):
+        truth = TRUTH["episodes"][episode_id - 100]
+        row = dataset.manifest.row(index)
+        assert row["task"] == truth["task"]
+        metadata = json.loads(row["metadata"]) if isinstance(row["metadata"], str) else row["metadata"]
+        assert metadata["episode_id"] == episode_id and metadata["file_path"] == truth["metadata"]["file_path"]
+        times = np.arange(truth["steps"]) / 10
+        state = dataset.values_at(index, "observation.state", times)
+        assert np.array_equal(state.values, np.array(truth["state"], np.float32)) and not state.is_pad.any()
+        assert np.allclose(dataset.timestamps_of(row, "observation.state"), times), "step i is at i / fps"
+        action = dataset.values_at(index, "action", times)
+        assert np.array_equal(action.values, np.array(truth["action"], np.float32))
+        for camera, (height, _, _) in TRUTH["image_keys"].items():
+            frames = dataset.frames_at(index, camera, times)
+            assert not frames.is_pad.any() and np.allclose(frames.timestamps, times)
+            assert [bars(f, slice(height // 2, None)) for f in np.asarray(frames.values)] == list(range(truth["steps"]))
+            assert {bars(f, slice(0, height // 8)) for f in np.asarray(frames.values)} == {episode_id - 100}
+        after = dataset.values_at(index, "observation.state", [truth["steps"] / 10 + 0.05])
+        assert after.is_pad.all(), "the episode ends after its last step"
+
+
+def test_rlds_without_fps_or_with_an_unknown_image_key_says_what_to_give():
+    from mmdata.errors import SourceError
+    from mmdata.sources import discover_episodes
+
+    with pytest.raises(SourceError, match="--fps"):
+        discover_episodes(FIXTURE, "rlds")
+    with pytest.raises(SourceError, match=r"no image feature \['top'\].*choose from \['image', 'wrist_image'\]"):
+        discover_episodes(FIXTURE, "rlds", fps=10, image_keys=["top"])
+    picked = discover_episodes(FIXTURE, "rlds", fps=10, image_keys=["wrist_image"])
+    assert [camera.name for camera in picked[0].cameras] == ["wrist_image"]

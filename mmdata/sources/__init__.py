@@ -2,7 +2,8 @@
 
 `discover_episodes(path, "auto")` recognises the format: a LeRobot dataset (`meta/info.json`),
 a replay-buffer Zarr store (`meta/episode_ends`, or a `.zarr.zip`), HDF5 recordings (`.hdf5` /
-`.h5` files), or the raw layout (a folder of episode folders).
+`.h5` files), an RLDS / TFDS builder folder (`features.json` + `dataset_info.json`), or the raw
+layout (a folder of episode folders).
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ from mmdata.errors import SourceError
 from mmdata.sources.episode import AudioSource, CameraSource, EpisodeSource, LowdimSource
 from mmdata.sources.raw import discover_raw_episodes
 
-FORMATS = ("raw", "lerobot", "hdf5", "zarr-replay")
+FORMATS = ("raw", "lerobot", "hdf5", "zarr-replay", "rlds")
 
 
 def detect_format(path: str | Path) -> str:
     """The input format of `path`, when exactly one fits."""
     from mmdata.sources.hdf5 import hdf5_files
+    from mmdata.sources.rlds import holds_rlds_builder
     from mmdata.sources.zarr_replay import is_replay_buffer
 
     path = Path(path)
@@ -34,6 +36,8 @@ def detect_format(path: str | Path) -> str:
         found.append("zarr-replay")
     if (path.is_file() or path.is_dir()) and hdf5_files(path):
         found.append("hdf5")
+    if path.is_dir() and holds_rlds_builder(path):
+        found.append("rlds")
     if path.is_dir() and not found and any(p.is_dir() and not p.name.startswith(".") for p in path.iterdir()):
         found.append("raw")
     if len(found) != 1:
@@ -45,11 +49,17 @@ def detect_format(path: str | Path) -> str:
 
 
 def discover_episodes(
-    path: str | Path, source_format: str = "auto", fps: float | None = None, task: str = ""
+    path: str | Path,
+    source_format: str = "auto",
+    fps: float | None = None,
+    task: str = "",
+    image_keys: list[str] | None = None,
 ) -> list[EpisodeSource]:
-    """Describe the episodes at `path` in `source_format` ("auto" to detect it)."""
+    """Describe the episodes at `path` in `source_format` ("auto" to detect it); `image_keys` picks an
+    RLDS dataset's cameras (default: every image under `observation/`)."""
     from mmdata.sources.hdf5 import discover_hdf5_episodes
     from mmdata.sources.lerobot import discover_lerobot_episodes
+    from mmdata.sources.rlds import discover_rlds_episodes
     from mmdata.sources.zarr_replay import discover_replay_episodes
 
     if source_format == "auto":
@@ -59,6 +69,7 @@ def discover_episodes(
         "lerobot": lambda: discover_lerobot_episodes(path),
         "hdf5": lambda: discover_hdf5_episodes(path, fps, task),
         "zarr-replay": lambda: discover_replay_episodes(path, fps, task),
+        "rlds": lambda: discover_rlds_episodes(path, fps, task, image_keys),
     }
     if source_format not in readers:
         raise SourceError.for_source(

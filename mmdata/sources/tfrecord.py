@@ -46,22 +46,35 @@ def read_records(path: str | os.PathLike) -> Iterator[bytes]:
         size = os.fstat(handle.fileno()).st_size
         number = offset = 0
         while offset < size:
-            header = handle.read(HEADER_BYTES)
-            where = f"{os.fspath(path)}: record {number} at byte {offset}"
-            if len(header) < HEADER_BYTES:
-                raise TFRecordError(f"{where}: the file ends inside the record's header (truncated)")
-            length, length_crc = struct.unpack("<QI", header)
-            if masked_crc32c(header[:8]) != length_crc:
-                raise TFRecordError(f"{where}: the record's length fails its CRC32C (a damaged file)")
-            if length > size - offset - HEADER_BYTES - FOOTER_BYTES:
-                raise TFRecordError(f"{where}: the record's {length} bytes run past the end of the file (truncated)")
-            data = handle.read(length)
-            (data_crc,) = struct.unpack("<I", handle.read(FOOTER_BYTES))
-            if masked_crc32c(data) != data_crc:
-                raise TFRecordError(f"{where}: the record's data fails its CRC32C (a damaged file)")
+            data = _read_one(handle, os.fspath(path), number, offset, size)
             yield data
             number += 1
-            offset += HEADER_BYTES + length + FOOTER_BYTES
+            offset += HEADER_BYTES + len(data) + FOOTER_BYTES
+
+
+def read_record(path: str | os.PathLike, offset: int, number: int = 0) -> bytes:
+    """The data of the record whose framing starts at byte `offset` (the `number`-th, for messages)."""
+    with open(path, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        handle.seek(offset)
+        return _read_one(handle, os.fspath(path), number, offset, size)
+
+
+def _read_one(handle, path: str, number: int, offset: int, size: int) -> bytes:
+    where = f"{path}: record {number} at byte {offset}"
+    header = handle.read(HEADER_BYTES)
+    if len(header) < HEADER_BYTES:
+        raise TFRecordError(f"{where}: the file ends inside the record's header (truncated)")
+    length, length_crc = struct.unpack("<QI", header)
+    if masked_crc32c(header[:8]) != length_crc:
+        raise TFRecordError(f"{where}: the record's length fails its CRC32C (a damaged file)")
+    if length > size - offset - HEADER_BYTES - FOOTER_BYTES:
+        raise TFRecordError(f"{where}: the record's {length} bytes run past the end of the file (truncated)")
+    data = handle.read(length)
+    (data_crc,) = struct.unpack("<I", handle.read(FOOTER_BYTES))
+    if masked_crc32c(data) != data_crc:
+        raise TFRecordError(f"{where}: the record's data fails its CRC32C (a damaged file)")
+    return data
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,13 @@ def add_parser(commands) -> None:
         default="auto",
         help="input format (default: recognised from the source; see docs/importers.md)",
     )
-    parser.add_argument("--fps", type=float, help="control rate of HDF5 and replay-buffer recordings (Hz)")
+    parser.add_argument(
+        "--fps", type=float, help="control rate of HDF5, replay-buffer and RLDS recordings (Hz; RLDS has no timestamps)"
+    )
+    parser.add_argument(
+        "--image-keys",
+        help="RLDS: the cameras to keep, by their key under steps/observation (comma-separated; default: every image)",
+    )
     parser.add_argument("--task", default="", help="task text for recordings that do not store one")
     video = parser.add_argument_group("video")
     video.add_argument(
@@ -149,7 +155,8 @@ def add_parser(commands) -> None:
 
 def run(args: argparse.Namespace) -> int:
     destination = args.destination.removeprefix("file://")
-    sources = discover_episodes(args.source, args.source_format, args.fps, args.task)
+    image_keys = args.image_keys.split(",") if args.image_keys else None
+    sources = discover_episodes(args.source, args.source_format, args.fps, args.task, image_keys)
     video = encoding_for_access(
         args.access,
         codec=args.video_codec,

@@ -1,0 +1,285 @@
+"""RLDS datasets (TFDS builder folders of TFRecord files: Open X-Embodiment, DROID) -> `EpisodeSource`s,
+read without TensorFlow.
+
+A TFDS RLDS record is one episode: a `tf.train.Example` whose keys are flat feature paths. Each
+`steps/<path>` holds one entry per step, flattened: an encoded JPEG/PNG per step for an image, the
+step's values for a tensor (reshaped by `features.json`). `episode_metadata/<key>` holds one value.
+The mapping to streams:
+
+- every `steps/observation/<key>` Image (or those `image_keys` names) -> a camera named `<key>`;
+- every numeric `steps/<path>` Tensor or Scalar (`observation/state`, `action`, `reward`, `discount`,
+  `is_first`, ...) -> a low-dim stream named by its path with `/` as `.` (`observation.state`);
+- the first step's `language_instruction` (or `language_instruction` anywhere in the steps) -> the task;
+- `episode_metadata/*` -> the episode's metadata.
+
+RLDS stores no timestamps: step `i` is at `i / fps` seconds (`--fps`, the dataset's control rate).
+Episodes are numbered in the order of the TFRecord files and of the records in them.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mmdata.checks import parse_json
+from mmdata.errors import SourceError
+from mmdata.sources.arrays import ArrayCameraSource, ArrayLowdimSource, ArrayShape
+from mmdata.sources.episode import EpisodeSource, require_common_streams
+from mmdata.sources.tfrecord import FOOTER_BYTES, HEADER_BYTES, Feature, TFRecordError, parse_example, read_record
+
+SHARD = re.compile(r".*\.tfrecord-(\d+)-of-(\d+)$")
+IMAGE_CLASS = "tensorflow_datasets.core.features.image_feature.Image"
+NUMERIC_CLASSES = ("tensor_feature.Tensor", "scalar.Scalar")
+TEXT_CLASS = "text_feature.Text"
+INSTRUCTION = "language_instruction"
+
+
+@dataclass(frozen=True)
+class StepFeature:
+    """One per-step feature of the dataset, from `features.json`."""
+
+    path: str  # below `steps/`, e.g. "observation/image"
+    kind: str  # "image", "numeric" or "text"
+    shape: tuple[int, ...]
+    dtype: str
+
+
+def is_rlds_builder(path: Path) -> bool:
+    return (path / "features.json").is_file() and (path / "dataset_info.json").is_file()
+
+
+def holds_rlds_builder(path: Path) -> bool:
+    """Whether `path` is a TFDS builder folder or holds one (at most three levels down: name/version)."""
+    if is_rlds_builder(path):
+        return True
+    return any(
+        is_rlds_builder(p.parent) for depth in ("*/", "*/*/", "*/*/*/") for p in path.glob(f"{depth}features.json")
+    )
+
+
+def discover_rlds_episodes(
+    root: str | Path, fps: float | None, task: str = "", image_keys: list[str] | None = None
+) -> list[EpisodeSource]:
+    """One EpisodeSource per record of the builder folder `root` (or the one builder folder under it)."""
+    builder = _builder_folder(Path(root))
+    if fps is None or not fps > 0:
+        raise SourceError.for_source(
+            str(builder), None, "RLDS stores no timestamps", "give the dataset's control rate with --fps (Hz)"
+        )
+    features = step_features(builder)
+    cameras = [f for f in features if f.kind == "image" and f.path.startswith("observation/")]
+    if image_keys:
+        known = {f.path.rsplit("/", 1)[-1]: f for f in cameras}
+        unknown = sorted(set(image_keys) - set(known))
+        if unknown:
+            raise SourceError.for_source(
+                str(builder), None, f"no image feature {unknown} in features.json", f"choose from {sorted(known)}"
+            )
+        cameras = [known[key] for key in image_keys]
+    numeric = [f for f in features if f.kind == "numeric"]
+    episodes = []
+    for path in _record_files(builder):
+        for number, (offset, length) in enumerate(_record_spans(path)):
+            episodes.append(_episode(path, number, offset, length, cameras, numeric, fps, task))
+    if not episodes:
+        raise SourceError.for_source(str(builder), None, "the dataset holds no episode", "check the folder")
+    return require_common_streams(episodes)
+
+
+def step_features(builder: Path) -> list[StepFeature]:
+    """The per-step features `features.json` declares, flattened to paths below `steps/`."""
+    where = builder / "features.json"
+    try:
+        document = parse_json(where.read_bytes())
+        top = document["featuresDict"]["features"]
+        steps = top["steps"]["sequence"]["feature"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SourceError.for_source(
+            str(where), None, f"not the features.json of an RLDS dataset (no 'steps' sequence: {exc})", None
+        ) from exc
+    found: list[StepFeature] = []
+    _flatten(steps, "", found, str(where))
+    return found
+
+
+def _flatten(node: Any, prefix: str, found: list[StepFeature], where: str) -> None:
+    if not isinstance(node, dict):
+        raise SourceError.for_source(where, None, f"feature '{prefix}' is not an object", None)
+    name = str(node.get("pythonClassName", ""))
+    if "featuresDict" in node:
+        for key, child in node["featuresDict"].get("features", {}).items():
+            _flatten(child, f"{prefix}/{key}" if prefix else key, found, where)
+    elif name == IMAGE_CLASS:
+        shape = tuple(int(v) for v in node["image"]["shape"]["dimensions"])
+        found.append(StepFeature(prefix, "image", shape, "uint8"))
+    elif name.endswith(NUMERIC_CLASSES):
+        tensor = node["tensor"]
+        shape = tuple(int(v) for v in tensor.get("shape", {}).get("dimensions", []))
+        found.append(StepFeature(prefix, "numeric", shape, str(tensor["dtype"])))
+    elif name.endswith(TEXT_CLASS):
+        found.append(StepFeature(prefix, "text", (), "string"))
+    else:
+        raise SourceError.for_source(
+            where,
+            None,
+            f"feature '{prefix}' is a {name or 'feature of no class'}, which the RLDS importer does not read",
+            "report it with the dataset's features.json",
+        )
+
+
+def _builder_folder(root: Path) -> Path:
+    if is_rlds_builder(root):
+        return root
+    found = sorted({p.parent for p in root.glob("**/features.json") if is_rlds_builder(p.parent)})
+    if len(found) != 1:
+        what = "no" if not found else f"{len(found)}"
+        raise SourceError.for_source(
+            str(root),
+            None,
+            f"{what} TFDS builder folders (features.json + dataset_info.json) found",
+            "give the folder of one dataset version, e.g. .../fractal20220817_data/0.1.0",
+        )
+    return found[0]
+
+
+def _record_files(builder: Path) -> list[Path]:
+    files = [p for p in builder.iterdir() if SHARD.match(p.name)]
+    return sorted(files, key=lambda p: (p.name.split(".tfrecord-")[0], int(SHARD.match(p.name).group(1))))
+
+
+def _record_spans(path: Path) -> list[tuple[int, int]]:
+    """(offset of the data, length) of every record, from the framing alone (the data is checked when read)."""
+    spans, offset, size = [], 0, path.stat().st_size
+    with open(path, "rb") as handle:
+        while offset < size:
+            header = handle.read(HEADER_BYTES)
+            if len(header) < HEADER_BYTES:
+                raise TFRecordError(f"{path}: record {len(spans)} at byte {offset}: the file ends inside its header")
+            (length,) = struct.unpack("<Q", header[:8])
+            if length > size - offset - HEADER_BYTES - FOOTER_BYTES:
+                raise TFRecordError(
+                    f"{path}: record {len(spans)} at byte {offset}: its {length} bytes run past the end of the file"
+                    " (truncated)"
+                )
+            spans.append((offset, length))
+            offset += HEADER_BYTES + length + FOOTER_BYTES
+            handle.seek(offset)
+    return spans
+
+
+def _episode(
+    path: Path,
+    number: int,
+    offset: int,
+    length: int,
+    cameras: list[StepFeature],
+    numeric: list[StepFeature],
+    fps: float,
+    task: str,
+) -> EpisodeSource:
+    name = f"{path.name}#{number}"
+    try:
+        example = _record(str(path), offset, number)
+        steps = _step_count(example, cameras, numeric, name)
+    except (SourceError, TFRecordError) as problem:
+        error = problem if isinstance(problem, SourceError) else SourceError(name, str(path), str(problem))
+        return EpisodeSource(name, problem=error)
+    instruction = example.get(f"steps/{INSTRUCTION}")
+    if instruction is not None and instruction.kind == "bytes" and instruction.values:
+        task = instruction.values[0].decode("utf-8", errors="replace")
+    metadata = {"rlds_file": path.name, "rlds_record": number}
+    for key, feature in example.items():
+        if key.startswith("episode_metadata/") and len(feature.values) == 1:
+            value = feature.values[0]
+            metadata[key.removeprefix("episode_metadata/")] = (
+                value.decode("utf-8", errors="replace") if isinstance(value, bytes) else value.item()
+            )
+    where = RecordAddress(str(path), offset, number)
+    return EpisodeSource(
+        name,
+        task=task,
+        metadata=metadata,
+        cameras=tuple(
+            ArrayCameraSource(f.path.rsplit("/", 1)[-1], StepArray(where, f"steps/{f.path}", (), "object", steps), fps)
+            for f in cameras
+        ),
+        lowdim=tuple(
+            ArrayLowdimSource(
+                f.path.replace("/", "."), StepArray(where, f"steps/{f.path}", f.shape, f.dtype, steps), fps
+            )
+            for f in numeric
+        ),
+    )
+
+
+def _step_count(example: dict[str, Feature], cameras: list[StepFeature], numeric: list[StepFeature], name: str) -> int:
+    counts = {}
+    for feature in (*cameras, *numeric):
+        found = example.get(f"steps/{feature.path}")
+        if found is None:
+            raise SourceError(
+                name, None, f"the record has no feature 'steps/{feature.path}' that features.json declares"
+            )
+        per_step = int(np.prod(feature.shape, dtype=np.int64)) if feature.kind == "numeric" else 1
+        if per_step == 0 or len(found.values) % per_step:
+            raise SourceError(name, None, f"'steps/{feature.path}' holds {len(found.values)} values, not whole steps")
+        counts[feature.path] = len(found.values) // per_step
+    if len(set(counts.values())) > 1:
+        raise SourceError(name, None, f"features disagree on the number of steps: {counts}")
+    return next(iter(counts.values()), 0)
+
+
+@dataclass(frozen=True)
+class RecordAddress:
+    path: str
+    offset: int
+    number: int
+
+
+@lru_cache(maxsize=2)
+def _record(path: str, offset: int, number: int) -> dict[str, Feature]:
+    """The features of the `number`-th record, whose framing starts at `offset` (CRCs checked; the last two
+    kept, since a worker reads each episode's streams one after another)."""
+    return parse_example(read_record(path, offset, number), f"{path}: record {number} at byte {offset}")
+
+
+@dataclass(frozen=True)
+class StepArray:
+    """One per-step feature of one RLDS record, as the array importers' `ArrayRef`: rows are steps."""
+
+    record: RecordAddress
+    key: str
+    row_shape: tuple[int, ...]
+    dtype: str
+    steps: int
+
+    @property
+    def path(self) -> str:
+        return self.record.path
+
+    def where(self) -> str:
+        return f"{self.record.path}@{self.record.offset}:{self.key}"
+
+    def shape(self, episode: str) -> ArrayShape:
+        dtype = np.dtype(object) if self.dtype == "object" else np.dtype(self.dtype)
+        rows = self.steps
+        return ArrayShape(rows, self.row_shape, dtype, rows * max(1, dtype.itemsize) * int(np.prod(self.row_shape)))
+
+    def read(self, episode: str, first: int = 0, last: int | None = None) -> np.ndarray:
+        try:
+            feature = _record(self.record.path, self.record.offset, self.record.number)[self.key]
+        except TFRecordError as exc:
+            raise SourceError(episode, self.record.path, str(exc)) from exc
+        last = self.steps if last is None else last
+        if self.dtype == "object":
+            items = np.empty(last - first, dtype=object)
+            items[:] = feature.values[first:last]
+            return items
+        values = np.asarray(feature.values).reshape(self.steps, *self.row_shape)
+        return values[first:last].astype(self.dtype)
