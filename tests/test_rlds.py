@@ -165,3 +165,41 @@ def test_rlds_without_fps_or_with_an_unknown_image_key_says_what_to_give():
         discover_episodes(FIXTURE, "rlds", fps=10, image_keys=["top"])
     picked = discover_episodes(FIXTURE, "rlds", fps=10, image_keys=["wrist_image"])
     assert [camera.name for camera in picked[0].cameras] == ["wrist_image"]
+
+
+def _fixture_copy(tmp_path: Path) -> Path:
+    copy = tmp_path / "rlds"
+    shutil.copytree(FIXTURE / "tfds" / "robot_small" / "1.0.0", copy)
+    return copy
+
+
+def test_a_damaged_record_stops_the_conversion_naming_it_or_is_skipped_with_skip_bad(tmp_path):
+    from mmdata.conversion.pipeline import ConvertOptions, convert
+    from mmdata.errors import SourceError
+    from mmdata.sources import discover_episodes
+
+    builder = _fixture_copy(tmp_path)
+    record_file = next(builder.glob("*.tfrecord-*"))
+    data = bytearray(record_file.read_bytes())
+    (first,) = struct.unpack_from("<Q", data, 0)
+    data[12 + first + 16 + 40] ^= 0x01  # inside the second record's data
+    record_file.write_bytes(bytes(data))
+    options = ConvertOptions(workers=1, progress=False)
+    with pytest.raises(SourceError, match=r"#1.*record 1 at byte \d+: .*fails its CRC32C"):
+        convert(discover_episodes(builder, "rlds", fps=10), tmp_path / "stopped", options)
+    skipping = ConvertOptions(workers=1, progress=False, skip_bad=True)
+    report = convert(discover_episodes(builder, "rlds", fps=10), tmp_path / "skipped", skipping)
+    assert report.converted == 2 and [s["episode"] for s in report.skipped] == [f"{record_file.name}#1"]
+
+
+def test_a_feature_class_the_importer_does_not_read_is_named(tmp_path):
+    from mmdata.errors import SourceError
+    from mmdata.sources import discover_episodes
+
+    builder = _fixture_copy(tmp_path)
+    features = json.loads((builder / "features.json").read_text())
+    steps = features["featuresDict"]["features"]["steps"]["sequence"]["feature"]["featuresDict"]["features"]
+    steps["depth"] = {"pythonClassName": "tensorflow_datasets.core.features.video_feature.Video", "video": {}}
+    (builder / "features.json").write_text(json.dumps(features))
+    with pytest.raises(SourceError, match="feature 'depth' is a .*video_feature.Video, which the RLDS importer"):
+        discover_episodes(builder, "rlds", fps=10)
