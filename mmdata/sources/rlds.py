@@ -19,7 +19,6 @@ Episodes are numbered in the order of the TFRecord files and of the records in t
 from __future__ import annotations
 
 import re
-import struct
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -31,7 +30,7 @@ from mmdata.checks import parse_json
 from mmdata.errors import SourceError
 from mmdata.sources.arrays import ArrayCameraSource, ArrayLowdimSource, ArrayShape
 from mmdata.sources.episode import EpisodeSource, require_common_streams
-from mmdata.sources.tfrecord import FOOTER_BYTES, HEADER_BYTES, Feature, TFRecordError, parse_example, read_record
+from mmdata.sources.tfrecord import Feature, TFRecordError, parse_example, read_record, record_spans
 
 SHARD = re.compile(r".*\.tfrecord-(\d+)-of-(\d+)$")
 IMAGE_CLASS = "tensorflow_datasets.core.features.image_feature.Image"
@@ -85,7 +84,7 @@ def discover_rlds_episodes(
     numeric = [f for f in features if f.kind == "numeric"]
     episodes = []
     for path in _record_files(builder):
-        for number, (offset, length) in enumerate(_record_spans(path)):
+        for number, (offset, length) in enumerate(record_spans(path)):
             episodes.append(_episode(path, number, offset, length, cameras, numeric, fps, task))
     if not episodes:
         raise SourceError.for_source(str(builder), None, "the dataset holds no episode", "check the folder")
@@ -151,26 +150,6 @@ def _builder_folder(root: Path) -> Path:
 def _record_files(builder: Path) -> list[Path]:
     files = [p for p in builder.iterdir() if SHARD.match(p.name)]
     return sorted(files, key=lambda p: (p.name.split(".tfrecord-")[0], int(SHARD.match(p.name).group(1))))
-
-
-def _record_spans(path: Path) -> list[tuple[int, int]]:
-    """(offset of the data, length) of every record, from the framing alone (the data is checked when read)."""
-    spans, offset, size = [], 0, path.stat().st_size
-    with open(path, "rb") as handle:
-        while offset < size:
-            header = handle.read(HEADER_BYTES)
-            if len(header) < HEADER_BYTES:
-                raise TFRecordError(f"{path}: record {len(spans)} at byte {offset}: the file ends inside its header")
-            (length,) = struct.unpack("<Q", header[:8])
-            if length > size - offset - HEADER_BYTES - FOOTER_BYTES:
-                raise TFRecordError(
-                    f"{path}: record {len(spans)} at byte {offset}: its {length} bytes run past the end of the file"
-                    " (truncated)"
-                )
-            spans.append((offset, length))
-            offset += HEADER_BYTES + length + FOOTER_BYTES
-            handle.seek(offset)
-    return spans
 
 
 def _episode(

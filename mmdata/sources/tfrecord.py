@@ -60,7 +60,21 @@ def read_record(path: str | os.PathLike, offset: int, number: int = 0) -> bytes:
         return _read_one(handle, os.fspath(path), number, offset, size)
 
 
-def _read_one(handle, path: str, number: int, offset: int, size: int) -> bytes:
+def record_spans(path: str | os.PathLike) -> list[tuple[int, int]]:
+    """(offset, data length) of every record, from the framing alone (lengths checked; data when read)."""
+    spans: list[tuple[int, int]] = []
+    with open(path, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        offset = 0
+        while offset < size:
+            length = _read_length(handle, os.fspath(path), len(spans), offset, size)
+            spans.append((offset, length))
+            offset += HEADER_BYTES + length + FOOTER_BYTES
+            handle.seek(offset)
+    return spans
+
+
+def _read_length(handle, path: str, number: int, offset: int, size: int) -> int:
     where = f"{path}: record {number} at byte {offset}"
     header = handle.read(HEADER_BYTES)
     if len(header) < HEADER_BYTES:
@@ -70,6 +84,12 @@ def _read_one(handle, path: str, number: int, offset: int, size: int) -> bytes:
         raise TFRecordError(f"{where}: the record's length fails its CRC32C (a damaged file)")
     if length > size - offset - HEADER_BYTES - FOOTER_BYTES:
         raise TFRecordError(f"{where}: the record's {length} bytes run past the end of the file (truncated)")
+    return length
+
+
+def _read_one(handle, path: str, number: int, offset: int, size: int) -> bytes:
+    where = f"{path}: record {number} at byte {offset}"
+    length = _read_length(handle, path, number, offset, size)
     data = handle.read(length)
     (data_crc,) = struct.unpack("<I", handle.read(FOOTER_BYTES))
     if masked_crc32c(data) != data_crc:
