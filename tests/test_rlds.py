@@ -203,3 +203,23 @@ def test_a_feature_class_the_importer_does_not_read_is_named(tmp_path):
     (builder / "features.json").write_text(json.dumps(features))
     with pytest.raises(SourceError, match="feature 'depth' is a .*video_feature.Video, which the RLDS importer"):
         discover_episodes(builder, "rlds", fps=10)
+
+
+def test_the_dataloader_delivers_every_rlds_step_with_its_frame_state_and_task(tmp_path):
+    import mmdata
+    from mmdata.conversion.pipeline import ConvertOptions, convert
+    from mmdata.sources import discover_episodes
+
+    convert(discover_episodes(FIXTURE, "rlds", fps=10), tmp_path / "out", ConvertOptions(workers=1, progress=False))
+    spec = mmdata.Windows(anchor_fps=10, streams={"image": mmdata.Frames(), "observation.state": mmdata.Values()})
+    seen = set()
+    for batch in mmdata.DataLoader(str(tmp_path / "out"), spec, batch_size=8, num_workers=2, seed=5):
+        for row, (episode, time) in enumerate(zip(batch["episode_index"].tolist(), batch["time"].tolist())):
+            truth = TRUTH["episodes"][TRUTH["file_order"][episode] - 100]
+            step = round(time * 10)
+            image = batch["image"][row, 0].numpy()
+            assert bars(image, slice(image.shape[0] // 2, None)) == step
+            assert batch["observation.state"][row, 0].tolist() == np.float32(truth["state"][step]).tolist()
+            assert batch["task"][row] == truth["task"]
+            seen.add((episode, step))
+    assert len(seen) == sum(e["steps"] for e in TRUTH["episodes"]), "every step of every episode, once"
