@@ -93,12 +93,10 @@ def prepare_remote_destination(
 ) -> None:
     """`prepare_destination` for a store written straight into object storage (`convert --engine ray`)."""
     options_path = join(root, f"{PARTIAL_DIR}/{OPTIONS_FILE}")
-    if fs.exists(root) and fs.ls(root):
-        if fs.exists(join(root, DATASET_FILE)) and not overwrite:
-            raise DestinationError(f"'{url}' is already a complete store; pass --overwrite to convert again")
+    if check_remote_destination(fs, root, url, resume, overwrite):
         if overwrite:
             fs.rm(root, recursive=True)
-        elif resume:
+        else:
             if not fs.exists(options_path):
                 raise DestinationError(
                     f"'{url}' is not an interrupted mmdata conversion (no {PARTIAL_DIR}/{OPTIONS_FILE});"
@@ -106,9 +104,19 @@ def prepare_remote_destination(
                 )
             _check_same_options(url, options_path, fs.cat_file(options_path), fingerprint)
             return
-        else:
-            raise _not_empty(url)
     write_text_atomically(options_path, json.dumps(fingerprint, indent=1), fs)
+
+
+def check_remote_destination(fs: fsspec.AbstractFileSystem, root: str, url: str, resume: bool, overwrite: bool) -> bool:
+    """Whether the object-store destination holds anything; refuses a complete store (unless `overwrite`)
+    and anything else unless told what to do with it (`resume` or `overwrite`)."""
+    if not fs.exists(root) or not fs.ls(root):
+        return False
+    if fs.exists(join(root, DATASET_FILE)) and not overwrite:
+        raise DestinationError(f"'{url}' is already a complete store; pass --overwrite to convert again")
+    if not (resume or overwrite):
+        raise _not_empty(url)
+    return True
 
 
 def _check_same_options(root: str, options_path: str, saved_text: bytes, fingerprint: dict[str, Any]) -> None:

@@ -30,13 +30,19 @@ from fsspec.implementations.local import LocalFileSystem
 from tqdm import tqdm
 
 from mmdata.conversion.completion import complete_store, creation_info, source_bytes, store_bytes, store_schema
-from mmdata.conversion.destination import destination_failure, prepare_destination, refuse_overlap
+from mmdata.conversion.destination import (
+    check_remote_destination,
+    destination_failure,
+    prepare_destination,
+    refuse_overlap,
+)
 from mmdata.conversion.encode import EncodedEpisode, EncodeOptions, encode_or_error, worker_crashed
 from mmdata.conversion.ledger import ConversionLedger
-from mmdata.conversion.publish import check_remote_destination, default_staging, is_remote, publish, remove_staging
+from mmdata.conversion.publish import default_staging, is_remote, publish, remove_staging
 from mmdata.dataset import open_dataset
 from mmdata.errors import SourceError
 from mmdata.schema import Layout, Stream
+from mmdata.sharding.filesystem import resolve
 from mmdata.sharding.layout import DATASET_FILE
 from mmdata.sources.episode import EpisodeSource
 
@@ -140,7 +146,7 @@ def _convert_to_object_storage(
     source_root: str | os.PathLike | None,
     source_stats: dict[str, Any] | None,
 ) -> ConversionReport:
-    check_remote_destination(url, options.resume, options.overwrite)
+    check_remote_destination(*resolve(url), url, options.resume, options.overwrite)
     local = Path(options.staging) if options.staging else default_staging(url)
     if options.resume and (local / DATASET_FILE).exists():
         report = ConversionReport(str(local), options.layout, 0, resumed_at=len(sources))  # staged whole before

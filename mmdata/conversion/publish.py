@@ -38,20 +38,6 @@ def default_staging(url: str) -> Path:
     return base / xxhash.xxh64_hexdigest(url.rstrip("/").encode())
 
 
-def check_remote_destination(url: str, resume: bool, overwrite: bool) -> None:
-    """Refuse a remote destination that holds a complete store, or anything, unless told what to do."""
-    fs, root = resolve(url)
-    if not fs.exists(root) or not fs.ls(root):
-        return
-    if fs.exists(join(root, DATASET_FILE)) and not overwrite:
-        raise DestinationError(f"'{url}' is already a complete store; pass --overwrite to convert again")
-    if not (resume or overwrite):
-        raise DestinationError(
-            f"destination '{url}' is not empty; pass --resume to continue an interrupted conversion or"
-            " --overwrite to replace it"
-        )
-
-
 def publish(
     local: Path, url: str, overwrite: bool = False, progress: bool = True, upload: Callable | None = None
 ) -> int:

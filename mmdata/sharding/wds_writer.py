@@ -99,10 +99,11 @@ class ShardTar:
         """Bytes written so far."""
         return self._tar.offset
 
-    def add(self, episode: EncodedEpisode, index: int) -> None:
+    def add(self, episode: EncodedEpisode, index: int, members: list[tuple[str, bytes]] | None = None) -> None:
+        """Append episode number `index`; `members` are its `episode_members`, when the caller already made them."""
         key = episode_key(index)
         written: dict[str, Piece] = {}
-        for name, data in episode_members(episode, key, index):
+        for name, data in members if members is not None else episode_members(episode, key, index):
             offset = self._add_member(name, data)
             written[name] = Piece(self.shard, offset, len(data), checksum_bytes(data))
         self.rows.append(_episode_row(episode, index, key, self.shard, written))
@@ -177,7 +178,8 @@ class WdsWriter:
         return checkpoint
 
     def add(self, episode: EncodedEpisode, index: int, checkpoint: dict[str, Any]) -> None:
-        episode_bytes = sum(member_disk_bytes(len(data)) for _, data in episode_members(episode, "", index))
+        members = episode_members(episode, episode_key(index), index)
+        episode_bytes = sum(member_disk_bytes(len(data)) for _, data in members)
         if self._shard is not None and starts_new_shard(
             self._shard.offset, episode_bytes, self.shard_bytes, bool(self._shard.rows)
         ):
@@ -185,7 +187,7 @@ class WdsWriter:
         if self._shard is None:
             self._open_shard()
         assert self._shard is not None
-        self._shard.add(episode, index)
+        self._shard.add(episode, index, members)
         self._checkpoint = checkpoint
 
     def finish(self, checkpoint: dict[str, Any], streams: list[Stream]) -> list[dict[str, Any]]:
