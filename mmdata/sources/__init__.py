@@ -2,8 +2,8 @@
 
 `discover_episodes(path, "auto")` recognises the format: a LeRobot dataset (`meta/info.json`),
 a replay-buffer Zarr store (`meta/episode_ends`, or a `.zarr.zip`), HDF5 recordings (`.hdf5` /
-`.h5` files), an RLDS / TFDS builder folder (`features.json` + `dataset_info.json`), or the raw
-layout (a folder of episode folders).
+`.h5` files), an RLDS / TFDS builder folder (`features.json` + `dataset_info.json`), MCAP robot
+logs (`.mcap` files), or the raw layout (a folder of episode folders).
 """
 
 from __future__ import annotations
@@ -14,13 +14,15 @@ from pathlib import Path
 from mmdata.errors import SourceError
 from mmdata.sources.episode import AudioSource, CameraSource, EpisodeSource, LowdimSource
 from mmdata.sources.raw import discover_raw_episodes
+from mmdata.sources.topic_map import TopicMap, load_topic_map
 
-FORMATS = ("raw", "lerobot", "hdf5", "zarr-replay", "rlds")
+FORMATS = ("raw", "lerobot", "hdf5", "zarr-replay", "rlds", "mcap")
 
 
 def detect_format(path: str | Path) -> str:
     """The input format of `path`, when exactly one fits."""
     from mmdata.sources.hdf5 import hdf5_files
+    from mmdata.sources.mcap_log import holds_mcap_logs
     from mmdata.sources.rlds import holds_rlds_builder
     from mmdata.sources.zarr_replay import is_replay_buffer
 
@@ -38,6 +40,8 @@ def detect_format(path: str | Path) -> str:
         found.append("hdf5")
     if path.is_dir() and holds_rlds_builder(path):
         found.append("rlds")
+    if holds_mcap_logs(path):
+        found.append("mcap")
     if path.is_dir() and not found and any(p.is_dir() and not p.name.startswith(".") for p in path.iterdir()):
         found.append("raw")
     if len(found) != 1:
@@ -54,11 +58,14 @@ def discover_episodes(
     fps: float | None = None,
     task: str = "",
     image_keys: list[str] | None = None,
+    topic_map: TopicMap | None = None,
 ) -> list[EpisodeSource]:
     """Describe the episodes at `path` in `source_format` ("auto" to detect it); `image_keys` picks an
-    RLDS dataset's cameras (default: every image under `observation/`)."""
+    RLDS dataset's cameras (default: every image under `observation/`), `topic_map` an MCAP log's
+    streams (default: `mcap_log.default_topic_map`)."""
     from mmdata.sources.hdf5 import discover_hdf5_episodes
     from mmdata.sources.lerobot import discover_lerobot_episodes
+    from mmdata.sources.mcap_log import discover_mcap_episodes
     from mmdata.sources.rlds import discover_rlds_episodes
     from mmdata.sources.zarr_replay import discover_replay_episodes
 
@@ -70,6 +77,7 @@ def discover_episodes(
         "hdf5": lambda: discover_hdf5_episodes(path, fps, task),
         "zarr-replay": lambda: discover_replay_episodes(path, fps, task),
         "rlds": lambda: discover_rlds_episodes(path, fps, task, image_keys),
+        "mcap": lambda: discover_mcap_episodes(path, topic_map, task),
     }
     if source_format not in readers:
         raise SourceError.for_source(
@@ -100,5 +108,7 @@ __all__ = [
     "detect_format",
     "discover_episodes",
     "discover_raw_episodes",
+    "load_topic_map",
     "shipped_stats",
+    "TopicMap",
 ]

@@ -9,7 +9,7 @@ from mmdata.codecs.video_encode import ACCESS_PATTERNS, VIDEO_CODECS, VideoEncod
 from mmdata.conversion.encode import EncodeOptions
 from mmdata.conversion.pipeline import ConversionReport, ConvertOptions, convert
 from mmdata.errors import SourceError
-from mmdata.sources import FORMATS, discover_episodes, shipped_stats
+from mmdata.sources import FORMATS, TopicMap, discover_episodes, load_topic_map, shipped_stats
 from mmdata.tools.formatting import format_bytes, format_seconds, parse_size
 from mmdata.tools.storage import add_storage_options
 
@@ -23,7 +23,8 @@ def add_parser(commands) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=(
             "Convert recorded episodes (the raw folder layout, a LeRobot v2.1/v3.0 dataset, ALOHA or\n"
-            "robomimic HDF5 files, or a Diffusion Policy replay-buffer Zarr store) into a store.\n\n"
+            "robomimic HDF5 files, a Diffusion Policy replay-buffer Zarr store, an RLDS / Open\n"
+            "X-Embodiment dataset, or MCAP robot logs) into a store.\n\n"
             "Every camera is re-encoded into closed-GOP segments that decode on their own, audio\n"
             "into FLAC (Opus is kept), low-dim streams are kept bit-exact with their timestamps,\n"
             "and every piece gets a checksum in episodes.parquet. The store appears complete or\n"
@@ -32,8 +33,8 @@ def add_parser(commands) -> None:
     )
     parser.add_argument(
         "source",
-        help="the recordings: a raw folder (one sub-folder per episode), a LeRobot dataset, HDF5 files or a"
-        " replay-buffer Zarr store",
+        help="the recordings: a raw folder (one sub-folder per episode), a LeRobot dataset, HDF5 files, a"
+        " replay-buffer Zarr store, an RLDS builder folder, or .mcap logs",
     )
     parser.add_argument(
         "destination", help="folder or object-store URL (s3://bucket/store) for the store (created; must be empty)"
@@ -60,6 +61,19 @@ def add_parser(commands) -> None:
         help="RLDS: the cameras to keep, by their key under steps/observation (comma-separated; default: every image)",
     )
     parser.add_argument("--task", default="", help="task text for recordings that do not store one")
+    parser.add_argument(
+        "--topics",
+        metavar="MAP.yaml",
+        help="MCAP: the topic map (YAML or JSON) saying which topics become which cameras, low-dim streams and task,"
+        " which time to use and how to split a file into episodes (default: pictures, JointState and a lone String"
+        " topic; see docs/importers.md)",
+    )
+    parser.add_argument(
+        "--resample",
+        type=float,
+        metavar="HZ",
+        help="MCAP: store low-dim topics resampled to this rate (default: each message at its own time)",
+    )
     video = parser.add_argument_group("video")
     video.add_argument(
         "--video-codec",
@@ -156,7 +170,7 @@ def add_parser(commands) -> None:
 def run(args: argparse.Namespace) -> int:
     destination = args.destination.removeprefix("file://")
     image_keys = args.image_keys.split(",") if args.image_keys else None
-    sources = discover_episodes(args.source, args.source_format, args.fps, args.task, image_keys)
+    sources = discover_episodes(args.source, args.source_format, args.fps, args.task, image_keys, _topic_map(args))
     video = encoding_for_access(
         args.access,
         codec=args.video_codec,
@@ -190,6 +204,17 @@ def run(args: argparse.Namespace) -> int:
         raise
     print_report(report)
     return 0
+
+
+def _topic_map(args: argparse.Namespace) -> TopicMap | None:
+    """The MCAP topic map of --topics, with --resample applied; None for the default map."""
+    if args.topics is None:
+        if args.resample is not None:
+            raise SourceError.for_source(
+                args.source, None, "--resample needs a topic map", "pass --topics MAP.yaml, or resample: in the map"
+            )
+        return None
+    return load_topic_map(args.topics).with_resample(args.resample)
 
 
 def print_report(report: ConversionReport) -> None:

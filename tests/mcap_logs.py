@@ -1,0 +1,162 @@
+"""MCAP robot logs written with the real writers (`mcap` + `mcap-ros2-support`), with their ground truth.
+
+Each log is one episode: a JPEG `sensor_msgs/CompressedImage` camera at ~30 Hz with jitter and two
+dropped frames (each picture shows its frame number as a stripe), a `sensor_msgs/JointState` at
+~200 Hz with jitter (some messages list the joints in another order), and a `std_msgs/String`
+command. Header stamps are the capture times; messages are logged a few milliseconds later.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import av
+import numpy as np
+
+from mmdata.synthetic import synthetic_frame
+
+HEADER = """================================================================================
+MSG: std_msgs/Header
+builtin_interfaces/Time stamp
+string frame_id
+================================================================================
+MSG: builtin_interfaces/Time
+int32 sec
+uint32 nanosec
+"""
+COMPRESSED_IMAGE = "std_msgs/Header header\nstring format\nuint8[] data\n" + HEADER
+JOINT_STATE = (
+    "std_msgs/Header header\nstring[] name\nfloat64[] position\nfloat64[] velocity\nfloat64[] effort\n" + HEADER
+)
+STRING = "string data\n"
+JOINTS = ["shoulder", "elbow", "wrist", "gripper"]
+WIDTH, HEIGHT = 128, 96
+CAMERA, JOINT_TOPIC, COMMAND = "/camera/front/compressed", "/joint_states", "/command"
+TOPIC_MAP = {
+    "cameras": {"front": CAMERA},
+    "lowdim": {
+        "observation.state": {"topic": JOINT_TOPIC, "field": "position"},
+        "observation.velocity": {"topic": JOINT_TOPIC, "field": "velocity"},
+    },
+    "task": {"topic": COMMAND, "field": "data"},
+}
+
+
+@dataclass
+class LogTruth:
+    """What one logged episode holds, in nanoseconds since the clock's epoch."""
+
+    task: str
+    frame_stamps: list[int] = field(default_factory=list)  # of the frames kept
+    frame_numbers: list[int] = field(default_factory=list)  # drawn in each kept picture
+    joint_stamps: list[int] = field(default_factory=list)
+    position: list[list[float]] = field(default_factory=list)  # in JOINTS order
+    velocity: list[list[float]] = field(default_factory=list)
+
+    @property
+    def origin(self) -> int:
+        return min(self.frame_stamps[0], self.joint_stamps[0])
+
+    def seconds(self, stamps: list[int]) -> np.ndarray:
+        return (np.asarray(stamps, dtype=np.int64) - self.origin) / 1e9
+
+
+def jpeg(picture: np.ndarray) -> bytes:
+    """One JPEG image of an RGB array, as `compressed_image_transport` would publish."""
+    context = av.CodecContext.create("mjpeg", "w")
+    context.width, context.height, context.pix_fmt = picture.shape[1], picture.shape[0], "yuvj444p"
+    context.options = {"qscale": "2"}
+    frame = av.VideoFrame.from_ndarray(picture, format="rgb24").reformat(format="yuvj444p")
+    return b"".join(bytes(p) for p in [*context.encode(frame), *context.encode(None)])
+
+
+def write_episode(
+    writer,
+    schemas: dict,
+    start_ns: int,
+    seconds: float,
+    seed: int,
+    task: str,
+    dropped: tuple[int, ...] = (17, 40),
+) -> LogTruth:
+    """Log one episode of `seconds` from `start_ns` into an open `mcap_ros2.writer.Writer`."""
+    rng = np.random.default_rng(seed)
+    truth = LogTruth(task)
+    messages = []
+    messages.append((start_ns - 50_000_000, COMMAND, "string", {"data": task}, 0))
+    for number in range(int(seconds * 30)):
+        stamp = start_ns + int(number / 30 * 1e9) + int(rng.integers(-4_000_000, 4_000_000))
+        if number in dropped:
+            continue
+        picture = synthetic_frame(number, seed, HEIGHT, WIDTH)
+        header = {"stamp": {"sec": stamp // 1_000_000_000, "nanosec": stamp % 1_000_000_000}, "frame_id": "front"}
+        body = {"header": header, "format": "jpeg", "data": jpeg(picture)}
+        messages.append((stamp, CAMERA, "image", body, int(rng.integers(2_000_000, 6_000_000))))
+        truth.frame_stamps.append(stamp)
+        truth.frame_numbers.append(number)
+    for number in range(int(seconds * 200)):
+        stamp = start_ns + int(number / 200 * 1e9) + int(rng.integers(-800_000, 800_000))
+        t = number / 200
+        position = [float(np.sin(1.3 * t + j) + 0.001 * seed) for j in range(len(JOINTS))]
+        velocity = [float(1.3 * np.cos(1.3 * t + j)) for j in range(len(JOINTS))]
+        order = list(range(len(JOINTS)))
+        if number % 50 == 7:
+            order = order[::-1]  # some drivers list the joints in another order now and then
+        header = {"stamp": {"sec": stamp // 1_000_000_000, "nanosec": stamp % 1_000_000_000}, "frame_id": ""}
+        body = {
+            "header": header,
+            "name": [JOINTS[i] for i in order],
+            "position": [position[i] for i in order],
+            "velocity": [velocity[i] for i in order],
+            "effort": [],
+        }
+        messages.append((stamp, JOINT_TOPIC, "joints", body, int(rng.integers(500_000, 2_000_000))))
+        truth.joint_stamps.append(stamp)
+        truth.position.append(position)
+        truth.velocity.append(velocity)
+    for stamp, topic, kind, body, latency in sorted(messages, key=lambda m: m[0] + m[4]):
+        writer.write_message(topic, schemas[kind], body, log_time=stamp + latency, publish_time=stamp + latency)
+    return truth
+
+
+def open_writer(handle):
+    from mcap_ros2.writer import Writer
+
+    writer = Writer(handle)
+    schemas = {
+        "image": writer.register_msgdef("sensor_msgs/msg/CompressedImage", COMPRESSED_IMAGE),
+        "joints": writer.register_msgdef("sensor_msgs/msg/JointState", JOINT_STATE),
+        "string": writer.register_msgdef("std_msgs/msg/String", STRING),
+    }
+    return writer, schemas
+
+
+EPISODES = ((2.0, "pick up the red block"), (1.5, "open the drawer"), (1.8, "pick up the red block"))
+
+
+def write_logs(folder: Path) -> list[LogTruth]:
+    """Three logs, one episode each, `episode_0.mcap` ... in `folder`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    truths = []
+    for number, (seconds, task) in enumerate(EPISODES):
+        with open(folder / f"episode_{number}.mcap", "wb") as handle:
+            writer, schemas = open_writer(handle)
+            truths.append(
+                write_episode(writer, schemas, 1_700_000_000_000_000_000 + number * 10**11, seconds, number, task)
+            )
+            writer.finish()
+    return truths
+
+
+def write_one_log(path: Path, gap_seconds: float = 3.0) -> list[LogTruth]:
+    """The same three episodes in one file, `gap_seconds` apart."""
+    truths = []
+    start = 1_700_000_000_000_000_000
+    with open(path, "wb") as handle:
+        writer, schemas = open_writer(handle)
+        for number, (seconds, task) in enumerate(EPISODES):
+            truths.append(write_episode(writer, schemas, start, seconds, number, task))
+            start += int((seconds + gap_seconds) * 1e9)
+        writer.finish()
+    return truths

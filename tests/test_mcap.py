@@ -1,0 +1,340 @@
+"""MCAP robot logs (ROS 2), written by the real `mcap` + `mcap-ros2-support` writers in the test, converted
+and read back against their ground truth: every frame by the number drawn in it, every joint value and its
+timestamp, tasks and episode boundaries."""
+
+from __future__ import annotations
+
+import json
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import mmdata
+from mmdata.conversion.pipeline import ConvertOptions, convert
+from mmdata.errors import AlignmentError, SourceError
+from mmdata.sources import discover_episodes, load_topic_map
+from mmdata.sources.topic_map import topic_map_from_dict
+from mmdata.synthetic import read_index_stripe, synthetic_frame
+from mmdata.verify import verify_dataset
+from tests import mcap_logs
+from tests.mcap_logs import JOINTS, TOPIC_MAP, LogTruth
+
+pytest.importorskip("mcap_ros2", reason="the MCAP importer needs `pip install 'mmdata[mcap]'`")
+
+OPTIONS = ConvertOptions(workers=1, progress=False)
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory) -> tuple[Path, list[LogTruth]]:
+    folder = tmp_path_factory.mktemp("mcap") / "logs"
+    return folder, mcap_logs.write_logs(folder)
+
+
+def _map_file(tmp_path: Path, mapping: dict) -> Path:
+    import yaml
+
+    path = tmp_path / "topics.yaml"
+    path.write_text(yaml.safe_dump(mapping))
+    return path
+
+
+def _check_episode(dataset, index: int, truth: LogTruth) -> None:
+    row = dataset.manifest.row(index)
+    assert row["task"] == truth.task
+    frame_times = dataset.timestamps_of(row, "front")
+    assert np.allclose(frame_times, truth.seconds(truth.frame_stamps), rtol=0, atol=1e-9), "each frame at its stamp"
+    frames = dataset.frames_at(index, "front", frame_times)
+    assert [read_index_stripe(f) for f in np.asarray(frames.values)] == truth.frame_numbers
+    state_times = dataset.timestamps_of(row, "observation.state")
+    assert np.allclose(state_times, truth.seconds(truth.joint_stamps), rtol=0, atol=1e-9)
+    assert np.array_equal(dataset.values_at(index, "observation.state", state_times).values, truth.position)
+    assert np.array_equal(dataset.values_at(index, "observation.velocity", state_times).values, truth.velocity)
+    metadata = dataset.metadata_of(row)
+    assert metadata["observation.state.names"] == JOINTS and metadata["mcap_start_ns"] == truth.origin
+
+
+@pytest.mark.parametrize("layout", ["wds", "zarr"])
+def test_mcap_logs_convert_and_read_back_as_their_ground_truth(tmp_path, logs, layout):
+    folder, truths = logs
+    topic_map = load_topic_map(_map_file(tmp_path, TOPIC_MAP))
+    options = ConvertOptions(layout=layout, workers=1, progress=False)
+    report = convert(discover_episodes(folder, "auto", topic_map=topic_map), tmp_path / "out", options)
+    assert report.converted == 3 and verify_dataset(str(tmp_path / "out"), progress=False).ok
+    dataset = mmdata.open_dataset(str(tmp_path / "out"))
+    schema = {s.name: s for s in dataset.schema.streams}
+    assert schema["observation.state"].rate is None, "irregular times are kept, not resampled"
+    assert schema["front"].fps == 30
+    for index, truth in enumerate(truths):
+        _check_episode(dataset, index, truth)
+
+
+def test_one_log_split_at_its_gaps_gives_the_episodes_of_separate_logs(tmp_path):
+    truths = mcap_logs.write_one_log(tmp_path / "session.mcap", gap_seconds=3.0)
+    topic_map = topic_map_from_dict({**TOPIC_MAP, "split": {"gap": 1.0}})
+    sources = discover_episodes(tmp_path / "session.mcap", "mcap", topic_map=topic_map)
+    assert [s.name for s in sources] == ["session.mcap#0", "session.mcap#1", "session.mcap#2"]
+    assert [s.task for s in sources] == [t.task for t in truths], "a command logged in a gap opens the next episode"
+    convert(sources, tmp_path / "out", OPTIONS)
+    dataset = mmdata.open_dataset(str(tmp_path / "out"))
+    for index, truth in enumerate(truths):
+        _check_episode(dataset, index, truth)
+
+
+def test_the_dataloader_delivers_the_nearest_frame_and_the_last_state_at_each_anchor(tmp_path, logs):
+    folder, truths = logs
+    convert(discover_episodes(folder, "mcap", topic_map=topic_map_from_dict(TOPIC_MAP)), tmp_path / "out", OPTIONS)
+    spec = mmdata.Windows(
+        anchor_fps=20,
+        streams={
+            "front": mmdata.Frames(tolerance=0.05),
+            "observation.state": mmdata.Values(interpolation="previous"),
+        },
+    )
+    seen = 0
+    for batch in mmdata.DataLoader(str(tmp_path / "out"), spec, batch_size=8, num_workers=2, seed=3):
+        for row, (episode, time) in enumerate(zip(batch["episode_index"].tolist(), batch["time"].tolist())):
+            truth = truths[episode]
+            frame_times = truth.seconds(truth.frame_stamps)
+            nearest = int(np.argmin(np.abs(frame_times - time)))
+            assert read_index_stripe(batch["front"][row, 0].numpy()) == truth.frame_numbers[nearest]
+            joint_times = truth.seconds(truth.joint_stamps)
+            last = max(int(np.searchsorted(joint_times, time + 1e-9, side="right")) - 1, 0)
+            assert batch["observation.state"][row, 0].tolist() == truth.position[last]
+            assert batch["task"][row] == truth.task
+            seen += 1
+    durations = [max(t.seconds(t.frame_stamps)[-1] + 1 / 30, t.seconds(t.joint_stamps)[-1] + 1 / 200) for t in truths]
+    assert seen == sum(int(np.ceil(d * 20 - 1e-9)) for d in durations)
+
+
+def test_a_dropped_camera_frame_is_a_gap_the_default_tolerance_reports(tmp_path, logs):
+    folder, truths = logs
+    convert(discover_episodes(folder, "mcap", topic_map=topic_map_from_dict(TOPIC_MAP)), tmp_path / "out", OPTIONS)
+    dataset = mmdata.open_dataset(str(tmp_path / "out"))
+    times = truths[0].seconds(truths[0].frame_stamps)
+    gap = int(np.argmax(np.diff(times)))  # frame 17 was dropped after this one
+    assert truths[0].frame_numbers[gap + 1] - truths[0].frame_numbers[gap] == 2
+    middle = (times[gap] + times[gap + 1]) / 2
+    with pytest.raises(AlignmentError, match="no frame within"):
+        dataset.frames_at(0, "front", [middle])
+
+
+def test_without_a_topic_map_pictures_joint_states_and_the_lone_string_topic_are_taken(tmp_path, logs):
+    folder, truths = logs
+    sources = discover_episodes(folder, "auto")
+    assert [c.name for c in sources[0].cameras] == ["camera.front.compressed"]
+    assert [s.name for s in sources[0].lowdim] == ["joint_states.position", "joint_states.velocity"]
+    assert [s.task for s in sources] == [t.task for t in truths]
+
+
+def test_resample_stores_low_dim_topics_on_a_fixed_grid_by_linear_interpolation(tmp_path, logs):
+    folder, truths = logs
+    topic_map = topic_map_from_dict(TOPIC_MAP).with_resample(50)
+    convert(discover_episodes(folder, "mcap", topic_map=topic_map), tmp_path / "out", OPTIONS)
+    dataset = mmdata.open_dataset(str(tmp_path / "out"))
+    assert {s.name: s for s in dataset.schema.streams}["observation.state"].rate == 50
+    truth = truths[1]
+    times = dataset.timestamps_of(dataset.manifest.row(1), "observation.state")
+    joint_times = truth.seconds(truth.joint_stamps)
+    assert np.allclose(np.diff(times), 1 / 50) and times[0] == pytest.approx(joint_times[0], abs=1e-12)
+    stored = dataset.values_at(1, "observation.state", times).values
+    expected = np.stack([np.interp(times, joint_times, np.asarray(truth.position)[:, j]) for j in range(4)], axis=1)
+    assert np.allclose(stored, expected, rtol=0, atol=1e-12)
+
+
+def test_the_cli_converts_logs_with_a_yaml_topic_map(tmp_path, logs, capsys):
+    from mmdata.tools.cli import main
+
+    folder, _ = logs
+    topics = _map_file(tmp_path, TOPIC_MAP)
+    assert main(["convert", str(folder), str(tmp_path / "out"), "--topics", str(topics), "--quiet"]) == 0
+    assert "converted 3 episodes" in capsys.readouterr().out
+    assert main(["verify", str(tmp_path / "out"), "--quiet"]) == 0
+
+
+# ---- bad input: one clear error naming the file (and topic, message), or a skip with --skip-bad
+
+
+def _copy_logs(folder: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / "logs"
+    copy.mkdir()
+    for path in folder.glob("*.mcap"):
+        (copy / path.name).write_bytes(path.read_bytes())
+    return copy
+
+
+def test_a_topic_in_the_map_that_is_not_in_the_file_is_named_with_the_topics_it_holds(tmp_path, logs):
+    folder, _ = logs
+    mapping = {**TOPIC_MAP, "cameras": {"front": "/camera/rear/compressed"}}
+    sources = discover_episodes(folder, "mcap", topic_map=topic_map_from_dict(mapping))
+    with pytest.raises(SourceError) as caught:
+        convert(sources, tmp_path / "out", OPTIONS)
+    message = str(caught.value)
+    assert (
+        "episode_0.mcap" in message and "topic '/camera/rear/compressed' (camera 'front' in the topic map)" in message
+    )
+    assert "'/joint_states'" in message, "the topics the file does hold are listed"
+
+
+def test_a_truncated_log_is_an_error_naming_it_and_skip_bad_converts_the_others(tmp_path, logs):
+    folder, _ = logs
+    copy = _copy_logs(folder, tmp_path)
+    cut = copy / "episode_1.mcap"
+    cut.write_bytes(cut.read_bytes()[: cut.stat().st_size // 2])
+    topic_map = topic_map_from_dict(TOPIC_MAP)
+    with pytest.raises(SourceError, match=r"episode_1.mcap.*not a readable MCAP log.*mcap recover"):
+        convert(discover_episodes(copy, "mcap", topic_map=topic_map), tmp_path / "stopped", OPTIONS)
+    skipping = ConvertOptions(workers=1, progress=False, skip_bad=True)
+    report = convert(discover_episodes(copy, "mcap", topic_map=topic_map), tmp_path / "out", skipping)
+    assert report.converted == 2 and [s["episode"] for s in report.skipped] == ["episode_1.mcap"]
+
+
+def test_a_channel_whose_schema_is_missing_is_named(tmp_path):
+    from mcap.writer import Writer
+
+    path = tmp_path / "no_schema.mcap"
+    with open(path, "wb") as handle:
+        writer = Writer(handle)
+        writer.start(profile="ros2", library="test")
+        image = writer.register_schema(
+            "sensor_msgs/msg/CompressedImage", "ros2msg", mcap_logs.COMPRESSED_IMAGE.encode()
+        )
+        writer.register_channel("/camera", "cdr", image)
+        joints = writer.register_channel("/joint_states", "cdr", schema_id=image + 7)
+        writer.add_message(joints, log_time=1, data=b"\x00\x01\x00\x00", publish_time=1)
+        writer.finish()
+    mapping = {"cameras": {"front": "/camera"}, "lowdim": {"state": {"topic": "/joint_states", "field": "position"}}}
+    (source,) = discover_episodes(path, "mcap", topic_map=topic_map_from_dict(mapping))
+    assert source.problem is not None
+    assert "topic '/joint_states' (cdr) has schema id 8, which the file does not hold" in str(source.problem)
+    assert "no_schema.mcap" in str(source.problem)
+
+
+def test_a_joint_message_with_other_joints_is_an_error_naming_the_message(tmp_path):
+    with open(tmp_path / "odd.mcap", "wb") as handle:
+        writer, schemas = mcap_logs.open_writer(handle)
+        for number, names in enumerate([["a", "b"], ["a", "b"], ["a", "c"]]):
+            body = {"header": {"stamp": {"sec": 1, "nanosec": number * 1000}, "frame_id": ""}, "name": names,
+                    "position": [0.0, 1.0], "velocity": [], "effort": []}  # fmt: skip
+            writer.write_message("/joint_states", schemas["joints"], body, log_time=10 + number)
+        writer.finish()
+    mapping = {"lowdim": {"state": {"topic": "/joint_states", "field": "position"}}}
+    (source,) = discover_episodes(tmp_path / "odd.mcap", "mcap", topic_map=topic_map_from_dict(mapping))
+    with pytest.raises(SourceError, match=r"odd.mcap.*topic '/joint_states', message 2: names the values \['a', 'c'\]"):
+        source.lowdim[0].load(source.name)
+
+
+@pytest.mark.parametrize(
+    ("mapping", "complaint"),
+    [
+        ({"cameras": {"front": "/c"}, "lowdims": {}}, r"unknown key \['lowdims'\]"),
+        ({"lowdim": {"state": {"topic": "/j"}}}, "lowdim.state needs one of field:"),
+        ({"cameras": {"front": "/c"}, "time": "wall"}, "time is 'wall'"),
+        ({"cameras": {"front": "/c"}, "split": {"gap": -1}}, "split.gap is a positive number"),
+        ({"cameras": {"a/b": "/c"}}, "holds '/'"),
+        ({}, "maps no topic to a stream"),
+    ],
+)
+def test_a_topic_map_mistake_is_named(mapping, complaint):
+    with pytest.raises(SourceError, match=complaint):
+        topic_map_from_dict(mapping, "topics.yaml")
+
+
+def test_a_camera_mapped_to_a_topic_without_pictures_is_refused(tmp_path, logs):
+    folder, _ = logs
+    mapping = {"cameras": {"front": "/joint_states"}}
+    sources = discover_episodes(folder, "mcap", topic_map=topic_map_from_dict(mapping))
+    assert "carries sensor_msgs/msg/JointState, not pictures" in str(sources[0].problem)
+
+
+def test_foxglove_compressed_video_packets_decode_to_their_frames_at_their_times(tmp_path):
+    """H.264 packets in `foxglove.CompressedVideo` protobuf messages (one frame each), schema built from
+    its .proto definition, written with `mcap-protobuf-support`."""
+    pytest.importorskip("mcap_protobuf")
+    from mcap_protobuf.writer import Writer
+
+    video = _compressed_video_class()
+    context = _h264_encoder()
+    stamps = [5_000_000_000 + int(n / 15 * 1e9) + (n % 3) * 1_000_000 for n in range(24)]
+    with open(tmp_path / "video.mcap", "wb") as handle:
+        writer = Writer(handle)
+        pictures = [_frame(synthetic_frame(number, 0, 96, 128), number) for number in range(len(stamps))]
+        for packet in [p for picture in [*pictures, None] for p in context.encode(picture)]:
+            message = video(data=bytes(packet), format="h264", frame_id="cam")
+            message.timestamp.FromNanoseconds(stamps[packet.pts])
+            writer.write_message("/camera/h264", message, log_time=stamps[packet.pts] + 1000)
+        writer.finish()
+    (source,) = discover_episodes(tmp_path / "video.mcap", "mcap")
+    camera = source.cameras[0]
+    assert camera.name == "camera.h264" and float(camera.info(source.name).fps) == 15
+    decoded = list(camera.frames(source.name, camera.info(source.name).fps))
+    assert [read_index_stripe(f.to_ndarray(format="rgb24")) for f, _ in decoded] == list(range(24))
+    assert np.allclose([t for _, t in decoded], (np.asarray(stamps) - stamps[0]) / 1e9, rtol=0, atol=1e-9)
+
+
+def _h264_encoder():
+    import av
+
+    context = av.CodecContext.create("libx264", "w")
+    context.width, context.height, context.pix_fmt = 128, 96, "yuv420p"
+    context.time_base = Fraction(1, 15)
+    context.options = {"tune": "zerolatency", "bf": "0", "g": "8"}
+    return context
+
+
+def _frame(picture: np.ndarray, number: int):
+    import av
+
+    frame = av.VideoFrame.from_ndarray(picture, format="rgb24").reformat(format="yuv420p")
+    frame.pts = number
+    return frame
+
+
+def _compressed_video_class():
+    """`foxglove.CompressedVideo` as Foxglove's schema defines it, built from its descriptor."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2
+
+    pool = descriptor_pool.DescriptorPool()
+    timestamp_file = descriptor_pb2.FileDescriptorProto()
+    timestamp_pb2.DESCRIPTOR.CopyToProto(timestamp_file)
+    pool.Add(timestamp_file)
+    schema = descriptor_pb2.FileDescriptorProto(
+        name="foxglove/CompressedVideo.proto", package="foxglove", syntax="proto3"
+    )
+    schema.dependency.append("google/protobuf/timestamp.proto")
+    message = schema.message_type.add(name="CompressedVideo")
+    kinds = descriptor_pb2.FieldDescriptorProto
+    for number, (name, kind) in enumerate(
+        [("timestamp", kinds.TYPE_MESSAGE), ("frame_id", kinds.TYPE_STRING), ("data", kinds.TYPE_BYTES),
+         ("format", kinds.TYPE_STRING)], start=1
+    ):  # fmt: skip
+        field = message.field.add(name=name, number=number, type=kind, label=kinds.LABEL_OPTIONAL)
+        if name == "timestamp":
+            field.type_name = ".google.protobuf.Timestamp"
+    pool.Add(schema)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("foxglove.CompressedVideo"))
+
+
+def test_metadata_lists_topics_the_map_left_out(tmp_path, logs):
+    folder, _ = logs
+    mapping = {"cameras": {"front": mcap_logs.CAMERA}}
+    sources = discover_episodes(folder, "mcap", topic_map=topic_map_from_dict(mapping))
+    assert sources[0].metadata["mcap_unmapped_topics"] == ["/command", "/joint_states"]
+    assert json.dumps(sources[0].metadata)
+
+
+def test_a_chunk_declaring_gigabytes_decompressed_is_refused_before_it_is_read(tmp_path, logs):
+    import struct
+
+    from mcap.reader import make_reader
+
+    folder, _ = logs
+    path = tmp_path / "bomb.mcap"
+    data = bytearray((folder / "episode_0.mcap").read_bytes())
+    with open(folder / "episode_0.mcap", "rb") as handle:
+        chunk = make_reader(handle).get_summary().chunk_indexes[0]
+    struct.pack_into("<Q", data, chunk.chunk_start_offset + 1 + 8 + 16, 40 << 30)
+    path.write_bytes(bytes(data))
+    (source,) = discover_episodes(path, "mcap", topic_map=topic_map_from_dict(TOPIC_MAP))
+    assert f"the chunk at byte {chunk.chunk_start_offset} declares {40 << 30} bytes decompressed" in str(source.problem)
