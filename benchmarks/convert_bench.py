@@ -1,7 +1,10 @@
-"""Conversion throughput per video codec on the synthetic dataset, measured in one run.
+"""Conversion throughput per video codec on the synthetic dataset, and per importer, measured in one run.
 
 Prints episodes/s, frames/s, input MB/s and the output/input size ratio for h264, hevc and
-vp9, and writes the figures with the machine named to benchmarks/results/.
+vp9 (raw layout in), then episodes/s and frames/s of the RLDS importer (the TFDS-written fixture,
+its record file copied to make more episodes) and of the MCAP importer (ROS 2 logs written with the
+test suite's writer: a 30 Hz JPEG camera and 200 Hz joint states), and writes the figures with the
+machine named to benchmarks/results/. Run from the repository root.
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ import argparse
 import json
 import os
 import platform
+import shutil
+import sys
 import tempfile
 import time
 from dataclasses import asdict
@@ -18,10 +23,12 @@ from pathlib import Path
 from mmdata.codecs.video_encode import VideoEncoding
 from mmdata.conversion.encode import EncodeOptions
 from mmdata.conversion.pipeline import ConvertOptions, convert
+from mmdata.sources import discover_episodes
 from mmdata.sources.raw import discover_raw_episodes
 from mmdata.synthetic import SynthSpec, episode_seconds, write_synthetic_dataset
 
 RESULTS = Path(__file__).parent / "results"
+RLDS_FIXTURE = Path(__file__).parent.parent / "tests" / "fixtures" / "rlds_small" / "tfds" / "robot_small" / "1.0.0"
 
 
 def machine_name() -> str:
@@ -35,6 +42,8 @@ def main() -> None:
     parser.add_argument("--min-seconds", type=float, default=3.0)
     parser.add_argument("--max-seconds", type=float, default=20.0)
     parser.add_argument("--codecs", default="h264,hevc,vp9")
+    parser.add_argument("--importers", default="rlds,mcap", help="importers to measure (empty: none)")
+    parser.add_argument("--copies", type=int, default=10, help="copies of the RLDS fixture's 3 episodes; MCAP logs")
     parser.add_argument("--workers", type=int, default=None)
     parser.add_argument("--tag", default="cpu", help="suffix of the results file name")
     args = parser.parse_args()
@@ -73,18 +82,77 @@ def main() -> None:
                 f"  {rows[-1]['frames_per_s']:7.0f} frames/s  {rows[-1]['input_mb_per_s']:6.2f} MB/s in"
                 f"  ratio {rows[-1]['output_ratio']:.3f}"
             )
+        importers = [name for name in args.importers.split(",") if name]
+        importer_rows = [measure_importer(name, Path(folder), args.copies, args.workers) for name in importers]
     result = {
         "benchmark": "convert_bench",
         "machine": machine_name(),
         "workers": args.workers or os.cpu_count(),
         "dataset": {**asdict(spec), "cameras": [asdict(c) for c in spec.cameras], "frames": frames},
         "results": rows,
+        "importers": importer_rows,
         "date": time.strftime("%Y-%m-%d"),
     }
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"convert_{args.tag}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {path}")
+
+
+def measure_importer(name: str, folder: Path, copies: int, workers: int | None) -> dict:
+    """Episodes/s and frames/s of converting an importer's input (default h264 encoding, wds)."""
+    if name == "rlds":
+        source = _rlds_copies(folder / "rlds", copies)
+        sources = discover_episodes(source, "rlds", fps=10)
+        frames = sum(c.array.steps for s in sources for c in s.cameras)
+    elif name == "mcap":
+        source = folder / "mcap"
+        truths = _mcap_logs(source, copies)
+        sources = discover_episodes(source, "mcap")
+        frames = sum(len(t.frame_stamps) for t in truths)
+    else:
+        raise SystemExit(f"unknown importer '{name}' (rlds, mcap)")
+    options = ConvertOptions(layout="wds", workers=workers, progress=False)
+    started = time.perf_counter()
+    report = convert(sources, folder / f"out-{name}", options)
+    seconds = time.perf_counter() - started
+    row = {
+        "importer": name,
+        "episodes": report.converted,
+        "frames": frames,
+        "seconds": round(seconds, 2),
+        "episodes_per_s": round(report.converted / seconds, 3),
+        "frames_per_s": round(frames / seconds, 1),
+        "input_mb": round(report.input_bytes / 1e6, 2),
+    }
+    print(f"{name:5s} {seconds:7.1f} s  {row['episodes_per_s']:6.2f} episodes/s  {row['frames_per_s']:7.0f} frames/s")
+    return row
+
+
+def _rlds_copies(builder: Path, copies: int) -> Path:
+    """The RLDS fixture's builder folder with its record file copied `copies` times (3 episodes each)."""
+    builder.mkdir(parents=True)
+    for name in ("dataset_info.json", "features.json"):
+        shutil.copyfile(RLDS_FIXTURE / name, builder / name)
+    (record,) = RLDS_FIXTURE.glob("*.tfrecord-*")
+    for number in range(copies):
+        shutil.copyfile(record, builder / f"robot_small-train.tfrecord-{number:05d}-of-{copies:05d}")
+    return builder
+
+
+def _mcap_logs(folder: Path, count: int) -> list:
+    """`count` ROS 2 logs of 2 s, written as the MCAP tests write them."""
+    sys.path.insert(0, str(Path(__file__).parent.parent))
+    from tests import mcap_logs
+
+    folder.mkdir(parents=True)
+    truths = []
+    for number in range(count):
+        with open(folder / f"log_{number:03d}.mcap", "wb") as handle:
+            writer, schemas = mcap_logs.open_writer(handle)
+            truths.append(mcap_logs.write_episode(writer, schemas, 10**18 + number * 10**11, 2.0, number, "pick"))
+            writer.finish()
+    return truths
 
 
 if __name__ == "__main__":

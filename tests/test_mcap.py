@@ -338,3 +338,56 @@ def test_a_chunk_declaring_gigabytes_decompressed_is_refused_before_it_is_read(t
     path.write_bytes(bytes(data))
     (source,) = discover_episodes(path, "mcap", topic_map=topic_map_from_dict(TOPIC_MAP))
     assert f"the chunk at byte {chunk.chunk_start_offset} declares {40 << 30} bytes decompressed" in str(source.problem)
+
+
+def test_one_log_split_at_a_marker_topic_starts_an_episode_at_each_marker(tmp_path):
+    path = tmp_path / "marked.mcap"
+    truths = []
+    with open(path, "wb") as handle:
+        writer, schemas = mcap_logs.open_writer(handle)
+        start = 1_700_000_000_000_000_000
+        for number, (seconds, task) in enumerate(mcap_logs.EPISODES):
+            marker = start - 100_000_000  # logged before the episode's own command
+            writer.write_message("/episode_start", schemas["string"], {"data": str(number)}, log_time=marker)
+            truths.append(mcap_logs.write_episode(writer, schemas, start, seconds, number, task))
+            start += int((seconds + 0.5) * 1e9)  # gaps too short for a gap rule
+        writer.finish()
+    topic_map = topic_map_from_dict({**TOPIC_MAP, "split": {"topic": "/episode_start"}})
+    sources = discover_episodes(path, "mcap", topic_map=topic_map)
+    assert [s.task for s in sources] == [t.task for t in truths]
+    convert(sources, tmp_path / "out", OPTIONS)
+    dataset = mmdata.open_dataset(str(tmp_path / "out"))
+    for index, truth in enumerate(truths):
+        _check_episode(dataset, index, truth)
+
+
+def test_time_log_keeps_each_message_at_its_log_time(tmp_path, logs):
+    from mcap.reader import make_reader
+
+    folder, _ = logs
+    topic_map = topic_map_from_dict({**TOPIC_MAP, "time": "log"})
+    (source, *_) = discover_episodes(folder, "mcap", topic_map=topic_map)
+    with open(folder / "episode_0.mcap", "rb") as handle:
+        logged = [m.log_time for _, _, m in make_reader(handle).iter_messages(topics=[mcap_logs.JOINT_TOPIC])]
+    _, times = source.lowdim[0].load(source.name)
+    origin = source.metadata["mcap_start_ns"]
+    assert np.allclose(times, (np.asarray(logged) - origin) / 1e9, rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("encoding", ["rgb8", "bgr8", "rgba8", "bgra8", "mono8"])
+def test_raw_image_messages_become_rgb_frames(encoding):
+    from types import SimpleNamespace
+
+    from mmdata.sources.log_messages import picture
+
+    rgb = synthetic_frame(3, 0, 32, 48)
+    channels = {"rgb8": rgb, "bgr8": rgb[:, :, ::-1], "mono8": rgb[:, :, :1]}
+    alpha = np.full((32, 48, 1), 255, np.uint8)
+    channels["rgba8"] = np.concatenate([rgb, alpha], axis=2)
+    channels["bgra8"] = np.concatenate([rgb[:, :, ::-1], alpha], axis=2)
+    layout = channels[encoding]
+    padded = np.zeros((32, 48 * layout.shape[2] + 16), np.uint8)  # rows with a step wider than the pixels
+    padded[:, : 48 * layout.shape[2]] = layout.reshape(32, -1)
+    message = SimpleNamespace(encoding=encoding, height=32, width=48, step=padded.shape[1], data=padded.tobytes())
+    expected = np.repeat(rgb[:, :, :1], 3, axis=2) if encoding == "mono8" else rgb
+    assert np.array_equal(picture(message, "raw", "raw.mcap", "e"), expected)

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -121,13 +122,17 @@ class McapCameraSource:
 class McapLowdimSource:
     """Numeric fields of a topic's messages, one row per message at its own time; at `resample` Hz
     (linear for floats, the previous value for integers) when set. Rows of messages that name their
-    values (`JointState.name`) are put in the order of the episode's first message."""
+    values (`JointState.name`) are put in the order of the episode's first message.
+
+    `topic_fields` lists the field groups of every stream the episode reads from this topic, so the
+    topic is decoded once for all of them (JointState position, velocity and effort)."""
 
     name: str
     span: LogSpan
     topic: str
     fields: tuple[str, ...]
     resample: float | None = None
+    topic_fields: tuple[tuple[str, ...], ...] = ()
 
     @property
     def path(self) -> str:
@@ -138,45 +143,54 @@ class McapLowdimSource:
         return self.resample
 
     def load(self, episode: str) -> tuple[np.ndarray, np.ndarray]:
-        rows: list[np.ndarray] = []
-        times: list[int] = []
-        order = _NameOrder()
-        held = 0
-        with _reading(self.span.path, episode, self.topic) as reader:
-            for index, (_, record, message) in enumerate(_decoded(reader, self.topic, self.span)):
-                try:
-                    row = order.arrange(message, log_messages.numbers(message, self.fields), len(self.fields))
-                    time = message_time(record, message, self.span.time)
-                    if rows and row.shape != rows[0].shape:
-                        raise MessageError(f"holds {row.size} values where the first message holds {rows[0].size}")
-                    if times and time <= times[-1]:
-                        raise MessageError(
-                            f"is timed {_seconds(time, self.span.origin):.6f} s, not after the message before it"
-                            f" ({_seconds(times[-1], self.span.origin):.6f} s); read log times with `time: log`"
-                        )
-                except MessageError as exc:
-                    raise SourceError(episode, self.span.path, f"topic '{self.topic}', message {index}: {exc}") from exc
-                held += row.nbytes
-                if held > MAX_LOWDIM_BYTES:
-                    raise SourceError(
-                        episode, self.span.path, f"topic '{self.topic}' holds more than {MAX_LOWDIM_BYTES} bytes"
-                    )
-                rows.append(row)
-                times.append(time)
-        if not rows:
-            raise SourceError(episode, self.span.path, f"topic '{self.topic}' has no message in the episode")
-        if rows[0].size == 0:
+        groups = self.topic_fields if self.fields in self.topic_fields else (self.fields,)
+        times, tables = _topic_rows(self.span, self.topic, groups, episode)
+        values = tables[groups.index(self.fields)]
+        if values.shape[1] == 0:
             raise SourceError(
-                episode,
-                self.span.path,
-                f"topic '{self.topic}': fields {list(self.fields)} hold no values",
-                "map others",
+                episode, self.path, f"topic '{self.topic}': fields {list(self.fields)} hold no values", "map others"
             )
-        values = np.stack(rows)
-        seconds = (np.asarray(times, dtype=np.int64) - self.span.origin) / 1e9
+        seconds = (times - self.span.origin) / 1e9
         if self.resample:
             return resample_rows(values, seconds, self.resample)
         return values, seconds
+
+
+@lru_cache(maxsize=2)
+def _topic_rows(
+    span: LogSpan, topic: str, groups: tuple[tuple[str, ...], ...], episode: str
+) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+    """Message times (ns) and one array of rows per field group, from one pass over the topic (kept for the
+    episode's other streams of the same topic)."""
+    rows: list[list[np.ndarray]] = [[] for _ in groups]
+    orders = [_NameOrder() for _ in groups]
+    times: list[int] = []
+    held = 0
+    with _reading(span.path, episode, topic) as reader:
+        for index, (_, record, message) in enumerate(_decoded(reader, topic, span)):
+            try:
+                time = message_time(record, message, span.time)
+                if times and time <= times[-1]:
+                    raise MessageError(
+                        f"is timed {_seconds(time, span.origin):.6f} s, not after the message before it"
+                        f" ({_seconds(times[-1], span.origin):.6f} s); read log times with `time: log`"
+                    )
+                for fields, order, kept in zip(groups, orders, rows):
+                    row = order.arrange(message, log_messages.numbers(message, fields), len(fields))
+                    if kept and row.shape != kept[0].shape:
+                        raise MessageError(
+                            f"fields {list(fields)} hold {row.size} values, in the first message {kept[0].size}"
+                        )
+                    kept.append(row)
+                    held += row.nbytes
+            except MessageError as exc:
+                raise SourceError(episode, span.path, f"topic '{topic}', message {index}: {exc}") from exc
+            if held > MAX_LOWDIM_BYTES:
+                raise SourceError(episode, span.path, f"topic '{topic}' holds more than {MAX_LOWDIM_BYTES} bytes")
+            times.append(time)
+    if not times:
+        raise SourceError(episode, span.path, f"topic '{topic}' has no message in the episode")
+    return np.asarray(times, dtype=np.int64), tuple(np.stack(kept) for kept in rows)
 
 
 class _NameOrder:
@@ -322,8 +336,15 @@ def _episode(
         task=commands[0][1] if commands else task,
         metadata=metadata,
         cameras=tuple(McapCameraSource(n, span, c.topic, c.fps) for n, c in mapping.cameras.items()),
-        lowdim=tuple(McapLowdimSource(n, span, d.topic, d.fields, mapping.resample) for n, d in mapping.lowdim.items()),
+        lowdim=tuple(
+            McapLowdimSource(n, span, d.topic, d.fields, mapping.resample, _field_groups(mapping, d.topic))
+            for n, d in mapping.lowdim.items()
+        ),
     )
+
+
+def _field_groups(mapping: TopicMap, topic: str) -> tuple[tuple[str, ...], ...]:
+    return tuple(dict.fromkeys(d.fields for d in mapping.lowdim.values() if d.topic == topic))
 
 
 def _first_messages(reader, mapping: TopicMap, path: str, episode: str, start, end) -> dict[str, tuple[int, Any]]:
