@@ -104,7 +104,7 @@ def measure_importer(name: str, folder: Path, copies: int, workers: int | None) 
     if name == "rlds":
         source = _rlds_copies(folder / "rlds", copies)
         sources = discover_episodes(source, "rlds", fps=10)
-        frames = sum(c.array.steps for s in sources for c in s.cameras)
+        frames = sum(c.array.shape(s.name).rows for s in sources for c in s.cameras)
     elif name == "mcap":
         source = folder / "mcap"
         truths = _mcap_logs(source, copies)

@@ -223,3 +223,20 @@ def test_the_dataloader_delivers_every_rlds_step_with_its_frame_state_and_task(t
             assert batch["task"][row] == truth["task"]
             seen.add((episode, step))
     assert len(seen) == sum(e["steps"] for e in TRUTH["episodes"]), "every step of every episode, once"
+
+
+def test_discovery_reads_no_record_and_a_file_cut_short_keeps_the_records_before_the_cut(tmp_path):
+    from mmdata.conversion.pipeline import ConvertOptions, convert
+    from mmdata.sources import discover_episodes
+    from mmdata.sources.rlds import _record
+
+    builder = _fixture_copy(tmp_path)
+    record_file = next(builder.glob("*.tfrecord-*"))
+    record_file.write_bytes(record_file.read_bytes()[:-100])
+    _record.cache_clear()
+    sources = discover_episodes(builder, "rlds", fps=10)
+    assert _record.cache_info().misses == 0, "records are parsed where they are converted, not at discovery"
+    assert [s.name for s in sources] == [f"{record_file.name}#{n}" for n in range(3)]
+    assert "record 2 at byte" in str(sources[2].problem) and "truncated" in str(sources[2].problem)
+    report = convert(sources, tmp_path / "out", ConvertOptions(workers=1, progress=False, skip_bad=True))
+    assert report.converted == 2 and [s["episode"] for s in report.skipped] == [f"{record_file.name}#2"]

@@ -122,6 +122,8 @@ class EncodeOptions:
 
 def encode_episode(source: EpisodeSource, position: int, options: EncodeOptions) -> EncodedEpisode:
     """Read, check and encode every stream of one episode. Raises SourceError naming the file."""
+    if source.deferred is not None and source.problem is None:
+        source = source.deferred.complete(source)
     if source.problem is not None:
         raise source.problem
     for stream in (*source.cameras, *source.audio, *source.lowdim):

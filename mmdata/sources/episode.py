@@ -189,7 +189,12 @@ def column_to_array(column) -> np.ndarray:
 
 @dataclass(frozen=True)
 class EpisodeSource:
-    """Everything needed to convert one episode; `problem` is set when discovery found it unusable."""
+    """Everything needed to convert one episode; `problem` is set when discovery found it unusable.
+
+    `deferred`, when set, holds what discovery left for the conversion worker to read (a task and
+    metadata inside each record): `deferred.complete(source)` returns the full description, so an
+    importer of a dataset of thousands of episodes reads none of them before converting.
+    """
 
     name: str
     task: str = ""
@@ -198,6 +203,7 @@ class EpisodeSource:
     audio: tuple[AudioSource, ...] = ()
     lowdim: tuple[LowdimSource, ...] = ()
     problem: SourceError | None = None
+    deferred: Any = None
 
 
 def require_common_streams(

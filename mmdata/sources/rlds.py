@@ -19,7 +19,7 @@ Episodes are numbered in the order of the TFRecord files and of the records in t
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,7 @@ from mmdata.checks import parse_json
 from mmdata.errors import SourceError
 from mmdata.sources.arrays import ArrayCameraSource, ArrayLowdimSource, ArrayShape
 from mmdata.sources.episode import EpisodeSource, require_common_streams
-from mmdata.sources.tfrecord import Feature, TFRecordError, parse_example, read_record, record_spans
+from mmdata.sources.tfrecord import Feature, TFRecordError, iter_record_spans, parse_example, read_record
 
 SHARD = re.compile(r".*\.tfrecord-(\d+)-of-(\d+)$")
 IMAGE_CLASS = "tensorflow_datasets.core.features.image_feature.Image"
@@ -84,8 +84,15 @@ def discover_rlds_episodes(
     numeric = [f for f in features if f.kind == "numeric"]
     episodes = []
     for path in _record_files(builder):
-        for number, (offset, length) in enumerate(record_spans(path)):
-            episodes.append(_episode(path, number, offset, length, cameras, numeric, fps, task))
+        found = 0
+        try:
+            for offset, _ in iter_record_spans(path):
+                episodes.append(_episode(RecordAddress(str(path), offset, found), cameras, numeric, fps, task))
+                found += 1
+        except TFRecordError as exc:
+            name = f"{path.name}#{found}"
+            problem = f"{exc}; the records after it in this file cannot be found either"
+            episodes.append(EpisodeSource(name, problem=SourceError(name, str(path), problem, "re-copy the file")))
     if not episodes:
         raise SourceError.for_source(str(builder), None, "the dataset holds no episode", "check the folder")
     return require_common_streams(episodes)
@@ -153,64 +160,70 @@ def _record_files(builder: Path) -> list[Path]:
 
 
 def _episode(
-    path: Path,
-    number: int,
-    offset: int,
-    length: int,
-    cameras: list[StepFeature],
-    numeric: list[StepFeature],
-    fps: float,
-    task: str,
+    record: RecordAddress, cameras: list[StepFeature], numeric: list[StepFeature], fps: float, task: str
 ) -> EpisodeSource:
-    name = f"{path.name}#{number}"
-    try:
-        example = _record(str(path), offset, number)
-        steps = _step_count(example, cameras, numeric, name)
-    except (SourceError, TFRecordError) as problem:
-        error = problem if isinstance(problem, SourceError) else SourceError(name, str(path), str(problem))
-        return EpisodeSource(name, problem=error)
-    instruction = example.get(f"steps/{INSTRUCTION}")
-    if instruction is not None and instruction.kind == "bytes" and instruction.values:
-        task = instruction.values[0].decode("utf-8", errors="replace")
-    metadata = {"rlds_file": path.name, "rlds_record": number}
-    for key, feature in example.items():
-        if key.startswith("episode_metadata/") and len(feature.values) == 1:
-            value = feature.values[0]
-            metadata[key.removeprefix("episode_metadata/")] = (
-                value.decode("utf-8", errors="replace") if isinstance(value, bytes) else value.item()
-            )
-    where = RecordAddress(str(path), offset, number)
+    """The episode of one record, described from its address alone: its task, metadata and step count are
+    read by the conversion worker (`RecordReading.complete`), so discovering a dataset reads no record."""
+    name = f"{Path(record.path).name}#{record.number}"
     return EpisodeSource(
         name,
         task=task,
-        metadata=metadata,
+        metadata={"rlds_file": Path(record.path).name, "rlds_record": record.number},
         cameras=tuple(
-            ArrayCameraSource(f.path.rsplit("/", 1)[-1], StepArray(where, f"steps/{f.path}", (), "object", steps), fps)
+            ArrayCameraSource(f.path.rsplit("/", 1)[-1], StepArray(record, f"steps/{f.path}", (), "object"), fps)
             for f in cameras
         ),
         lowdim=tuple(
-            ArrayLowdimSource(
-                f.path.replace("/", "."), StepArray(where, f"steps/{f.path}", f.shape, f.dtype, steps), fps
-            )
+            ArrayLowdimSource(f.path.replace("/", "."), StepArray(record, f"steps/{f.path}", f.shape, f.dtype), fps)
             for f in numeric
         ),
+        deferred=RecordReading(record, tuple(cameras), tuple(numeric)),
     )
 
 
-def _step_count(example: dict[str, Feature], cameras: list[StepFeature], numeric: list[StepFeature], name: str) -> int:
+@dataclass(frozen=True)
+class RecordReading:
+    """What an RLDS episode's record says beyond its streams: the steps every feature agrees on, the
+    task (`language_instruction`) and `episode_metadata/*`; read where the episode is converted."""
+
+    record: RecordAddress
+    cameras: tuple[StepFeature, ...]
+    numeric: tuple[StepFeature, ...]
+
+    def complete(self, source: EpisodeSource) -> EpisodeSource:
+        try:
+            example = _record(self.record.path, self.record.offset, self.record.number)
+        except TFRecordError as exc:
+            raise SourceError(source.name, self.record.path, str(exc)) from exc
+        _step_count(example, self.cameras, self.numeric, source.name, self.record.path)
+        task = source.task
+        instruction = example.get(f"steps/{INSTRUCTION}")
+        if instruction is not None and instruction.kind == "bytes" and instruction.values:
+            task = instruction.values[0].decode("utf-8", errors="replace")
+        metadata = dict(source.metadata)
+        for key, feature in example.items():
+            if key.startswith("episode_metadata/") and len(feature.values) == 1:
+                value = feature.values[0]
+                metadata[key.removeprefix("episode_metadata/")] = (
+                    value.decode("utf-8", errors="replace") if isinstance(value, bytes) else value.item()
+                )
+        return replace(source, task=task, metadata=metadata, deferred=None)
+
+
+def _step_count(example: dict[str, Feature], cameras, numeric, name: str, path: str) -> int:
     counts = {}
     for feature in (*cameras, *numeric):
         found = example.get(f"steps/{feature.path}")
         if found is None:
             raise SourceError(
-                name, None, f"the record has no feature 'steps/{feature.path}' that features.json declares"
+                name, path, f"the record has no feature 'steps/{feature.path}' that features.json declares"
             )
         per_step = int(np.prod(feature.shape, dtype=np.int64)) if feature.kind == "numeric" else 1
         if per_step == 0 or len(found.values) % per_step:
-            raise SourceError(name, None, f"'steps/{feature.path}' holds {len(found.values)} values, not whole steps")
+            raise SourceError(name, path, f"'steps/{feature.path}' holds {len(found.values)} values, not whole steps")
         counts[feature.path] = len(found.values) // per_step
     if len(set(counts.values())) > 1:
-        raise SourceError(name, None, f"features disagree on the number of steps: {counts}")
+        raise SourceError(name, path, f"features disagree on the number of steps: {counts}")
     return next(iter(counts.values()), 0)
 
 
@@ -236,7 +249,6 @@ class StepArray:
     key: str
     row_shape: tuple[int, ...]
     dtype: str
-    steps: int
 
     @property
     def path(self) -> str:
@@ -247,18 +259,30 @@ class StepArray:
 
     def shape(self, episode: str) -> ArrayShape:
         dtype = np.dtype(object) if self.dtype == "object" else np.dtype(self.dtype)
-        rows = self.steps
-        return ArrayShape(rows, self.row_shape, dtype, rows * max(1, dtype.itemsize) * int(np.prod(self.row_shape)))
+        rows = len(self._values(episode)) // self._per_step
+        return ArrayShape(rows, self.row_shape, dtype, rows * max(1, dtype.itemsize) * self._per_step)
 
     def read(self, episode: str, first: int = 0, last: int | None = None) -> np.ndarray:
+        values = self._values(episode)
+        steps = len(values) // self._per_step
+        last = steps if last is None else last
+        if self.dtype == "object":
+            items = np.empty(max(0, min(last, steps) - first), dtype=object)
+            items[:] = values[first:last]
+            return items
+        return (
+            np.asarray(values[: steps * self._per_step]).reshape(steps, *self.row_shape)[first:last].astype(self.dtype)
+        )
+
+    @property
+    def _per_step(self) -> int:
+        return max(1, int(np.prod(self.row_shape, dtype=np.int64)))
+
+    def _values(self, episode: str):
         try:
-            feature = _record(self.record.path, self.record.offset, self.record.number)[self.key]
+            features = _record(self.record.path, self.record.offset, self.record.number)
         except TFRecordError as exc:
             raise SourceError(episode, self.record.path, str(exc)) from exc
-        last = self.steps if last is None else last
-        if self.dtype == "object":
-            items = np.empty(last - first, dtype=object)
-            items[:] = feature.values[first:last]
-            return items
-        values = np.asarray(feature.values).reshape(self.steps, *self.row_shape)
-        return values[first:last].astype(self.dtype)
+        if self.key not in features:
+            raise SourceError(episode, self.record.path, f"the record has no feature '{self.key}'")
+        return features[self.key].values

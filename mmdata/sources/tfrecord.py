@@ -62,16 +62,20 @@ def read_record(path: str | os.PathLike, offset: int, number: int = 0) -> bytes:
 
 def record_spans(path: str | os.PathLike) -> list[tuple[int, int]]:
     """(offset, data length) of every record, from the framing alone (lengths checked; data when read)."""
-    spans: list[tuple[int, int]] = []
+    return list(iter_record_spans(path))
+
+
+def iter_record_spans(path: str | os.PathLike) -> Iterator[tuple[int, int]]:
+    """`record_spans` one by one, so a reader keeps the records before a break in the framing."""
     with open(path, "rb") as handle:
         size = os.fstat(handle.fileno()).st_size
-        offset = 0
+        offset = number = 0
         while offset < size:
-            length = _read_length(handle, os.fspath(path), len(spans), offset, size)
-            spans.append((offset, length))
+            length = _read_length(handle, os.fspath(path), number, offset, size)
+            yield offset, length
+            number += 1
             offset += HEADER_BYTES + length + FOOTER_BYTES
             handle.seek(offset)
-    return spans
 
 
 def _read_length(handle, path: str, number: int, offset: int, size: int) -> int:
