@@ -149,13 +149,16 @@ def write_logs(folder: Path) -> list[LogTruth]:
     return truths
 
 
-def write_one_log(path: Path, gap_seconds: float = 3.0) -> list[LogTruth]:
-    """The same three episodes in one file, `gap_seconds` apart."""
+def write_one_log(path: Path, gap_seconds: float = 3.0, marker: str | None = None) -> list[LogTruth]:
+    """The same three episodes in one file, `gap_seconds` apart; with `marker`, a String message on that
+    topic 0.1 s before each episode starts (before its command)."""
     truths = []
     start = 1_700_000_000_000_000_000
     with open(path, "wb") as handle:
         writer, schemas = open_writer(handle)
         for number, (seconds, task) in enumerate(EPISODES):
+            if marker is not None:
+                writer.write_message(marker, schemas["string"], {"data": str(number)}, log_time=start - 100_000_000)
             truths.append(write_episode(writer, schemas, start, seconds, number, task))
             start += int((seconds + gap_seconds) * 1e9)
         writer.finish()

@@ -76,6 +76,18 @@ def test_one_log_split_at_its_gaps_gives_the_episodes_of_separate_logs(tmp_path)
     sources = discover_episodes(tmp_path / "session.mcap", "mcap", topic_map=topic_map)
     assert [s.name for s in sources] == ["session.mcap#0", "session.mcap#1", "session.mcap#2"]
     assert [s.task for s in sources] == [t.task for t in truths], "a command logged in a gap opens the next episode"
+    _convert_and_check(sources, truths, tmp_path)
+
+
+def test_one_log_split_at_a_marker_topic_starts_an_episode_at_each_marker(tmp_path):
+    truths = mcap_logs.write_one_log(tmp_path / "marked.mcap", gap_seconds=0.5, marker="/episode_start")
+    topic_map = topic_map_from_dict({**TOPIC_MAP, "split": {"topic": "/episode_start"}})
+    sources = discover_episodes(tmp_path / "marked.mcap", "mcap", topic_map=topic_map)
+    assert [s.task for s in sources] == [t.task for t in truths], "gaps of 0.5 s, too short for a gap rule"
+    _convert_and_check(sources, truths, tmp_path)
+
+
+def _convert_and_check(sources, truths: list[LogTruth], tmp_path: Path) -> None:
     convert(sources, tmp_path / "out", OPTIONS)
     dataset = mmdata.open_dataset(str(tmp_path / "out"))
     for index, truth in enumerate(truths):
@@ -340,27 +352,6 @@ def test_a_chunk_declaring_gigabytes_decompressed_is_refused_before_it_is_read(t
     assert f"the chunk at byte {chunk.chunk_start_offset} declares {40 << 30} bytes decompressed" in str(source.problem)
 
 
-def test_one_log_split_at_a_marker_topic_starts_an_episode_at_each_marker(tmp_path):
-    path = tmp_path / "marked.mcap"
-    truths = []
-    with open(path, "wb") as handle:
-        writer, schemas = mcap_logs.open_writer(handle)
-        start = 1_700_000_000_000_000_000
-        for number, (seconds, task) in enumerate(mcap_logs.EPISODES):
-            marker = start - 100_000_000  # logged before the episode's own command
-            writer.write_message("/episode_start", schemas["string"], {"data": str(number)}, log_time=marker)
-            truths.append(mcap_logs.write_episode(writer, schemas, start, seconds, number, task))
-            start += int((seconds + 0.5) * 1e9)  # gaps too short for a gap rule
-        writer.finish()
-    topic_map = topic_map_from_dict({**TOPIC_MAP, "split": {"topic": "/episode_start"}})
-    sources = discover_episodes(path, "mcap", topic_map=topic_map)
-    assert [s.task for s in sources] == [t.task for t in truths]
-    convert(sources, tmp_path / "out", OPTIONS)
-    dataset = mmdata.open_dataset(str(tmp_path / "out"))
-    for index, truth in enumerate(truths):
-        _check_episode(dataset, index, truth)
-
-
 def test_time_log_keeps_each_message_at_its_log_time(tmp_path, logs):
     from mcap.reader import make_reader
 
@@ -391,3 +382,11 @@ def test_raw_image_messages_become_rgb_frames(encoding):
     message = SimpleNamespace(encoding=encoding, height=32, width=48, step=padded.shape[1], data=padded.tobytes())
     expected = np.repeat(rgb[:, :, :1], 3, axis=2) if encoding == "mono8" else rgb
     assert np.array_equal(picture(message, "raw", "raw.mcap", "e"), expected)
+
+
+def test_a_damaged_video_packet_is_named_not_taken_for_an_encoder_failure():
+    from mmdata.sources.log_messages import MessageError, PacketDecoder
+
+    decoder = PacketDecoder("h264")
+    with pytest.raises(MessageError, match="h264 packet 0 does not decode"):
+        list(decoder.decode(b"\x00\x00\x00\x01\x65" + bytes(range(256)) * 4, 0.0))

@@ -141,16 +141,23 @@ class PacketDecoder:
         packet.pts = packet.dts = self._sent
         self._times[self._sent] = time
         self._sent += 1
-        yield from self._timed(self._context.decode(packet))
+        yield from self._timed(self._decoded(packet))
 
     def flush(self) -> Iterator[tuple[av.VideoFrame, float]]:
-        yield from self._timed(self._context.decode(None))
+        yield from self._timed(self._decoded(None))
         if self._times:
             first = min(self._times)
             raise MessageError(
                 f"{len(self._times)} of {self._sent} packets gave no frame, the first of them packet {first}"
                 " (a stream that starts without a key frame, or damaged packets)"
             )
+
+    def _decoded(self, packet: av.Packet | None) -> list[av.VideoFrame]:
+        try:
+            return self._context.decode(packet)
+        except av.error.FFmpegError as exc:
+            which = f"packet {packet.pts}" if packet is not None else "the end of the stream"
+            raise MessageError(f"{self.format} {which} does not decode: {exc}") from exc
 
     def _timed(self, frames) -> Iterator[tuple[av.VideoFrame, float]]:
         for frame in frames:
