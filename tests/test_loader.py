@@ -445,3 +445,13 @@ def test_a_loader_closed_mid_epoch_continues_at_the_next_step(stores):
     loader.close()
     tail = [b["sample_index"].tolist() for b in loader]
     assert head + tail == whole
+
+
+def test_shuffle_true_and_false_mean_the_default_shuffle_and_none_as_in_torch(stores):
+    def order(shuffle):
+        loader = mmdata.DataLoader(stores["wds"], POLICY_WINDOWS, batch_size=4, shuffle=shuffle, seed=1)
+        return [(e, t) for b in loader for e, t in zip(b["episode_index"].tolist(), b["time"].tolist())]
+
+    assert order(True) == order("locality") != order(False) == order("none")
+    with pytest.raises(ValueError, match="shuffle is True, False or one of locality, global, none, not 'yes'"):
+        mmdata.DataLoader(stores["wds"], POLICY_WINDOWS, batch_size=4, shuffle="yes")

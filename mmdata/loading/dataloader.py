@@ -47,7 +47,7 @@ from mmdata.packing.layouts import MaskKind
 from mmdata.schema import VideoStream
 from mmdata.sharding.distributed import rank_and_world
 from mmdata.sharding.epoch_plan import EpochPlan, ResumeError
-from mmdata.sharding.order import SHUFFLES, Shuffle
+from mmdata.sharding.order import Shuffle, as_shuffle
 
 MAIN_DECODE_AHEAD = 2
 
@@ -60,7 +60,8 @@ class DataLoader:
     per value, per second of audio; 1 by default) into micro-batches of at most that many
     tokens, balanced across ranks; `batch_size` takes that many samples of similar cost per
     micro-batch instead. `layout` ("packed" or "padded", see `mmdata.loading.collate`) shapes the
-    tensors. Each rank gets the same number of steps; `len(loader)` is that number for the epoch.
+    tensors. `shuffle`: "locality" (the default, also `True`: shards shuffled, then samples within
+    groups of shards), "global" (one permutation of every sample) or "none" (also `False`). Each rank gets the same number of steps; `len(loader)` is that number for the epoch.
 
     `decoder="auto"` decodes video on the GPU with DALI in the main process when `device` is a
     CUDA device and the work suits it, else in the workers on the fastest CPU backend;
@@ -87,7 +88,7 @@ class DataLoader:
         layout: Layout | None = None,
         episodes: Episodes | None = None,
         seed: int = 0,
-        shuffle: Shuffle = "locality",
+        shuffle: Shuffle | bool = "locality",
         shuffle_window: int = 8192,
         shards_per_group: int = 8,
         balance: Literal["tokens", "attention"] = "tokens",
@@ -112,8 +113,7 @@ class DataLoader:
         layout = layout or ("packed" if batch_tokens is not None else "padded")
         if layout not in LAYOUTS:
             raise ValueError(f"layout is 'packed' or 'padded', not '{layout}'")
-        if shuffle not in SHUFFLES:
-            raise ValueError(f"shuffle is one of {', '.join(SHUFFLES)}, not '{shuffle}'")
+        shuffle = as_shuffle(shuffle)
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error is 'raise' or 'skip', not '{on_error}'")
         if num_workers < 0:

@@ -16,6 +16,15 @@ SHUFFLES = ("locality", "global", "none")
 _ORDER_STREAM = 0x5A3D
 
 
+def as_shuffle(value: Shuffle | bool) -> Shuffle:
+    """A shuffle mode from torch's `shuffle=True/False` (the default "locality" / "none") or by name."""
+    if isinstance(value, (bool, np.bool_)):
+        return "locality" if value else "none"
+    if value not in SHUFFLES:
+        raise ValueError(f"shuffle is True, False or one of {', '.join(SHUFFLES)}, not {value!r}")
+    return value
+
+
 def sample_order(
     shards: np.ndarray, seed: int, epoch: int, shuffle: Shuffle = "locality", shards_per_group: int = 8
 ) -> np.ndarray:
