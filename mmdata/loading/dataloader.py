@@ -61,7 +61,8 @@ class DataLoader:
     tokens, balanced across ranks; `batch_size` takes that many samples of similar cost per
     micro-batch instead. `layout` ("packed" or "padded", see `mmdata.loading.collate`) shapes the
     tensors. `shuffle`: "locality" (the default, also `True`: shards shuffled, then samples within
-    groups of shards), "global" (one permutation of every sample) or "none" (also `False`). Each rank gets the same number of steps; `len(loader)` is that number for the epoch.
+    groups of shards), "global" (one permutation of every sample) or "none" (also `False`).
+    Each rank gets the same number of steps; `len(loader)` is that number for the epoch.
 
     `decoder="auto"` decodes video on the GPU with DALI in the main process when `device` is a
     CUDA device and the work suits it, else in the workers on the fastest CPU backend;
