@@ -11,7 +11,9 @@
 3. Policy windows (cam_high at t-0.1 s and t, cam_wrist at t, state at t-0.1 s and t, 16 actions at
    30 Hz; every frame an anchor), batch 8, shuffled, are drawn for `--seconds` by each loader in a
    fresh interpreter, in `--rounds` rounds whose order rotates: LeRobotDataset + torch DataLoader
-   (torchcodec and pyav, 0 and 2 workers) and mmdata.DataLoader (both stores, 0 and 2 workers).
+   (torchcodec and pyav, 0 and 2 workers), mmdata.DataLoader (both stores, 0 and 2 workers) and
+   mmdata.lerobot.LeRobotLoader (LeRobot's batches: float CHW frames, its keys and index fields; 2
+   workers, WebDataset), reported against the native loader on the same store.
    With `--baseline-tree` (an export of an earlier mmdata) that tree also runs, on stores it
    converted with its own defaults: the before/after of the same run.
 4. 200 random samples are checked equal on both sides: each frame's identity by its pixel stripe,
@@ -61,6 +63,24 @@ figures["decode_waste"] = stats.get("decode_waste")
 print("RESULT " + json.dumps(figures))
 """
 
+COMPATIBLE_LOADER = """
+import json, sys
+sys.path.insert(0, {bench!r})
+from process_time import measure
+from mmdata.lerobot import LeRobotLoader
+delta_timestamps = {{
+    "observation.images.cam_high": [-0.1, 0.0],
+    "observation.state": [-0.1, 0.0],
+    "action": [i / 30 for i in range(16)],
+}}
+loader = LeRobotLoader({store!r}, delta_timestamps, batch_size=8, num_workers={workers}, shuffle="global")
+figures = measure(lambda: iter(loader), lambda batch: len(batch["index"]), {seconds})
+stats = loader.stats()
+figures["stages"] = stats.get("worker_stage_seconds")
+figures["decode_waste"] = stats.get("decode_waste")
+print("RESULT " + json.dumps(figures))
+"""
+
 
 def ensure_venv(path: Path, version: str) -> Path:
     """The interpreter of a virtual environment with lerobot (and torchcodec) installed, made if missing."""
@@ -87,8 +107,8 @@ def lerobot_run(python: Path, *arguments: str) -> dict:
     return run_json([str(python), str(HERE / "lerobot_side.py"), *arguments], environment)
 
 
-def mmdata_run(tree: Path, store: Path, workers: int, seconds: float) -> dict:
-    return run_in_tree(tree, MMDATA_LOADER.format(bench=str(HERE), store=str(store), workers=workers, seconds=seconds))
+def mmdata_run(tree: Path, store: Path, workers: int, seconds: float, code: str = MMDATA_LOADER) -> dict:
+    return run_in_tree(tree, code.format(bench=str(HERE), store=str(store), workers=workers, seconds=seconds))
 
 
 def convert(tree: Path, source: Path, destination: Path, layout: str, *options: str) -> None:
@@ -163,6 +183,10 @@ def main() -> None:
             configurations[f"mmdata {layout} w{workers}"] = lambda s=store, w=workers: mmdata_run(
                 tree, s, w, args.seconds
             )
+    # LeRobot's batches (float CHW frames, LeRobot's keys and index fields) from the same store
+    configurations["mmdata lerobot-compatible wds w2"] = lambda: mmdata_run(
+        tree, stores["wds"], 2, args.seconds, COMPATIBLE_LOADER
+    )
     # the same loader on a store converted with the default access pattern (gop 8, no tuning)
     default_store = args.workdir / "store-both.wds"
     convert(tree, source, default_store, "wds")
@@ -212,6 +236,9 @@ def main() -> None:
                 "vs_best_lerobot_samples_per_s": round(figures["samples_per_s"] / best_rate[1]["samples_per_s"], 2),
                 "vs_best_lerobot_per_cpu_s": round(figures["samples_per_cpu_s"] / best_cpu[1]["samples_per_cpu_s"], 2),
             }
+    native, compatible = summary.get("mmdata wds w2", {}), summary.get("mmdata lerobot-compatible wds w2", {})
+    if "samples_per_s" in native and "samples_per_s" in compatible:
+        ratios["lerobot-compatible vs native mmdata"] = round(compatible["samples_per_s"] / native["samples_per_s"], 3)
     equality = check_equal(python, source, stores, args.check_samples)
     for name, figures in summary.items():
         print(
@@ -220,6 +247,9 @@ def main() -> None:
         )
     print(f"best LeRobot: {best_rate[0]} (samples/s), {best_cpu[0]} (per CPU-s)")
     for name, ratio in ratios.items():
+        if isinstance(ratio, float):
+            print(f"{name}: {ratio}x samples/s")
+            continue
         print(
             f"{name}: {ratio['vs_best_lerobot_samples_per_s']}x samples/s, {ratio['vs_best_lerobot_per_cpu_s']}x"
             " per CPU-second"

@@ -114,4 +114,6 @@ class LoaderPlanner:
             return plan_packing(costs, config, seed, epoch, order)
         boundaries = np.unique(np.ceil(np.quantile(self.costs, np.linspace(0, 1, 9)[1:]))).astype(np.int64)
         max_len = int(self.costs.max())
-        return plan_padded(costs, b.batch_size, boundaries, ranks, seed, epoch, b.shuffle_window, max_len, order)
+        return plan_padded(
+            costs, b.batch_size, boundaries, ranks, seed, epoch, b.shuffle_window, max_len, order, b.shuffle == "none"
+        )

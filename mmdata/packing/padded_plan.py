@@ -55,11 +55,14 @@ def plan_padded(
     window: int = 8192,
     max_len: int | None = None,
     order: np.ndarray | None = None,
+    keep_order: bool = False,
 ) -> PaddedPlan:
     """Micro-batches of `batch_size` samples from one length bucket (`boundaries`, ascending).
 
     Samples longer than `max_len` (default: the last boundary) are split into chunks first.
-    `order` is the sequence rows are taken in (possibly a subset), as for `plan_packing`.
+    `order` is the sequence rows are taken in (possibly a subset), as for `plan_packing`. The
+    micro-batches of each window are shuffled, unless `keep_order` (an unshuffled epoch: samples of
+    equal cost then come in `order`, batch after batch).
     """
     if batch_size < 1 or ranks < 1 or window < 1:
         raise ValueError("batch_size, ranks and window must each be at least 1")
@@ -86,9 +89,9 @@ def plan_padded(
         emit = len(full) // ranks * ranks
         left += full[emit:]
         groups = np.arange(emit).reshape(-1, ranks) if emit else np.empty((0, ranks), np.int64)
-        for group in groups[rng.permutation(len(groups))]:
+        for group in groups if keep_order else groups[rng.permutation(len(groups))]:
             steps.append([len(batches) + i for i in range(ranks)])
-            batches += [full[i] for i in rng.permutation(group)]
+            batches += [full[i] for i in (group if keep_order else rng.permutation(group))]
         carry = np.concatenate(left) if left else np.empty(0, np.int64)
         if number == len(starts) - 1 and len(carry) >= ranks:
             by_length = carry[np.argsort(rows.tokens[carry], kind="stable")]

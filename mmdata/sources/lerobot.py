@@ -158,6 +158,7 @@ def _discover_v3(root: Path, info: dict[str, Any]) -> list[EpisodeSource]:
         except (OSError, ValueError) as exc:
             raise SourceError.for_source(str(root), str(path), f"unreadable episodes table: {exc}") from exc
     data_rows: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    tasks = _task_numbers(root / "meta" / "tasks.parquet")
     sources = []
     for row in _sorted_episodes(episodes, root):
         index, name = row["episode_index"], _episode_name(row["episode_index"])
@@ -168,6 +169,7 @@ def _discover_v3(root: Path, info: dict[str, Any]) -> list[EpisodeSource]:
             first = _rows_of(data_path, row, length, data_rows, name)
             cameras = tuple(_camera_v3(root, info, row, key, name, length) for key in videos)
             task, metadata = _task_text(row.get("tasks"), name), _metadata(info, index, row.get("tasks"))
+            metadata |= _numbering(as_int(row.get("dataset_from_index"), "'dataset_from_index'", 0), row, tasks)
         except SourceError as problem:
             sources.append(EpisodeSource(name=name, problem=problem))
             continue
@@ -252,10 +254,13 @@ def _discover_v21(root: Path, info: dict[str, Any]) -> list[EpisodeSource]:
     fps = info["fps"]
     chunk_size = info.get("chunks_size", 1000)
     episodes = _read_jsonl(root / "meta/episodes.jsonl", root)
+    tasks = _task_numbers(root / "meta" / "tasks.jsonl")
     sources = []
+    index_from = 0  # LeRobot v2.1 numbers frames across episodes in episode order
     for row in _sorted_episodes(episodes, root):
         index, name = row["episode_index"], _episode_name(row["episode_index"])
         chunk = index // chunk_size
+        first_frame, index_from = index_from, index_from + _length_or_zero(row)
         try:
             length = as_int(row.get("length"), "'length'", 1, MAX_EPISODE_ROWS)
             data_path = _path_from_template(root, info, "data_path", name, episode_chunk=chunk, episode_index=index)
@@ -269,6 +274,7 @@ def _discover_v21(root: Path, info: dict[str, Any]) -> list[EpisodeSource]:
                     raise SourceError(name, str(path), f"the video of camera '{key}' is missing")
                 cameras.append(CameraSource(key, str(path), expected_frames=length, grid=fps))
             task, metadata = _task_text(row.get("tasks"), name), _metadata(info, index, row.get("tasks"))
+            metadata |= _numbering(first_frame, row, tasks)
         except SourceError as problem:
             sources.append(EpisodeSource(name=name, problem=problem))
             continue
@@ -340,6 +346,38 @@ def _task_text(tasks: Any, episode: str) -> str:
     if isinstance(tasks, list):
         return "; ".join(as_text(t, "a task") for t in tasks)
     raise ValueError(f"'tasks' is {type(tasks).__name__}, not text or a list of texts")
+
+
+def _numbering(index_from: int, row: dict, tasks: dict[str, int]) -> dict[str, Any]:
+    """How LeRobot numbers the episode's frames and tasks, for loaders that give LeRobot's index fields
+    (`mmdata.lerobot`): the dataset-wide index of its first frame, and its tasks' `task_index`."""
+    named = row.get("tasks")
+    named = [named] if isinstance(named, str) else list(named or [])
+    numbers = [tasks[t] for t in named if isinstance(t, str) and t in tasks]
+    return {"lerobot_index_from": index_from, "lerobot_task_indices": numbers}
+
+
+def _task_numbers(path: Path) -> dict[str, int]:
+    """Task text -> task_index from `meta/tasks.parquet` (v3.0: the text is the table's index column) or
+    `meta/tasks.jsonl` (v2.1); empty when the file is missing or unreadable (the task text is still kept)."""
+    try:
+        if path.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            table = pq.read_table(path).to_pylist()
+            texts = [next((v for k, v in r.items() if k != "task_index" and isinstance(v, str)), None) for r in table]
+            return {t: int(r["task_index"]) for t, r in zip(texts, table) if t is not None}
+        rows = [parse_json(line) for line in path.read_text().splitlines() if line.strip()]
+        return {r["task"]: int(r["task_index"]) for r in rows if isinstance(r, dict) and "task" in r}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def _length_or_zero(row: dict) -> int:
+    try:
+        return as_int(row.get("length"), "'length'", 1, MAX_EPISODE_ROWS)
+    except ValueError:
+        return 0
 
 
 def _metadata(info: dict, index: int, tasks: Any) -> dict[str, Any]:

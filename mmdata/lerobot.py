@@ -1,0 +1,162 @@
+"""Batches as LeRobot's own `LeRobotDataset` + torch `DataLoader` give them, from an mmdata store.
+
+A LeRobot training script changes its dataset and loader lines only:
+
+    loader = LeRobotLoader("/data/aloha.wds", delta_timestamps=cfg.delta_timestamps, batch_size=64,
+                           shuffle=True, num_workers=8, device="cuda")
+    for batch in loader:
+        loss, _ = policy.forward(batch)
+
+Every frame of the episodes is a sample, as in LeRobot. Each batch holds the store's cameras as float
+`[B, 3, H, W]` in [0, 1] (`[B, T, 3, H, W]` for a key of `delta_timestamps`, with `<key>_is_pad`),
+its low-dim streams `[B, D]` (or `[B, T, D]`), and LeRobot's fields: `timestamp`, `frame_index`,
+`episode_index` and `index` as LeRobot numbers them, `task_index` and `task`. Frames are decoded
+as uint8 channels-first and turned into floats where the batch lands (on the GPU with
+`device="cuda"`), the cheapest place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from mmdata.dataset import Dataset, open_dataset
+from mmdata.loading.dataloader import DataLoader
+from mmdata.loading.specs import Frames, SpecError, Values, Windows
+from mmdata.schema import LowdimStream, VideoStream
+
+ImageFormat = Literal["float", "uint8"]
+
+
+@dataclass(frozen=True)
+class EpisodeNumbering:
+    """How LeRobot numbers each stored episode (by manifest row): its `episode_index`, the dataset-wide
+    `index` of its first frame, and its `task_index`. Stores converted from LeRobot carry them in their
+    metadata; for other stores they are the manifest order, frames counted across episodes, and -1."""
+
+    episode_index: np.ndarray
+    index_from: np.ndarray
+    task_index: np.ndarray
+
+    @classmethod
+    def of(cls, dataset: Dataset, fps: float) -> EpisodeNumbering:
+        rows = [dataset.manifest.row(i) for i in range(dataset.schema.num_episodes)]
+        metadata = [dataset.metadata_of(row) for row in rows]
+        frames = [int(round(float(row["duration"]) * fps)) for row in rows]
+        counted = np.concatenate([[0], np.cumsum(frames)[:-1]]).astype(np.int64)
+        return cls(
+            np.array([m.get("lerobot_episode_index", i) for i, m in enumerate(metadata)], np.int64),
+            np.array([m.get("lerobot_index_from", int(c)) for m, c in zip(metadata, counted)], np.int64),
+            np.array([(m.get("lerobot_task_indices") or [-1])[0] for m in metadata], np.int64),
+        )
+
+
+class LeRobotLoader:
+    """An iterable of LeRobot-style batches over the store at `dataset` (see the module's docstring).
+
+    `delta_timestamps` is LeRobot's: stream -> offsets in seconds from each frame. `images="uint8"`
+    keeps frames as uint8 (still channels-first). `shuffle` is True / False as in torch, or an mmdata
+    shuffle mode. Other keyword arguments go to `mmdata.DataLoader` (`seed`, `rank`, `world_size`,
+    `decoder`, `on_error`, ...); `state_dict()` / `load_state_dict()` resume exactly, as there.
+    """
+
+    def __init__(
+        self,
+        dataset: str | Dataset,
+        delta_timestamps: Mapping[str, Sequence[float]] | None = None,
+        *,
+        batch_size: int,
+        shuffle: bool | str = True,
+        num_workers: int = 0,
+        device: str | torch.device = "cpu",
+        images: ImageFormat = "float",
+        **options: Any,
+    ):
+        if images not in ("float", "uint8"):
+            raise ValueError(f"images is 'float' or 'uint8', not {images!r}")
+        self.dataset = dataset if isinstance(dataset, Dataset) else open_dataset(dataset)
+        self.delta_timestamps = {k: tuple(float(t) for t in v) for k, v in (delta_timestamps or {}).items()}
+        self.images = images
+        streams = {s.name: s for s in self.dataset.schema.streams}
+        unknown = sorted(set(self.delta_timestamps) - set(streams))
+        if unknown:
+            raise SpecError(
+                f"delta_timestamps names {unknown}, which the store does not hold; its streams are {sorted(streams)}"
+            )
+        self.cameras = [n for n, s in streams.items() if isinstance(s, VideoStream)]
+        self.values = [n for n, s in streams.items() if isinstance(s, LowdimStream)]
+        self.fps = _frame_rate(streams)
+        spec = Windows(
+            anchor_fps=self.fps,
+            streams={
+                **{n: Frames(offsets=self._offsets(n), channels_first=True) for n in self.cameras},
+                **{n: Values(offsets=self._offsets(n)) for n in self.values},
+            },
+        )
+        self.numbering = EpisodeNumbering.of(self.dataset, self.fps)
+        self.loader = DataLoader(
+            self.dataset,
+            spec,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            num_workers=num_workers,
+            device=device,
+            **options,
+        )
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for batch in self.loader:
+            yield self.to_lerobot(batch)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loader.load_state_dict(state)
+
+    def stats(self) -> dict[str, Any]:
+        return self.loader.stats()
+
+    def to_lerobot(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """One mmdata batch of this loader's spec as LeRobot's collated batch."""
+        out: dict[str, Any] = {}
+        for name in self.cameras:
+            frames = batch[name]
+            out[name] = frames.float().div_(255) if self.images == "float" else frames
+        for name in self.values:
+            out[name] = batch[name]
+        for name in (*self.cameras, *self.values):
+            if name in self.delta_timestamps:
+                out[f"{name}_is_pad"] = batch[f"{name}_is_pad"]
+            else:
+                out[name] = out[name][:, 0]
+        time = batch["time"]
+        rows = batch["episode_index"].cpu().numpy()
+        frame_index = torch.round(time * self.fps).to(torch.int64)
+        device = time.device
+        out["timestamp"] = time.to(torch.float32)
+        out["frame_index"] = frame_index
+        out["episode_index"] = torch.from_numpy(self.numbering.episode_index[rows]).to(device)
+        out["index"] = torch.from_numpy(self.numbering.index_from[rows]).to(device) + frame_index
+        out["task_index"] = torch.from_numpy(self.numbering.task_index[rows]).to(device)
+        out["task"] = batch["task"]
+        return out
+
+    def _offsets(self, name: str) -> tuple[float, ...]:
+        return self.delta_timestamps.get(name, (0.0,))
+
+
+def _frame_rate(streams: dict) -> float:
+    """The store's frame rate: its cameras' (which must agree), else its low-dim streams' fixed rate."""
+    rates = {s.fps for s in streams.values() if isinstance(s, VideoStream)}
+    rates = rates or {s.rate for s in streams.values() if isinstance(s, LowdimStream) and s.rate}
+    if len(rates) != 1:
+        raise SpecError(f"LeRobot-style samples need one frame rate; the store's streams have {sorted(rates)}")
+    return float(next(iter(rates)))

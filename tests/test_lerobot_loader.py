@@ -1,0 +1,74 @@
+"""`mmdata.lerobot.LeRobotLoader` against what LeRobot's own `LeRobotDataset` returned for the same indices and
+`delta_timestamps` (recorded from lerobot into the fixture folder by `record_lerobot_items.py`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mmdata.conversion.pipeline import ConvertOptions, convert
+from mmdata.lerobot import LeRobotLoader
+from mmdata.loading.specs import SpecError
+from mmdata.sources import discover_episodes
+
+FIXTURE = Path(__file__).parent / "fixtures" / "lerobot_small"
+RECORDED = json.loads((FIXTURE / "lerobot_items.json").read_text())
+STRIPE = json.loads((FIXTURE / "fixture_truth.json").read_text())["stripe_height_px"]
+DECODE_TOLERANCE = 5.0  # mean absolute difference in levels: the store re-encodes LeRobot's AV1 as H.264
+
+
+@pytest.fixture(scope="module", params=["wds", "zarr"])
+def store(request, tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("lerobot") / f"store.{request.param}"
+    convert(discover_episodes(FIXTURE), path, ConvertOptions(layout=request.param, workers=1, progress=False))
+    return str(path)
+
+
+def _by_index(loader: LeRobotLoader) -> dict[int, dict]:
+    samples = {}
+    for batch in loader:
+        for row, index in enumerate(batch["index"].tolist()):
+            samples[index] = {key: value[row] for key, value in batch.items()}
+    return samples
+
+
+def _top_stripe(frame: np.ndarray) -> float:
+    """The mean level of a [3, H, W] frame's top stripe, which shows (frame_index * 7) % 256."""
+    return float(frame[:, 2 : STRIPE - 2].mean())
+
+
+def test_batches_equal_lerobots_own_items_key_by_key(store):
+    expected = np.load(FIXTURE / "lerobot_items.npz")
+    loader = LeRobotLoader(store, RECORDED["delta_timestamps"], batch_size=8, shuffle=True, num_workers=2)
+    samples = _by_index(loader)
+    assert sorted(samples) == list(range(167)), "every frame of every episode is one sample, as in LeRobot"
+    for index in RECORDED["indices"]:
+        sample = samples[index]
+        keys = sorted(name.split("/", 1)[1] for name in expected.files if name.startswith(f"{index}/"))
+        assert sorted(set(sample) - {"task"}) == keys
+        assert sample["task"] == RECORDED["tasks"][str(index)]
+        for key in keys:
+            want, got = expected[f"{index}/{key}"], sample[key].numpy()
+            if key.startswith("observation.images.") and not key.endswith("_is_pad"):
+                assert got.dtype == np.float32 and got.shape == want.shape and got.min() >= 0 and got.max() <= 1
+                for ours, theirs in zip(got.reshape(-1, *got.shape[-3:]), want.reshape(-1, *want.shape[-3:])):
+                    assert abs(_top_stripe(ours * 255) - _top_stripe(theirs)) <= 6, f"index {index} {key}: same frame"
+                assert np.abs(got * 255 - want).mean() < DECODE_TOLERANCE, f"index {index} {key}"
+            else:
+                assert got.dtype == want.dtype and np.array_equal(got, want), f"index {index} {key}: {got} != {want}"
+
+
+def test_uint8_images_unshuffled_order_and_an_unknown_delta_key(store):
+    loader = LeRobotLoader(store, {"action": [0.0, 0.1]}, batch_size=16, shuffle=False, images="uint8")
+    batches = list(loader)
+    assert [i for b in batches for i in b["index"].tolist()] == list(range(167)), "shuffle=False keeps LeRobot order"
+    first = batches[0]
+    assert first["observation.images.cam_high"].dtype.is_floating_point is False
+    assert tuple(first["observation.images.cam_high"].shape) == (16, 3, 96, 128)
+    assert tuple(first["action"].shape) == (16, 2, 14) and tuple(first["observation.state"].shape) == (16, 14)
+    assert "observation.state_is_pad" not in first and "action_is_pad" in first
+    with pytest.raises(SpecError, match=r"delta_timestamps names \['observation.image'\], which the store"):
+        LeRobotLoader(store, {"observation.image": [0.0]}, batch_size=4)
