@@ -390,3 +390,16 @@ def test_a_damaged_video_packet_is_named_not_taken_for_an_encoder_failure():
     decoder = PacketDecoder("h264")
     with pytest.raises(MessageError, match="h264 packet 0 does not decode"):
         list(decoder.decode(b"\x00\x00\x00\x01\x65" + bytes(range(256)) * 4, 0.0))
+
+
+def test_a_log_of_random_bytes_after_a_valid_header_is_that_files_error_not_a_crash(tmp_path, logs):
+    folder, _ = logs
+    copy = _copy_logs(folder, tmp_path)
+    data = bytearray((copy / "episode_2.mcap").read_bytes())
+    rng = np.random.default_rng(0)
+    middle = slice(200, len(data) - 200)
+    data[middle] = rng.integers(0, 256, len(data) - 400, dtype=np.uint8).tobytes()
+    (copy / "episode_2.mcap").write_bytes(bytes(data))
+    sources = discover_episodes(copy, "mcap", topic_map=topic_map_from_dict(TOPIC_MAP))
+    assert [s.problem is None for s in sources] == [True, True, False]
+    assert "episode_2.mcap" in str(sources[2].problem)

@@ -264,6 +264,9 @@ def discover_mcap_episodes(root: str | Path, topic_map: TopicMap | None = None, 
             episodes += _file_episodes(path, name, topic_map, task)
         except SourceError as problem:
             episodes.append(EpisodeSource(name, problem=problem))
+        except Exception as exc:  # a per-file boundary: a log the decoders choke on must not stop the others
+            problem = SourceError(name, str(path), f"could not be read: {type(exc).__name__}: {exc}", RECOVER)
+            episodes.append(EpisodeSource(name, problem=problem))
     return require_common_streams(episodes)
 
 
