@@ -232,9 +232,8 @@ def print_report(report: ConversionReport) -> None:
     )
     if report.input_bytes:
         print(
-            f"  size: {format_bytes(report.input_bytes)} of recordings read (the video, audio and data files the"
-            f" episodes use; not the source's metadata files) -> store {format_bytes(report.output_bytes)} (all its"
-            f" files: shards or arrays, manifest, dataset.json, stats.json); ratio"
+            f"  size: {format_bytes(report.input_bytes)} of recordings (video, audio, data files; not metadata)"
+            f" -> store {format_bytes(report.output_bytes)} (every file); ratio"
             f" {report.output_bytes / report.input_bytes:.2f}"
         )
     if report.skipped:
