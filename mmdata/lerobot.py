@@ -26,6 +26,7 @@ import torch
 
 from mmdata.dataset import Dataset, open_dataset
 from mmdata.loading.dataloader import DataLoader
+from mmdata.loading.mixture import Mixture, Source
 from mmdata.loading.specs import Frames, SpecError, Values, Windows
 from mmdata.schema import LowdimStream, VideoStream
 
@@ -58,8 +59,10 @@ class EpisodeNumbering:
 class LeRobotLoader:
     """An iterable of LeRobot-style batches over the store at `dataset` (see the module's docstring).
 
-    `delta_timestamps` is LeRobot's: stream -> offsets in seconds from each frame. `images="uint8"`
-    keeps frames as uint8 (still channels-first). `shuffle` is True / False as in torch, or an mmdata
+    `delta_timestamps` is LeRobot's: stream -> offsets in seconds from each frame. `streams` renames the
+    store's streams to the keys the policy expects (`{"cam_high": "observation.images.top"}`, as a
+    `Source`'s stream map; unmapped streams keep their names), for stores not converted from LeRobot.
+    `images="uint8"` keeps frames as uint8 (still channels-first). `shuffle` is True / False as in torch, or an mmdata
     shuffle mode. Other keyword arguments go to `mmdata.DataLoader` (`seed`, `rank`, `world_size`,
     `decoder`, `on_error`, ...); `state_dict()` / `load_state_dict()` resume exactly, as there.
     """
@@ -70,6 +73,7 @@ class LeRobotLoader:
         delta_timestamps: Mapping[str, Sequence[float]] | None = None,
         *,
         batch_size: int,
+        streams: Mapping[str, str] | None = None,
         shuffle: bool | str = True,
         num_workers: int = 0,
         device: str | torch.device = "cpu",
@@ -81,7 +85,11 @@ class LeRobotLoader:
         self.dataset = dataset if isinstance(dataset, Dataset) else open_dataset(dataset)
         self.delta_timestamps = {k: tuple(float(t) for t in v) for k, v in (delta_timestamps or {}).items()}
         self.images = images
-        streams = {s.name: s for s in self.dataset.schema.streams}
+        renamed = dict(streams or {})
+        unmapped = sorted(set(renamed) - {s.name for s in self.dataset.schema.streams})
+        if unmapped:
+            raise SpecError(f"streams renames {unmapped}, which the store does not hold")
+        streams = {renamed.get(s.name, s.name): s for s in self.dataset.schema.streams}
         unknown = sorted(set(self.delta_timestamps) - set(streams))
         if unknown:
             raise SpecError(
@@ -98,8 +106,9 @@ class LeRobotLoader:
             },
         )
         self.numbering = EpisodeNumbering.of(self.dataset, self.fps)
+        source = Mixture([Source(self.dataset, streams=renamed)]) if renamed else self.dataset
         self.loader = DataLoader(
-            self.dataset,
+            source,
             spec,
             batch_size=batch_size,
             shuffle=shuffle,

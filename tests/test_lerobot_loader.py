@@ -72,3 +72,21 @@ def test_uint8_images_unshuffled_order_and_an_unknown_delta_key(store):
     assert "observation.state_is_pad" not in first and "action_is_pad" in first
     with pytest.raises(SpecError, match=r"delta_timestamps names \['observation.image'\], which the store"):
         LeRobotLoader(store, {"observation.image": [0.0]}, batch_size=4)
+
+
+def test_a_stream_map_gives_the_keys_a_policy_expects(store):
+    plain = _by_index(LeRobotLoader(store, {"observation.state": [0.0]}, batch_size=8, shuffle=False))
+    renamed = LeRobotLoader(
+        store,
+        {"state": [0.0]},
+        batch_size=8,
+        shuffle=False,
+        streams={"observation.images.cam_high": "observation.image", "observation.state": "state"},
+    )
+    samples = _by_index(renamed)
+    assert {"observation.image", "state", "state_is_pad"} <= set(samples[0])
+    assert "observation.images.cam_high" not in samples[0]
+    for index in (0, 45, 166):
+        assert np.array_equal(samples[index]["state"], plain[index]["observation.state"])
+        assert np.array_equal(samples[index]["observation.image"], plain[index]["observation.images.cam_high"])
+        assert samples[index]["episode_index"] == plain[index]["episode_index"]
