@@ -1,0 +1,131 @@
+"""Two decoders sharing each batch in proportion to how fast each has been: NVDEC and the host's cores together.
+
+A batch's requests are cut in two, in plan order: the first backend takes a prefix worth its share
+of the batch's frames, the second the rest, and both decode at once (the second in a thread of its
+own). Each side's frames per second, measured on every batch it decodes, update the shares, so the
+split follows what each really delivers on this machine, for this data. Outputs come back in the
+requests' order; frames the second backend decodes on the host go to the first one's device.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from mmdata.codecs.decoders.base import OnError, VideoDecoder
+from mmdata.codecs.decoders.requests import ClipRequest, DecodeStats
+
+
+class RateSplit:
+    """Shares of work between two backends: `first_share` of the frames to the first until both have
+    been measured, then in proportion to their rates (frames per second, an exponential moving
+    average with weight `smoothing` on the newest batch), so that both finish together."""
+
+    def __init__(self, first_share: float = 0.5, smoothing: float = 0.3):
+        if not 0 < first_share < 1:
+            raise ValueError(f"first_share is a fraction strictly between 0 and 1, not {first_share}")
+        if not 0 < smoothing <= 1:
+            raise ValueError(f"smoothing is in (0, 1], not {smoothing}")
+        self.initial = first_share
+        self.smoothing = smoothing
+        self.rates: list[float | None] = [None, None]
+
+    @property
+    def first_share(self) -> float:
+        first, second = self.rates
+        if first is None or second is None:
+            return self.initial
+        return first / (first + second)
+
+    def observe(self, side: int, frames: int, seconds: float) -> None:
+        """Fold one batch's rate into `side`'s estimate (nothing is learnt from an empty or instant batch)."""
+        if frames <= 0 or seconds <= 0:
+            return
+        rate, known = frames / seconds, self.rates[side]
+        self.rates[side] = rate if known is None else known + self.smoothing * (rate - known)
+
+    def cut(self, costs: Sequence[int]) -> int:
+        """How many leading requests the first backend takes: the prefix whose cost is nearest its share."""
+        total = float(sum(costs))
+        if not len(costs) or total <= 0:
+            return len(costs)
+        reachable = np.concatenate([[0.0], np.cumsum(costs)])
+        return int(np.argmin(np.abs(reachable - self.first_share * total)))
+
+
+class HybridDecoder(VideoDecoder):
+    """Decodes each batch with `first` and `second` at once, split by `RateSplit` (see the module)."""
+
+    fits_geometry = True  # each side fits its own outputs
+
+    def __init__(self, first: VideoDecoder, second: VideoDecoder, split: RateSplit | None = None):
+        super().__init__()
+        self.first, self.second = first, second
+        self.split = split or RateSplit()
+        self.name = f"hybrid({first.name}+{second.name})"
+        self.device = first.device
+        self.codecs = frozenset(first.codecs & second.codecs)
+        self._pool: ThreadPoolExecutor | None = None
+        self._pid = os.getpid()
+
+    def describe(self) -> str:
+        return (
+            f"hybrid: {self.first.describe()} + {self.second.describe()},"
+            f" {self.split.first_share:.0%} of the frames to the first"
+        )
+
+    def _decode_batch(self, requests: list[ClipRequest], on_error: OnError) -> list[Any]:
+        cut = self.split.cut([len(r.frames) for r in requests])
+        head, tail = requests[:cut], requests[cut:]
+        helper = self._helper().submit(_timed, self.second, tail, on_error) if tail else None
+        head_outputs, head_seconds = _timed(self.first, head, on_error) if head else ([], 0.0)
+        tail_outputs, tail_seconds = helper.result() if helper is not None else ([], 0.0)
+        self.split.observe(0, sum(len(r.frames) for r in head), head_seconds)
+        self.split.observe(1, sum(len(r.frames) for r in tail), tail_seconds)
+        self._absorb()
+        return [*head_outputs, *(_to_device(frames, head_outputs, self.device) for frames in tail_outputs)]
+
+    def _helper(self) -> ThreadPoolExecutor:
+        """The thread the second backend decodes in; made per process (a forked worker makes its own)."""
+        if self._pool is None or self._pid != os.getpid():
+            self._pool, self._pid = ThreadPoolExecutor(1, thread_name_prefix="mmdata-hybrid"), os.getpid()
+        return self._pool
+
+    def _absorb(self) -> None:
+        """This decoder's totals: both sides' (its own `seconds` count the wall time of whole batches)."""
+        seconds = self.stats.seconds
+        total = DecodeStats()
+        for side in (self.first.stats, self.second.stats):
+            total.requests += side.requests
+            total.frames_delivered += side.frames_delivered
+            total.frames_decoded += side.frames_decoded
+            total.skipped += side.skipped
+            total.skipped_where += side.skipped_where[: max(0, 100 - len(total.skipped_where))]
+        total.seconds = seconds
+        self.stats = total
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_pool"] = None
+        return state
+
+
+def _timed(decoder: VideoDecoder, requests: list[ClipRequest], on_error: OnError) -> tuple[list[Any], float]:
+    started = time.perf_counter()
+    outputs = decoder.decode(requests, on_error)
+    return outputs, time.perf_counter() - started
+
+
+def _to_device(frames: Any, like: list[Any], device: str) -> Any:
+    """Host frames of the second backend on the device the first one's frames live on."""
+    if frames is None or device == "cpu" or not isinstance(frames, np.ndarray):
+        return frames
+    import torch
+
+    target = next((f.device for f in like if isinstance(f, torch.Tensor)), None) or torch.device(device)
+    return torch.from_numpy(frames).to(target, non_blocking=True)

@@ -1,0 +1,81 @@
+"""A batch shared between two decoders by their measured rates (NVDEC and the host's cores on a GPU machine),
+proved here with two CPU backends standing in: the split, the order of the outputs and their exactness."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import mmdata
+from mmdata.codecs.decoders import HybridDecoder, RateSplit
+from mmdata.codecs.decoders.pyav_decoder import PyAvDecoder
+
+
+class SlowPyAv(PyAvDecoder):
+    """PyAV that also waits `delay` seconds per frame delivered: a backend of a known, lower rate."""
+
+    name = "slow-pyav"
+
+    def __init__(self, delay: float):
+        super().__init__()
+        self.delay = delay
+
+    def _decode_batch(self, requests, on_error):
+        time.sleep(self.delay * sum(len(r.frames) for r in requests))
+        return super()._decode_batch(requests, on_error)
+
+
+def _requests(store) -> list:
+    dataset = mmdata.open_dataset(str(store))
+    requests = []
+    for episode in range(3):
+        for start in (0.0, 0.5, 1.0):
+            requests += dataset.plan_frames(episode, "cam_high", start + np.arange(4) / 30).requests
+    return requests
+
+
+def test_rate_split_gives_each_side_its_share_of_the_frames_by_measured_rate():
+    split = RateSplit(first_share=0.5, smoothing=0.5)
+    assert split.cut([4] * 8) == 4, "before both sides are measured, the initial share"
+    split.observe(0, 300, 1.0)
+    assert split.first_share == 0.5, "one side measured is not yet a comparison"
+    split.observe(1, 100, 1.0)
+    assert split.first_share == pytest.approx(0.75) and split.cut([4] * 8) == 6
+    split.observe(0, 100, 1.0)  # the first side slowed down: halfway to its new rate
+    assert split.rates[0] == pytest.approx(200) and split.first_share == pytest.approx(2 / 3)
+    assert split.cut([10, 1, 1]) == 1 and split.cut([]) == 0
+    split.observe(1, 0, 0.0)
+    assert split.rates[1] == pytest.approx(100), "an empty batch teaches nothing"
+    with pytest.raises(ValueError, match="strictly between 0 and 1"):
+        RateSplit(first_share=1.0)
+
+
+def test_hybrid_outputs_equal_one_backends_in_request_order_and_the_slower_side_gets_less(stores):
+    requests = _requests(stores["wds"])
+    expected = PyAvDecoder().decode(requests)
+    hybrid = HybridDecoder(PyAvDecoder(), SlowPyAv(delay=0.02))
+    for _ in range(4):
+        outputs = hybrid.decode(requests)
+        assert len(outputs) == len(requests)
+        assert all(np.array_equal(got, want) for got, want in zip(outputs, expected)), "same frames, same order"
+    assert hybrid.split.rates[0] > hybrid.split.rates[1] and hybrid.split.first_share > 0.6
+    first, second = hybrid.first.stats.requests, hybrid.second.stats.requests
+    assert first > second > 0 and hybrid.stats.requests == first + second == 4 * len(requests)
+    assert "of the frames to the first" in hybrid.describe()
+
+
+def test_the_dataloader_with_a_hybrid_decoder_delivers_the_batches_of_a_single_backend(stores):
+    spec = mmdata.Windows(anchor_fps=10, streams={"cam_high": mmdata.Frames(offsets=[-0.1, 0.0])})
+
+    def batches(decoder):
+        loader = mmdata.DataLoader(str(stores["wds"]), spec, batch_size=4, num_workers=2, seed=2, decoder=decoder)
+        return [(b["sample_index"], b["cam_high"]) for b in loader]
+
+    single = batches("pyav")
+    hybrid = batches(HybridDecoder(PyAvDecoder(), PyAvDecoder()))
+    assert len(single) == len(hybrid)
+    for (ids, frames), (hybrid_ids, hybrid_frames) in zip(single, hybrid):
+        assert torch.equal(ids, hybrid_ids) and torch.equal(frames, hybrid_frames)
