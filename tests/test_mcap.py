@@ -403,3 +403,21 @@ def test_a_log_of_random_bytes_after_a_valid_header_is_that_files_error_not_a_cr
     sources = discover_episodes(copy, "mcap", topic_map=topic_map_from_dict(TOPIC_MAP))
     assert [s.problem is None for s in sources] == [True, True, False]
     assert "episode_2.mcap" in str(sources[2].problem)
+
+
+def test_camera_stamps_that_go_back_are_named_with_the_fix(tmp_path):
+    with open(tmp_path / "back.mcap", "wb") as handle:
+        writer, schemas = mcap_logs.open_writer(handle)
+        picture = mcap_logs.jpeg(synthetic_frame(0, 0, 32, 48))
+        for number, stamp in enumerate([1_000_000_000, 1_033_000_000, 1_020_000_000]):
+            header = {"stamp": {"sec": 1, "nanosec": stamp - 1_000_000_000}, "frame_id": ""}
+            body = {"header": header, "format": "jpeg", "data": picture}
+            writer.write_message("/cam", schemas["image"], body, log_time=2_000_000_000 + number)
+        writer.finish()
+    (source,) = discover_episodes(
+        tmp_path / "back.mcap", "mcap", topic_map=topic_map_from_dict({"cameras": {"c": "/cam"}})
+    )
+    with pytest.raises(
+        SourceError, match=r"topic '/cam', message 2: is timed .* not after the frame before it.*time: log"
+    ):
+        list(source.cameras[0].frames(source.name, Fraction(30)))

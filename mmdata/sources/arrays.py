@@ -343,8 +343,37 @@ def _as_bytes(item) -> bytes:
 def decode_image(data: bytes, episode: str, where: str) -> np.ndarray:
     """A compressed image (JPEG, PNG, anything FFmpeg reads) as uint8 RGB."""
     try:
+        declared = declared_image_size(data)
+        problem = frame_size_problem(*declared) if declared is not None else None
+        if problem is not None:
+            raise SourceError(episode, where, f"an image's header declares {problem}", "store smaller images")
         with av.open(io.BytesIO(data), format="image2pipe") as container:
             frame = next(container.decode(video=0))
             return frame.to_ndarray(format="rgb24")
     except (av.error.FFmpegError, StopIteration) as exc:
         raise SourceError(episode, where, f"an image does not decode: {exc}") from exc
+
+
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_JPEG_FRAME_MARKERS = set(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # SOF0..SOF15, not DHT, JPG, DAC
+
+
+def declared_image_size(data: bytes) -> tuple[int, int] | None:
+    """(width, height) a PNG or JPEG header declares, read before decoding (a few bytes can declare a
+    picture of gigabytes); None for other formats or a header this does not find."""
+    if data.startswith(_PNG_SIGNATURE) and len(data) >= 24:
+        return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    if not data.startswith(b"\xff\xd8"):
+        return None
+    at = 2
+    while at + 9 <= len(data):
+        if data[at] != 0xFF:
+            return None
+        marker, length = data[at + 1], int.from_bytes(data[at + 2 : at + 4], "big")
+        if marker in _JPEG_FRAME_MARKERS:
+            return int.from_bytes(data[at + 7 : at + 9], "big"), int.from_bytes(data[at + 5 : at + 7], "big")
+        if marker == 0xFF:
+            at += 1
+            continue
+        at += 2 + length
+    return None

@@ -89,7 +89,7 @@ class McapCameraSource:
         return VideoInfo(width, height, fps, f"mcap:{self.topic}")
 
     def frames(self, episode: str, fps: Fraction) -> Iterator[tuple[Any, float]]:
-        size = None
+        size, previous = None, None
         with _reading(self.span.path, episode, self.topic) as reader:
             decoder = None
             for index, (schema, record, message) in enumerate(_decoded(reader, self.topic, self.span)):
@@ -106,6 +106,12 @@ class McapCameraSource:
                         pictures = iter([(log_messages.picture(message, kind, where, episode), time)])
                     for picture, at in pictures:
                         size = _same_size(picture, size)
+                        if previous is not None and at <= previous:
+                            raise MessageError(
+                                f"is timed {at:.6f} s, not after the frame before it ({previous:.6f} s);"
+                                " read log times with `time: log` in the topic map"
+                            )
+                        previous = at
                         yield picture, at
                 except MessageError as exc:
                     raise SourceError(episode, self.span.path, f"topic '{self.topic}', message {index}: {exc}") from exc

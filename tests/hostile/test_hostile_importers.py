@@ -300,3 +300,28 @@ def test_an_unexpected_error_in_one_episode_is_its_error_and_skip_bad_goes_on(ra
     monkeypatch.setattr(encode, "_encode_audio", failing)
     report = converted(raw_copy, tmp_path / "out")
     assert "KeyError" in skipped_errors(report)["episode_0001"] and report.converted == 2
+
+
+def test_an_image_whose_header_declares_a_huge_picture_is_refused_before_decoding():
+    import io
+    import struct
+
+    import av
+
+    from mmdata.sources.arrays import declared_image_size, decode_image
+
+    encoder = av.CodecContext.create("mjpeg", "w")
+    encoder.width, encoder.height, encoder.pix_fmt = 48, 32, "yuvj420p"
+    frame = av.VideoFrame.from_ndarray(np.zeros((32, 48, 3), np.uint8), format="rgb24").reformat(format="yuvj420p")
+    jpeg = bytearray(b"".join(bytes(p) for p in [*encoder.encode(frame), *encoder.encode(None)]))
+    assert declared_image_size(bytes(jpeg)) == (48, 32)
+    struct.pack_into(">HH", jpeg, jpeg.find(b"\xff\xc0") + 5, 16000, 20000)  # height, width of the SOF0 header
+    with pytest.raises(SourceError, match="an image's header declares frames of 20000x16000"):
+        decode_image(bytes(jpeg), "episode_0", "camera.h5:/images")
+    png = io.BytesIO()
+    with av.open(png, "w", format="image2pipe") as container:
+        stream = container.add_stream("png")
+        stream.width, stream.height, stream.pix_fmt = 40, 30, "rgb24"
+        for packet in [*stream.encode(av.VideoFrame.from_ndarray(np.zeros((30, 40, 3), np.uint8))), *stream.encode()]:
+            container.mux(packet)
+    assert declared_image_size(png.getvalue()) == (40, 30)
