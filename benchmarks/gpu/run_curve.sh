@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# On the GPU machine, after .gpu/p1..p3 were copied to /root/stage by earlier calls (see prepare.sh):
+# unpack DALI, install the carried wheels (.whl: av, pynvvideocodec, ...), and measure the NVDEC curve
+# (benchmarks/gpu/nvdec_curve.py) on the corpus prepare.sh encoded into .gpudata/curve.pkl.
+set -euo pipefail
+source "$(dirname "$0")/setup_site.sh"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+CURVE_SECONDS="${CURVE_SECONDS:-1.5}" python3 benchmarks/gpu/nvdec_curve.py .gpudata/curve.pkl \
+  "${OUT:-/tmp}/nvdec_curve.json" 2>&1 | tee "${OUT:-/tmp}/nvdec_curve.log"
