@@ -79,3 +79,14 @@ def test_the_dataloader_with_a_hybrid_decoder_delivers_the_batches_of_a_single_b
     assert len(single) == len(hybrid)
     for (ids, frames), (hybrid_ids, hybrid_frames) in zip(single, hybrid):
         assert torch.equal(ids, hybrid_ids) and torch.equal(frames, hybrid_frames)
+
+
+def test_decoder_hybrid_needs_a_gpu_and_says_so_where_there_is_none():
+    from mmdata.codecs.decoders import backend_available, make_video_decoder
+    from mmdata.codecs.decoders.dali_decoder import cuda_available
+
+    if cuda_available():
+        pytest.skip("a CUDA GPU is visible: the GPU check script covers decoder='hybrid' there")
+    assert not backend_available("hybrid")
+    with pytest.raises(mmdata.errors.MmdataError, match="decoder 'hybrid' needs"):
+        make_video_decoder("hybrid", ["h264"])

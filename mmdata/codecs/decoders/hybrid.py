@@ -88,7 +88,8 @@ class HybridDecoder(VideoDecoder):
         self.split.observe(0, sum(len(r.frames) for r in head), head_seconds)
         self.split.observe(1, sum(len(r.frames) for r in tail), tail_seconds)
         self._absorb()
-        return [*head_outputs, *(_to_device(frames, head_outputs, self.device) for frames in tail_outputs)]
+        device_id = getattr(self.first, "device_id", 0)
+        return [*head_outputs, *(_to_device(frames, head_outputs, self.device, device_id) for frames in tail_outputs)]
 
     def _helper(self) -> ThreadPoolExecutor:
         """The thread the second backend decodes in; made per process (a forked worker makes its own)."""
@@ -121,11 +122,11 @@ def _timed(decoder: VideoDecoder, requests: list[ClipRequest], on_error: OnError
     return outputs, time.perf_counter() - started
 
 
-def _to_device(frames: Any, like: list[Any], device: str) -> Any:
+def _to_device(frames: Any, like: list[Any], device: str, device_id: int) -> Any:
     """Host frames of the second backend on the device the first one's frames live on."""
     if frames is None or device == "cpu" or not isinstance(frames, np.ndarray):
         return frames
     import torch
 
-    target = next((f.device for f in like if isinstance(f, torch.Tensor)), None) or torch.device(device)
-    return torch.from_numpy(frames).to(target, non_blocking=True)
+    target = next((f.device for f in like if isinstance(f, torch.Tensor)), None)
+    return torch.from_numpy(frames).to(target or torch.device("cuda", device_id), non_blocking=True)

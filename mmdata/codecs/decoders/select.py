@@ -14,10 +14,11 @@ from mmdata.codecs.decoders.dali_decoder import (
     dali_available,
 )
 from mmdata.codecs.decoders.decord_decoder import DECORD_CODECS, DecordDecoder, decord_available
+from mmdata.codecs.decoders.hybrid import HybridDecoder
 from mmdata.codecs.decoders.pyav_decoder import PYAV_CODECS, PyAvDecoder
 from mmdata.errors import MmdataError, UnsupportedCodecError
 
-BACKEND_NAMES = ("auto", "dali", "dali-cpu", "pyav", "decord")
+BACKEND_NAMES = ("auto", "dali", "dali-cpu", "pyav", "decord", "hybrid")
 _CODECS = {"dali": DALI_GPU_CODECS, "dali-cpu": DALI_CPU_CODECS, "pyav": PYAV_CODECS, "decord": DECORD_CODECS}
 
 # Fastest CPU backend first, per codec, as measured by benchmarks/decode_bench.py
@@ -47,7 +48,7 @@ def backend_available(name: str) -> bool:
         return decord_available()
     if name == "dali-cpu":
         return dali_available()
-    if name == "dali":
+    if name in ("dali", "hybrid"):
         return dali_available() and cuda_available()
     return False
 
@@ -94,7 +95,8 @@ def make_video_decoder(
     device_id: int = 0,
     **options: Any,
 ) -> VideoDecoder:
-    """Build the backend `name` ("auto", "dali", "dali-cpu", "pyav", "decord") for `codecs`.
+    """Build the backend `name` ("auto", "dali", "dali-cpu", "pyav", "decord", or "hybrid": DALI on the GPU
+    and PyAV on the host sharing each batch, see `hybrid.py`) for `codecs`.
 
     Fails here, not on the first sample, when the backend is missing or cannot decode a codec.
     `device`, `frames_per_request` and `frame_pixels` steer "auto" (see `choose_backend`); `device_id` is the
@@ -107,8 +109,11 @@ def make_video_decoder(
         name = choose_backend(codecs, device, frames_per_request, frame_pixels)
     if not backend_available(name):
         raise MmdataError(_why_unavailable(name))
-    if name == "pyav":
-        decoder: VideoDecoder = PyAvDecoder(**options)
+    if name == "hybrid":
+        gpu = DaliDecoder(device="gpu", device_id=device_id, **options)
+        decoder: VideoDecoder = HybridDecoder(gpu, PyAvDecoder())
+    elif name == "pyav":
+        decoder = PyAvDecoder(**options)
     elif name == "decord":
         decoder = DecordDecoder(**options)
     else:
@@ -122,4 +127,4 @@ def _why_unavailable(name: str) -> str:
         return "decoder 'decord' needs the decord package: pip install decord"
     if not dali_available():
         return f"decoder '{name}' needs NVIDIA DALI: pip install 'mmdata[dali]' (CUDA 13) or 'mmdata[dali-cu12]'"
-    return "decoder 'dali' needs a CUDA GPU visible to torch; use decoder='dali-cpu' (VP8/VP9/MJPEG) or 'pyav'"
+    return f"decoder '{name}' needs a CUDA GPU visible to torch; use decoder='dali-cpu' (VP8/VP9/MJPEG) or 'pyav'"
