@@ -55,7 +55,11 @@ def add_parser(commands) -> None:
     loader.add_argument("--layout", choices=("packed", "padded"), help="default: packed with tokens, padded with size")
     loader.add_argument("--num-workers", type=int, default=2)
     loader.add_argument("--prefetch-factor", type=int, default=2)
-    loader.add_argument("--decoder", default="auto", help="auto, pyav, decord, dali-cpu or dali")
+    loader.add_argument(
+        "--decoder",
+        default="auto",
+        help="auto, pyav, decord, dali-cpu, dali or hybrid (DALI on the GPU and PyAV on the host sharing each batch)",
+    )
     loader.add_argument("--decode-in", choices=("workers", "main"), help="where video is decoded")
     loader.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     loader.add_argument("--seed", type=int, default=0)
