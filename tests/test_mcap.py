@@ -245,7 +245,7 @@ def test_a_joint_message_with_other_joints_is_an_error_naming_the_message(tmp_pa
         ({"cameras": {"front": "/c"}, "time": "wall"}, "time is 'wall'"),
         ({"cameras": {"front": "/c"}, "split": {"gap": -1}}, "split.gap is a positive number"),
         ({"cameras": {"a/b": "/c"}}, "holds '/'"),
-        ({}, "maps no topic to a stream"),
+        ({"cameras": {"front": "/c"}, "resample": 0}, "resample is a positive number"),
     ],
 )
 def test_a_topic_map_mistake_is_named(mapping, complaint):
@@ -421,3 +421,13 @@ def test_camera_stamps_that_go_back_are_named_with_the_fix(tmp_path):
         SourceError, match=r"topic '/cam', message 2: is timed .* not after the frame before it.*time: log"
     ):
         list(source.cameras[0].frames(source.name, Fraction(30)))
+
+
+def test_a_map_of_options_only_takes_the_default_streams_with_those_options(tmp_path, logs):
+    folder, truths = logs
+    sources = discover_episodes(folder, "mcap", topic_map=topic_map_from_dict({"time": "log", "resample": 50}))
+    assert [c.name for c in sources[0].cameras] == ["camera.front.compressed"]
+    state = next(s for s in sources[0].lowdim if s.name == "joint_states.position")
+    values, times = state.load(sources[0].name)
+    assert state.rate == 50 and np.allclose(np.diff(times), 1 / 50) and values.shape[1] == len(JOINTS)
+    assert [s.task for s in sources] == [t.task for t in truths]

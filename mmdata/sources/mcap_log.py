@@ -16,7 +16,7 @@ import math
 import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from functools import lru_cache
 from pathlib import Path
@@ -308,7 +308,10 @@ def _file_episodes(path: Path, name: str, topic_map: TopicMap | None, task: str)
     with _reading(str(path), name) as reader:
         summary = _summary(reader, str(path), name)
         channels = _channels(summary, str(path), name)
-        mapping = topic_map or default_topic_map(reader, channels, str(path), name)
+        if topic_map is not None and topic_map.maps_streams:
+            mapping = topic_map
+        else:
+            mapping = default_topic_map(reader, channels, str(path), name, topic_map or TopicMap())
         _require_topics(mapping, channels, str(path), name)
         spans = _spans(reader, mapping, str(path), name)
         episodes = []
@@ -390,12 +393,15 @@ def _commands(reader, task: TaskTopic | None, span: LogSpan, episode: str) -> li
     return found
 
 
-def default_topic_map(reader, channels: dict[str, Any], path: str, episode: str) -> TopicMap:
+def default_topic_map(reader, channels: dict[str, Any], path: str, episode: str, options: TopicMap) -> TopicMap:
     """Every picture topic as a camera (named by its topic, `/` as `.`), the position / velocity / effort
-    of every JointState topic that hold values, and a lone String topic as the task."""
+    of every JointState topic that hold values, and a lone String topic as the task (unless `options`
+    names one), with the other settings of `options` (time, resample, split)."""
     cameras, lowdim = {}, {}
     strings = []
     for topic, schema in sorted(channels.items()):
+        if isinstance(schema, SourceError):
+            continue  # a channel without its schema cannot be decoded; left out (and listed as unmapped)
         name = _stream_name(topic)
         if log_messages.schema_kind(schema) != "other":
             cameras[name] = CameraTopic(topic)
@@ -413,7 +419,8 @@ def default_topic_map(reader, channels: dict[str, Any], path: str, episode: str)
             f"no topic of a kind mmdata maps by itself (pictures, JointState); it holds {sorted(channels.items())}",
             "write a topic map and pass it with --topics (see docs/importers.md)",
         )
-    return TopicMap(cameras, lowdim, TaskTopic(strings[0]) if len(strings) == 1 else None)
+    task = options.task or (TaskTopic(strings[0]) if len(strings) == 1 else None)
+    return replace(options, cameras=cameras, lowdim=lowdim, task=task)
 
 
 def _stream_name(topic: str) -> str:

@@ -12,7 +12,8 @@ Written by the user as YAML or JSON (`mmdata convert --from mcap --topics map.ya
       action: {topic: /cmd_vel, fields: [linear.x, linear.y, angular.z]}
     task: {topic: /command, field: data}       # a string topic; or just "/command"
 
-Without a map, `default_topic_map` builds one from what a file holds (see docs/importers.md).
+Without `cameras:` and `lowdim:` (or without a map), `mcap_log.default_topic_map` picks the streams
+from what each file holds, with the map's other settings (see docs/importers.md).
 """
 
 from __future__ import annotations
@@ -71,6 +72,12 @@ class TopicMap:
     time: TimeSource = "header"
     resample: float | None = None
     split: EpisodeSplit | None = None
+
+    @property
+    def maps_streams(self) -> bool:
+        """Whether the map names streams; one that does not sets only options (time, resample, split,
+        task) for the default streams of each file."""
+        return bool(self.cameras or self.lowdim)
 
     @property
     def stream_topics(self) -> list[str]:
@@ -132,8 +139,6 @@ def topic_map_from_dict(document: Any, where: str = "topic map") -> TopicMap:
     clash = sorted(set(cameras) & set(lowdim))
     if clash:
         raise _problem(where, f"names {clash} are both a camera and a low-dim stream")
-    if not cameras and not lowdim:
-        raise _problem(where, "maps no topic to a stream", "add cameras: or lowdim: entries")
     time = document.get("time", "header")
     if time not in TIME_SOURCES:
         raise _problem(where, f"time is '{time}', not one of {TIME_SOURCES}")

@@ -213,13 +213,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _topic_map(args: argparse.Namespace) -> TopicMap | None:
-    """The MCAP topic map of --topics, with --resample applied; None for the default map."""
+    """The MCAP topic map of --topics, with --resample applied (alone: the default streams, resampled);
+    None for the default map."""
     if args.topics is None:
-        if args.resample is not None:
-            raise SourceError.for_source(
-                args.source, None, "--resample needs a topic map", "pass --topics MAP.yaml, or resample: in the map"
-            )
-        return None
+        return TopicMap().with_resample(args.resample) if args.resample is not None else None
     return load_topic_map(args.topics).with_resample(args.resample)
 
 
