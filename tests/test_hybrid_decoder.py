@@ -51,6 +51,10 @@ def test_rate_split_gives_each_side_its_share_of_the_frames_by_measured_rate():
     assert split.rates[1] == pytest.approx(100), "an empty batch teaches nothing"
     with pytest.raises(ValueError, match="strictly between 0 and 1"):
         RateSplit(first_share=1.0)
+    helped = RateSplit(helpers=2)
+    helped.observe(0, 300, 1.0)
+    helped.observe(1, 100, 1.0)
+    assert helped.first_share == pytest.approx(0.6), "two workers decoding at once count the second side twice"
 
 
 def test_hybrid_outputs_equal_one_backends_in_request_order_and_the_slower_side_gets_less(stores):
@@ -90,3 +94,25 @@ def test_decoder_hybrid_needs_a_gpu_and_says_so_where_there_is_none():
     assert not backend_available("hybrid")
     with pytest.raises(mmdata.errors.MmdataError, match="decoder 'hybrid' needs"):
         make_video_decoder("hybrid", ["h264"])
+
+
+def test_with_main_process_decoding_the_workers_decode_the_tail_and_the_share_follows_the_rates(stores):
+    spec = mmdata.Windows(anchor_fps=10, streams={"cam_high": mmdata.Frames(offsets=[-0.1, 0.0])})
+
+    def run(decoder):
+        loader = mmdata.DataLoader(
+            str(stores["wds"]), spec, batch_size=8, num_workers=2, seed=4, decoder=decoder, decode_in="main"
+        )
+        return loader, [(b["sample_index"], b["cam_high"]) for b in loader]
+
+    _, single = run("pyav")
+    loader, shared = run(HybridDecoder(PyAvDecoder(), SlowPyAv(delay=0.01)))
+    assert len(single) == len(shared)
+    for (ids, frames), (shared_ids, shared_frames) in zip(single, shared):
+        assert torch.equal(ids, shared_ids) and torch.equal(frames, shared_frames)
+    hybrid = loader.decoder
+    assert hybrid.split.first_share > 0.6, "the slow workers' side was measured and given less"
+    assert 0 < hybrid.first.stats.requests < hybrid.stats.requests, "the main process decoded only the heads"
+    assert hybrid.second.stats.requests == 0, "the tails were decoded in the workers"
+    main_share = hybrid.first.stats.frames_delivered / hybrid.stats.frames_delivered
+    assert main_share > 0.6, "the workers cut at the share the main process learnt and published"

@@ -228,6 +228,7 @@ class DataLoader:
             frames_per_request=frames,
             frame_pixels=pixels,
             device_id=self.device.index or 0,
+            **({"helpers": max(1, self.num_workers)} if decoder == "hybrid" else {}),
         )
 
     def epoch_plan(self) -> EpochPlan:

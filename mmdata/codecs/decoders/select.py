@@ -14,7 +14,7 @@ from mmdata.codecs.decoders.dali_decoder import (
     dali_available,
 )
 from mmdata.codecs.decoders.decord_decoder import DECORD_CODECS, DecordDecoder, decord_available
-from mmdata.codecs.decoders.hybrid import HybridDecoder
+from mmdata.codecs.decoders.hybrid import HybridDecoder, RateSplit
 from mmdata.codecs.decoders.pyav_decoder import PYAV_CODECS, PyAvDecoder
 from mmdata.errors import MmdataError, UnsupportedCodecError
 
@@ -101,7 +101,8 @@ def make_video_decoder(
     Fails here, not on the first sample, when the backend is missing or cannot decode a codec.
     `device`, `frames_per_request` and `frame_pixels` steer "auto" (see `choose_backend`); `device_id` is the
     CUDA device a GPU backend decodes on; `options` go to the
-    backend (e.g. `pipelines=`, `reuse_sessions=` for DALI, `threads=` for the CPU backends).
+    backend (e.g. `pipelines=`, `reuse_sessions=` for DALI, `threads=` for the CPU backends; `helpers=` for
+    "hybrid": how many processes decode its host share at once, the loader's workers).
     """
     if name not in BACKEND_NAMES:
         raise MmdataError(f"unknown decoder '{name}'; choose one of {', '.join(BACKEND_NAMES)}")
@@ -110,8 +111,9 @@ def make_video_decoder(
     if not backend_available(name):
         raise MmdataError(_why_unavailable(name))
     if name == "hybrid":
+        helpers = options.pop("helpers", 1)
         gpu = DaliDecoder(device="gpu", device_id=device_id, **options)
-        decoder: VideoDecoder = HybridDecoder(gpu, PyAvDecoder())
+        decoder: VideoDecoder = HybridDecoder(gpu, PyAvDecoder(), RateSplit(helpers=helpers))
     elif name == "pyav":
         decoder = PyAvDecoder(**options)
     elif name == "decord":
