@@ -22,7 +22,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
-import torch
 
 from mmdata.codecs.decoders.base import OnError, VideoDecoder
 from mmdata.codecs.decoders.requests import ClipRequest, DecodeStats
@@ -88,6 +87,8 @@ class HybridDecoder(VideoDecoder):
         self._pid = os.getpid()
         self._worker_counts = [0, 0, 0]  # requests, frames, skipped decoded by loader workers (prepare)
         # the share the workers cut at, written where the rates are learnt (shared memory crosses to workers)
+        import torch
+
         self._published = torch.full((1,), self.split.first_share, dtype=torch.float64).share_memory_()
 
     def describe(self) -> str:
@@ -196,5 +197,7 @@ def _to_device(frames: Any, like: list[Any], device: str, device_id: int) -> Any
     """Host frames of the second backend on the device the first one's frames live on."""
     if frames is None or device == "cpu" or not isinstance(frames, np.ndarray):
         return frames
+    import torch
+
     target = next((f.device for f in like if isinstance(f, torch.Tensor)), None)
     return torch.from_numpy(frames).to(target or torch.device("cuda", device_id), non_blocking=True)
