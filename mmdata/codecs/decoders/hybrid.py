@@ -103,12 +103,8 @@ class HybridDecoder(VideoDecoder):
         helper = self._helper().submit(_timed, self.second, tail, on_error) if tail else None
         head_outputs, head_seconds = _timed(self.first, head, on_error) if head else ([], 0.0)
         tail_outputs, tail_seconds = helper.result() if helper is not None else ([], 0.0)
-        self.split.observe(0, sum(len(r.frames) for r in head), head_seconds)
-        self.split.observe(1, sum(len(r.frames) for r in tail), tail_seconds)
-        self._published[0] = self.split.first_share
         self._absorb()
-        device_id = getattr(self.first, "device_id", 0)
-        return [*head_outputs, *(_to_device(frames, head_outputs, self.device, device_id) for frames in tail_outputs)]
+        return self._learnt_and_joined(head, tail, head_outputs, tail_outputs, head_seconds, tail_seconds)
 
     def prepare(self, requests: list[ClipRequest]) -> tuple:
         """In a loader's worker: decode the tail of the batch here, at the share last published, and prepare
@@ -148,11 +144,16 @@ class HybridDecoder(VideoDecoder):
         else:
             head_outputs = self.first.decode(head, on_error)
         head_seconds = time.perf_counter() - started
+        self._absorb(tail, tail_outputs)
+        self.stats.seconds += head_seconds
+        return self._learnt_and_joined(head, tail, head_outputs, tail_outputs, head_seconds, tail_seconds)
+
+    def _learnt_and_joined(self, head, tail, head_outputs, tail_outputs, head_seconds, tail_seconds) -> list[Any]:
+        """Both sides' rates learnt from this batch, the new share published, and the outputs in request
+        order (the second side's host frames on the first's device)."""
         self.split.observe(0, sum(len(r.frames) for r in head), head_seconds)
         self.split.observe(1, sum(len(r.frames) for r in tail), tail_seconds)
         self._published[0] = self.split.first_share
-        self._absorb(tail, tail_outputs)
-        self.stats.seconds += head_seconds
         device_id = getattr(self.first, "device_id", 0)
         return [*head_outputs, *(_to_device(frames, head_outputs, self.device, device_id) for frames in tail_outputs)]
 
