@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import pickle
 from fractions import Fraction
@@ -169,6 +170,30 @@ def test_decoder_built_before_fork_decodes_in_a_forked_worker(backend, codec, se
     request = ClipRequest(segments[codec][0], (0, 3), codec, gop=GOP)
     assert _run_in_forked_child(decoder, request) == (2, 64, 128, 3)
     assert pickle.loads(pickle.dumps(decoder)).decode([request])[0].shape == (2, 64, 128, 3)
+
+
+def _collect_garbage(queue):
+    gc.collect()
+    queue.put("collected")
+
+
+def test_a_dali_decoder_dropped_in_the_parent_is_never_destroyed_in_a_forked_child(segments):
+    decoder = make_video_decoder("dali-cpu", ["vp9"])
+    decoder.decode([ClipRequest(segments["vp9"][0], (0,), "vp9", gop=GOP)])
+    gc.disable()
+    try:
+        cycle = {"decoder": decoder}
+        cycle["itself"] = cycle
+        del cycle, decoder  # garbage now, found by the child's collector, not the parent's
+        context = multiprocessing.get_context("fork")
+        queue = context.Queue()
+        child = context.Process(target=_collect_garbage, args=(queue,))
+        child.start()
+        child.join(60)
+        assert child.exitcode == 0 and queue.get(timeout=5) == "collected", f"child ended with {child.exitcode}"
+    finally:
+        gc.enable()
+    gc.collect()
 
 
 def test_dali_used_before_fork_fails_clearly_in_the_child_instead_of_hanging(segments):

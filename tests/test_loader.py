@@ -3,8 +3,11 @@ windows that hold the values at the requested times, and clear errors for bad in
 
 from __future__ import annotations
 
+import gc
 import json
+import os
 import shutil
+import signal
 import time
 
 import numpy as np
@@ -13,6 +16,7 @@ import pytest
 import torch
 
 import mmdata
+from mmdata.codecs.decoders.pyav_decoder import PyAvDecoder
 from mmdata.synthetic import episode_seconds, read_index_stripe, synthetic_audio, synthetic_lowdim
 from tests.conftest import SMALL
 
@@ -409,6 +413,38 @@ def test_dropping_a_loader_stops_its_workers(stores):
     while multiprocessing.active_children() and time.time() < deadline:
         time.sleep(0.05)
     assert not multiprocessing.active_children()
+
+
+class _DestroyedOnlyWhereMade:
+    """A stand-in for a native object (a DALI pipeline) whose destructor crashes outside the process that made it."""
+
+    def __init__(self):
+        self.owner = os.getpid()
+        self.cycle = self
+
+    def __del__(self):
+        if os.getpid() != self.owner:
+            os.kill(os.getpid(), signal.SIGSEGV)
+
+
+class _CollectingPyAv(PyAvDecoder):
+    """PyAV that runs a full garbage collection before each batch, as a busy worker eventually does."""
+
+    def _decode_batch(self, requests, on_error):
+        gc.collect()
+        return super()._decode_batch(requests, on_error)
+
+
+def test_workers_never_destroy_what_the_parent_left_as_garbage(stores):
+    spec = mmdata.Windows(anchor_fps=10, streams={"cam_high": mmdata.Frames(offsets=[0.0])})
+    gc.disable()
+    try:
+        _DestroyedOnlyWhereMade()  # garbage in a cycle, inherited by the workers forked next
+        loader = mmdata.DataLoader(stores["wds"], spec, batch_size=8, num_workers=2, decoder=_CollectingPyAv())
+        assert sum(len(batch["sample_index"]) for batch in loader) == len(loader.samples)
+    finally:
+        gc.enable()
+    gc.collect()  # here, in the process that made it, it is destroyed
 
 
 @pytest.mark.parametrize("workers", [0, 2])

@@ -10,6 +10,7 @@ and collates them on the device) a bounded number of batches ahead of the traini
 from __future__ import annotations
 
 import atexit
+import gc
 import os
 import queue
 import threading
@@ -161,6 +162,7 @@ class Feed:
                     collate_fn=_unchanged,
                     prefetch_factor=prefetch_factor,
                     pin_memory=pin_memory,
+                    worker_init_fn=_keep_what_the_parent_made,
                 )
             )
         else:
@@ -253,6 +255,12 @@ def small_tensors_as_arrays(batch: dict[str, Any]) -> dict[str, Any]:
 def arrays_as_tensors(batch: dict[str, Any]) -> dict[str, Any]:
     """The inverse of `small_tensors_as_arrays`, in the main process (no copy)."""
     return {name: torch.from_numpy(value) if isinstance(value, np.ndarray) else value for name, value in batch.items()}
+
+
+def _keep_what_the_parent_made(worker_id: int) -> None:
+    """A forked worker never collects the objects it inherited: native ones (decoders, their threads)
+    must be destroyed only in the process that made them, and untouched pages stay shared."""
+    gc.freeze()
 
 
 def _unchanged(item: Item) -> Item:

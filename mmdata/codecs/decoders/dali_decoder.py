@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -26,6 +27,23 @@ from mmdata.errors import DecodeError, MmdataError
 
 DALI_GPU_CODECS = frozenset({"h264", "hevc", "vp9", "vp8", "av1", "mjpeg", "mpeg4"})
 DALI_CPU_CODECS = frozenset({"vp8", "vp9", "mjpeg"})
+
+# Every pipeline this process built, by id, held until its decoder lets go of it in this same process.
+# A forked child (a DataLoader worker) inherits these objects; were one destroyed there, even as garbage
+# its collector found, its destructor would wait on threads that exist only in the parent and crash it.
+_HELD_PIPELINES: dict[int, Any] = {}
+
+
+def _hold(pipeline: Any) -> Any:
+    _HELD_PIPELINES[id(pipeline)] = pipeline
+    return pipeline
+
+
+def _let_go(keys: list[int], owner_pid: int) -> None:
+    """Destroy the pipelines under `keys`, only in the process that built them."""
+    if os.getpid() == owner_pid:
+        for key in keys:
+            _HELD_PIPELINES.pop(key, None)
 
 
 def dali_available() -> bool:
@@ -75,6 +93,7 @@ class DaliDecoder(VideoDecoder):
         self.num_threads = num_threads
         self.streams_per_call = streams_per_call or self.pipelines * self.batch_size
         self._built: list[Any] = []
+        self._held: list[int] = []  # ids of `_built` in `_HELD_PIPELINES`
         self._owner_pid: int | None = None
         self._pool: ThreadPoolExecutor | None = None
 
@@ -89,7 +108,7 @@ class DaliDecoder(VideoDecoder):
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state.update(_built=[], _owner_pid=None, _pool=None)
+        state.update(_built=[], _held=[], _owner_pid=None, _pool=None)
         return state
 
     def prepare(self, requests: list[ClipRequest]) -> tuple[list[JoinedStream], dict[int, Exception]]:
@@ -233,12 +252,17 @@ class DaliDecoder(VideoDecoder):
                 " with multiprocessing_context='spawn' or 'forkserver'"
             )
         if not self._built:
-            self._built = [self._build() for _ in range(self.pipelines)]
+            self._built = [_hold(self._build()) for _ in range(self.pipelines)]
+            self._held = [id(pipeline) for pipeline in self._built]
             self._owner_pid = os.getpid()
+            weakref.finalize(self, _let_go, self._held, self._owner_pid)
         return self._built
 
     def _rebuild(self, index: int) -> None:
-        self._built[index] = self._build()
+        old = self._built[index]
+        self._built[index] = _hold(self._build())
+        self._held[index] = id(self._built[index])
+        _let_go([id(old)], os.getpid())
 
     def _thread_pool(self) -> ThreadPoolExecutor:
         if self._pool is None:
