@@ -10,6 +10,7 @@ and collates them on the device) a bounded number of batches ahead of the traini
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gc
 import os
 import queue
@@ -154,17 +155,16 @@ class Feed:
     ):
         self._finish = weakref.WeakMethod(finish)
         if num_workers > 0:
-            self._items: Iterator[Item] = iter(
-                torch.utils.data.DataLoader(
-                    source,
-                    batch_size=None,
-                    num_workers=num_workers,
-                    collate_fn=_unchanged,
-                    prefetch_factor=prefetch_factor,
-                    pin_memory=pin_memory,
-                    worker_init_fn=_keep_what_the_parent_made,
-                )
+            loader = torch.utils.data.DataLoader(
+                source,
+                batch_size=None,
+                num_workers=num_workers,
+                collate_fn=_unchanged,
+                prefetch_factor=prefetch_factor,
+                pin_memory=pin_memory,
             )
+            with _frozen_for_fork():
+                self._items: Iterator[Item] = iter(loader)  # starts the workers
         else:
             self._items = iter(source)
         self.failed = False
@@ -257,10 +257,20 @@ def arrays_as_tensors(batch: dict[str, Any]) -> dict[str, Any]:
     return {name: torch.from_numpy(value) if isinstance(value, np.ndarray) else value for name, value in batch.items()}
 
 
-def _keep_what_the_parent_made(worker_id: int) -> None:
-    """A forked worker never collects the objects it inherited: native ones (decoders, their threads)
-    must be destroyed only in the process that made them, and untouched pages stay shared."""
+@contextlib.contextmanager
+def _frozen_for_fork() -> Iterator[None]:
+    """Workers forked inside this block never collect the objects they inherit, garbage included: a
+    native one (a decoder with threads) must be destroyed only in the process that made it, or the child
+    waits forever on threads that exist only in the parent. Objects stay frozen in the children from
+    their first instruction (the collector can run before any worker code does); the parent thaws them
+    once the workers are up, unless it had frozen objects of its own. Untouched pages also stay shared."""
+    thaw = gc.get_freeze_count() == 0
     gc.freeze()
+    try:
+        yield
+    finally:
+        if thaw:
+            gc.unfreeze()
 
 
 def _unchanged(item: Item) -> Item:
