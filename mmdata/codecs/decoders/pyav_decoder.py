@@ -224,7 +224,7 @@ def decode_runs(
     out: np.ndarray | None = None
     done = np.zeros(len(wanted), bool)
     count = 0
-    for key_position, last in _runs(wanted, packets.key_frames, packets.key_positions):
+    for key_position, last in key_runs(wanted, packets.key_frames, packets.key_positions):
         context.flush_buffers()
         for position in [*range(key_position, packets.count), None]:
             packet = None
@@ -258,7 +258,7 @@ def decode_runs(
     return out[np.searchsorted(wanted, np.asarray(request.frames, np.int64))], count
 
 
-def _runs(wanted: np.ndarray, key_frames: np.ndarray, key_positions: np.ndarray) -> list[tuple[int, int]]:
+def key_runs(wanted: np.ndarray, key_frames: np.ndarray, key_positions: np.ndarray) -> list[tuple[int, int]]:
     """(decode position of the key frame to start from, last wanted frame) per run of wanted frames:
     wanted frames that share a key frame, or follow one another without a key frame between, share a run."""
     keys = np.searchsorted(key_frames, wanted, side="right") - 1

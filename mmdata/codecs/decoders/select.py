@@ -15,11 +15,18 @@ from mmdata.codecs.decoders.dali_decoder import (
 )
 from mmdata.codecs.decoders.decord_decoder import DECORD_CODECS, DecordDecoder, decord_available
 from mmdata.codecs.decoders.hybrid import HybridDecoder, RateSplit
+from mmdata.codecs.decoders.nvdec import NVDEC_CODECS, NvdecDecoder, pynvvideocodec_available
 from mmdata.codecs.decoders.pyav_decoder import PYAV_CODECS, PyAvDecoder
 from mmdata.errors import MmdataError, UnsupportedCodecError
 
-BACKEND_NAMES = ("auto", "dali", "dali-cpu", "pyav", "decord", "hybrid")
-_CODECS = {"dali": DALI_GPU_CODECS, "dali-cpu": DALI_CPU_CODECS, "pyav": PYAV_CODECS, "decord": DECORD_CODECS}
+BACKEND_NAMES = ("auto", "dali", "nvdec", "dali-cpu", "pyav", "decord", "hybrid")
+_CODECS = {
+    "dali": DALI_GPU_CODECS,
+    "nvdec": NVDEC_CODECS,
+    "dali-cpu": DALI_CPU_CODECS,
+    "pyav": PYAV_CODECS,
+    "decord": DECORD_CODECS,
+}
 
 # Fastest CPU backend first, per codec, as measured by benchmarks/decode_bench.py
 # (benchmarks/results/decode_cpu.json; the reasons are in docs/architecture.md).
@@ -50,12 +57,14 @@ def backend_available(name: str) -> bool:
         return dali_available()
     if name in ("dali", "hybrid"):
         return dali_available() and cuda_available()
+    if name == "nvdec":
+        return pynvvideocodec_available() and cuda_available()
     return False
 
 
 def backends_for_codec(codec: str) -> list[str]:
     """The backends available here that decode `codec`, fastest first."""
-    order = ["dali", *CPU_PREFERENCE.get(codec, _DEFAULT_CPU_PREFERENCE)]
+    order = ["dali", "nvdec", *CPU_PREFERENCE.get(codec, _DEFAULT_CPU_PREFERENCE)]
     order += [name for name in _CODECS if name not in order]
     return [name for name in order if codec in _CODECS[name] and backend_available(name)]
 
@@ -95,14 +104,14 @@ def make_video_decoder(
     device_id: int = 0,
     **options: Any,
 ) -> VideoDecoder:
-    """Build the backend `name` ("auto", "dali", "dali-cpu", "pyav", "decord", or "hybrid": DALI on the GPU
-    and PyAV on the host sharing each batch, see `hybrid.py`) for `codecs`.
+    """Build the backend `name` ("auto", "dali", "nvdec" (PyNvVideoCodec, see `nvdec.py`), "dali-cpu", "pyav",
+    "decord", or "hybrid": DALI on the GPU and PyAV on the host sharing each batch, see `hybrid.py`) for `codecs`.
 
     Fails here, not on the first sample, when the backend is missing or cannot decode a codec.
     `device`, `frames_per_request` and `frame_pixels` steer "auto" (see `choose_backend`); `device_id` is the
     CUDA device a GPU backend decodes on; `options` go to the
-    backend (e.g. `pipelines=`, `reuse_sessions=` for DALI, `threads=` for the CPU backends; `helpers=` for
-    "hybrid": how many processes decode its host share at once, the loader's workers).
+    backend (e.g. `pipelines=`, `reuse_sessions=` for DALI, `sessions=` for nvdec, `threads=` for the CPU backends;
+    `helpers=` for "hybrid": how many processes decode its host share at once, the loader's workers).
     """
     if name not in BACKEND_NAMES:
         raise MmdataError(f"unknown decoder '{name}'; choose one of {', '.join(BACKEND_NAMES)}")
@@ -114,6 +123,8 @@ def make_video_decoder(
         helpers = options.pop("helpers", 1)
         gpu = DaliDecoder(device="gpu", device_id=device_id, **options)
         decoder: VideoDecoder = HybridDecoder(gpu, PyAvDecoder(), RateSplit(helpers=helpers))
+    elif name == "nvdec":
+        decoder = NvdecDecoder(device_id=device_id, **options)
     elif name == "pyav":
         decoder = PyAvDecoder(**options)
     elif name == "decord":
@@ -127,6 +138,10 @@ def make_video_decoder(
 def _why_unavailable(name: str) -> str:
     if name == "decord":
         return "decoder 'decord' needs the decord package: pip install decord"
+    if name == "nvdec":
+        if not pynvvideocodec_available():
+            return "decoder 'nvdec' needs NVIDIA's PyNvVideoCodec: pip install 'mmdata[nvdec]'"
+        return "decoder 'nvdec' needs a CUDA GPU visible to torch; use decoder='pyav'"
     if not dali_available():
         return f"decoder '{name}' needs NVIDIA DALI: pip install 'mmdata[dali]' (CUDA 13) or 'mmdata[dali-cu12]'"
     return f"decoder '{name}' needs a CUDA GPU visible to torch; use decoder='dali-cpu' (VP8/VP9/MJPEG) or 'pyav'"
