@@ -181,7 +181,7 @@ def _probed_size(request: ClipRequest) -> Size:
 
 
 class PyNvSession:
-    """One PyNvVideoCodec core decoder (`CreateDecoder`) on GPU `device_id`, writing NV12 to device memory,
+    """One PyNvVideoCodec core decoder on GPU `device_id`, writing NV12 to device memory,
     opened for frames up to `size` (larger ones are refused by the decoder, not allocated)."""
 
     def __init__(self, codec: str, size: Size, device_id: int = 0):
@@ -193,7 +193,9 @@ class PyNvSession:
         latency = getattr(nvc, "DisplayDecodeLatencyType", None)
         if latency is not None:  # frames out as soon as they are decoded, in display order
             options["latency"] = latency.LOW
-        self._decoder = nvc.CreateDecoder(
+        # the core decoder: `CreateDecoder` in PyNvVideoCodec 1.x, the `PyNvDecoder` class itself in 2.x
+        create = getattr(nvc, "CreateDecoder", None) or nvc.PyNvDecoder
+        self._decoder = create(
             gpuid=device_id,
             codec=getattr(nvc.cudaVideoCodec, {"h264": "H264", "hevc": "HEVC", "vp9": "VP9"}[codec]),
             cudacontext=0,
