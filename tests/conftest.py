@@ -12,11 +12,13 @@ import av
 import numpy as np
 import pytest
 
+from mmdata.codecs.video_encode import VideoEncoding, encode_segments
 from mmdata.conversion.pipeline import ConvertOptions, convert
 from mmdata.sources.raw import discover_raw_episodes
 from mmdata.synthetic import SynthSpec, synthetic_frame, write_synthetic_dataset, write_wav
 
 SMALL = SynthSpec(episodes=3, min_seconds=1.5, max_seconds=3.0)
+SEGMENT, GOP = 16, 4  # frames per encoded segment, key-frame interval: the decoder tests' `segments`
 LAYOUTS = ("wds", "zarr")
 
 
@@ -37,6 +39,16 @@ def stores(raw_dataset, tmp_path_factory) -> dict[str, Path]:
         convert(discover_raw_episodes(raw_dataset), destination, options)
         converted[layout] = destination
     return converted
+
+
+@pytest.fixture(scope="session")
+def segments() -> dict[str, list[bytes]]:
+    """40 synthetic 128x64 frames encoded as segments of SEGMENT frames, per codec."""
+    frames = [synthetic_frame(i, 0, 64, 128) for i in range(40)]
+    return {
+        codec: [data for _, data in encode_segments(frames, Fraction(30), 128, 64, VideoEncoding(codec, SEGMENT, GOP))]
+        for codec in ("h264", "hevc", "vp9")
+    }
 
 
 @pytest.fixture(params=LAYOUTS)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import gc
 import multiprocessing
 import pickle
-from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -20,11 +19,10 @@ from mmdata.codecs.decoders import (
 )
 from mmdata.codecs.decoders.concat import join_segments
 from mmdata.codecs.decoders.pyav_decoder import decode_all_frames
-from mmdata.codecs.video_encode import VideoEncoding, encode_segments
 from mmdata.errors import MmdataError, UnsupportedCodecError
-from mmdata.synthetic import read_index_stripe, synthetic_frame
+from mmdata.synthetic import read_index_stripe
+from tests.conftest import GOP, SEGMENT
 
-SEGMENT, GOP = 16, 4
 # Mean absolute RGB difference allowed against the PyAV reference. PyAV and DALI convert YUV to RGB
 # with exact rounding (identical pixels); decord uses FFmpeg's default conversion, which rounds
 # down, and exposes no option to change it, so its frames sit about 1.25 levels lower.
@@ -39,15 +37,6 @@ PAIRS = [
     ("dali-cpu", {"reuse_sessions": True, "pipelines": 2, "batch_size": 2}, "vp9"),
     ("dali-cpu", {"reuse_sessions": False, "pipelines": 1, "batch_size": 4}, "vp9"),
 ]
-
-
-@pytest.fixture(scope="module")
-def segments() -> dict[str, list[bytes]]:
-    frames = [synthetic_frame(i, 0, 64, 128) for i in range(40)]
-    return {
-        codec: [data for _, data in encode_segments(frames, Fraction(30), 128, 64, VideoEncoding(codec, SEGMENT, GOP))]
-        for codec in ("h264", "hevc", "vp9")
-    }
 
 
 def random_requests(codec: str, segments: list[bytes], seed: int, count: int = 10) -> list[ClipRequest]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 import time
-from fractions import Fraction
 
 import av
 import numpy as np
@@ -21,20 +20,9 @@ from mmdata.codecs.decoders.pyav_decoder import PyAvDecoder, decode_all_frames
 from mmdata.codecs.decoders.sessions import SessionPool
 from mmdata.codecs.nv12 import nv12_to_rgb
 from mmdata.codecs.packet_index import index_segment
-from mmdata.codecs.video_encode import VideoEncoding, encode_segments
 from mmdata.errors import DecodeError, MmdataError
-from mmdata.synthetic import read_index_stripe, synthetic_frame
-
-SEGMENT, GOP = 16, 4
-
-
-@pytest.fixture(scope="module")
-def segments() -> dict[str, list[bytes]]:
-    frames = [synthetic_frame(i, 0, 64, 128) for i in range(40)]
-    return {
-        codec: [data for _, data in encode_segments(frames, Fraction(30), 128, 64, VideoEncoding(codec, SEGMENT, GOP))]
-        for codec in ("h264", "hevc", "vp9")
-    }
+from mmdata.synthetic import read_index_stripe
+from tests.conftest import GOP, SEGMENT
 
 
 def nv12_of(frame: av.VideoFrame) -> np.ndarray:
