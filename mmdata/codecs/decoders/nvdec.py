@@ -25,7 +25,7 @@ import numpy as np
 
 from mmdata.codecs.bitstream import AnnexB, elementary_stream
 from mmdata.codecs.decoders.base import OnError, VideoDecoder
-from mmdata.codecs.decoders.pyav_decoder import key_runs
+from mmdata.codecs.decoders.pyav_decoder import key_runs, request_rows, wanted_frames
 from mmdata.codecs.decoders.requests import ClipRequest
 from mmdata.codecs.decoders.sessions import DecoderSession, SessionPool, Size
 from mmdata.codecs.nv12 import nv12_to_rgb
@@ -107,12 +107,8 @@ class NvdecDecoder(VideoDecoder):
         if not request.frames:
             return torch.empty((0, 0, 0, 3), dtype=torch.uint8, device=self._torch_device()), 0
         index = request.packets or _indexed(request)
-        wanted = np.unique(np.asarray(request.frames, np.int64))
-        if wanted[-1] >= len(index):
-            raise DecodeError(f"segment has {len(index)} frames; frame {int(wanted[-1])} requested")
         key_frames, key_positions = index.key_frames
-        if not len(key_frames) or key_frames[0] != 0:
-            raise DecodeError("segment does not start with a key frame")
+        wanted = wanted_frames(request, len(index), key_frames)
         stream = self._stream(request.codec, index.codec_config)
         width, height = request.frame_size or _probed_size(request)
         row_of = {int(frame): row for row, frame in enumerate(wanted)}
@@ -133,10 +129,8 @@ class NvdecDecoder(VideoDecoder):
         if missing:
             raise DecodeError(f"frames {missing} of {len(index)} did not decode")
         frames = nv12_to_rgb(torch.stack(rows), height)
-        order = np.searchsorted(wanted, np.asarray(request.frames, np.int64))
-        if len(order) == len(wanted) and np.array_equal(order, np.arange(len(wanted))):
-            return frames, decoded
-        return frames[torch.as_tensor(order, device=frames.device)], decoded
+        order = request_rows(wanted, request)
+        return (frames if order is None else frames[torch.as_tensor(order, device=frames.device)]), decoded
 
     def _stream(self, codec: str, codec_config: bytes) -> AnnexB | None:
         key = (codec, codec_config)

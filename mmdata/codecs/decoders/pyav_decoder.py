@@ -211,13 +211,7 @@ def decode_runs(
     Each run of wanted frames is decoded from the key frame before it, the context flushed first;
     a run ends as soon as its last wanted frame is out.
     """
-    if not packets.count:
-        raise DecodeError("segment holds no video packets")
-    wanted = np.unique(np.asarray(request.frames, np.int64))
-    if wanted[-1] >= packets.count:
-        raise DecodeError(f"segment has {packets.count} frames; frame {int(wanted[-1])} requested")
-    if not len(packets.key_frames) or packets.key_frames[0] != 0:
-        raise DecodeError("segment does not start with a key frame")
+    wanted = wanted_frames(request, packets.count, packets.key_frames)
     shown = packets.frames.tolist()
     geometry = request.geometry
     row_of = {int(frame): row for row, frame in enumerate(wanted)}
@@ -253,9 +247,29 @@ def decode_runs(
     if out is None or not done.all():
         missing = wanted[~done].tolist()
         raise DecodeError(f"frames {missing} of {packets.count} did not decode")
+    rows = request_rows(wanted, request)
+    return (out if rows is None else out[rows]), count
+
+
+def wanted_frames(request: ClipRequest, count: int, key_frames: np.ndarray) -> np.ndarray:
+    """The distinct frames `request` asks of a segment of `count` frames, ascending; raises DecodeError when
+    the segment cannot serve them (no frames, too few, or no key frame first)."""
+    if not count:
+        raise DecodeError("segment holds no video packets")
+    wanted = np.unique(np.asarray(request.frames, np.int64))
+    if wanted[-1] >= count:
+        raise DecodeError(f"segment has {count} frames; frame {int(wanted[-1])} requested")
+    if not len(key_frames) or key_frames[0] != 0:
+        raise DecodeError("segment does not start with a key frame")
+    return wanted
+
+
+def request_rows(wanted: np.ndarray, request: ClipRequest) -> np.ndarray | None:
+    """Rows of frames decoded in `wanted` order that give `request.frames` in its order, repeats included
+    (None when they are that order already)."""
     if len(wanted) == len(request.frames) and np.array_equal(wanted, request.frames):
-        return out, count
-    return out[np.searchsorted(wanted, np.asarray(request.frames, np.int64))], count
+        return None
+    return np.searchsorted(wanted, np.asarray(request.frames, np.int64))
 
 
 def key_runs(wanted: np.ndarray, key_frames: np.ndarray, key_positions: np.ndarray) -> list[tuple[int, int]]:
