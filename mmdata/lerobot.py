@@ -9,8 +9,9 @@ A LeRobot training script changes its dataset and loader lines only:
 
 Every frame of the episodes is a sample, as in LeRobot. Each batch holds the store's cameras as float
 `[B, 3, H, W]` in [0, 1] (`[B, T, 3, H, W]` for a key of `delta_timestamps`, with `<key>_is_pad`),
-its low-dim streams `[B, D]` (or `[B, T, D]`), and LeRobot's fields: `timestamp`, `frame_index`,
-`episode_index` and `index` as LeRobot numbers them, `task_index` and `task`. Frames are decoded
+its low-dim streams `[B, D]` (or `[B, T, D]`; `[B]` or `[B, T]` for a stream of one value, as LeRobot gives
+features of shape [1]), and LeRobot's fields: `timestamp`, `frame_index`, `episode_index` and `index` as LeRobot
+numbers them, and each frame's `task_index` and `task` (an episode's task may change part-way). Frames are decoded
 as uint8 channels-first and turned into floats where the batch lands (on the GPU with
 `device="cuda"`), the cheapest place.
 """
@@ -35,13 +36,16 @@ ImageFormat = Literal["float", "uint8"]
 
 @dataclass(frozen=True)
 class EpisodeNumbering:
-    """How LeRobot numbers each stored episode (by manifest row): its `episode_index`, the dataset-wide
-    `index` of its first frame, and its `task_index`. Stores converted from LeRobot carry them in their
-    metadata; for other stores they are the manifest order, frames counted across episodes, and -1."""
+    """How LeRobot numbers each stored episode (by manifest row): its `episode_index`, the dataset-wide `index`
+    of its first frame, and the `task_index` of each of its frames (kept as runs: a task may change part-way
+    through an episode) with the tasks' texts. Stores converted from LeRobot carry them in their metadata; for
+    other stores they are the manifest order, frames counted across episodes, and task_index -1."""
 
     episode_index: np.ndarray
     index_from: np.ndarray
-    task_index: np.ndarray
+    run_keys: np.ndarray  # (manifest row << 32) + first frame of each task run, ascending
+    run_tasks: np.ndarray  # the task_index of each run
+    task_texts: dict[int, str]
 
     @classmethod
     def of(cls, dataset: Dataset, fps: float) -> EpisodeNumbering:
@@ -49,11 +53,28 @@ class EpisodeNumbering:
         metadata = [dataset.metadata_of(row) for row in rows]
         frames = [int(round(float(row["duration"]) * fps)) for row in rows]
         counted = np.concatenate([[0], np.cumsum(frames)[:-1]]).astype(np.int64)
+        keys, tasks, texts = [], [], {}
+        for row, m in enumerate(metadata):
+            runs = m.get("lerobot_task_runs") or [[0, (m.get("lerobot_task_indices") or [-1])[0]]]
+            keys += [(row << 32) + max(int(first), 0) for first, _ in runs]
+            tasks += [int(task) for _, task in runs]
+            texts |= {int(number): text for number, text in (m.get("lerobot_tasks") or {}).items()}
         return cls(
             np.array([m.get("lerobot_episode_index", i) for i, m in enumerate(metadata)], np.int64),
             np.array([m.get("lerobot_index_from", int(c)) for m, c in zip(metadata, counted)], np.int64),
-            np.array([(m.get("lerobot_task_indices") or [-1])[0] for m in metadata], np.int64),
+            np.array(keys, np.int64),
+            np.array(tasks, np.int64),
+            texts,
         )
+
+    def task_index(self, rows: np.ndarray, frames: np.ndarray) -> np.ndarray:
+        """The `task_index` of frame `frames[i]` of the episode at manifest row `rows[i]`."""
+        keys = (rows.astype(np.int64) << 32) + np.maximum(frames, 0)
+        return self.run_tasks[np.searchsorted(self.run_keys, keys, side="right") - 1]
+
+    def task_text(self, task_index: np.ndarray, stored: Sequence[str]) -> list[str]:
+        """Each frame's task text as LeRobot names it, else the text the store holds for its episode."""
+        return [self.task_texts.get(int(number), text) for number, text in zip(task_index, stored)]
 
 
 class LeRobotLoader:
@@ -97,6 +118,7 @@ class LeRobotLoader:
             )
         self.cameras = [n for n, s in streams.items() if isinstance(s, VideoStream)]
         self.values = [n for n, s in streams.items() if isinstance(s, LowdimStream)]
+        self.scalars = [n for n in self.values if streams[n].shape == (1,)]
         self.fps = _frame_rate(streams)
         spec = Windows(
             anchor_fps=self.fps,
@@ -145,16 +167,19 @@ class LeRobotLoader:
                 out[f"{name}_is_pad"] = batch[f"{name}_is_pad"]
             else:
                 out[name] = out[name][:, 0]
+        for name in self.scalars:
+            out[name] = out[name][..., 0]
         time = batch["time"]
         rows = batch["episode_index"].cpu().numpy()
         frame_index = torch.round(time * self.fps).to(torch.int64)
         device = time.device
+        task_index = self.numbering.task_index(rows, frame_index.cpu().numpy())
         out["timestamp"] = time.to(torch.float32)
         out["frame_index"] = frame_index
         out["episode_index"] = torch.from_numpy(self.numbering.episode_index[rows]).to(device)
         out["index"] = torch.from_numpy(self.numbering.index_from[rows]).to(device) + frame_index
-        out["task_index"] = torch.from_numpy(self.numbering.task_index[rows]).to(device)
-        out["task"] = batch["task"]
+        out["task_index"] = torch.from_numpy(task_index).to(device)
+        out["task"] = self.numbering.task_text(task_index, batch["task"])
         return out
 
     def _offsets(self, name: str) -> tuple[float, ...]:

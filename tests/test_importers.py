@@ -159,6 +159,25 @@ def test_lerobot_v21_converts_with_every_frame_and_value(tmp_path):
         np.testing.assert_array_equal(episode["action"].values, state + np.float32(0.5))
 
 
+def test_a_lerobot_v21_episode_whose_task_changes_keeps_each_frames_task(tmp_path):
+    source = write_lerobot_v21(tmp_path / "v21")
+    path = source / "data" / "chunk-000" / "episode_000001.parquet"
+    table = pq.read_table(path)
+    table = table.set_column(
+        table.schema.get_field_index("task_index"), "task_index", pa.array(np.repeat([1, 0, 1], [10, 11, 10]))
+    )
+    pq.write_table(table, path)
+    rows = (source / "meta" / "episodes.jsonl").read_text().splitlines()
+    rows[1] = json.dumps({"episode_index": 1, "tasks": ["open the drawer", "close the drawer"], "length": 31})
+    (source / "meta" / "episodes.jsonl").write_text("\n".join(rows) + "\n")
+    dataset, _ = convert_to(source, tmp_path / "out")
+    row = dataset.manifest.row(1)
+    assert row["task"] == "close the drawer; open the drawer", "the tasks in the order the frames come"
+    metadata = dataset.metadata_of(row)
+    assert metadata["lerobot_task_runs"] == [[0, 1], [10, 0], [21, 1]]
+    assert metadata["lerobot_tasks"] == {"0": "open the drawer", "1": "close the drawer"}
+
+
 def test_a_lerobot_folder_without_info_json_is_named_with_the_fix(tmp_path):
     source = write_lerobot_v21(tmp_path / "v21")
     (source / "meta" / "info.json").unlink()

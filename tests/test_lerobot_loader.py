@@ -10,21 +10,27 @@ import numpy as np
 import pytest
 
 from mmdata.conversion.pipeline import ConvertOptions, convert
+from mmdata.dataset import open_dataset
 from mmdata.lerobot import LeRobotLoader
 from mmdata.loading.specs import SpecError
 from mmdata.sources import discover_episodes
 
 FIXTURE = Path(__file__).parent / "fixtures" / "lerobot_small"
+TASKS_FIXTURE = Path(__file__).parent / "fixtures" / "lerobot_tasks"
 RECORDED = json.loads((FIXTURE / "lerobot_items.json").read_text())
 STRIPE = json.loads((FIXTURE / "fixture_truth.json").read_text())["stripe_height_px"]
 DECODE_TOLERANCE = 5.0  # mean absolute difference in levels: the store re-encodes LeRobot's AV1 as H.264
 
 
+def _converted(source: Path, layout: str, folder: Path) -> str:
+    path = folder / f"store.{layout}"
+    convert(discover_episodes(source), path, ConvertOptions(layout=layout, workers=1, progress=False))
+    return str(path)
+
+
 @pytest.fixture(scope="module", params=["wds", "zarr"])
 def store(request, tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("lerobot") / f"store.{request.param}"
-    convert(discover_episodes(FIXTURE), path, ConvertOptions(layout=request.param, workers=1, progress=False))
-    return str(path)
+    return _converted(FIXTURE, request.param, tmp_path_factory.mktemp("lerobot"))
 
 
 def _by_index(loader: LeRobotLoader) -> dict[int, dict]:
@@ -59,6 +65,32 @@ def test_batches_equal_lerobots_own_items_key_by_key(store):
                 assert np.abs(got * 255 - want).mean() < DECODE_TOLERANCE, f"index {index} {key}"
             else:
                 assert got.dtype == want.dtype and np.array_equal(got, want), f"index {index} {key}: {got} != {want}"
+
+
+@pytest.mark.parametrize("layout", ["wds", "zarr"])
+def test_each_frame_has_its_own_task_and_one_value_features_are_scalars_as_in_lerobot(layout, tmp_path):
+    recorded = json.loads((TASKS_FIXTURE / "lerobot_items.json").read_text())
+    expected = np.load(TASKS_FIXTURE / "lerobot_items.npz")
+    store = _converted(TASKS_FIXTURE, layout, tmp_path)
+    samples = _by_index(LeRobotLoader(store, recorded["delta_timestamps"], batch_size=8, num_workers=1))
+    assert sorted(samples) == list(range(recorded["frames"]))
+    for index, sample in samples.items():
+        keys = sorted(name.split("/", 1)[1] for name in expected.files if name.startswith(f"{index}/"))
+        assert sorted(set(sample) - {"task"}) == keys
+        assert sample["task"] == recorded["tasks"][str(index)], f"index {index}: the frame's own task"
+        for key in keys:
+            want, got = expected[f"{index}/{key}"], sample[key].numpy()
+            if key == "observation.image":
+                assert got.shape == want.shape and np.abs(got * 255 - want).mean() < DECODE_TOLERANCE
+            else:
+                assert got.dtype == want.dtype and got.shape == want.shape, f"index {index} {key}: {got.shape}"
+                assert np.array_equal(got, want), f"index {index} {key}: {got} != {want}"
+    episode_tasks = [open_dataset(store).manifest.row(i)["task"] for i in range(3)]
+    assert episode_tasks == [
+        "pick up the cup",
+        "open the drawer; close the drawer",
+        "close the drawer; pick up the cup; wave",
+    ], "an episode's tasks in the order its frames come"
 
 
 def test_uint8_images_unshuffled_order_and_an_unknown_delta_key(store):

@@ -33,6 +33,7 @@ NUMERIC = ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "
 VIDEO_FIELDS = ("chunk_index", "file_index", "from_timestamp", "to_timestamp")
 MAX_EPISODE_ROWS = 10**8
 MAX_STATS_BYTES = 64 << 20
+MAX_TASK_CHANGES = 1 << 16
 
 
 def is_lerobot(root: Path) -> bool:
@@ -168,8 +169,10 @@ def _discover_v3(root: Path, info: dict[str, Any]) -> list[EpisodeSource]:
             data_path = _path_from_template(root, info, "data_path", name, chunk_index=chunk, file_index=file)
             first = _rows_of(data_path, row, length, data_rows, name)
             cameras = tuple(_camera_v3(root, info, row, key, name, length) for key in videos)
-            task, metadata = _task_text(row.get("tasks"), name), _metadata(info, index, row.get("tasks"))
-            metadata |= _numbering(as_int(row.get("dataset_from_index"), "'dataset_from_index'", 0), row, tasks)
+            column = data_rows[str(data_path)][2]
+            runs = task_runs(None if column is None else column[first : first + length])
+            task, metadata = _task_text(row.get("tasks"), runs, tasks), _metadata(info, index, row.get("tasks"))
+            metadata |= _numbering(as_int(row.get("dataset_from_index"), "'dataset_from_index'", 0), runs, tasks)
         except SourceError as problem:
             sources.append(EpisodeSource(name=name, problem=problem))
             continue
@@ -215,12 +218,17 @@ def _rows_of(path: Path, row: dict, length: int, cache: dict, episode: str) -> i
             raise SourceError(episode, str(path), "the data file is missing")
         try:
             parquet = pq.ParquetFile(path)
-            require_parquet_bytes(parquet, ["index", "episode_index"], MAX_LOWDIM_BYTES)
-            table = parquet.read(columns=["index", "episode_index"])
+            columns = _with_task_column(parquet, ["index", "episode_index"])
+            require_parquet_bytes(parquet, columns, MAX_LOWDIM_BYTES)
+            table = parquet.read(columns=columns)
         except (OSError, ValueError, KeyError) as exc:
             raise SourceError(episode, str(path), f"unreadable data file: {exc}", "re-export the dataset") from exc
-        cache[str(path)] = (table.column("index").to_numpy(), table.column("episode_index").to_numpy())
-    global_index, owners = cache[str(path)]
+        cache[str(path)] = (
+            table.column("index").to_numpy(),
+            table.column("episode_index").to_numpy(),
+            _task_column(table),
+        )
+    global_index, owners, _ = cache[str(path)]
     start = as_int(row.get("dataset_from_index"), "'dataset_from_index'", 0)
     stop = as_int(row.get("dataset_to_index"), "'dataset_to_index'", start)
     first = int(np.searchsorted(global_index, start))
@@ -264,7 +272,7 @@ def _discover_v21(root: Path, info: dict[str, Any]) -> list[EpisodeSource]:
         try:
             length = as_int(row.get("length"), "'length'", 1, MAX_EPISODE_ROWS)
             data_path = _path_from_template(root, info, "data_path", name, episode_chunk=chunk, episode_index=index)
-            _check_episode_file(data_path, index, length, name)
+            runs = task_runs(_check_episode_file(data_path, index, length, name))
             cameras = []
             for key in videos:
                 path = _path_from_template(
@@ -273,8 +281,8 @@ def _discover_v21(root: Path, info: dict[str, Any]) -> list[EpisodeSource]:
                 if not path.is_file():
                     raise SourceError(name, str(path), f"the video of camera '{key}' is missing")
                 cameras.append(CameraSource(key, str(path), expected_frames=length, grid=fps))
-            task, metadata = _task_text(row.get("tasks"), name), _metadata(info, index, row.get("tasks"))
-            metadata |= _numbering(first_frame, row, tasks)
+            task, metadata = _task_text(row.get("tasks"), runs, tasks), _metadata(info, index, row.get("tasks"))
+            metadata |= _numbering(first_frame, runs, tasks)
         except SourceError as problem:
             sources.append(EpisodeSource(name=name, problem=problem))
             continue
@@ -287,15 +295,18 @@ def _discover_v21(root: Path, info: dict[str, Any]) -> list[EpisodeSource]:
     return sources
 
 
-def _check_episode_file(path: Path, index: int, length: int, episode: str) -> None:
+def _check_episode_file(path: Path, index: int, length: int, episode: str) -> np.ndarray | None:
+    """Check the episode's data file holds its `length` rows; return its `task_index` column (None without one)."""
     import pyarrow.parquet as pq
 
     if not path.is_file():
         raise SourceError(episode, str(path), "the data file is missing")
     try:
         parquet = pq.ParquetFile(path)
-        require_parquet_bytes(parquet, ["episode_index"], MAX_LOWDIM_BYTES)
-        owners = parquet.read(columns=["episode_index"]).column("episode_index").to_numpy()
+        columns = _with_task_column(parquet, ["episode_index"])
+        require_parquet_bytes(parquet, columns, MAX_LOWDIM_BYTES)
+        table = parquet.read(columns=columns)
+        owners = table.column("episode_index").to_numpy()
     except (OSError, ValueError, KeyError) as exc:
         raise SourceError(episode, str(path), f"unreadable data file: {exc}", "re-export the dataset") from exc
     _require_owner(
@@ -307,6 +318,7 @@ def _check_episode_file(path: Path, index: int, length: int, episode: str) -> No
         f"meta/episodes.jsonl says episode {index} has {length} rows, but the file holds {len(owners)}",
         "meta/episodes.jsonl",
     )
+    return _task_column(table)
 
 
 def _require_owner(
@@ -337,8 +349,35 @@ def _read_jsonl(path: Path, root: Path) -> list[dict]:
     return rows
 
 
-def _task_text(tasks: Any, episode: str) -> str:
-    """The episode's task text: a string, or several joined by '; '."""
+def _with_task_column(parquet, columns: list[str]) -> list[str]:
+    return columns + (["task_index"] if "task_index" in parquet.schema_arrow.names else [])
+
+
+def _task_column(table) -> np.ndarray | None:
+    if "task_index" not in table.column_names:
+        return None
+    column = table.column("task_index")
+    return column.to_numpy() if column.null_count == 0 else None
+
+
+def task_runs(task_index: np.ndarray | None) -> list[list[int]]:
+    """The episode's `task_index` column as runs, `[[first frame, task_index], ...]`: LeRobot keeps a task
+    per frame, and an episode's task may change part-way. Empty without the column."""
+    if task_index is None or not len(task_index):
+        return []
+    starts = np.flatnonzero(np.concatenate([[True], task_index[1:] != task_index[:-1]]))
+    if len(starts) > MAX_TASK_CHANGES:
+        raise ValueError(f"its task_index changes {len(starts) - 1} times; mmdata keeps at most {MAX_TASK_CHANGES}")
+    return [[int(frame), int(task_index[frame])] for frame in starts]
+
+
+def _task_text(tasks: Any, runs: list[list[int]], numbers: dict[str, int]) -> str:
+    """The episode's task text: its frames' tasks in the order they come, joined by '; ' when there are several
+    (the episodes table lists them in no particular order); the table's list where frames name unknown tasks."""
+    texts = {number: text for text, number in numbers.items()}
+    ordered = list(dict.fromkeys(texts.get(number) for _, number in runs))
+    if ordered and None not in ordered:
+        return "; ".join(ordered)
     if tasks is None:
         return ""
     if isinstance(tasks, str):
@@ -348,13 +387,13 @@ def _task_text(tasks: Any, episode: str) -> str:
     raise ValueError(f"'tasks' is {type(tasks).__name__}, not text or a list of texts")
 
 
-def _numbering(index_from: int, row: dict, tasks: dict[str, int]) -> dict[str, Any]:
+def _numbering(index_from: int, runs: list[list[int]], numbers: dict[str, int]) -> dict[str, Any]:
     """How LeRobot numbers the episode's frames and tasks, for loaders that give LeRobot's index fields
-    (`mmdata.lerobot`): the dataset-wide index of its first frame, and its tasks' `task_index`."""
-    named = row.get("tasks")
-    named = [named] if isinstance(named, str) else list(named or [])
-    numbers = [tasks[t] for t in named if isinstance(t, str) and t in tasks]
-    return {"lerobot_index_from": index_from, "lerobot_task_indices": numbers}
+    (`mmdata.lerobot`): the dataset-wide index of its first frame, its frames' `task_index` as runs, and the
+    text of each task it uses."""
+    texts = {number: text for text, number in numbers.items()}
+    used = {str(number): texts[number] for _, number in runs if number in texts}
+    return {"lerobot_index_from": index_from, "lerobot_task_runs": runs, "lerobot_tasks": used}
 
 
 def _task_numbers(path: Path) -> dict[str, int]:
