@@ -178,6 +178,23 @@ def test_a_lerobot_v21_episode_whose_task_changes_keeps_each_frames_task(tmp_pat
     assert metadata["lerobot_tasks"] == {"0": "open the drawer", "1": "close the drawer"}
 
 
+def test_lerobot_image_features_without_embedded_bytes_are_named_and_can_be_skipped(tmp_path):
+    source = shutil.copytree(Path(__file__).parent / "fixtures" / "lerobot_images", tmp_path / "images")
+    assert discover_episodes(source)[0].cameras[0].name == "observation.image"
+    path = source / "data" / "chunk-000" / "file-000.parquet"
+    table = pq.read_table(path)
+    images = table.column("observation.image").combine_chunks()
+    kept = [None if row >= 27 else value for row, value in enumerate(images.field("bytes").to_pylist())]
+    emptied = pa.StructArray.from_arrays([pa.array(kept, pa.binary()), images.field("path")], ["bytes", "path"])
+    table = table.set_column(table.schema.get_field_index("observation.image"), "observation.image", emptied)
+    pq.write_table(table, path, row_group_size=16)
+    with pytest.raises(SourceError, match=r"episode 'episode_000002'.*file-000\.parquet:observation\.image.*no bytes"):
+        convert_to(source, tmp_path / "out")
+    dataset, report = convert_to(source, tmp_path / "skipped", skip_bad=True)
+    assert [s["episode"] for s in report.skipped] == ["episode_000002"]
+    assert len(dataset) == 2 and len(dataset.read_episode(1)["observation.image"].values) == 15
+
+
 def test_a_lerobot_folder_without_info_json_is_named_with_the_fix(tmp_path):
     source = write_lerobot_v21(tmp_path / "v21")
     (source / "meta" / "info.json").unlink()

@@ -16,7 +16,7 @@ from mmdata.loading.specs import SpecError
 from mmdata.sources import discover_episodes
 
 FIXTURE = Path(__file__).parent / "fixtures" / "lerobot_small"
-TASKS_FIXTURE = Path(__file__).parent / "fixtures" / "lerobot_tasks"
+TASK_FIXTURES = [Path(__file__).parent / "fixtures" / name for name in ("lerobot_tasks", "lerobot_images")]
 RECORDED = json.loads((FIXTURE / "lerobot_items.json").read_text())
 STRIPE = json.loads((FIXTURE / "fixture_truth.json").read_text())["stripe_height_px"]
 DECODE_TOLERANCE = 5.0  # mean absolute difference in levels: the store re-encodes LeRobot's AV1 as H.264
@@ -41,9 +41,9 @@ def _by_index(loader: LeRobotLoader) -> dict[int, dict]:
     return samples
 
 
-def _top_stripe(frame: np.ndarray) -> float:
-    """The mean level of a [3, H, W] frame's top stripe, which shows (frame_index * 7) % 256."""
-    return float(frame[:, 2 : STRIPE - 2].mean())
+def _top_stripe(frame: np.ndarray, height: int = STRIPE) -> float:
+    """The mean level of a [3, H, W] frame's top stripe, which shows its frame number."""
+    return float(frame[:, 2 : height - 2].mean())
 
 
 def test_batches_equal_lerobots_own_items_key_by_key(store):
@@ -68,10 +68,12 @@ def test_batches_equal_lerobots_own_items_key_by_key(store):
 
 
 @pytest.mark.parametrize("layout", ["wds", "zarr"])
-def test_each_frame_has_its_own_task_and_one_value_features_are_scalars_as_in_lerobot(layout, tmp_path):
-    recorded = json.loads((TASKS_FIXTURE / "lerobot_items.json").read_text())
-    expected = np.load(TASKS_FIXTURE / "lerobot_items.npz")
-    store = _converted(TASKS_FIXTURE, layout, tmp_path)
+@pytest.mark.parametrize("fixture", TASK_FIXTURES, ids=lambda path: path.name)
+def test_each_frame_has_its_own_task_and_one_value_features_are_scalars_as_in_lerobot(fixture, layout, tmp_path):
+    """`lerobot_images` holds the same episodes with the camera as an `image` feature (PNGs in the data files)."""
+    recorded = json.loads((fixture / "lerobot_items.json").read_text())
+    expected = np.load(fixture / "lerobot_items.npz")
+    store = _converted(fixture, layout, tmp_path)
     samples = _by_index(LeRobotLoader(store, recorded["delta_timestamps"], batch_size=8, num_workers=1))
     assert sorted(samples) == list(range(recorded["frames"]))
     for index, sample in samples.items():
@@ -82,6 +84,9 @@ def test_each_frame_has_its_own_task_and_one_value_features_are_scalars_as_in_le
             want, got = expected[f"{index}/{key}"], sample[key].numpy()
             if key == "observation.image":
                 assert got.shape == want.shape and np.abs(got * 255 - want).mean() < DECODE_TOLERANCE
+                for ours, theirs in zip(got * 255, want):
+                    stripe = recorded["stripe_height_px"]
+                    assert abs(_top_stripe(ours, stripe) - _top_stripe(theirs, stripe)) <= 3, f"index {index}"
             else:
                 assert got.dtype == want.dtype and got.shape == want.shape, f"index {index} {key}: {got.shape}"
                 assert np.array_equal(got, want), f"index {index} {key}: {got} != {want}"

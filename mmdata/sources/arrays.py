@@ -6,7 +6,9 @@ a conversion worker asks, and names the file and key in every error.
 
 from __future__ import annotations
 
+import functools
 import io
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from fractions import Fraction
@@ -323,17 +325,81 @@ class ParquetRowsSource:
         return values, snap_to_grid(timestamps, self.rate) if self.rate else timestamps
 
 
+@dataclass(frozen=True)
+class ParquetImages:
+    """Rows [first, first + count) of a Parquet column of encoded images, one PNG/JPEG per row: LeRobot's
+    `image` features, which Hugging Face datasets stores as `{bytes, path}` structs (or plain binary).
+    An `ArrayCameraSource` reads it a block of rows at a time, like an HDF5 column of JPEGs."""
+
+    path: str
+    column: str
+    first: int
+    count: int
+
+    def where(self) -> str:
+        return f"{self.path}:{self.column}"
+
+    def shape(self, episode: str) -> ArrayShape:
+        return ArrayShape(self.count, (), np.dtype(object), 0)
+
+    def read(self, episode: str, first: int = 0, last: int | None = None) -> np.ndarray:
+        """Rows [first, last) of the episode's rows (all of them by default), as an object array of bytes."""
+        import pyarrow as pa
+
+        last = self.count if last is None else min(last, self.count)
+        try:
+            import pyarrow.parquet as pq
+
+            groups, offset = _groups_holding(pq.ParquetFile(self.path).metadata, self.first + first, last - first)
+            stamp = os.stat(self.path)
+            column = _image_row_groups(self.path, self.column, groups, (stamp.st_mtime_ns, stamp.st_size))
+            column = column.slice(offset, last - first)
+        except (OSError, ValueError, KeyError) as exc:
+            raise SourceError(episode, self.where(), f"cannot read the image column: {exc}") from exc
+        if pa.types.is_struct(column.type):
+            if column.type.get_field_index("bytes") < 0:
+                raise SourceError(episode, self.where(), f"image rows are {column.type}, with no 'bytes' field")
+            column = column.combine_chunks().field("bytes")
+        if not (pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type)):
+            raise SourceError(episode, self.where(), f"image rows are {column.type}, not encoded images")
+        if column.null_count:
+            raise SourceError(
+                episode,
+                self.where(),
+                "some image rows hold no bytes (images kept as files beside the dataset)",
+                "embed the images (LeRobot's dataset.push_to_hub / save with embedded images) and convert again",
+            )
+        return np.array(column.to_pylist() + [None], dtype=object)[:-1]
+
+
+def _groups_holding(metadata, first: int, count: int) -> tuple[tuple[int, ...], int]:
+    """The row groups of a Parquet file holding rows [first, first + count), and where the first lies in them."""
+    bounds = np.concatenate([[0], np.cumsum([metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)])])
+    groups = tuple(g for g in range(metadata.num_row_groups) if bounds[g] < first + count and bounds[g + 1] > first)
+    return groups, first - int(bounds[groups[0]]) if groups else 0
+
+
+@functools.lru_cache(maxsize=1)
+def _image_row_groups(path: str, column: str, groups: tuple[int, ...], version: tuple[int, int]):
+    """One column of some row groups, kept while a camera reads its rows a block at a time from them
+    (`version`, the file's mtime and size, tells a rewritten file from the one read)."""
+    import pyarrow.parquet as pq
+
+    from mmdata.sources.episode import require_parquet_bytes
+
+    file = pq.ParquetFile(path)
+    require_parquet_bytes(file, [column], MAX_ARRAY_CHUNK_BYTES, list(groups))
+    return file.read_row_groups(list(groups), columns=[column]).column(column)
+
+
 def _row_range(file, columns: list[str], first: int, count: int):
     """Rows [first, first + count) of a Parquet file, reading only the row groups that hold them
     (a LeRobot v3 data file holds many episodes; each is read once, not the whole file per episode)."""
     from mmdata.sources.episode import require_parquet_bytes
 
-    sizes = [file.metadata.row_group(g).num_rows for g in range(file.num_row_groups)]
-    bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    groups = [g for g in range(len(sizes)) if bounds[g] < first + count and bounds[g + 1] > first]
-    require_parquet_bytes(file, columns, MAX_LOWDIM_BYTES, groups)
-    table = file.read_row_groups(groups, columns=columns)
-    return table.slice(first - int(bounds[groups[0]]) if groups else 0, count)
+    groups, offset = _groups_holding(file.metadata, first, count)
+    require_parquet_bytes(file, columns, MAX_LOWDIM_BYTES, list(groups))
+    return file.read_row_groups(list(groups), columns=columns).slice(offset, count)
 
 
 def _as_bytes(item) -> bytes:

@@ -7,8 +7,9 @@
 - v2.1: `meta/info.json`, `meta/episodes.jsonl`, `meta/tasks.jsonl`, one
   `data/chunk-*/episode_*.parquet` and one `videos/chunk-*/<key>/episode_*.mp4` per episode.
 
-Video features become cameras (named by their LeRobot key), the other numeric features low-dim
-streams (times from the `timestamp` column), the episode's tasks the task text.
+Video and image features (pictures stored in the data files) become cameras, named by their LeRobot key;
+the other numeric features low-dim streams (times from the `timestamp` column); the tasks the episode's
+frames name, its task text.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import numpy as np
 from mmdata.checks import as_int, as_number, as_text, check_json_value, inside, parse_json, relative_path_problem
 from mmdata.errors import SourceError
 from mmdata.schema import MAX_RATE
-from mmdata.sources.arrays import ParquetRowsSource
+from mmdata.sources.arrays import ArrayCameraSource, ParquetImages, ParquetRowsSource
 from mmdata.sources.episode import CameraSource, EpisodeSource, require_parquet_bytes
 from mmdata.sources.limits import MAX_LOWDIM_BYTES, MAX_METADATA_BYTES
 
@@ -89,7 +90,7 @@ def _read_info(root: Path) -> dict[str, Any]:
         if not isinstance(info["features"], dict) or not all(isinstance(f, dict) for f in info["features"].values()):
             raise ValueError("'features' is not an object of feature descriptions")
         for key in ("data_path", "video_path", "codebase_version"):
-            if key in info:
+            if info.get(key) is not None:  # video_path is null in a dataset without video features
                 as_text(info[key], f"'{key}'", 4096)
         if "chunks_size" in info:
             info["chunks_size"] = as_int(info["chunks_size"], "'chunks_size'", 1)
@@ -124,26 +125,25 @@ def _path_from_template(root: Path, info: dict, key: str, episode: str, **fields
     return path
 
 
-def _features(info: dict[str, Any]) -> tuple[list[str], list[str]]:
-    """(video keys, numeric low-dim keys) of the dataset."""
-    videos, lowdim = [], []
+def _features(info: dict[str, Any]) -> tuple[list[str], list[str], list[str]]:
+    """(video keys, image keys, numeric low-dim keys) of the dataset. Image features are encoded pictures,
+    one per row of the data files; they become cameras like video features."""
+    videos, images, lowdim = [], [], []
     for key, feature in info["features"].items():
         dtype = feature.get("dtype")
         if dtype == "video":
             videos.append(key)
         elif dtype == "image":
-            raise SourceError.for_source(
-                "dataset", INFO, f"feature '{key}' is stored as images in Parquet", "convert it with use_videos=True"
-            )
+            images.append(key)
         elif dtype in NUMERIC and key not in BOOKKEEPING:
             lowdim.append(key)
-    return videos, lowdim
+    return videos, images, lowdim
 
 
 def _discover_v3(root: Path, info: dict[str, Any]) -> list[EpisodeSource]:
     import pyarrow.parquet as pq
 
-    videos, lowdim = _features(info)
+    videos, images, lowdim = _features(info)
     fps = info["fps"]
     files = sorted((root / "meta" / "episodes").glob("chunk-*/file-*.parquet"))
     if not files:
@@ -169,6 +169,7 @@ def _discover_v3(root: Path, info: dict[str, Any]) -> list[EpisodeSource]:
             data_path = _path_from_template(root, info, "data_path", name, chunk_index=chunk, file_index=file)
             first = _rows_of(data_path, row, length, data_rows, name)
             cameras = tuple(_camera_v3(root, info, row, key, name, length) for key in videos)
+            cameras += tuple(_image_camera(key, data_path, first, length, fps) for key in images)
             column = data_rows[str(data_path)][2]
             runs = task_runs(None if column is None else column[first : first + length])
             task, metadata = _task_text(row.get("tasks"), runs, tasks), _metadata(info, index, row.get("tasks"))
@@ -257,8 +258,12 @@ def _camera_v3(root: Path, info: dict, row: dict, key: str, episode: str, length
     return CameraSource(key, str(path), start, end, length, grid=info["fps"])
 
 
+def _image_camera(key: str, data_path: Path, first: int, length: int, fps: float) -> ArrayCameraSource:
+    return ArrayCameraSource(key, ParquetImages(str(data_path), key, first, length), fps)
+
+
 def _discover_v21(root: Path, info: dict[str, Any]) -> list[EpisodeSource]:
-    videos, lowdim = _features(info)
+    videos, images, lowdim = _features(info)
     fps = info["fps"]
     chunk_size = info.get("chunks_size", 1000)
     episodes = _read_jsonl(root / "meta/episodes.jsonl", root)
@@ -281,6 +286,7 @@ def _discover_v21(root: Path, info: dict[str, Any]) -> list[EpisodeSource]:
                 if not path.is_file():
                     raise SourceError(name, str(path), f"the video of camera '{key}' is missing")
                 cameras.append(CameraSource(key, str(path), expected_frames=length, grid=fps))
+            cameras += [_image_camera(key, data_path, 0, length, fps) for key in images]
             task, metadata = _task_text(row.get("tasks"), runs, tasks), _metadata(info, index, row.get("tasks"))
             metadata |= _numbering(first_frame, runs, tasks)
         except SourceError as problem:
