@@ -25,7 +25,9 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from mmdata.checks import as_int
 from mmdata.dataset import Dataset, open_dataset
+from mmdata.errors import IntegrityError
 from mmdata.loading.dataloader import DataLoader
 from mmdata.loading.mixture import Mixture, Source
 from mmdata.loading.specs import Frames, SpecError, Values, Windows
@@ -50,18 +52,27 @@ class EpisodeNumbering:
     @classmethod
     def of(cls, dataset: Dataset, fps: float) -> EpisodeNumbering:
         rows = [dataset.manifest.row(i) for i in range(dataset.schema.num_episodes)]
-        metadata = [dataset.metadata_of(row) for row in rows]
         frames = [int(round(float(row["duration"]) * fps)) for row in rows]
         counted = np.concatenate([[0], np.cumsum(frames)[:-1]]).astype(np.int64)
-        keys, tasks, texts = [], [], {}
-        for row, m in enumerate(metadata):
-            runs = m.get("lerobot_task_runs") or [[0, (m.get("lerobot_task_indices") or [-1])[0]]]
-            keys += [(row << 32) + max(int(first), 0) for first, _ in runs]
-            tasks += [int(task) for _, task in runs]
-            texts |= {int(number): text for number, text in (m.get("lerobot_tasks") or {}).items()}
+        episodes, starts, keys, tasks, texts = [], [], [], [], {}
+        for position, row in enumerate(rows):
+            metadata = dataset.metadata_of(row)
+            try:
+                episodes.append(
+                    as_int(metadata.get("lerobot_episode_index", position), "'lerobot_episode_index'", 0, 2**62)
+                )
+                starts.append(
+                    as_int(metadata.get("lerobot_index_from", int(counted[position])), "'lerobot_index_from'", 0, 2**62)
+                )
+                runs, named = _task_runs(metadata)
+            except ValueError as exc:
+                raise IntegrityError(f"episode '{row['key']}': its metadata {exc}; convert the store again") from exc
+            keys += [(position << 32) + first for first, _ in runs]
+            tasks += [task for _, task in runs]
+            texts |= named
         return cls(
-            np.array([m.get("lerobot_episode_index", i) for i, m in enumerate(metadata)], np.int64),
-            np.array([m.get("lerobot_index_from", int(c)) for m, c in zip(metadata, counted)], np.int64),
+            np.array(episodes, np.int64),
+            np.array(starts, np.int64),
             np.array(keys, np.int64),
             np.array(tasks, np.int64),
             texts,
@@ -75,6 +86,25 @@ class EpisodeNumbering:
     def task_text(self, task_index: np.ndarray, stored: Sequence[str]) -> list[str]:
         """Each frame's task text as LeRobot names it, else the text the store holds for its episode."""
         return [self.task_texts.get(int(number), text) for number, text in zip(task_index, stored)]
+
+
+def _task_runs(metadata: dict[str, Any]) -> tuple[list[tuple[int, int]], dict[int, str]]:
+    """An episode's task runs `[(first frame, task_index), ...]` (starting at frame 0, ascending) and task texts
+    from its metadata; stores converted before runs were kept name one task for the episode."""
+    first_task = metadata.get("lerobot_task_indices") or [-1]
+    runs = metadata.get("lerobot_task_runs") or [[0, first_task[0] if isinstance(first_task, list) else first_task]]
+    texts = metadata.get("lerobot_tasks") or {}
+    if not isinstance(runs, list) or not all(isinstance(run, list) and len(run) == 2 for run in runs):
+        raise ValueError("'lerobot_task_runs' is not a list of [first frame, task_index] pairs")
+    checked = [
+        (as_int(first, "a task run's first frame", 0, 2**31), as_int(task, "a task_index", -1, 2**62))
+        for first, task in runs
+    ]
+    if checked[0][0] != 0 or any(a[0] >= b[0] for a, b in zip(checked, checked[1:])):
+        raise ValueError("'lerobot_task_runs' does not start at frame 0 and go forward")
+    if not isinstance(texts, dict) or not all(isinstance(t, str) and k.isdigit() for k, t in texts.items()):
+        raise ValueError("'lerobot_tasks' is not an object of task_index -> text")
+    return checked, {int(number): text for number, text in texts.items()}
 
 
 class LeRobotLoader:

@@ -7,10 +7,13 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from mmdata.conversion.pipeline import ConvertOptions, convert
 from mmdata.dataset import open_dataset
+from mmdata.errors import IntegrityError
 from mmdata.lerobot import LeRobotLoader
 from mmdata.loading.specs import SpecError
 from mmdata.sources import discover_episodes
@@ -96,6 +99,20 @@ def test_each_frame_has_its_own_task_and_one_value_features_are_scalars_as_in_le
         "open the drawer; close the drawer",
         "close the drawer; pick up the cup; wave",
     ], "an episode's tasks in the order its frames come"
+
+
+@pytest.mark.parametrize(
+    "runs", ["oops", [[0, 1], [0, 2]], [[3, 1]], [[0, "2"]], [[0, 1, 2]]], ids=["text", "repeat", "late", "str", "3"]
+)
+def test_damaged_task_runs_in_a_stores_metadata_are_named(runs, tmp_path):
+    store = Path(_converted(TASK_FIXTURES[0], "wds", tmp_path))
+    table = pq.read_table(store / "episodes.parquet")
+    metadata = table.column("metadata").to_pylist()
+    metadata[1] = json.dumps(json.loads(metadata[1]) | {"lerobot_task_runs": runs})
+    table = table.set_column(table.schema.get_field_index("metadata"), "metadata", pa.array(metadata))
+    pq.write_table(table, store / "episodes.parquet")
+    with pytest.raises(IntegrityError, match=r"episode 'episode_000001': its metadata .*(lerobot_task_runs|a task_index)"):
+        LeRobotLoader(str(store), batch_size=4)
 
 
 def test_uint8_images_unshuffled_order_and_an_unknown_delta_key(store):
