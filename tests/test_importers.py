@@ -195,6 +195,21 @@ def test_lerobot_image_features_without_embedded_bytes_are_named_and_can_be_skip
     assert len(dataset) == 2 and len(dataset.read_episode(1)["observation.image"].values) == 15
 
 
+def test_a_picture_of_another_size_is_named_by_its_frame(tmp_path):
+    source = shutil.copytree(Path(__file__).parent / "fixtures" / "lerobot_images", tmp_path / "images")
+    path = source / "data" / "chunk-000" / "file-000.parquet"
+    table = pq.read_table(path)
+    images = table.column("observation.image").to_pylist()
+    small = av.VideoFrame.from_ndarray(np.zeros((20, 30, 3), np.uint8), format="rgb24")
+    codec = av.CodecContext.create("png", "w")
+    codec.width, codec.height, codec.pix_fmt = 30, 20, "rgb24"
+    images[15]["bytes"] = b"".join(bytes(packet) for packet in codec.encode(small))
+    column = table.schema.get_field_index("observation.image")
+    pq.write_table(table.set_column(column, "observation.image", pa.array(images)), path)
+    with pytest.raises(SourceError, match=r"episode 'episode_000001'.*frame 3 is 30x20, the camera's first 64x48"):
+        convert_to(source, tmp_path / "out")
+
+
 def test_a_lerobot_folder_without_info_json_is_named_with_the_fix(tmp_path):
     source = write_lerobot_v21(tmp_path / "v21")
     (source / "meta" / "info.json").unlink()

@@ -111,7 +111,9 @@ def test_damaged_task_runs_in_a_stores_metadata_are_named(runs, tmp_path):
     metadata[1] = json.dumps(json.loads(metadata[1]) | {"lerobot_task_runs": runs})
     table = table.set_column(table.schema.get_field_index("metadata"), "metadata", pa.array(metadata))
     pq.write_table(table, store / "episodes.parquet")
-    with pytest.raises(IntegrityError, match=r"episode 'episode_000001': its metadata .*(lerobot_task_runs|a task_index)"):
+    with pytest.raises(
+        IntegrityError, match=r"episode 'episode_000001': its metadata .*(lerobot_task_runs|a task_index)"
+    ):
         LeRobotLoader(str(store), batch_size=4)
 
 

@@ -225,11 +225,12 @@ class ArrayCameraSource:
             )
         return declared
 
-    def _images(self, episode: str, first: int, last: int) -> np.ndarray:
+    def _images(self, episode: str, first: int, last: int) -> np.ndarray | list[np.ndarray]:
         data = self.array.read(episode, first, last)
         if data.dtype == object or data.ndim == 1 or (data.ndim == 2 and data.dtype == np.uint8):
             # one compressed image per row: variable-length bytes, or uint8 rows padded with zeros (ACT)
-            return np.stack([decode_image(_as_bytes(item), episode, self.array.where()) for item in data])
+            # (a list, not stacked: pictures of another size are named where frames are encoded)
+            return [decode_image(_as_bytes(item), episode, self.array.where()) for item in data]
         if data.ndim == 3:
             data = np.repeat(data[..., None], 3, axis=-1)
         if data.shape[-1] != 3:
