@@ -3,6 +3,7 @@ proved here with two CPU backends standing in: the split, the order of the outpu
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -26,6 +27,27 @@ class SlowPyAv(PyAvDecoder):
     def _decode_batch(self, requests, on_error):
         time.sleep(self.delay * sum(len(r.frames) for r in requests))
         return super()._decode_batch(requests, on_error)
+
+
+class PreparingPyAv(PyAvDecoder):
+    """PyAV split into host work (`prepare`: which requests to decode, and the thread that chose them) and
+    decoding (`decode_prepared`), as DALI's decoder is split: for the hybrid's worker-side path. `prepare`
+    sets `started` once it runs."""
+
+    name = "preparing-pyav"
+
+    def __init__(self):
+        super().__init__()
+        self.started = threading.Event()
+
+    def prepare(self, requests):
+        self.started.set()
+        return [id(r) for r in requests], threading.current_thread().name
+
+    def decode_prepared(self, requests, ids, thread, on_error="raise"):
+        assert ids == [id(r) for r in requests], "prepared for these requests"
+        self.prepared_in = thread
+        return self.decode(requests, on_error)
 
 
 def _requests(store) -> list:
@@ -69,6 +91,23 @@ def test_hybrid_outputs_equal_one_backends_in_request_order_and_the_slower_side_
     first, second = hybrid.first.stats.requests, hybrid.second.stats.requests
     assert first > second > 0 and hybrid.stats.requests == first + second == 4 * len(requests)
     assert "of the frames to the first" in hybrid.describe()
+
+
+def test_a_worker_prepares_the_head_while_it_decodes_the_tail_and_the_outputs_stay_exact(stores):
+    class WaitingForTheHead(PyAvDecoder):
+        def _decode_batch(self, requests, on_error):
+            assert first.started.wait(10), "the head is prepared while the tail decodes, not after"
+            return super()._decode_batch(requests, on_error)
+
+    requests = _requests(stores["wds"])
+    expected = PyAvDecoder().decode(requests)
+    first = PreparingPyAv()
+    hybrid = HybridDecoder(first, WaitingForTheHead())
+    prepared = hybrid.prepare(requests)
+    assert 0 < prepared[0] < len(requests), "both sides had a share"
+    outputs = hybrid.decode_prepared(requests, *prepared)
+    assert hybrid.first.prepared_in.startswith("mmdata-hybrid"), "prepared on the helper thread"
+    assert all(np.array_equal(got, want) for got, want in zip(outputs, expected)), "same frames, same order"
 
 
 def test_the_dataloader_with_a_hybrid_decoder_delivers_the_batches_of_a_single_backend(stores):

@@ -111,14 +111,16 @@ class HybridDecoder(VideoDecoder):
         the head for the first backend (see the module's docstring)."""
         cut = self.split.cut([len(r.frames) for r in requests], float(self._published[0]))
         head, tail = requests[:cut], requests[cut:]
+        first_prepare = getattr(self.first, "prepare", None)
+        # the head's reads overlap the tail's decoding
+        preparing = self._helper().submit(first_prepare, head) if head and first_prepare is not None else None
         failure: DecodeError | None = None
         try:
             tail_outputs, tail_seconds = _timed(self.second, tail, "raise") if tail else ([], 0.0)
         except DecodeError as exc:  # kept for the main process, which raises or skips as its on_error says
             failure = exc
             tail_outputs, tail_seconds = _timed(self.second, tail, "skip")
-        first_prepare = getattr(self.first, "prepare", None)
-        head_prepared = first_prepare(head) if head and first_prepare is not None else None
+        head_prepared = preparing.result() if preparing is not None else None
         return cut, tail_outputs, tail_seconds, failure, head_prepared
 
     def decode_prepared(
