@@ -132,16 +132,63 @@ def open_writer(handle):
     return writer, schemas
 
 
+ROS1_HEADER = """================================================================================
+MSG: std_msgs/Header
+uint32 seq
+time stamp
+string frame_id
+"""
+ROS1_DEFINITIONS = {
+    "image": ("sensor_msgs/CompressedImage", "Header header\nstring format\nuint8[] data\n" + ROS1_HEADER),
+    "joints": (
+        "sensor_msgs/JointState",
+        "Header header\nstring[] name\nfloat64[] position\nfloat64[] velocity\nfloat64[] effort\n" + ROS1_HEADER,
+    ),
+    "string": ("std_msgs/String", STRING),
+}
+
+
+class Ros1Writer:
+    """`mcap_ros1.writer.Writer` taking the ROS 2 writer's dict messages (as `write_episode` writes them), turned
+    into the ROS 1 message classes genpy generates from the definitions: a ROS 1 log of the same episodes."""
+
+    def __init__(self, handle):
+        from mcap_ros1._vendor.genpy import Time
+        from mcap_ros1._vendor.genpy.dynamic import generate_dynamic
+        from mcap_ros1.writer import Writer
+
+        self._writer, self._time = Writer(handle), Time
+        self.classes = {kind: generate_dynamic(name, text)[name] for kind, (name, text) in ROS1_DEFINITIONS.items()}
+
+    def write_message(self, topic: str, kind: str, body: dict, log_time: int, publish_time: int | None = None):
+        message = self.classes[kind]()
+        for field_name, value in body.items():
+            if field_name == "header":
+                stamp = value["stamp"]
+                message.header.stamp = self._time(stamp["sec"], stamp["nanosec"])
+                message.header.frame_id = value["frame_id"]
+            else:
+                setattr(message, field_name, value)
+        self._writer.write_message(topic, message, log_time=log_time, publish_time=publish_time or log_time)
+
+    def finish(self) -> None:
+        self._writer.finish()
+
+
+def open_ros1_writer(handle):
+    return Ros1Writer(handle), {kind: kind for kind in ROS1_DEFINITIONS}
+
+
 EPISODES = ((2.0, "pick up the red block"), (1.5, "open the drawer"), (1.8, "pick up the red block"))
 
 
-def write_logs(folder: Path) -> list[LogTruth]:
-    """Three logs, one episode each, `episode_0.mcap` ... in `folder`."""
+def write_logs(folder: Path, ros: int = 2) -> list[LogTruth]:
+    """Three logs, one episode each, `episode_0.mcap` ... in `folder`, of ROS 2 (or with `ros=1` ROS 1) messages."""
     folder.mkdir(parents=True, exist_ok=True)
     truths = []
     for number, (seconds, task) in enumerate(EPISODES):
         with open(folder / f"episode_{number}.mcap", "wb") as handle:
-            writer, schemas = open_writer(handle)
+            writer, schemas = open_writer(handle) if ros == 2 else open_ros1_writer(handle)
             truths.append(
                 write_episode(writer, schemas, 1_700_000_000_000_000_000 + number * 10**11, seconds, number, task)
             )

@@ -70,6 +70,48 @@ def test_mcap_logs_convert_and_read_back_as_their_ground_truth(tmp_path, logs, l
         _check_episode(dataset, index, truth)
 
 
+def test_ros1_logs_convert_and_read_back_as_their_ground_truth_with_the_default_map(tmp_path):
+    pytest.importorskip("mcap_ros1", reason="ROS 1 logs need mcap-ros1-support (`pip install 'mmdata[mcap]'`)")
+    truths = mcap_logs.write_logs(tmp_path / "ros1", ros=1)
+    sources = discover_episodes(tmp_path / "ros1", "auto")
+    cameras, lowdim = sources[0].cameras, sources[0].lowdim
+    assert [c.name for c in cameras] == ["camera.front.compressed"]
+    assert [s.name for s in lowdim] == ["joint_states.position", "joint_states.velocity"], "effort is empty"
+    report = convert(sources, tmp_path / "out", OPTIONS)
+    assert report.converted == 3 and verify_dataset(str(tmp_path / "out"), progress=False).ok
+    dataset = mmdata.open_dataset(str(tmp_path / "out"))
+    for index, truth in enumerate(truths):
+        row = dataset.manifest.row(index)
+        assert row["task"] == truth.task
+        times = dataset.timestamps_of(row, "camera.front.compressed")
+        assert np.allclose(times, truth.seconds(truth.frame_stamps), rtol=0, atol=1e-9), "frames at their ROS 1 stamps"
+        frames = np.asarray(dataset.frames_at(index, "camera.front.compressed", times).values)
+        assert [read_index_stripe(f) for f in frames] == truth.frame_numbers
+        state_times = dataset.timestamps_of(row, "joint_states.position")
+        assert np.allclose(state_times, truth.seconds(truth.joint_stamps), rtol=0, atol=1e-9)
+        assert np.array_equal(dataset.values_at(index, "joint_states.position", state_times).values, truth.position)
+
+
+def test_a_ros1_schema_that_could_escape_its_generated_code_is_refused(tmp_path):
+    pytest.importorskip("mcap_ros1", reason="ROS 1 logs need mcap-ros1-support (`pip install 'mmdata[mcap]'`)")
+    from mcap.writer import Writer
+
+    hostile = 'string data\n"""\nimport os; os.environ["MMDATA_PWNED"] = "1"\n"""\n'
+    with open(tmp_path / "hostile.mcap", "wb") as handle:
+        writer = Writer(handle)
+        writer.start(profile="ros1")
+        schema = writer.register_schema("std_msgs/String", "ros1msg", hostile.encode())
+        channel = writer.register_channel("/command", "ros1", schema)
+        image_schema = writer.register_schema("sensor_msgs/CompressedImage", "ros1msg", b"string format\nuint8[] data")
+        camera = writer.register_channel("/camera", "ros1", image_schema)
+        writer.add_message(channel, log_time=1, data=b"\x01\x00\x00\x00a", publish_time=1)
+        writer.add_message(camera, log_time=2, data=b"\x00\x00\x00\x00\x00\x00\x00\x00", publish_time=2)
+        writer.finish()
+    with pytest.raises(SourceError, match=r"hostile\.mcap.*ROS 1 schema 'std_msgs/String' is not a message definition"):
+        convert(discover_episodes(tmp_path / "hostile.mcap", "mcap"), tmp_path / "out", OPTIONS)
+    assert "MMDATA_PWNED" not in __import__("os").environ
+
+
 def test_one_log_split_at_its_gaps_gives_the_episodes_of_separate_logs(tmp_path):
     truths = mcap_logs.write_one_log(tmp_path / "session.mcap", gap_seconds=3.0)
     topic_map = topic_map_from_dict({**TOPIC_MAP, "split": {"gap": 1.0}})

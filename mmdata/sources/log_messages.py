@@ -1,9 +1,10 @@
 """What the messages of a robot log mean: their time, their numeric fields, their pictures.
 
-Messages come decoded by the MCAP library's ROS 2 (CDR) or protobuf decoders as plain objects with
+Messages come decoded by the MCAP library's ROS 2 (CDR), ROS 1 or protobuf decoders as plain objects with
 attributes; this module reads them by duck typing and by schema name, with no ROS installation:
 
-- time: `header.stamp` (ROS: `sec` + `nanosec`) or `timestamp` (Foxglove: `seconds` + `nanos`);
+- time: `header.stamp` (ROS 2: `sec` + `nanosec`; ROS 1: `secs` + `nsecs`) or `timestamp` (Foxglove:
+  `seconds` + `nanos`);
 - numbers: a field path such as `position` or `linear.x`, a number or a list of numbers;
 - pictures: `sensor_msgs/CompressedImage` and `foxglove.CompressedImage` (JPEG/PNG), `sensor_msgs/Image`
   and `foxglove.RawImage` (8-bit RGB/BGR/RGBA/BGRA/mono), and `foxglove.CompressedVideo` packets
@@ -53,6 +54,8 @@ def stamp_ns(message: Any) -> int | None:
         return None
     if hasattr(stamp, "nanosec"):
         return int(stamp.sec) * 1_000_000_000 + int(stamp.nanosec)
+    if hasattr(stamp, "nsecs"):  # ROS 1
+        return int(stamp.secs) * 1_000_000_000 + int(stamp.nsecs)
     if hasattr(stamp, "nanos"):
         return int(stamp.seconds) * 1_000_000_000 + int(stamp.nanos)
     return None

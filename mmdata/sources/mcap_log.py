@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from functools import lru_cache
@@ -44,6 +44,7 @@ RECOVER = "rebuild its index with `mcap recover FILE -o FIXED.mcap` (the mcap CL
 JOINT_STATES = ("sensor_msgs/msg/JointState", "sensor_msgs/JointState")
 JOINT_FIELDS = ("position", "velocity", "effort")
 STRINGS = ("std_msgs/msg/String", "std_msgs/String")
+MAX_ROS1_SCHEMA_CHARS = 1 << 20
 MAX_COMMANDS_KEPT = 100
 
 
@@ -572,11 +573,47 @@ def _decoder_factories() -> list:
     from mcap_ros2.decoder import DecoderFactory as Ros2Decoders
 
     factories = [Ros2Decoders()]
-    try:
+    with suppress(ImportError):
         from mcap_protobuf.decoder import DecoderFactory as ProtobufDecoders
-    except ImportError:
-        return factories
-    return [*factories, ProtobufDecoders()]
+
+        factories.append(ProtobufDecoders())
+    with suppress(ImportError):
+        factories.append(Ros1Decoders())
+    return factories
+
+
+class Ros1Decoders:
+    """ROS 1 messages (`ros1msg` schemas), decoded by mcap-ros1-support. Its genpy generates Python source from
+    each schema's text and imports it, so a schema is first checked to hold only what a ROS 1 message
+    definition holds: no backslash and no triple quote, which could end the generated string literal."""
+
+    def __init__(self) -> None:
+        from mcap_ros1.decoder import DecoderFactory
+
+        self._factory = DecoderFactory()
+
+    def decoder_for(self, message_encoding: str, schema: Any):
+        if message_encoding != "ros1" or schema is None or schema.encoding != "ros1msg":
+            return None
+        text = bytes(schema.data).decode("utf-8", errors="replace")
+        unsafe = next((mark for mark in ("\\", '"""', "\x00") if mark in text), None)
+        if unsafe is not None or len(text) > MAX_ROS1_SCHEMA_CHARS:
+            raise MessageError(
+                f"ROS 1 schema '{schema.name}' is not a message definition mmdata reads"
+                f" ({'it holds ' + repr(unsafe) if unsafe else f'over {MAX_ROS1_SCHEMA_CHARS} characters'})"
+            )
+        try:
+            decode = self._factory.decoder_for(message_encoding, schema)
+        except Exception as exc:  # genpy raises anything, SyntaxError included, on a definition it cannot parse
+            raise MessageError(f"ROS 1 schema '{schema.name}' does not parse: {type(exc).__name__}: {exc}") from exc
+
+        def decoded(data: bytes) -> Any:
+            try:
+                return decode(data)
+            except Exception as exc:  # genpy's deserialisers raise struct, genpy and Unicode errors
+                raise MessageError(f"a ROS 1 '{schema.name}' message does not decode: {exc}") from exc
+
+        return decoded
 
 
 def _require_mcap(root) -> None:
