@@ -29,6 +29,7 @@ from mmdata.checks import as_int
 from mmdata.dataset import Dataset, open_dataset
 from mmdata.errors import IntegrityError
 from mmdata.loading.dataloader import DataLoader
+from mmdata.loading.episodes import Episodes
 from mmdata.loading.mixture import Mixture, Source
 from mmdata.loading.specs import Frames, SpecError, Values, Windows
 from mmdata.schema import LowdimStream, VideoStream
@@ -114,8 +115,9 @@ class LeRobotLoader:
     store's streams to the keys the policy expects (`{"cam_high": "observation.images.top"}`, as a
     `Source`'s stream map; unmapped streams keep their names), for stores not converted from LeRobot.
     `images="uint8"` keeps frames as uint8 (still channels-first). `shuffle` is True / False as in torch, or an mmdata
-    shuffle mode. Other keyword arguments go to `mmdata.DataLoader` (`seed`, `rank`, `world_size`,
-    `decoder`, `on_error`, ...); `state_dict()` / `load_state_dict()` resume exactly, as there.
+    shuffle mode. `episodes` is LeRobot's: a list of its `episode_index` values (or an `mmdata.Episodes` filter).
+    Other keyword arguments go to `mmdata.DataLoader` (`seed`, `rank`, `world_size`, `decoder`, `on_error`, ...);
+    `state_dict()` / `load_state_dict()` resume exactly, as there.
     """
 
     def __init__(
@@ -129,6 +131,7 @@ class LeRobotLoader:
         num_workers: int = 0,
         device: str | torch.device = "cpu",
         images: ImageFormat = "float",
+        episodes: Sequence[int] | Episodes | None = None,
         **options: Any,
     ):
         if images not in ("float", "uint8"):
@@ -158,7 +161,10 @@ class LeRobotLoader:
             },
         )
         self.numbering = EpisodeNumbering.of(self.dataset, self.fps)
-        source = Mixture([Source(self.dataset, streams=renamed)]) if renamed else self.dataset
+        selected = self._selected(episodes)
+        source = (
+            Mixture([Source(self.dataset, streams=renamed, episodes=selected)]) if renamed or selected else self.dataset
+        )
         self.loader = DataLoader(
             source,
             spec,
@@ -211,6 +217,20 @@ class LeRobotLoader:
         out["task_index"] = torch.from_numpy(task_index).to(device)
         out["task"] = self.numbering.task_text(task_index, batch["task"])
         return out
+
+    def _selected(self, episodes: Sequence[int] | Episodes | None) -> Episodes | None:
+        """LeRobot's episode list (its `episode_index` values) as a filter of the store's manifest rows."""
+        if episodes is None or isinstance(episodes, Episodes):
+            return episodes
+        wanted = {as_int(e, "an episode of `episodes`", 0) for e in episodes}
+        unknown = sorted(wanted - set(self.numbering.episode_index.tolist()))
+        if unknown:
+            raise SpecError(
+                f"episodes {unknown[:10]} are not in the store; it holds LeRobot episodes"
+                f" {sorted(self.numbering.episode_index.tolist())[:10]}..."
+            )
+        rows = np.flatnonzero(np.isin(self.numbering.episode_index, sorted(wanted)))
+        return Episodes(ids=[int(self.dataset.manifest.row(int(r))["episode_index"]) for r in rows])
 
     def _offsets(self, name: str) -> tuple[float, ...]:
         return self.delta_timestamps.get(name, (0.0,))

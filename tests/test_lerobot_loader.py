@@ -117,6 +117,17 @@ def test_damaged_task_runs_in_a_stores_metadata_are_named(runs, tmp_path):
         LeRobotLoader(str(store), batch_size=4)
 
 
+def test_episodes_are_chosen_by_lerobots_episode_index(tmp_path):
+    recorded = json.loads((TASK_FIXTURES[0] / "lerobot_items.json").read_text())
+    store = _converted(TASK_FIXTURES[0], "wds", tmp_path)
+    samples = _by_index(LeRobotLoader(store, {"action": [0.0, 0.1]}, batch_size=4, episodes=[2, 0]))
+    assert sorted(samples) == [*range(12), *range(27, 37)], "LeRobot's dataset-wide index of episodes 0 and 2"
+    assert {int(s["episode_index"]) for s in samples.values()} == {0, 2}
+    assert [samples[i]["task"] for i in (27, 31, 35)] == [recorded["tasks"][str(i)] for i in (27, 31, 35)]
+    with pytest.raises(SpecError, match=r"episodes \[7\] are not in the store"):
+        LeRobotLoader(store, batch_size=4, episodes=[0, 7])
+
+
 def test_uint8_images_unshuffled_order_and_an_unknown_delta_key(store):
     loader = LeRobotLoader(store, {"action": [0.0, 0.1]}, batch_size=16, shuffle=False, images="uint8")
     batches = list(loader)
