@@ -33,6 +33,7 @@ from mmdata.loading.episodes import Episodes
 from mmdata.loading.mixture import Mixture, Source
 from mmdata.loading.specs import Frames, SpecError, Values, Windows
 from mmdata.schema import LowdimStream, VideoStream
+from mmdata.stats import read_stats
 
 ImageFormat = Literal["float", "uint8"]
 
@@ -140,6 +141,7 @@ class LeRobotLoader:
         self.delta_timestamps = {k: tuple(float(t) for t in v) for k, v in (delta_timestamps or {}).items()}
         self.images = images
         renamed = dict(streams or {})
+        self._renamed = renamed
         unmapped = sorted(set(renamed) - {s.name for s in self.dataset.schema.streams})
         if unmapped:
             raise SpecError(f"streams renames {unmapped}, which the store does not hold")
@@ -189,7 +191,37 @@ class LeRobotLoader:
         self.loader.load_state_dict(state)
 
     def stats(self) -> dict[str, Any]:
+        """The loader's throughput and stage timings (`mmdata.DataLoader.stats`)."""
         return self.loader.stats()
+
+    @property
+    def dataset_stats(self) -> dict[str, dict[str, np.ndarray]]:
+        """Normalization statistics as LeRobot's `dataset.meta.stats` holds them, for a policy's `dataset_stats`:
+        feature -> {"mean", "std", "min", "max", ...} arrays. A store converted from LeRobot gives LeRobot's own
+        (`meta/stats.json`, kept at conversion); another gives mmdata's (`mmdata stats`): per dimension for
+        low-dim streams, per channel as [3, 1, 1] in [0, 1] for cameras. Keys follow `streams=`."""
+        stats = read_stats(self.dataset)
+        rename = self._renamed
+        shipped = stats.get("lerobot")
+        if isinstance(shipped, dict):
+            return {
+                rename.get(key, key): {name: np.asarray(value) for name, value in figures.items()}
+                for key, figures in shipped.items()
+                if isinstance(figures, dict)
+            }
+        found: dict[str, dict[str, np.ndarray]] = {}
+        for key, figures in stats.get("lowdim", {}).items():
+            if not figures.get("non_finite"):
+                found[rename.get(key, key)] = {
+                    name: np.asarray(figures[name]) for name in ("mean", "std", "min", "max") if name in figures
+                }
+        for key, figures in stats.get("cameras", {}).items():
+            found[rename.get(key, key)] = {
+                name: np.asarray(figures[name], np.float64).reshape(3, 1, 1)
+                for name in ("mean", "std")
+                if name in figures
+            }
+        return found
 
     def to_lerobot(self, batch: dict[str, Any]) -> dict[str, Any]:
         """One mmdata batch of this loader's spec as LeRobot's collated batch."""
@@ -234,6 +266,10 @@ class LeRobotLoader:
 
     def _offsets(self, name: str) -> tuple[float, ...]:
         return self.delta_timestamps.get(name, (0.0,))
+
+
+def _arrays(figures: dict[str, Any], names: tuple[str, ...], shape: tuple[int, ...] | None = None) -> dict:
+    return {n: np.asarray(figures[n]).reshape(shape or (-1,)) for n in names if n in figures}
 
 
 def to_unit_float(frames: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,7 @@ from mmdata.dataset import open_dataset
 from mmdata.errors import IntegrityError
 from mmdata.lerobot import LeRobotLoader
 from mmdata.loading.specs import SpecError
-from mmdata.sources import discover_episodes
+from mmdata.sources import discover_episodes, shipped_stats
 
 FIXTURE = Path(__file__).parent / "fixtures" / "lerobot_small"
 TASK_FIXTURES = [Path(__file__).parent / "fixtures" / name for name in ("lerobot_tasks", "lerobot_images")]
@@ -26,8 +26,10 @@ DECODE_TOLERANCE = 5.0  # mean absolute difference in levels: the store re-encod
 
 
 def _converted(source: Path, layout: str, folder: Path) -> str:
+    """The LeRobot dataset at `source` converted as `mmdata convert` does (LeRobot's own statistics kept)."""
     path = folder / f"store.{layout}"
-    convert(discover_episodes(source), path, ConvertOptions(layout=layout, workers=1, progress=False))
+    options = ConvertOptions(layout=layout, workers=1, progress=False)
+    convert(discover_episodes(source), path, options, source_stats=shipped_stats(source))
     return str(path)
 
 
@@ -126,6 +128,29 @@ def test_episodes_are_chosen_by_lerobots_episode_index(tmp_path):
     assert [samples[i]["task"] for i in (27, 31, 35)] == [recorded["tasks"][str(i)] for i in (27, 31, 35)]
     with pytest.raises(SpecError, match=r"episodes \[7\] are not in the store"):
         LeRobotLoader(store, batch_size=4, episodes=[0, 7])
+
+
+def test_dataset_stats_are_lerobots_own_or_else_mmdatas_in_lerobots_shapes(tmp_path):
+    fixture = TASK_FIXTURES[0]
+    store = Path(_converted(fixture, "wds", tmp_path))
+    shipped = json.loads((fixture / "meta" / "stats.json").read_text())
+    stats = LeRobotLoader(str(store), batch_size=4, streams={"action": "act"}).dataset_stats
+    assert set(stats) == {"act" if key == "action" else key for key in shipped}, "LeRobot's own, keys renamed"
+    for key, figures in shipped.items():
+        for name, value in figures.items():
+            got = stats["act" if key == "action" else key][name]
+            assert np.array_equal(got, np.asarray(value)) and got.dtype == np.asarray(value).dtype
+    computed = json.loads((store / "stats.json").read_text())
+    del computed["lerobot"]
+    (store / "stats.json").write_text(json.dumps(computed))
+    stats = LeRobotLoader(str(store), batch_size=4).dataset_stats
+    assert set(stats) == {"observation.image", "observation.state", "observation.gripper", "action"} | {
+        "next.reward",
+        "next.done",
+    }
+    assert stats["observation.image"]["mean"].shape == (3, 1, 1) and "min" not in stats["observation.image"]
+    assert np.allclose(stats["action"]["mean"], computed["lowdim"]["action"]["mean"])
+    assert stats["observation.state"]["max"].shape == (3,)
 
 
 def test_uint8_images_unshuffled_order_and_an_unknown_delta_key(store):
