@@ -178,6 +178,20 @@ def test_a_lerobot_v21_episode_whose_task_changes_keeps_each_frames_task(tmp_pat
     assert metadata["lerobot_tasks"] == {"0": "open the drawer", "1": "close the drawer"}
 
 
+@pytest.mark.parametrize(
+    "values", [np.full(31, -5), np.full(31, 2**40), np.full(31, 0.5)], ids=["neg", "huge", "float"]
+)
+def test_a_task_index_column_out_of_range_is_named_and_can_be_skipped(tmp_path, values):
+    source = write_lerobot_v21(tmp_path / "v21")
+    path = source / "data" / "chunk-000" / "episode_000001.parquet"
+    table = pq.read_table(path)
+    pq.write_table(table.set_column(table.schema.get_field_index("task_index"), "task_index", pa.array(values)), path)
+    with pytest.raises(SourceError, match=r"episode 'episode_000001'.*task_index column holds"):
+        convert_to(source, tmp_path / "out")
+    dataset, report = convert_to(source, tmp_path / "skipped", skip_bad=True)
+    assert len(dataset) == 2 and [s["episode"] for s in report.skipped] == ["episode_000001"]
+
+
 def test_lerobot_image_features_without_embedded_bytes_are_named_and_can_be_skipped(tmp_path):
     source = shutil.copytree(Path(__file__).parent / "fixtures" / "lerobot_images", tmp_path / "images")
     assert discover_episodes(source)[0].cameras[0].name == "observation.image"

@@ -35,6 +35,7 @@ VIDEO_FIELDS = ("chunk_index", "file_index", "from_timestamp", "to_timestamp")
 MAX_EPISODE_ROWS = 10**8
 MAX_STATS_BYTES = 64 << 20
 MAX_TASK_CHANGES = 1 << 16
+MAX_TASK_INDEX = 1 << 31
 
 
 def is_lerobot(root: Path) -> bool:
@@ -371,6 +372,8 @@ def task_runs(task_index: np.ndarray | None) -> list[list[int]]:
     per frame, and an episode's task may change part-way. Empty without the column."""
     if task_index is None or not len(task_index):
         return []
+    if task_index.dtype.kind not in "iu" or task_index.min() < 0 or task_index.max() > MAX_TASK_INDEX:
+        raise ValueError(f"its task_index column holds {task_index.dtype} values outside 0..{MAX_TASK_INDEX}")
     starts = np.flatnonzero(np.concatenate([[True], task_index[1:] != task_index[:-1]]))
     if len(starts) > MAX_TASK_CHANGES:
         raise ValueError(f"its task_index changes {len(starts) - 1} times; mmdata keeps at most {MAX_TASK_CHANGES}")
