@@ -138,13 +138,17 @@ class LeRobotLoader:
         if images not in ("float", "uint8"):
             raise ValueError(f"images is 'float' or 'uint8', not {images!r}")
         self.dataset = dataset if isinstance(dataset, Dataset) else open_dataset(dataset)
-        self.delta_timestamps = {k: tuple(float(t) for t in v) for k, v in (delta_timestamps or {}).items()}
+        self.delta_timestamps = {k: tuple(v) for k, v in (delta_timestamps or {}).items()}  # checked by the spec
         self.images = images
         renamed = dict(streams or {})
         self._renamed = renamed
         unmapped = sorted(set(renamed) - {s.name for s in self.dataset.schema.streams})
         if unmapped:
             raise SpecError(f"streams renames {unmapped}, which the store does not hold")
+        names = [renamed.get(s.name, s.name) for s in self.dataset.schema.streams]
+        doubled = sorted({n for n in names if names.count(n) > 1})
+        if doubled:
+            raise SpecError(f"streams renames a stream to {doubled}, a name another stream of the store has")
         streams = {renamed.get(s.name, s.name): s for s in self.dataset.schema.streams}
         unknown = sorted(set(self.delta_timestamps) - set(streams))
         if unknown:

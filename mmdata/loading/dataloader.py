@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import numbers
 import os
 import time
 from collections.abc import Iterator, Mapping
@@ -117,8 +118,20 @@ class DataLoader:
         shuffle = as_shuffle(shuffle)
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error is 'raise' or 'skip', not '{on_error}'")
-        if num_workers < 0:
-            raise ValueError(f"num_workers must be 0 or more, not {num_workers}")
+        _check_counts(
+            num_workers=(num_workers, 0),
+            batch_size=(batch_size, 1),
+            batch_tokens=(batch_tokens, 1),
+            shuffle_window=(shuffle_window, 1),
+            shards_per_group=(shards_per_group, 1),
+            prefetch_factor=(prefetch_factor, 1),
+            cache_bytes=(cache_bytes, 0),
+            pad_to_multiple=(pad_to_multiple, 1),
+            seed=(seed, 0),
+        )
+        for name, tokens in (tokens_per or {}).items():
+            if isinstance(tokens, bool) or not isinstance(tokens, numbers.Real) or not 0 < tokens < float("inf"):
+                raise ValueError(f"tokens_per['{name}'] is a positive number of tokens, not {tokens!r}")
         self.rank, self.world_size = rank_and_world(rank, world_size)
         enable_profiler_ranges(profiler_ranges)
         self.device = _resolve_device(device)
@@ -418,3 +431,12 @@ def _resolve_device(device: str | torch.device) -> torch.device:
     if "LOCAL_RANK" in os.environ:
         return torch.device("cuda", int(os.environ["LOCAL_RANK"]))
     return torch.device("cuda", torch.cuda.current_device() if torch.cuda.is_available() else 0)
+
+
+def _check_counts(**counts: tuple[int | None, int]) -> None:
+    """Each keyword's value (skipped when None) is a whole number at least its given minimum."""
+    for name, (value, least) in counts.items():
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
+            raise ValueError(f"{name} is a whole number of at least {least}, not {value!r}")

@@ -84,12 +84,11 @@ class StepSource(IterableDataset):
         epoch, steps = next(epochs)
         upcoming: tuple[int, RankSteps] | BaseException | None = None  # the next epoch, once a step needs it
         while True:
-            planned = list(_samples_of(steps))
-            ends = np.cumsum([len(samples) for _, samples in steps])
-            for index, (step, samples) in enumerate(steps):
+            for index in range(len(steps)):
                 if position % count == number:
+                    step, samples = steps[index]
                     # the samples planned after this step, to borrow from if all of its own fail
-                    fallback = planned[ends[index] : ends[index] + FALLBACK_SAMPLES]
+                    fallback = steps.samples_after(index, FALLBACK_SAMPLES)
                     if len(fallback) < FALLBACK_SAMPLES:
                         upcoming = upcoming or _next_or_error(epochs)
                         if not isinstance(upcoming, BaseException):

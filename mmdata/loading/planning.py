@@ -8,7 +8,7 @@ several slots. Ordering and packing work on slots, so resuming never confuses tw
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -20,7 +20,6 @@ from mmdata.packing import PackingConfig, plan_packing, plan_padded
 from mmdata.sharding.epoch_plan import EpochPlan, Stretch, plan_epoch
 from mmdata.sharding.order import Shuffle, sample_order
 
-RankSteps = list[tuple[int, list[SampleRef]]]
 Composition = Callable[[int, int], np.ndarray]
 """(seed, epoch) -> the sample of each slot of the epoch."""
 
@@ -80,30 +79,29 @@ class LoaderPlanner:
         return plan
 
     def rank_steps(self, plan: EpochPlan, rank: int) -> RankSteps:
-        """(epoch step number, samples) of each step `rank` has left in `plan`."""
-        return [(step, self.refs(plan, slots)) for step, slots in plan.rank_steps(rank)]
+        """The steps `rank` has left in `plan`; each step's samples are made when it is read."""
+        return RankSteps(self, plan, rank)
 
     def refs(self, plan: EpochPlan, slots: np.ndarray) -> list[SampleRef]:
+        """The samples in `slots` of `plan` (built column by column: a step costs microseconds, not a loop of
+        lookups per sample)."""
         table = self.samples
-        refs = []
-        for slot in slots.tolist():
-            index = int(plan.slots[slot])
-            episode, source = int(table.episode[index]), int(table.source[index])
-            refs.append(
-                SampleRef(
-                    index,
-                    episode,
-                    self.keys[source][episode],
-                    self.shards[source][episode],
-                    float(table.start[index]),
-                    float(table.end[index]),
-                    int(table.chunk[index]),
-                    int(self.costs[index]),
-                    source,
-                    (*plan.draw, slot),
-                )
+        index = np.asarray(plan.slots, dtype=np.int64)[slots]
+        episode, source = table.episode[index], table.source[index]
+        seed, epoch = plan.draw
+        return [
+            SampleRef(i, e, self.keys[src][e], self.shards[src][e], start, end, chunk, cost, src, (seed, epoch, slot))
+            for i, e, src, start, end, chunk, cost, slot in zip(
+                index.tolist(),
+                episode.tolist(),
+                source.tolist(),
+                table.start[index].tolist(),
+                table.end[index].tolist(),
+                table.chunk[index].tolist(),
+                self.costs[index].astype(np.int64).tolist(),
+                np.asarray(slots).tolist(),
             )
-        return refs
+        ]
 
     def _pack(self, costs: np.ndarray, order: np.ndarray, ranks: int, stretch: int, seed: int, epoch: int):
         if stretch:
@@ -117,3 +115,44 @@ class LoaderPlanner:
         return plan_padded(
             costs, b.batch_size, boundaries, ranks, seed, epoch, b.shuffle_window, max_len, order, b.shuffle == "none"
         )
+
+
+class RankSteps(Sequence):
+    """One rank's steps of an epoch plan from its resume step on, as (epoch step number, samples). A step's
+    samples are made when it is read (and the last few kept), so an epoch of millions of samples costs
+    nothing up front and travels to worker processes as the plan's arrays, not as millions of objects."""
+
+    KEPT = 64
+
+    def __init__(self, planner: LoaderPlanner, plan: EpochPlan, rank: int):
+        self.planner, self.plan, self.rank = planner, plan, rank
+        self.first = plan.resume_step
+        self._made: dict[int, tuple[int, list[SampleRef]]] = {}
+
+    def __len__(self) -> int:
+        return max(0, len(self.plan.plan) - self.first)
+
+    def __getitem__(self, position: int) -> tuple[int, list[SampleRef]]:
+        if not 0 <= position < len(self):
+            raise IndexError(f"step {position} of {len(self)}")
+        made = self._made.get(position)
+        if made is None:
+            step = self.first + position
+            slots = self.plan.plan.micro_batch(step, self.rank)
+            made = (self.plan.steps_before + step, self.planner.refs(self.plan, slots))
+            if len(self._made) >= self.KEPT:
+                self._made.pop(next(iter(self._made)))
+            self._made[position] = made
+        return made
+
+    def samples_after(self, position: int, count: int) -> list[SampleRef]:
+        """The first `count` samples of the steps after `position` (fewer at the epoch's end)."""
+        found: list[SampleRef] = []
+        for later in range(position + 1, len(self)):
+            if len(found) >= count:
+                break
+            found += self[later][1]
+        return found[:count]
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_made": {}}

@@ -8,6 +8,7 @@ a stream of the wrong kind, and offsets denser than the stream was recorded at.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -19,7 +20,16 @@ from mmdata.codecs.geometry import INTERPOLATIONS as RESIZE_INTERPOLATIONS
 from mmdata.codecs.geometry import RESIZE_MODES, Crop, ResizeMode
 from mmdata.codecs.geometry import Interpolation as ResizeInterpolation
 from mmdata.errors import MmdataError
-from mmdata.schema import AudioStream, DatasetSchema, LowdimStream, VideoStream
+from mmdata.schema import (
+    MAX_AUDIO_RATE,
+    MAX_FRAME_SIDE,
+    MAX_RATE,
+    AudioStream,
+    DatasetSchema,
+    LowdimStream,
+    VideoStream,
+)
+from mmdata.sharding.manifest_checks import MAX_EPISODE_SECONDS
 
 
 class SpecError(MmdataError, ValueError):
@@ -47,8 +57,8 @@ class Resize:
 
     def __post_init__(self):
         height, width = (int(x) for x in self.size)
-        if height < 1 or width < 1:
-            raise SpecError(f"resize size must be positive (height, width), not {self.size}")
+        if not (0 < height <= MAX_FRAME_SIDE and 0 < width <= MAX_FRAME_SIDE):
+            raise SpecError(f"resize size is (height, width), each 1..{MAX_FRAME_SIDE}, not {self.size}")
         object.__setattr__(self, "size", (height, width))
         if self.mode not in RESIZE_MODES:
             raise SpecError(f"resize mode '{self.mode}' is not one of {', '.join(RESIZE_MODES)}")
@@ -81,6 +91,8 @@ class Frames:
 
     def __post_init__(self):
         object.__setattr__(self, "offsets", _offsets(self.offsets))
+        if self.tolerance is not None:
+            object.__setattr__(self, "tolerance", _seconds(self.tolerance, "tolerance", 0.0))
         if self.resize is not None and not isinstance(self.resize, Resize):
             raise SpecError(f"resize takes mmdata.Resize(size=(H, W), ...), not {type(self.resize).__name__}")
 
@@ -109,6 +121,8 @@ class Values:
 
     def __post_init__(self):
         object.__setattr__(self, "offsets", _offsets(self.offsets))
+        if self.rate is not None:
+            object.__setattr__(self, "rate", _rate(self.rate, "rate"))
         if self.interpolation not in INTERPOLATIONS:
             raise SpecError(f"interpolation '{self.interpolation}' is not one of {', '.join(INTERPOLATIONS)}")
         if self.normalize is not None and self.normalize not in NORMALIZATIONS:
@@ -130,10 +144,14 @@ class Audio:
     mono: bool = False
 
     def __post_init__(self):
-        low, high = (float(x) for x in self.window)
+        low, high = (_seconds(x, "an audio window's end") for x in self.window)
         if not high > low:
             raise SpecError(f"audio window {self.window} must end after it starts")
         object.__setattr__(self, "window", (low, high))
+        if self.sample_rate is not None and not (
+            isinstance(self.sample_rate, int) and 0 < self.sample_rate <= MAX_AUDIO_RATE
+        ):
+            raise SpecError(f"sample_rate is a whole number of Hz up to {MAX_AUDIO_RATE}, not {self.sample_rate!r}")
 
 
 StreamSpec = Frames | Values | Audio
@@ -152,8 +170,7 @@ class Windows:
     streams: Mapping[str, StreamSpec]
 
     def __post_init__(self):
-        if not self.anchor_fps > 0:
-            raise SpecError(f"anchor_fps must be positive, not {self.anchor_fps}")
+        object.__setattr__(self, "anchor_fps", _rate(self.anchor_fps, "anchor_fps"))
         object.__setattr__(self, "streams", _streams(self.streams))
 
     def describe(self) -> dict:
@@ -179,10 +196,10 @@ class Sequences:
     min_seconds: float = 0.0
 
     def __post_init__(self):
-        if not self.fps > 0:
-            raise SpecError(f"fps must be positive, not {self.fps}")
-        if self.max_seconds is not None and not self.max_seconds > 0:
+        object.__setattr__(self, "fps", _rate(self.fps, "fps"))
+        if self.max_seconds is not None and not _seconds(self.max_seconds, "max_seconds", 0.0) > 0:
             raise SpecError(f"max_seconds must be positive, not {self.max_seconds}")
+        object.__setattr__(self, "min_seconds", _seconds(self.min_seconds, "min_seconds", 0.0))
         object.__setattr__(self, "streams", _streams(self.streams))
 
     def rate_of(self, name: str) -> float:
@@ -208,8 +225,30 @@ class Sequences:
 Spec = Windows | Sequences
 
 
+MAX_SPAN_SECONDS = MAX_EPISODE_SECONDS  # no offset, window or chunk reaches further than an episode may last
+
+
+def _seconds(value, what: str, low: float = -MAX_SPAN_SECONDS, high: float = MAX_SPAN_SECONDS) -> float:
+    """`value` as a finite float within [low, high]: NaN, infinities and absurd sizes are refused here, where
+    the spec is made, not found later as wrong samples, endless anchors or a memory bomb."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError) as exc:
+        raise SpecError(f"{what} is {value!r}, not a number") from exc
+    if not (math.isfinite(number) and low <= number <= high):
+        raise SpecError(f"{what} is {number}, outside [{low:g}, {high:g}]")
+    return number
+
+
+def _rate(value, what: str) -> float:
+    rate = _seconds(value, what, 0.0, MAX_RATE)
+    if rate <= 0:
+        raise SpecError(f"{what} must be positive, not {value}")
+    return rate
+
+
 def _offsets(offsets: Sequence[float]) -> tuple[float, ...]:
-    values = tuple(float(x) for x in offsets)
+    values = tuple(_seconds(x, "an offset") for x in offsets)
     if not values:
         raise SpecError("give at least one offset")
     if any(b <= a for a, b in zip(values, values[1:])):

@@ -82,6 +82,6 @@ def fit_to_budget(costs: np.ndarray, budget: int, long: Literal["split", "drop"]
 def check_order(order: np.ndarray, rows: int) -> np.ndarray:
     """`order` as int64 row indices, after checking they are distinct and in [0, rows)."""
     order = np.asarray(order, dtype=np.int64)
-    if len(order) and (order.min() < 0 or order.max() >= rows or len(np.unique(order)) != len(order)):
+    if len(order) and (order.min() < 0 or order.max() >= rows or np.bincount(order, minlength=rows).max() > 1):
         raise ValueError(f"order must list distinct row indices in [0, {rows})")
     return order

@@ -74,29 +74,34 @@ def plan_padded(
     order = rng.permutation(len(rows)).astype(np.int64) if order is None else check_order(order, len(rows))
     bucket_of = bucket_indices(rows.tokens, bounds)
     batches: list[np.ndarray] = []
-    steps: list[list[int]] = []
+    steps: list[np.ndarray] = []
     carry = np.empty(0, np.int64)
     starts = list(range(0, len(order), window)) or [0]
     for number, start in enumerate(starts):
         pool = np.concatenate([carry, order[start : start + window]])
-        full: list[np.ndarray] = []
+        blocks: list[np.ndarray] = []
         left: list[np.ndarray] = []
-        for bucket in np.unique(bucket_of[pool]):
+        for bucket in np.flatnonzero(np.bincount(bucket_of[pool], minlength=len(bounds) + 1)):
             members = pool[bucket_of[pool] == bucket]
             whole = len(members) // batch_size * batch_size
-            full += list(members[:whole].reshape(-1, batch_size))
+            blocks.append(members[:whole].reshape(-1, batch_size))
             left.append(members[whole:])
+        full = np.concatenate(blocks) if blocks else np.empty((0, batch_size), np.int64)
         emit = len(full) // ranks * ranks
-        left += full[emit:]
-        groups = np.arange(emit).reshape(-1, ranks) if emit else np.empty((0, ranks), np.int64)
-        for group in groups if keep_order else groups[rng.permutation(len(groups))]:
-            steps.append([len(batches) + i for i in range(ranks)])
-            batches += [full[i] for i in (group if keep_order else rng.permutation(group))]
+        left += list(full[emit:])
+        groups = np.arange(emit).reshape(-1, ranks)
+        if not keep_order:
+            # the same draws as shuffling the groups, then each group's ranks (one rank: nothing to draw)
+            groups = groups[rng.permutation(len(groups))]
+            if ranks > 1:
+                groups = np.stack([rng.permutation(group) for group in groups]) if len(groups) else groups
+        steps.append(len(batches) + np.arange(emit, dtype=np.int64).reshape(-1, ranks))
+        batches += list(full[groups.reshape(-1)])
         carry = np.concatenate(left) if left else np.empty(0, np.int64)
         if number == len(starts) - 1 and len(carry) >= ranks:
             by_length = carry[np.argsort(rows.tokens[carry], kind="stable")]
-            steps.append([len(batches) + i for i in range(ranks)])
+            steps.append(len(batches) + np.arange(ranks, dtype=np.int64)[None])
             batches += list(np.array_split(by_length, ranks))
             carry = np.empty(0, np.int64)
-    step_array = np.asarray(steps, dtype=np.int64) if steps else np.empty((0, ranks), np.int64)
+    step_array = np.concatenate(steps) if steps else np.empty((0, ranks), np.int64)
     return PaddedPlan(rows, step_array, batches, carry)

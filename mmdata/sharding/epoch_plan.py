@@ -9,6 +9,7 @@ is packed afresh for the new world size, so no sample repeats and none is droppe
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -84,8 +85,12 @@ class EpochPlan:
 
     def samples_consumed(self, steps_in_plan: int) -> int:
         """Samples consumed by all ranks since the epoch began, after `steps_in_plan` steps of this plan."""
-        sizes = self.plan.micro_batch_sizes()
-        return self.samples_before + int(sizes[:steps_in_plan].sum())
+        return self.samples_before + int(self._consumed_after[min(steps_in_plan, len(self.plan))])
+
+    @functools.cached_property
+    def _consumed_after(self) -> np.ndarray:
+        """Samples of this plan consumed after each number of its steps (asked after every step: summed once)."""
+        return np.concatenate([[0], np.cumsum(self.plan.micro_batch_sizes())]).astype(np.int64)
 
     def rank_steps(self, rank: int, first: int | None = None) -> list[tuple[int, np.ndarray]]:
         """(epoch step number, samples) for every step of `rank` from `first` (default: the resume step)."""

@@ -1,0 +1,100 @@
+"""What an epoch of millions of samples costs before its first batch, and per step, in one run.
+
+A loader plans every epoch (order, then micro-batches per rank) in the main process for the first
+epoch and in each worker for the next ones, so planning time is time the GPU waits at every epoch
+boundary. This measures, for an epoch of `--samples` policy windows (low-dim only, so nothing but
+planning is timed):
+
+- `plan_s`: ordering and packing the epoch (`LoaderPlanner.epoch_plan`);
+- `first_step_s`: one rank's steps and the samples of its first step (`rank_steps`, made lazily);
+- baseline `all_steps_s`: the samples of every step made at once, as the loader did before steps
+  became lazy, and the bytes each form takes to reach a spawned worker process with the planner
+  (pickled; forked workers inherit them instead);
+- `advance_us`: the per-step bookkeeping of the loader's state (samples consumed so far);
+- `first_batch_s`: `iter(DataLoader)` to its first batch, no workers.
+
+usage: python benchmarks/planning_bench.py [--samples 1000000] [--out benchmarks/results/planning_cpu.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pickle
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from convert_bench import machine_name  # noqa: E402
+
+import mmdata  # noqa: E402
+from mmdata.conversion.pipeline import ConvertOptions, convert  # noqa: E402
+from mmdata.sources.raw import discover_raw_episodes  # noqa: E402
+from mmdata.synthetic import SynthSpec, write_synthetic_dataset  # noqa: E402
+
+
+def store(folder: Path) -> mmdata.Dataset:
+    write_synthetic_dataset(folder / "raw", SynthSpec(episodes=4, min_seconds=20.0, max_seconds=30.0))
+    convert(discover_raw_episodes(folder / "raw"), folder / "store.wds", ConvertOptions(progress=False))
+    return mmdata.open_dataset(str(folder / "store.wds"))
+
+
+def measure(dataset: mmdata.Dataset, samples: int, batching: dict) -> dict:
+    seconds = sum(float(dataset.manifest.row(i)["duration"]) for i in range(len(dataset)))
+    spec = mmdata.Windows(anchor_fps=samples / seconds, streams={"action": mmdata.Values(offsets=[0.0, 0.1])})
+    loader = mmdata.DataLoader(dataset, spec, seed=1, **batching)
+    started = time.perf_counter()
+    plan = loader.planner.epoch_plan(1, 0, [], 1)
+    planned = time.perf_counter()
+    steps = loader.planner.rank_steps(plan, 0)
+    steps[0]
+    first = time.perf_counter()
+    eager = [steps[i] for i in range(len(steps))]
+    every = time.perf_counter()
+    advance_started = time.perf_counter()
+    for count in range(1, 1001):
+        plan.samples_consumed(count)
+    advance = (time.perf_counter() - advance_started) / 1000
+    loader_started = time.perf_counter()
+    next(iter(loader))
+    first_batch = time.perf_counter() - loader_started
+    loader.close()
+    return {
+        "samples": len(loader.samples),
+        "steps": len(steps),
+        "plan_s": round(planned - started, 3),
+        "first_step_s": round(first - planned, 4),
+        "all_steps_s": round(every - first, 3),
+        "lazy_pickled_mb": round(len(pickle.dumps((loader.planner, steps))) / 1e6, 2),
+        "eager_pickled_mb": round(len(pickle.dumps((loader.planner, eager))) / 1e6, 2),
+        "advance_us": round(advance * 1e6, 2),
+        "first_batch_s": round(first_batch, 3),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--samples", type=int, default=1_000_000)
+    parser.add_argument("--out", default=None, help="write the results as JSON here")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as folder:
+        dataset = store(Path(folder))
+        results = {
+            "machine": machine_name(),
+            "batch_size_256": measure(dataset, args.samples, {"batch_size": 256}),
+            "batch_tokens_4096": measure(dataset, args.samples, {"batch_tokens": 4096}),
+        }
+    for figures in results.values():
+        if isinstance(figures, dict):
+            figures["eager_over_lazy"] = round(figures["all_steps_s"] / max(figures["first_step_s"], 1e-6), 1)
+    print(json.dumps(results, indent=1))
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
