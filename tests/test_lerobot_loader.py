@@ -164,6 +164,10 @@ def test_uint8_images_unshuffled_order_and_an_unknown_delta_key(store):
     assert "observation.state_is_pad" not in first and "action_is_pad" in first
     with pytest.raises(SpecError, match=r"delta_timestamps names \['observation.image'\], which the store"):
         LeRobotLoader(store, {"observation.image": [0.0]}, batch_size=4)
+    with pytest.raises(SpecError, match=r"renames a stream to \['observation.state'\], a name another stream"):
+        LeRobotLoader(store, batch_size=4, streams={"action": "observation.state"})
+    with pytest.raises(SpecError, match=r"an offset is nan"):
+        LeRobotLoader(store, {"action": [float("nan")]}, batch_size=4)
 
 
 def test_a_stream_map_gives_the_keys_a_policy_expects(store):

@@ -298,6 +298,52 @@ def test_bad_loader_arguments_are_value_errors(stores):
         mmdata.DataLoader(stores["wds"], LOWDIM_WINDOWS, batch_tokens=64, tokens_per={"audio": 1})
 
 
+@pytest.mark.parametrize(
+    "option, value",
+    [
+        ("batch_size", 2.5),
+        ("shuffle_window", 0),
+        ("shards_per_group", -1),
+        ("prefetch_factor", 0),
+        ("cache_bytes", -1),
+        ("seed", -1),
+        ("seed", True),
+        ("num_workers", -2),
+    ],
+)
+def test_counts_that_are_not_whole_numbers_in_range_are_named(stores, option, value):
+    options = {"batch_size": 2, option: value}
+    with pytest.raises(ValueError, match=f"{option} is a whole number of at least"):
+        mmdata.DataLoader(stores["wds"], LOWDIM_WINDOWS, **options)
+
+
+@pytest.mark.parametrize("tokens", [float("nan"), float("inf"), -3, 0, "8"])
+def test_a_token_cost_that_is_not_a_positive_number_is_named(stores, tokens):
+    with pytest.raises(ValueError, match="tokens_per\\['state'\\] is a positive number of tokens"):
+        mmdata.DataLoader(stores["wds"], LOWDIM_WINDOWS, batch_tokens=64, tokens_per={"state": tokens})
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: mmdata.Values(offsets=[float("nan")]), r"an offset is nan, outside"),
+        (lambda: mmdata.Frames(offsets=[0.0, float("inf")]), r"an offset is inf, outside"),
+        (lambda: mmdata.Frames(offsets=["soon"]), r"an offset is 'soon', not a number"),
+        (lambda: mmdata.Frames(tolerance=float("nan")), r"tolerance is nan"),
+        (lambda: mmdata.Values(rate=0), r"rate must be positive"),
+        (lambda: mmdata.Audio(window=(float("-inf"), 0.0)), r"an audio window's end is -inf"),
+        (lambda: mmdata.Audio(sample_rate=10**9), r"sample_rate is a whole number of Hz"),
+        (lambda: mmdata.Windows(anchor_fps=float("inf"), streams={"state": mmdata.Values()}), r"anchor_fps is inf"),
+        (lambda: mmdata.Sequences(fps=float("nan"), streams={"state": mmdata.Values()}), r"fps is nan"),
+        (lambda: mmdata.Sequences(fps=10, max_seconds=float("nan"), streams={"state": mmdata.Values()}), "max_seconds"),
+        (lambda: mmdata.Resize((100_000, 100_000)), r"each 1..8192"),
+    ],
+)
+def test_specs_refuse_numbers_that_are_not_finite_or_out_of_range(make, message):
+    with pytest.raises(mmdata.SpecError, match=message):
+        make()
+
+
 def test_a_state_from_another_spec_is_refused(stores):
     loader = mmdata.DataLoader(stores["wds"], LOWDIM_WINDOWS, batch_size=4)
     other = mmdata.DataLoader(stores["wds"], LOWDIM_WINDOWS, batch_size=8)
