@@ -182,6 +182,28 @@ def test_without_a_topic_map_pictures_joint_states_and_the_lone_string_topic_are
     assert [s.task for s in sources] == [t.task for t in truths]
 
 
+def test_the_default_map_leaves_depth_pictures_out_and_lists_them(tmp_path):
+    raw_image = (
+        "std_msgs/Header header\nuint32 height\nuint32 width\nstring encoding\nuint8 is_bigendian\nuint32 step\n"
+        "uint8[] data\n" + mcap_logs.HEADER
+    )
+    with open(tmp_path / "depth.mcap", "wb") as handle:
+        writer, schemas = mcap_logs.open_writer(handle)
+        depth = writer.register_msgdef("sensor_msgs/msg/Image", raw_image)
+        truth = mcap_logs.write_episode(writer, schemas, 1_700_000_000_000_000_000, 1.0, 0, "stack the cups")
+        for number, stamp in enumerate(truth.frame_stamps[:5]):
+            header = {"stamp": {"sec": stamp // 10**9, "nanosec": stamp % 10**9}, "frame_id": "depth"}
+            image = {"header": header, "height": 2, "width": 2, "encoding": "16UC1", "is_bigendian": 0, "step": 4}
+            writer.write_message("/depth/image_raw", depth, {**image, "data": bytes(8)}, log_time=stamp + number)
+            packed = {"header": header, "format": "16UC1; compressedDepth png", "data": bytes(12) + b"\x89PNG"}
+            writer.write_message("/depth/compressedDepth", schemas["image"], packed, log_time=stamp + number)
+        writer.finish()
+    (source,) = discover_episodes(tmp_path / "depth.mcap", "auto")
+    assert [c.name for c in source.cameras] == ["camera.front.compressed"], "depth topics are not cameras"
+    assert source.metadata["mcap_unmapped_topics"] == ["/depth/compressedDepth", "/depth/image_raw"]
+    assert convert([source], tmp_path / "out", OPTIONS).converted == 1
+
+
 def test_resample_stores_low_dim_topics_on_a_fixed_grid_by_linear_interpolation(tmp_path, logs):
     folder, truths = logs
     topic_map = topic_map_from_dict(TOPIC_MAP).with_resample(50)

@@ -96,6 +96,25 @@ def text(message: Any, path: str) -> str:
     return value
 
 
+_DEPTH_MARKS = ("compresseddepth", "16uc1", "32fc1", "16sc1", "mono16", "16u", "32f")
+
+
+def picture_problem(message: Any, kind: str) -> str | None:
+    """Why a picture topic's message is not an 8-bit colour or grey picture mmdata stores as a camera (a depth
+    image, a 16-bit or float encoding, an unknown video format), or None when it is one."""
+    if kind == "raw":
+        encoding = str(getattr(message, "encoding", "")).lower()
+        known = encoding in _RAW_LAYOUTS or encoding in _GREY or encoding.upper() in _GREY
+        return None if known else f"raw encoding '{encoding}'"
+    if kind == "compressed":
+        form = str(getattr(message, "format", "")).lower()
+        return f"format '{form}' (depth)" if any(mark in form for mark in _DEPTH_MARKS) else None
+    if kind == "video":
+        form = str(getattr(message, "format", "")).lower()
+        return None if form in VIDEO_FORMATS else f"video format '{form}'"
+    return f"{kind} messages"
+
+
 def picture(message: Any, kind: str, where: str, episode: str) -> np.ndarray:
     """The RGB image of an image message (`kind` from `schema_kind`): uint8 [H, W, 3]."""
     if kind == "compressed":

@@ -395,17 +395,21 @@ def _commands(reader, task: TaskTopic | None, span: LogSpan, episode: str) -> li
 
 
 def default_topic_map(reader, channels: dict[str, Any], path: str, episode: str, options: TopicMap) -> TopicMap:
-    """Every picture topic as a camera (named by its topic, `/` as `.`), the position / velocity / effort
-    of every JointState topic that hold values, and a lone String topic as the task (unless `options`
-    names one), with the other settings of `options` (time, resample, split)."""
+    """Every picture topic of 8-bit colour or grey pictures as a camera (named by its topic, `/` as `.`; depth
+    and 16-bit topics are left out), the position / velocity / effort of every JointState topic that hold
+    values, and a lone String topic as the task (unless `options` names one), with the other settings of
+    `options` (time, resample, split)."""
     cameras, lowdim = {}, {}
     strings = []
     for topic, schema in sorted(channels.items()):
         if isinstance(schema, SourceError):
             continue  # a channel without its schema cannot be decoded; left out (and listed as unmapped)
         name = _stream_name(topic)
-        if log_messages.schema_kind(schema) != "other":
-            cameras[name] = CameraTopic(topic)
+        kind = log_messages.schema_kind(schema)
+        if kind != "other":
+            first = next(_decoded(reader, topic, LogSpan(path, None, None, 0, "log")), None)
+            if first is not None and log_messages.picture_problem(first[2], kind) is None:
+                cameras[name] = CameraTopic(topic)  # depth and 16-bit pictures are left out (listed as unmapped)
         elif schema in JOINT_STATES:
             first = next(_decoded(reader, topic, LogSpan(path, None, None, 0, "log")), None)
             for field in JOINT_FIELDS:
