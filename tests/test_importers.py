@@ -224,6 +224,16 @@ def test_a_picture_of_another_size_is_named_by_its_frame(tmp_path):
         convert_to(source, tmp_path / "out")
 
 
+def test_lerobot_features_mmdata_does_not_read_are_listed_in_the_metadata(tmp_path):
+    source = write_lerobot_v21(tmp_path / "v21")
+    info = json.loads((source / "meta" / "info.json").read_text())
+    info["features"]["language_instruction"] = {"dtype": "string", "shape": [1], "names": None}
+    (source / "meta" / "info.json").write_text(json.dumps(info))
+    (episode, *_) = discover_episodes(source)
+    assert episode.metadata["lerobot_unread_features"] == ["language_instruction"]
+    assert [s.name for s in episode.lowdim] == ["observation.state", "action"]
+
+
 def test_a_lerobot_folder_without_info_json_is_named_with_the_fix(tmp_path):
     source = write_lerobot_v21(tmp_path / "v21")
     (source / "meta" / "info.json").unlink()

@@ -435,5 +435,12 @@ def _metadata(info: dict, index: int, tasks: Any) -> dict[str, Any]:
         "robot_type": info.get("robot_type"),
         "tasks": list(tasks) if tasks is not None and not isinstance(tasks, str) else tasks,
     }
+    unread = sorted(
+        str(key)
+        for key, feature in info["features"].items()
+        if key not in BOOKKEEPING and feature.get("dtype") not in (*NUMERIC, "video", "image")
+    )
+    if unread:
+        metadata["lerobot_unread_features"] = unread
     check_json_value(metadata)
     return metadata
