@@ -92,11 +92,6 @@ class EpochPlan:
         """Samples of this plan consumed after each number of its steps (asked after every step: summed once)."""
         return np.concatenate([[0], np.cumsum(self.plan.micro_batch_sizes())]).astype(np.int64)
 
-    def rank_steps(self, rank: int, first: int | None = None) -> list[tuple[int, np.ndarray]]:
-        """(epoch step number, samples) for every step of `rank` from `first` (default: the resume step)."""
-        first = self.resume_step if first is None else first
-        return [(self.steps_before + s, self.plan.micro_batch(s, rank)) for s in range(first, len(self.plan))]
-
 
 def plan_epoch(order: np.ndarray, pack: Packer, stretches: Sequence[Stretch], world_size: int) -> EpochPlan:
     """Replay the stretches run so far and plan the rest of the epoch for `world_size` ranks."""
