@@ -15,6 +15,7 @@ frames name, its task text.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 from string import Formatter
 from typing import Any
@@ -145,7 +146,6 @@ def _discover_v3(root: Path, info: dict[str, Any]) -> list[EpisodeSource]:
     import pyarrow.parquet as pq
 
     videos, images, lowdim = _features(info)
-    fps = info["fps"]
     files = sorted((root / "meta" / "episodes").glob("chunk-*/file-*.parquet"))
     if not files:
         raise SourceError.for_source(str(root), "meta/episodes", "holds no episodes table (chunk-*/file-*.parquet)")
@@ -159,32 +159,56 @@ def _discover_v3(root: Path, info: dict[str, Any]) -> list[EpisodeSource]:
             episodes += table.read(columns=columns).to_pylist()
         except (OSError, ValueError) as exc:
             raise SourceError.for_source(str(root), str(path), f"unreadable episodes table: {exc}") from exc
-    data_rows: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    data_rows: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray | None]] = {}
     tasks = _task_numbers(root / "meta" / "tasks.parquet")
-    sources = []
-    for row in _sorted_episodes(episodes, root):
-        index, name = row["episode_index"], _episode_name(row["episode_index"])
-        try:
-            length = as_int(row.get("length"), "'length'", 1, MAX_EPISODE_ROWS)
-            chunk, file = row.get("data/chunk_index"), row.get("data/file_index")
-            data_path = _path_from_template(root, info, "data_path", name, chunk_index=chunk, file_index=file)
-            first = _rows_of(data_path, row, length, data_rows, name)
-            cameras = tuple(_camera_v3(root, info, row, key, name, length) for key in videos)
-            cameras += tuple(_image_camera(key, data_path, first, length, fps) for key in images)
-            column = data_rows[str(data_path)][2]
-            runs = task_runs(None if column is None else column[first : first + length])
-            task, metadata = _task_text(row.get("tasks"), runs, tasks), _metadata(info, index, row.get("tasks"))
-            metadata |= _numbering(as_int(row.get("dataset_from_index"), "'dataset_from_index'", 0), runs, tasks)
-        except SourceError as problem:
-            sources.append(EpisodeSource(name=name, problem=problem))
-            continue
-        except ValueError as exc:
-            problem = SourceError(name, "meta/episodes", f"its row is unusable: {exc}", "re-export the dataset")
-            sources.append(EpisodeSource(name=name, problem=problem))
-            continue
-        streams = tuple(ParquetRowsSource(key, str(data_path), key, index, first, length, fps) for key in lowdim)
-        sources.append(EpisodeSource(name=name, task=task, metadata=metadata, cameras=cameras, lowdim=streams))
-    return sources
+    features = (videos, images, lowdim)
+    return [
+        _guarded(row, "meta/episodes", lambda row=row: _episode_v3(root, info, row, features, data_rows, tasks))
+        for row in _sorted_episodes(episodes, root)
+    ]
+
+
+def _episode_v3(root: Path, info: dict, row: dict, features: tuple, data_rows: dict, tasks: dict) -> EpisodeSource:
+    videos, images, lowdim = features
+    index, name, fps = row["episode_index"], _episode_name(row["episode_index"]), info["fps"]
+    length = as_int(row.get("length"), "'length'", 1, MAX_EPISODE_ROWS)
+    chunk, file = row.get("data/chunk_index"), row.get("data/file_index")
+    data_path = _path_from_template(root, info, "data_path", name, chunk_index=chunk, file_index=file)
+    first = _rows_of(data_path, row, length, data_rows, name)
+    cameras = [_camera_v3(root, info, row, key, name, length) for key in videos]
+    cameras += [_image_camera(key, data_path, first, length, fps) for key in images]
+    column = data_rows[str(data_path)][2]
+    runs = task_runs(None if column is None else column[first : first + length])
+    index_from = as_int(row.get("dataset_from_index"), "'dataset_from_index'", 0)
+    streams = [ParquetRowsSource(key, str(data_path), key, index, first, length, fps) for key in lowdim]
+    return _episode(info, row, runs, tasks, index_from, cameras, streams)
+
+
+def _guarded(row: dict, table: str, describe: Callable[[], EpisodeSource]) -> EpisodeSource:
+    """The episode `describe` makes of `row`, or one carrying its problem: a SourceError as raised, any
+    other ValueError as the row of `table` being unusable (converted or skipped, as --skip-bad says)."""
+    name = _episode_name(row["episode_index"])
+    try:
+        return describe()
+    except SourceError as problem:
+        return EpisodeSource(name=name, problem=problem)
+    except ValueError as exc:
+        unusable = SourceError(name, table, f"its row is unusable: {exc}", "re-export the dataset")
+        return EpisodeSource(name=name, problem=unusable)
+
+
+def _episode(
+    info: dict, row: dict, runs: list, tasks: dict, index_from: int, cameras: list, lowdim: list
+) -> EpisodeSource:
+    """An episode of either version, with its task text and metadata (how LeRobot numbers it)."""
+    metadata = _metadata(info, row["episode_index"], row.get("tasks")) | _numbering(index_from, runs, tasks)
+    return EpisodeSource(
+        name=_episode_name(row["episode_index"]),
+        task=_task_text(row.get("tasks"), runs, tasks),
+        metadata=metadata,
+        cameras=tuple(cameras),
+        lowdim=tuple(lowdim),
+    )
 
 
 def _sorted_episodes(rows: list[dict], root: Path) -> list[dict]:
@@ -264,42 +288,35 @@ def _image_camera(key: str, data_path: Path, first: int, length: int, fps: float
 
 
 def _discover_v21(root: Path, info: dict[str, Any]) -> list[EpisodeSource]:
-    videos, images, lowdim = _features(info)
-    fps = info["fps"]
-    chunk_size = info.get("chunks_size", 1000)
-    episodes = _read_jsonl(root / "meta/episodes.jsonl", root)
+    features = _features(info)
+    episodes = _sorted_episodes(_read_jsonl(root / "meta/episodes.jsonl", root), root)
     tasks = _task_numbers(root / "meta" / "tasks.jsonl")
-    sources = []
-    index_from = 0  # LeRobot v2.1 numbers frames across episodes in episode order
-    for row in _sorted_episodes(episodes, root):
-        index, name = row["episode_index"], _episode_name(row["episode_index"])
-        chunk = index // chunk_size
-        first_frame, index_from = index_from, index_from + _length_or_zero(row)
-        try:
-            length = as_int(row.get("length"), "'length'", 1, MAX_EPISODE_ROWS)
-            data_path = _path_from_template(root, info, "data_path", name, episode_chunk=chunk, episode_index=index)
-            runs = task_runs(_check_episode_file(data_path, index, length, name))
-            cameras = []
-            for key in videos:
-                path = _path_from_template(
-                    root, info, "video_path", name, episode_chunk=chunk, video_key=key, episode_index=index
-                )
-                if not path.is_file():
-                    raise SourceError(name, str(path), f"the video of camera '{key}' is missing")
-                cameras.append(CameraSource(key, str(path), expected_frames=length, grid=fps))
-            cameras += [_image_camera(key, data_path, 0, length, fps) for key in images]
-            task, metadata = _task_text(row.get("tasks"), runs, tasks), _metadata(info, index, row.get("tasks"))
-            metadata |= _numbering(first_frame, runs, tasks)
-        except SourceError as problem:
-            sources.append(EpisodeSource(name=name, problem=problem))
-            continue
-        except ValueError as exc:
-            problem = SourceError(name, "meta/episodes.jsonl", f"its row is unusable: {exc}", "re-export the dataset")
-            sources.append(EpisodeSource(name=name, problem=problem))
-            continue
-        streams = tuple(ParquetRowsSource(key, str(data_path), key, index, 0, length, fps) for key in lowdim)
-        sources.append(EpisodeSource(name=name, task=task, metadata=metadata, cameras=tuple(cameras), lowdim=streams))
-    return sources
+    # LeRobot v2.1 numbers frames across episodes in episode order
+    index_from = np.concatenate([[0], np.cumsum([_length_or_zero(row) for row in episodes])]).astype(int).tolist()
+    return [
+        _guarded(row, "meta/episodes.jsonl", lambda row=row, at=at: _episode_v21(root, info, row, features, tasks, at))
+        for row, at in zip(episodes, index_from)
+    ]
+
+
+def _episode_v21(root: Path, info: dict, row: dict, features: tuple, tasks: dict, index_from: int) -> EpisodeSource:
+    videos, images, lowdim = features
+    index, name, fps = row["episode_index"], _episode_name(row["episode_index"]), info["fps"]
+    chunk = index // info.get("chunks_size", 1000)
+    length = as_int(row.get("length"), "'length'", 1, MAX_EPISODE_ROWS)
+    data_path = _path_from_template(root, info, "data_path", name, episode_chunk=chunk, episode_index=index)
+    runs = task_runs(_check_episode_file(data_path, index, length, name))
+    cameras = []
+    for key in videos:
+        path = _path_from_template(
+            root, info, "video_path", name, episode_chunk=chunk, video_key=key, episode_index=index
+        )
+        if not path.is_file():
+            raise SourceError(name, str(path), f"the video of camera '{key}' is missing")
+        cameras.append(CameraSource(key, str(path), expected_frames=length, grid=fps))
+    cameras += [_image_camera(key, data_path, 0, length, fps) for key in images]
+    streams = [ParquetRowsSource(key, str(data_path), key, index, 0, length, fps) for key in lowdim]
+    return _episode(info, row, runs, tasks, index_from, cameras, streams)
 
 
 def _check_episode_file(path: Path, index: int, length: int, episode: str) -> np.ndarray | None:
