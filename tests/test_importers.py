@@ -224,14 +224,28 @@ def test_a_picture_of_another_size_is_named_by_its_frame(tmp_path):
         convert_to(source, tmp_path / "out")
 
 
-def test_lerobot_features_mmdata_does_not_read_are_listed_in_the_metadata(tmp_path):
+def test_lerobot_string_features_are_kept_as_runs_and_features_mmdata_does_not_read_are_listed(tmp_path):
     source = write_lerobot_v21(tmp_path / "v21")
     info = json.loads((source / "meta" / "info.json").read_text())
     info["features"]["language_instruction"] = {"dtype": "string", "shape": [1], "names": None}
+    info["features"]["caption"] = {"dtype": "string", "shape": [1], "names": None}
+    info["features"]["point_cloud"] = {"dtype": "pointcloud", "shape": [1], "names": None}
     (source / "meta" / "info.json").write_text(json.dumps(info))
-    (episode, *_) = discover_episodes(source)
-    assert episode.metadata["lerobot_unread_features"] == ["language_instruction"]
+    for index, length in enumerate((20, 31, 12)):
+        path = source / "data" / "chunk-000" / f"episode_{index:06d}.parquet"
+        table = pq.read_table(path)
+        instruction = [f"step {frame // 8}" for frame in range(length)]
+        caption = [f"frame {frame}" * 20_000 for frame in range(length)]  # too much text to keep as runs
+        table = table.append_column("language_instruction", pa.array(instruction))
+        pq.write_table(table.append_column("caption", pa.array(caption)), path)
+    episode = discover_episodes(source)[1]
     assert [s.name for s in episode.lowdim] == ["observation.state", "action"]
+    dataset, _ = convert_to(source, tmp_path / "out")
+    metadata = dataset.metadata_of(dataset.manifest.row(1))
+    assert metadata["lerobot_text_runs"] == {
+        "language_instruction": [[0, "step 0"], [8, "step 1"], [16, "step 2"], [24, "step 3"]]
+    }
+    assert metadata["lerobot_unread_features"] == ["caption", "point_cloud"]
 
 
 def test_a_lerobot_folder_without_info_json_is_named_with_the_fix(tmp_path):

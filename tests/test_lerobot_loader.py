@@ -75,7 +75,8 @@ def test_batches_equal_lerobots_own_items_key_by_key(store):
 @pytest.mark.parametrize("layout", ["wds", "zarr"])
 @pytest.mark.parametrize("fixture", TASK_FIXTURES, ids=lambda path: path.name)
 def test_each_frame_has_its_own_task_and_one_value_features_are_scalars_as_in_lerobot(fixture, layout, tmp_path):
-    """`lerobot_images` holds the same episodes with the camera as an `image` feature (PNGs in the data files)."""
+    """`lerobot_images` holds the same episodes with the camera as an `image` feature (PNGs in the data files).
+    Both have a `string` feature, `language_instruction`, which LeRobot gives per frame."""
     recorded = json.loads((fixture / "lerobot_items.json").read_text())
     expected = np.load(fixture / "lerobot_items.npz")
     store = _converted(fixture, layout, tmp_path)
@@ -83,8 +84,9 @@ def test_each_frame_has_its_own_task_and_one_value_features_are_scalars_as_in_le
     assert sorted(samples) == list(range(recorded["frames"]))
     for index, sample in samples.items():
         keys = sorted(name.split("/", 1)[1] for name in expected.files if name.startswith(f"{index}/"))
-        assert sorted(set(sample) - {"task"}) == keys
+        assert sorted(set(sample) - {"task", "language_instruction"}) == keys
         assert sample["task"] == recorded["tasks"][str(index)], f"index {index}: the frame's own task"
+        assert sample["language_instruction"] == recorded["language_instruction"][str(index)], "a string feature"
         for key in keys:
             want, got = expected[f"{index}/{key}"], sample[key].numpy()
             if key == "observation.image":
@@ -104,17 +106,28 @@ def test_each_frame_has_its_own_task_and_one_value_features_are_scalars_as_in_le
 
 
 @pytest.mark.parametrize(
-    "runs", ["oops", [[0, 1], [0, 2]], [[3, 1]], [[0, "2"]], [[0, 1, 2]]], ids=["text", "repeat", "late", "str", "3"]
+    "damage",
+    [
+        {"lerobot_task_runs": "oops"},
+        {"lerobot_task_runs": [[0, 1], [0, 2]]},
+        {"lerobot_task_runs": [[3, 1]]},
+        {"lerobot_task_runs": [[0, "2"]]},
+        {"lerobot_task_runs": [[0, 1, 2]]},
+        {"lerobot_text_runs": {"language_instruction": [[0, 7]]}},
+        {"lerobot_text_runs": {"language_instruction": []}},
+        {"lerobot_text_runs": ["phase 0"]},
+    ],
+    ids=["text", "repeat", "late", "str", "3", "text-number", "text-empty", "text-list"],
 )
-def test_damaged_task_runs_in_a_stores_metadata_are_named(runs, tmp_path):
+def test_damaged_frame_runs_in_a_stores_metadata_are_named(damage, tmp_path):
     store = Path(_converted(TASK_FIXTURES[0], "wds", tmp_path))
     table = pq.read_table(store / "episodes.parquet")
     metadata = table.column("metadata").to_pylist()
-    metadata[1] = json.dumps(json.loads(metadata[1]) | {"lerobot_task_runs": runs})
+    metadata[1] = json.dumps(json.loads(metadata[1]) | damage)
     table = table.set_column(table.schema.get_field_index("metadata"), "metadata", pa.array(metadata))
     pq.write_table(table, store / "episodes.parquet")
     with pytest.raises(
-        IntegrityError, match=r"episode 'episode_000001': its metadata .*(lerobot_task_runs|a task_index)"
+        IntegrityError, match=r"episode 'episode_000001': its metadata .*(lerobot_t|a task_index|a text)"
     ):
         LeRobotLoader(str(store), batch_size=4)
 

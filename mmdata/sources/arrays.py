@@ -299,7 +299,7 @@ class ParquetRowsSource:
         from mmdata.sources.episode import column_to_array, snap_to_grid
 
         try:
-            rows = _row_range(
+            rows = parquet_rows(
                 pq.ParquetFile(self.path), ["episode_index", "timestamp", self.column], self.first, self.count
             )
         except (OSError, ValueError, KeyError) as exc:
@@ -393,7 +393,7 @@ def _image_row_groups(path: str, column: str, groups: tuple[int, ...], version: 
     return file.read_row_groups(list(groups), columns=[column]).column(column)
 
 
-def _row_range(file, columns: list[str], first: int, count: int):
+def parquet_rows(file, columns: list[str], first: int, count: int):
     """Rows [first, first + count) of a Parquet file, reading only the row groups that hold them
     (a LeRobot v3 data file holds many episodes; each is read once, not the whole file per episode)."""
     from mmdata.sources.episode import require_parquet_bytes

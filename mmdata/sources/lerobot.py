@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from string import Formatter
 from typing import Any
@@ -25,7 +26,7 @@ import numpy as np
 from mmdata.checks import as_int, as_number, as_text, check_json_value, inside, parse_json, relative_path_problem
 from mmdata.errors import SourceError
 from mmdata.schema import MAX_RATE
-from mmdata.sources.arrays import ArrayCameraSource, ParquetImages, ParquetRowsSource
+from mmdata.sources.arrays import ArrayCameraSource, ParquetImages, ParquetRowsSource, parquet_rows
 from mmdata.sources.episode import CameraSource, EpisodeSource, require_parquet_bytes
 from mmdata.sources.limits import MAX_LOWDIM_BYTES, MAX_METADATA_BYTES
 
@@ -37,6 +38,7 @@ MAX_EPISODE_ROWS = 10**8
 MAX_STATS_BYTES = 64 << 20
 MAX_TASK_CHANGES = 1 << 16
 MAX_TASK_INDEX = 1 << 31
+MAX_TEXT_RUN_CHARS = 1 << 20  # the texts one episode's text feature may keep in its metadata
 
 
 def is_lerobot(root: Path) -> bool:
@@ -127,25 +129,28 @@ def _path_from_template(root: Path, info: dict, key: str, episode: str, **fields
     return path
 
 
-def _features(info: dict[str, Any]) -> tuple[list[str], list[str], list[str]]:
-    """(video keys, image keys, numeric low-dim keys) of the dataset. Image features are encoded pictures,
-    one per row of the data files; they become cameras like video features."""
-    videos, images, lowdim = [], [], []
+def _features(info: dict[str, Any]) -> tuple[list[str], list[str], list[str], list[str]]:
+    """(video keys, image keys, numeric low-dim keys, text keys) of the dataset. Image features are encoded
+    pictures, one per row of the data files; they become cameras like video features. Text features (dtype
+    `string`) are kept per frame as runs in the episode's metadata (`FrameTexts`)."""
+    videos, images, lowdim, texts = [], [], [], []
     for key, feature in info["features"].items():
         dtype = feature.get("dtype")
         if dtype == "video":
             videos.append(key)
         elif dtype == "image":
             images.append(key)
+        elif dtype == "string":
+            texts.append(key)
         elif dtype in NUMERIC and key not in BOOKKEEPING:
             lowdim.append(key)
-    return videos, images, lowdim
+    return videos, images, lowdim, texts
 
 
 def _discover_v3(root: Path, info: dict[str, Any]) -> list[EpisodeSource]:
     import pyarrow.parquet as pq
 
-    videos, images, lowdim = _features(info)
+    videos = _features(info)[0]
     files = sorted((root / "meta" / "episodes").glob("chunk-*/file-*.parquet"))
     if not files:
         raise SourceError.for_source(str(root), "meta/episodes", "holds no episodes table (chunk-*/file-*.parquet)")
@@ -161,7 +166,7 @@ def _discover_v3(root: Path, info: dict[str, Any]) -> list[EpisodeSource]:
             raise SourceError.for_source(str(root), str(path), f"unreadable episodes table: {exc}") from exc
     data_rows: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray | None]] = {}
     tasks = _task_numbers(root / "meta" / "tasks.parquet")
-    features = (videos, images, lowdim)
+    features = _features(info)
     return [
         _guarded(row, "meta/episodes", lambda row=row: _episode_v3(root, info, row, features, data_rows, tasks))
         for row in _sorted_episodes(episodes, root)
@@ -169,7 +174,7 @@ def _discover_v3(root: Path, info: dict[str, Any]) -> list[EpisodeSource]:
 
 
 def _episode_v3(root: Path, info: dict, row: dict, features: tuple, data_rows: dict, tasks: dict) -> EpisodeSource:
-    videos, images, lowdim = features
+    videos, images, lowdim, texts = features
     index, name, fps = row["episode_index"], _episode_name(row["episode_index"]), info["fps"]
     length = as_int(row.get("length"), "'length'", 1, MAX_EPISODE_ROWS)
     chunk, file = row.get("data/chunk_index"), row.get("data/file_index")
@@ -181,7 +186,8 @@ def _episode_v3(root: Path, info: dict, row: dict, features: tuple, data_rows: d
     runs = task_runs(None if column is None else column[first : first + length])
     index_from = as_int(row.get("dataset_from_index"), "'dataset_from_index'", 0)
     streams = [ParquetRowsSource(key, str(data_path), key, index, first, length, fps) for key in lowdim]
-    return _episode(info, row, runs, tasks, index_from, cameras, streams)
+    episode = _episode(info, row, runs, tasks, index_from, cameras, streams)
+    return replace(episode, deferred=FrameTexts(str(data_path), tuple(texts), first, length)) if texts else episode
 
 
 def _guarded(row: dict, table: str, describe: Callable[[], EpisodeSource]) -> EpisodeSource:
@@ -300,7 +306,7 @@ def _discover_v21(root: Path, info: dict[str, Any]) -> list[EpisodeSource]:
 
 
 def _episode_v21(root: Path, info: dict, row: dict, features: tuple, tasks: dict, index_from: int) -> EpisodeSource:
-    videos, images, lowdim = features
+    videos, images, lowdim, texts = features
     index, name, fps = row["episode_index"], _episode_name(row["episode_index"]), info["fps"]
     chunk = index // info.get("chunks_size", 1000)
     length = as_int(row.get("length"), "'length'", 1, MAX_EPISODE_ROWS)
@@ -316,7 +322,47 @@ def _episode_v21(root: Path, info: dict, row: dict, features: tuple, tasks: dict
         cameras.append(CameraSource(key, str(path), expected_frames=length, grid=fps))
     cameras += [_image_camera(key, data_path, 0, length, fps) for key in images]
     streams = [ParquetRowsSource(key, str(data_path), key, index, 0, length, fps) for key in lowdim]
-    return _episode(info, row, runs, tasks, index_from, cameras, streams)
+    episode = _episode(info, row, runs, tasks, index_from, cameras, streams)
+    return replace(episode, deferred=FrameTexts(str(data_path), tuple(texts), 0, length)) if texts else episode
+
+
+@dataclass(frozen=True)
+class FrameTexts:
+    """An episode's `string` features (a text per frame), read by the conversion worker from the episode's
+    rows [first, first + count) of its data file and kept in its metadata as runs, `lerobot_text_runs`:
+    feature -> [[first frame, text], ...] (such texts change rarely: an instruction, a phase). A feature whose
+    texts change too often to keep so is listed in `lerobot_unread_features` instead."""
+
+    path: str
+    columns: tuple[str, ...]
+    first: int
+    count: int
+
+    def complete(self, source: EpisodeSource) -> EpisodeSource:
+        import pyarrow.parquet as pq
+
+        try:
+            rows = parquet_rows(pq.ParquetFile(self.path), list(self.columns), self.first, self.count)
+        except (OSError, ValueError, KeyError) as exc:
+            what = f"cannot read the text features {list(self.columns)}: {exc}"
+            raise SourceError(source.name, self.path, what) from exc
+        kept, unread = {}, list(source.metadata.get("lerobot_unread_features", []))
+        for column in self.columns:
+            texts = rows.column(column).to_pylist()
+            if not all(text is None or isinstance(text, str) for text in texts):
+                raise SourceError(source.name, self.path, f"text feature '{column}' holds values that are not text")
+            texts = ["" if text is None else text for text in texts]
+            runs = [
+                [frame, texts[frame]] for frame in range(len(texts)) if frame == 0 or texts[frame] != texts[frame - 1]
+            ]
+            if len(runs) <= MAX_TASK_CHANGES and sum(len(text) for _, text in runs) <= MAX_TEXT_RUN_CHARS:
+                kept[column] = runs
+            else:
+                unread.append(column)
+        metadata = {**source.metadata, "lerobot_text_runs": kept}
+        if unread:
+            metadata["lerobot_unread_features"] = sorted(unread)
+        return replace(source, metadata=metadata, deferred=None)
 
 
 def _check_episode_file(path: Path, index: int, length: int, episode: str) -> np.ndarray | None:
@@ -455,7 +501,7 @@ def _metadata(info: dict, index: int, tasks: Any) -> dict[str, Any]:
     unread = sorted(
         str(key)
         for key, feature in info["features"].items()
-        if key not in BOOKKEEPING and feature.get("dtype") not in (*NUMERIC, "video", "image")
+        if key not in BOOKKEEPING and feature.get("dtype") not in (*NUMERIC, "video", "image", "string")
     )
     if unread:
         metadata["lerobot_unread_features"] = unread

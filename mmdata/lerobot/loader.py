@@ -11,7 +11,8 @@ Every frame of the episodes is a sample, as in LeRobot. Each batch holds the sto
 `[B, 3, H, W]` in [0, 1] (`[B, T, 3, H, W]` for a key of `delta_timestamps`, with `<key>_is_pad`),
 its low-dim streams `[B, D]` (or `[B, T, D]`; `[B]` or `[B, T]` for a stream of one value, as LeRobot gives
 features of shape [1]), and LeRobot's fields: `timestamp`, `frame_index`, `episode_index` and `index` as LeRobot
-numbers them, and each frame's `task_index` and `task` (an episode's task may change part-way). Frames are decoded
+numbers them, each frame's `task_index` and `task` (an episode's task may change part-way), and its `string`
+features (lists of `B` texts). Frames are decoded
 as uint8 channels-first and turned into floats where the batch lands (on the GPU with
 `device="cuda"`), the cheapest place.
 """
@@ -19,7 +20,6 @@ as uint8 channels-first and turned into floats where the batch lands (on the GPU
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -27,7 +27,7 @@ import torch
 
 from mmdata.checks import as_int
 from mmdata.dataset import Dataset, open_dataset
-from mmdata.errors import IntegrityError
+from mmdata.lerobot.numbering import EpisodeNumbering
 from mmdata.loading.dataloader import DataLoader
 from mmdata.loading.episodes import Episodes
 from mmdata.loading.mixture import Mixture, Source
@@ -36,77 +36,6 @@ from mmdata.schema import LowdimStream, VideoStream
 from mmdata.stats import read_stats
 
 ImageFormat = Literal["float", "uint8"]
-
-
-@dataclass(frozen=True)
-class EpisodeNumbering:
-    """How LeRobot numbers each stored episode (by manifest row): its `episode_index`, the dataset-wide `index`
-    of its first frame, and the `task_index` of each of its frames (kept as runs: a task may change part-way
-    through an episode) with the tasks' texts. Stores converted from LeRobot carry them in their metadata; for
-    other stores they are the manifest order, frames counted across episodes, and task_index -1."""
-
-    episode_index: np.ndarray
-    index_from: np.ndarray
-    run_keys: np.ndarray  # (manifest row << 32) + first frame of each task run, ascending
-    run_tasks: np.ndarray  # the task_index of each run
-    task_texts: dict[int, str]
-
-    @classmethod
-    def of(cls, dataset: Dataset, fps: float) -> EpisodeNumbering:
-        rows = [dataset.manifest.row(i) for i in range(dataset.schema.num_episodes)]
-        frames = [int(round(float(row["duration"]) * fps)) for row in rows]
-        counted = np.concatenate([[0], np.cumsum(frames)[:-1]]).astype(np.int64)
-        episodes, starts, keys, tasks, texts = [], [], [], [], {}
-        for position, row in enumerate(rows):
-            metadata = dataset.metadata_of(row)
-            try:
-                episodes.append(
-                    as_int(metadata.get("lerobot_episode_index", position), "'lerobot_episode_index'", 0, 2**62)
-                )
-                starts.append(
-                    as_int(metadata.get("lerobot_index_from", int(counted[position])), "'lerobot_index_from'", 0, 2**62)
-                )
-                runs, named = _task_runs(metadata)
-            except ValueError as exc:
-                raise IntegrityError(f"episode '{row['key']}': its metadata {exc}; convert the store again") from exc
-            keys += [(position << 32) + first for first, _ in runs]
-            tasks += [task for _, task in runs]
-            texts |= named
-        return cls(
-            np.array(episodes, np.int64),
-            np.array(starts, np.int64),
-            np.array(keys, np.int64),
-            np.array(tasks, np.int64),
-            texts,
-        )
-
-    def task_index(self, rows: np.ndarray, frames: np.ndarray) -> np.ndarray:
-        """The `task_index` of frame `frames[i]` of the episode at manifest row `rows[i]`."""
-        keys = (rows.astype(np.int64) << 32) + np.maximum(frames, 0)
-        return self.run_tasks[np.searchsorted(self.run_keys, keys, side="right") - 1]
-
-    def task_text(self, task_index: np.ndarray, stored: Sequence[str]) -> list[str]:
-        """Each frame's task text as LeRobot names it, else the text the store holds for its episode."""
-        return [self.task_texts.get(int(number), text) for number, text in zip(task_index, stored)]
-
-
-def _task_runs(metadata: dict[str, Any]) -> tuple[list[tuple[int, int]], dict[int, str]]:
-    """An episode's task runs `[(first frame, task_index), ...]` (starting at frame 0, ascending) and task texts
-    from its metadata; stores converted before runs were kept name one task for the episode."""
-    first_task = metadata.get("lerobot_task_indices") or [-1]
-    runs = metadata.get("lerobot_task_runs") or [[0, first_task[0] if isinstance(first_task, list) else first_task]]
-    texts = metadata.get("lerobot_tasks") or {}
-    if not isinstance(runs, list) or not all(isinstance(run, list) and len(run) == 2 for run in runs):
-        raise ValueError("'lerobot_task_runs' is not a list of [first frame, task_index] pairs")
-    checked = [
-        (as_int(first, "a task run's first frame", 0, 2**31), as_int(task, "a task_index", -1, 2**62))
-        for first, task in runs
-    ]
-    if checked[0][0] != 0 or any(a[0] >= b[0] for a, b in zip(checked, checked[1:])):
-        raise ValueError("'lerobot_task_runs' does not start at frame 0 and go forward")
-    if not isinstance(texts, dict) or not all(isinstance(t, str) and k.isdigit() for k, t in texts.items()):
-        raise ValueError("'lerobot_tasks' is not an object of task_index -> text")
-    return checked, {int(number): text for number, text in texts.items()}
 
 
 class LeRobotLoader:
@@ -252,6 +181,8 @@ class LeRobotLoader:
         out["index"] = torch.from_numpy(self.numbering.index_from[rows]).to(device) + frame_index
         out["task_index"] = torch.from_numpy(task_index).to(device)
         out["task"] = self.numbering.task_text(task_index, batch["task"])
+        for name, runs in self.numbering.texts.items():
+            out[name] = runs.at(rows, frame_index.cpu().numpy()).tolist()
         return out
 
     def _selected(self, episodes: Sequence[int] | Episodes | None) -> Episodes | None:
