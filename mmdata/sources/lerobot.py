@@ -38,6 +38,7 @@ MAX_EPISODE_ROWS = 10**8
 MAX_STATS_BYTES = 64 << 20
 MAX_TASK_CHANGES = 1 << 16
 MAX_TASK_INDEX = 1 << 31
+DATA_FILES_KEPT = 2  # data files whose index columns discovery keeps at once
 MAX_TEXT_RUN_CHARS = 1 << 20  # the texts one episode's text feature may keep in its metadata
 
 
@@ -255,6 +256,8 @@ def _rows_of(path: Path, row: dict, length: int, cache: dict, episode: str) -> i
             table = parquet.read(columns=columns)
         except (OSError, ValueError, KeyError) as exc:
             raise SourceError(episode, str(path), f"unreadable data file: {exc}", "re-export the dataset") from exc
+        while len(cache) >= DATA_FILES_KEPT:  # episodes come file by file: memory stays that of a few files
+            cache.pop(next(iter(cache)))
         cache[str(path)] = (
             table.column("index").to_numpy(),
             table.column("episode_index").to_numpy(),
