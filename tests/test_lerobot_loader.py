@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -130,6 +131,33 @@ def test_damaged_frame_runs_in_a_stores_metadata_are_named(damage, tmp_path):
         IntegrityError, match=r"episode 'episode_000001': its metadata .*(lerobot_t|a task_index|a text)"
     ):
         LeRobotLoader(str(store), batch_size=4)
+
+
+def test_episodes_spread_over_data_files_read_back_as_lerobot_gives_them(tmp_path, monkeypatch):
+    """Episodes 0 and 2 in one data file and episode 1 in another, discovery keeping one file's index columns
+    at a time: the file of episodes 0 and 2 is read again after episode 1's, and every frame is still right."""
+    import mmdata.sources.lerobot as importer
+
+    source = shutil.copytree(TASK_FIXTURES[0], tmp_path / "spread")
+    data = pq.read_table(source / "data" / "chunk-000" / "file-000.parquet")
+    owners = data.column("episode_index").to_numpy()
+    pq.write_table(data.filter(pa.array(owners != 1)), source / "data" / "chunk-000" / "file-000.parquet")
+    pq.write_table(data.filter(pa.array(owners == 1)), source / "data" / "chunk-000" / "file-001.parquet")
+    episodes_path = source / "meta" / "episodes" / "chunk-000" / "file-000.parquet"
+    episodes = pq.read_table(episodes_path)
+    files = pa.array([0, 1, 0], episodes.schema.field("data/file_index").type)
+    pq.write_table(
+        episodes.set_column(episodes.schema.get_field_index("data/file_index"), "data/file_index", files), episodes_path
+    )
+    monkeypatch.setattr(importer, "DATA_FILES_KEPT", 1)
+    recorded = json.loads((source / "lerobot_items.json").read_text())
+    expected = np.load(source / "lerobot_items.npz")
+    samples = _by_index(LeRobotLoader(_converted(source, "wds", tmp_path), recorded["delta_timestamps"], batch_size=8))
+    assert sorted(samples) == list(range(recorded["frames"]))
+    for index, sample in samples.items():
+        assert sample["task"] == recorded["tasks"][str(index)]
+        for key in ("action", "observation.state", "next.reward", "episode_index", "frame_index", "task_index"):
+            assert np.array_equal(sample[key].numpy(), expected[f"{index}/{key}"]), f"index {index} {key}"
 
 
 def test_episodes_are_chosen_by_lerobots_episode_index(tmp_path):
