@@ -127,13 +127,26 @@ def encode_segments(
             " (crop or scale the recording by one pixel)"
         )
     pending: list[av.VideoFrame | np.ndarray] = []
-    for frame in frames:
+    for number, frame in enumerate(frames):
+        found = _frame_size(frame)
+        if found != (width, height):
+            raise MmdataError(
+                f"frame {number} is {'x'.join(map(str, found))}, the camera's first {width}x{height}"
+                " (store every frame of a camera at one size)"
+            )
         pending.append(frame)
         if len(pending) == encoding.segment_frames:
             yield len(pending), _encode_one_segment(pending, fps, width, height, encoding)
             pending = []
     if pending:
         yield len(pending), _encode_one_segment(pending, fps, width, height, encoding)
+
+
+def _frame_size(frame: av.VideoFrame | np.ndarray) -> tuple[int, ...]:
+    """(width, height) of a frame; an array's shape when it is no picture."""
+    if isinstance(frame, av.VideoFrame):
+        return frame.width, frame.height
+    return tuple(frame.shape[1::-1]) if frame.ndim >= 2 else tuple(frame.shape)
 
 
 def _encode_one_segment(
@@ -171,17 +184,12 @@ def _encode_one_segment(
 
 
 def _as_video_frame(frame: av.VideoFrame | np.ndarray, width: int, height: int) -> av.VideoFrame:
-    if isinstance(frame, np.ndarray):
+    if isinstance(frame, np.ndarray):  # its size was checked by encode_segments
         if frame.shape != (height, width, 3) or frame.dtype != np.uint8:
             raise MmdataError(
                 f"frame of shape {frame.shape} and dtype {frame.dtype}; expected ({height}, {width}, 3) uint8"
             )
         frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format="rgb24")
-    if frame.width != width or frame.height != height:
-        raise MmdataError(
-            f"frame of size {frame.width}x{frame.height} in a {width}x{height} video;"
-            " every frame of a camera must have one size"
-        )
     converted = frame.reformat(format="yuv420p")
     # A decoded frame keeps its source picture type (I/P/B), which encoders take as a forced
     # frame type: x265 crashes on forced B-frames, and x264 would copy the source's GOP pattern.

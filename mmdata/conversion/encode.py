@@ -185,14 +185,6 @@ def _encode_camera(episode: str, camera: CameraSource, encoding: VideoEncoding) 
                     f" frame's {timestamps[-1]:.6f}s",
                     "re-mux the file with monotonic timestamps",
                 )
-            size = (frame.width, frame.height) if isinstance(frame, av.VideoFrame) else frame.shape[1::-1]
-            if tuple(size) != (info.width, info.height):
-                raise SourceError(
-                    episode,
-                    camera.path,
-                    f"frame {len(timestamps)} is {size[0]}x{size[1]}, the camera's first {info.width}x{info.height}",
-                    "store every frame of a camera at one size",
-                )
             timestamps.append(timestamp)
             yield frame
 
