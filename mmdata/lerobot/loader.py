@@ -174,7 +174,8 @@ class LeRobotLoader:
         rows = batch["episode_index"].cpu().numpy()
         frame_index = torch.round(time * self.fps).to(torch.int64)
         device = time.device
-        task_index = self.numbering.task_index(rows, frame_index.cpu().numpy())
+        frames = frame_index.cpu().numpy()
+        task_index = self.numbering.task_index(rows, frames)
         out["timestamp"] = time.to(torch.float32)
         out["frame_index"] = frame_index
         out["episode_index"] = torch.from_numpy(self.numbering.episode_index[rows]).to(device)
@@ -182,7 +183,7 @@ class LeRobotLoader:
         out["task_index"] = torch.from_numpy(task_index).to(device)
         out["task"] = self.numbering.task_text(task_index, batch["task"])
         for name, runs in self.numbering.texts.items():
-            out[name] = runs.at(rows, frame_index.cpu().numpy()).tolist()
+            out[name] = runs.at(rows, frames).tolist()
         return out
 
     def _selected(self, episodes: Sequence[int] | Episodes | None) -> Episodes | None:

@@ -166,7 +166,7 @@ def _discover_v3(root: Path, info: dict[str, Any]) -> list[EpisodeSource]:
         except (OSError, ValueError) as exc:
             raise SourceError.for_source(str(root), str(path), f"unreadable episodes table: {exc}") from exc
     data_rows: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray | None]] = {}
-    tasks = _task_numbers(root / "meta" / "tasks.parquet")
+    tasks = _task_texts(root / "meta" / "tasks.parquet")
     features = _features(info)
     return [
         _guarded(row, "meta/episodes", lambda row=row: _episode_v3(root, info, row, features, data_rows, tasks))
@@ -299,7 +299,7 @@ def _image_camera(key: str, data_path: Path, first: int, length: int, fps: float
 def _discover_v21(root: Path, info: dict[str, Any]) -> list[EpisodeSource]:
     features = _features(info)
     episodes = _sorted_episodes(_read_jsonl(root / "meta/episodes.jsonl", root), root)
-    tasks = _task_numbers(root / "meta" / "tasks.jsonl")
+    tasks = _task_texts(root / "meta" / "tasks.jsonl")
     # LeRobot v2.1 numbers frames across episodes in episode order
     index_from = np.concatenate([[0], np.cumsum([_length_or_zero(row) for row in episodes])]).astype(int).tolist()
     return [
@@ -354,10 +354,7 @@ class FrameTexts:
             texts = rows.column(column).to_pylist()
             if not all(text is None or isinstance(text, str) for text in texts):
                 raise SourceError(source.name, self.path, f"text feature '{column}' holds values that are not text")
-            texts = ["" if text is None else text for text in texts]
-            runs = [
-                [frame, texts[frame]] for frame in range(len(texts)) if frame == 0 or texts[frame] != texts[frame - 1]
-            ]
+            runs = value_runs(np.array(["" if text is None else text for text in texts], dtype=object))
             if len(runs) <= MAX_TASK_CHANGES and sum(len(text) for _, text in runs) <= MAX_TEXT_RUN_CHARS:
                 kept[column] = runs
             else:
@@ -440,16 +437,23 @@ def task_runs(task_index: np.ndarray | None) -> list[list[int]]:
         return []
     if task_index.dtype.kind not in "iu" or task_index.min() < 0 or task_index.max() > MAX_TASK_INDEX:
         raise ValueError(f"its task_index column holds {task_index.dtype} values outside 0..{MAX_TASK_INDEX}")
-    starts = np.flatnonzero(np.concatenate([[True], task_index[1:] != task_index[:-1]]))
-    if len(starts) > MAX_TASK_CHANGES:
-        raise ValueError(f"its task_index changes {len(starts) - 1} times; mmdata keeps at most {MAX_TASK_CHANGES}")
-    return [[int(frame), int(task_index[frame])] for frame in starts]
+    runs = value_runs(task_index)
+    if len(runs) > MAX_TASK_CHANGES:
+        raise ValueError(f"its task_index changes {len(runs) - 1} times; mmdata keeps at most {MAX_TASK_CHANGES}")
+    return runs
 
 
-def _task_text(tasks: Any, runs: list[list[int]], numbers: dict[str, int]) -> str:
+def value_runs(values: np.ndarray) -> list[list[Any]]:
+    """`values` (one per frame) as `[[first frame, value], ...]`, a run wherever the value changes."""
+    if not len(values):
+        return []
+    starts = np.flatnonzero(np.concatenate([[True], values[1:] != values[:-1]]))
+    return [[frame, value] for frame, value in zip(starts.tolist(), values[starts].tolist())]
+
+
+def _task_text(tasks: Any, runs: list[list[int]], texts: dict[int, str]) -> str:
     """The episode's task text: its frames' tasks in the order they come, joined by '; ' when there are several
     (the episodes table lists them in no particular order); the table's list where frames name unknown tasks."""
-    texts = {number: text for text, number in numbers.items()}
     ordered = list(dict.fromkeys(texts.get(number) for _, number in runs))
     if ordered and None not in ordered:
         return "; ".join(ordered)
@@ -462,17 +466,16 @@ def _task_text(tasks: Any, runs: list[list[int]], numbers: dict[str, int]) -> st
     raise ValueError(f"'tasks' is {type(tasks).__name__}, not text or a list of texts")
 
 
-def _numbering(index_from: int, runs: list[list[int]], numbers: dict[str, int]) -> dict[str, Any]:
+def _numbering(index_from: int, runs: list[list[int]], texts: dict[int, str]) -> dict[str, Any]:
     """How LeRobot numbers the episode's frames and tasks, for loaders that give LeRobot's index fields
     (`mmdata.lerobot`): the dataset-wide index of its first frame, its frames' `task_index` as runs, and the
     text of each task it uses."""
-    texts = {number: text for text, number in numbers.items()}
     used = {str(number): texts[number] for _, number in runs if number in texts}
     return {"lerobot_index_from": index_from, "lerobot_task_runs": runs, "lerobot_tasks": used}
 
 
-def _task_numbers(path: Path) -> dict[str, int]:
-    """Task text -> task_index from `meta/tasks.parquet` (v3.0: the text is the table's index column) or
+def _task_texts(path: Path) -> dict[int, str]:
+    """task_index -> task text from `meta/tasks.parquet` (v3.0: the text is the table's index column) or
     `meta/tasks.jsonl` (v2.1); empty when the file is missing or unreadable (the task text is still kept)."""
     try:
         if path.suffix == ".parquet":
@@ -480,9 +483,9 @@ def _task_numbers(path: Path) -> dict[str, int]:
 
             table = pq.read_table(path).to_pylist()
             texts = [next((v for k, v in r.items() if k != "task_index" and isinstance(v, str)), None) for r in table]
-            return {t: int(r["task_index"]) for t, r in zip(texts, table) if t is not None}
+            return {int(r["task_index"]): t for t, r in zip(texts, table) if t is not None}
         rows = [parse_json(line) for line in path.read_text().splitlines() if line.strip()]
-        return {r["task"]: int(r["task_index"]) for r in rows if isinstance(r, dict) and "task" in r}
+        return {int(r["task_index"]): r["task"] for r in rows if isinstance(r, dict) and "task" in r}
     except (OSError, ValueError, KeyError, TypeError):
         return {}
 
