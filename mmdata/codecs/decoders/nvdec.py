@@ -14,7 +14,6 @@ hardware call runs in the CPU suite; `benchmarks/gpu/nvdec_check.py` checks the 
 
 from __future__ import annotations
 
-import io
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +24,7 @@ import numpy as np
 
 from mmdata.codecs.bitstream import AnnexB, elementary_stream
 from mmdata.codecs.decoders.base import OnError, VideoDecoder
-from mmdata.codecs.decoders.pyav_decoder import key_runs, request_rows, wanted_frames
+from mmdata.codecs.decoders.pyav_decoder import key_runs, probe_segment, request_rows, wanted_frames
 from mmdata.codecs.decoders.requests import ClipRequest
 from mmdata.codecs.decoders.sessions import DecoderSession, SessionPool, Size
 from mmdata.codecs.nv12 import nv12_to_rgb
@@ -110,7 +109,7 @@ class NvdecDecoder(VideoDecoder):
         key_frames, key_positions = index.key_frames
         wanted = wanted_frames(request, len(index), key_frames)
         stream = self._stream(request.codec, index.codec_config)
-        width, height = request.frame_size or _probed_size(request)
+        width, height = request.frame_size or probe_segment(request)
         row_of = {int(frame): row for row, frame in enumerate(wanted)}
         rows: list[Any] = [None] * len(wanted)
         decoded = 0
@@ -161,15 +160,6 @@ def _indexed(request: ClipRequest) -> PacketIndex:
     """The packet index of a segment stored without one (demuxed once, on the host)."""
     try:
         return index_segment(request.data)
-    except (av.error.FFmpegError, IndexError) as exc:
-        raise DecodeError(str(exc) or type(exc).__name__) from exc
-
-
-def _probed_size(request: ClipRequest) -> Size:
-    try:
-        with av.open(io.BytesIO(request.data)) as container:
-            context = container.streams.video[0].codec_context
-            return context.width, context.height
     except (av.error.FFmpegError, IndexError) as exc:
         raise DecodeError(str(exc) or type(exc).__name__) from exc
 

@@ -51,13 +51,16 @@ def check_frame(frame: av.VideoFrame, request: ClipRequest) -> None:
         raise DecodeError(f"a frame is {frame.width}x{frame.height}, the store says {width}x{height}")
 
 
-def probe_segment(request: ClipRequest) -> None:
-    """Check a segment's codec and frame size from its headers (for backends that decode it elsewhere)."""
+def probe_segment(request: ClipRequest) -> tuple[int, int]:
+    """Check a segment's codec and frame size from its headers (for backends that decode it elsewhere);
+    its (width, height)."""
     try:
         with av.open(io.BytesIO(request.data)) as container:
             if not container.streams.video:
                 raise DecodeError("segment holds no video stream")
-            check_stream(container.streams.video[0].codec_context, request)
+            context = container.streams.video[0].codec_context
+            check_stream(context, request)
+            return context.width, context.height
     except (av.error.FFmpegError, IndexError) as exc:
         raise DecodeError(str(exc) or type(exc).__name__) from exc
 
