@@ -88,5 +88,15 @@ def raw_copy(raw_dataset, tmp_path) -> Path:
     return copy
 
 
+def camera_batches(store: Path, decoder, seed: int) -> list:
+    """(sample_index, cam_high) of every batch a 2-worker DataLoader reads as two-frame windows with `decoder`:
+    what the decoder tests compare between backends."""
+    import mmdata
+
+    spec = mmdata.Windows(anchor_fps=10, streams={"cam_high": mmdata.Frames(offsets=[-0.1, 0.0])})
+    loader = mmdata.DataLoader(str(store), spec, batch_size=4, num_workers=2, seed=seed, decoder=decoder)
+    return [(batch["sample_index"], batch["cam_high"]) for batch in loader]
+
+
 def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "mmdata", *args], capture_output=True, text=True, timeout=timeout)

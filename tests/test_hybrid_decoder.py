@@ -13,6 +13,7 @@ import torch
 import mmdata
 from mmdata.codecs.decoders import HybridDecoder, RateSplit
 from mmdata.codecs.decoders.pyav_decoder import PyAvDecoder
+from tests.conftest import camera_batches
 
 
 class SlowPyAv(PyAvDecoder):
@@ -111,14 +112,8 @@ def test_a_worker_prepares_the_head_while_it_decodes_the_tail_and_the_outputs_st
 
 
 def test_the_dataloader_with_a_hybrid_decoder_delivers_the_batches_of_a_single_backend(stores):
-    spec = mmdata.Windows(anchor_fps=10, streams={"cam_high": mmdata.Frames(offsets=[-0.1, 0.0])})
-
-    def batches(decoder):
-        loader = mmdata.DataLoader(str(stores["wds"]), spec, batch_size=4, num_workers=2, seed=2, decoder=decoder)
-        return [(b["sample_index"], b["cam_high"]) for b in loader]
-
-    single = batches("pyav")
-    hybrid = batches(HybridDecoder(PyAvDecoder(), PyAvDecoder()))
+    single = camera_batches(stores["wds"], "pyav", seed=2)
+    hybrid = camera_batches(stores["wds"], HybridDecoder(PyAvDecoder(), PyAvDecoder()), seed=2)
     assert len(single) == len(hybrid)
     for (ids, frames), (hybrid_ids, hybrid_frames) in zip(single, hybrid):
         assert torch.equal(ids, hybrid_ids) and torch.equal(frames, hybrid_frames)

@@ -22,7 +22,7 @@ from mmdata.codecs.nv12 import nv12_to_rgb
 from mmdata.codecs.packet_index import index_segment
 from mmdata.errors import DecodeError, MmdataError
 from mmdata.synthetic import read_index_stripe
-from tests.conftest import GOP, SEGMENT
+from tests.conftest import GOP, SEGMENT, camera_batches
 
 
 def nv12_of(frame: av.VideoFrame) -> np.ndarray:
@@ -224,16 +224,8 @@ def test_decoder_nvdec_needs_pynvvideocodec_and_a_gpu_and_says_which_is_missing(
 
 
 def test_the_dataloader_with_the_nvdec_backend_delivers_pyavs_batches(stores):
-    import mmdata
-
-    spec = mmdata.Windows(anchor_fps=10, streams={"cam_high": mmdata.Frames(offsets=[-0.1, 0.0])})
-
-    def batches(decoder):
-        loader = mmdata.DataLoader(str(stores["wds"]), spec, batch_size=4, num_workers=2, seed=3, decoder=decoder)
-        return [(b["sample_index"], b["cam_high"]) for b in loader]
-
-    single = batches("pyav")
-    nvdec = batches(NvdecDecoder(sessions=2, open_session=PyAvSession))
+    single = camera_batches(stores["wds"], "pyav", seed=3)
+    nvdec = camera_batches(stores["wds"], NvdecDecoder(sessions=2, open_session=PyAvSession), seed=3)
     assert len(single) == len(nvdec)
     for (ids, frames), (nvdec_ids, nvdec_frames) in zip(single, nvdec):
         assert torch.equal(ids, nvdec_ids) and torch.equal(frames, nvdec_frames)
