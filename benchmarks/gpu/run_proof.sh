@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# On the GPU machine, in the call that carries .stage/s4 (calls 1-3 copied s1-s3 to /root/stage; see
+# stage.sh): unpack DALI and the wheels, then issue 30's checks in its order, each under its own time
+# limit so that a hang costs one step: the PyNvVideoCodec probe, nvdec_check, the NVDEC curve,
+# hybrid_check, then `mmdata bench` at a 100 ms step (64 x 2 cameras x 16-frame clips by backend; policy
+# windows at batch 256). Everything lands in /root/proof, packed into $OUT/proof.tar after each step.
+set -uo pipefail
+OUT="${OUT:-/tmp/out}"
+W=/root/proof
+S=/root/stage
+mkdir -p "$W" "$S" /tmp/site "$OUT"
+log() { echo "[$(date +%T)] $*" | tee -a "$W/steps.txt"; }
+pack() { tar cf "$OUT/proof.tar" -C "$W" .; }
+log "unpack"
+cp .stage/s*/* "$S/"
+cat "$S"/part-* | tar x -C "$S"
+cat "$S"/dali.tar.xz.part* | xz -d -T0 | tar x -C /tmp/site
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$S"/*.whl 2>&1 | tail -3
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore
+D="$S/gpudata"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$W/gpu.txt"
+step() {  # NAME SECONDS COMMAND...: one step, its output in NAME.log; a failure is logged and the next runs
+  local name=$1 limit=$2
+  shift 2
+  log "$name"
+  timeout "$limit" "$@" > "$W/$name.log" 2>&1
+  log "$name exited $?"
+  tail -n 12 "$W/$name.log"
+  pack
+}
+step nvdec_probe 60 python3 benchmarks/gpu/nvdec_probe.py "$D/loader_store.wds" "$W/nvdec_probe.json"
+step nvdec_check 120 python3 benchmarks/gpu/nvdec_check.py "$D/loader_store.wds" "$W/nvdec_check.json"
+export CURVE_SECONDS="${CURVE_SECONDS:-0.5}"
+step nvdec_curve 170 python3 benchmarks/gpu/nvdec_curve.py "$D/curve.pkl" \
+  "$W/nvdec_curve.json"
+step hybrid_check 75 python3 benchmarks/gpu/hybrid_check.py "$D/loader_store.wds" "$W/hybrid_check.json"
+bench() {  # NAME ARGS...: mmdata bench on the carried store at a 100 ms simulated step
+  local name=$1
+  shift
+  step "bench_$name" 80 python3 -m mmdata bench "$D/loader_store.wds" --device cuda --step-ms 100 \
+    --json "$W/bench_$name.json" "$@"
+}
+bench clips64_nvdec --spec clips --batch-size 64 --decoder nvdec --num-workers 8 --steps 20
+bench clips64_dali --spec clips --batch-size 64 --decoder dali --num-workers 8 --steps 20
+bench clips64_pyav --spec clips --batch-size 64 --decoder pyav --num-workers 15 --steps 20
+bench clips64_hybrid --spec clips --batch-size 64 --decoder hybrid --num-workers 8 --steps 20
+bench policy256_auto --spec policy --batch-size 256 --decoder auto --num-workers 15 --steps 30
+bench policy256_nvdec --spec policy --batch-size 256 --decoder nvdec --num-workers 8 --steps 30
+log "done"
+pack
