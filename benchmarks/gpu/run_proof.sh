@@ -11,12 +11,7 @@ S=/root/stage
 mkdir -p "$W" "$S" /tmp/site "$OUT"
 log() { echo "[$(date +%T)] $*" | tee -a "$W/steps.txt"; }
 pack() { tar cf "$OUT/proof.tar" -C "$W" .; }
-log "unpack"
-cp .stage/s*/* "$S/"
-cat "$S"/part-* | tar x -C "$S"
-cat "$S"/dali.tar.xz.part* | xz -d -T0 | tar x -C /tmp/site
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$S"/*.whl 2>&1 | tail -3
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore
+source "$(dirname "$0")/unpack_stage.sh"
 D="$S/gpudata"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$W/gpu.txt"
 step() {  # NAME SECONDS COMMAND...: one step, its output in NAME.log; a failure is logged and the next runs
