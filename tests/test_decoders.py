@@ -15,6 +15,7 @@ from mmdata.codecs.decoders import (
     backend_available,
     frames_decoded_from_key_frames,
     make_video_decoder,
+    measured,
     select,
 )
 from mmdata.codecs.decoders.concat import join_segments
@@ -123,13 +124,53 @@ def test_auto_picks_a_cpu_backend_without_a_gpu():
     assert make_video_decoder("auto", ["h264"], device="cpu", frames_per_request=2).name in ("pyav", "decord")
 
 
-def test_auto_sends_only_large_frames_and_long_requests_to_the_gpu(monkeypatch):
+def test_auto_keeps_small_frames_on_the_host_cores_where_the_measured_table_says_they_win(monkeypatch):
     monkeypatch.setattr(select, "backend_available", lambda name: True)
-    assert select.choose_backend(["h264"], frames_per_request=16, frame_pixels=640 * 480) == "dali"
-    assert select.choose_backend(["h264"], frames_per_request=16, frame_pixels=224 * 224) == "pyav"
-    assert select.choose_backend(["h264"], frames_per_request=2, frame_pixels=640 * 480) == "pyav"
-    assert select.choose_backend(["h264"], device="cpu") == "pyav"
-    assert select.choose_backend(["vp9", "h264"]) == "dali"
+    for codec in ("h264", "hevc"):
+        for frames in (16, 2):
+            assert select.choose_backend([codec], "cuda", frames, (224, 224), host_cores=16) == "pyav"
+    assert select.choose_backend(["h264"], "cuda", 16, (640, 480), host_cores=16) == "pyav"
+
+
+def test_auto_sends_large_frames_in_long_requests_to_nvdec_and_short_ones_to_the_host(monkeypatch):
+    monkeypatch.setattr(select, "backend_available", lambda name: True)
+    assert select.choose_backend(["h264"], "cuda", 16, (1920, 1080), host_cores=16) == "nvdec"
+    assert select.choose_backend(["hevc"], "cuda", 16, (1280, 1024), host_cores=16) == "nvdec"
+    assert select.choose_backend(["h264"], "cuda", 2, (1920, 1080), host_cores=16) == "pyav"
+
+
+def test_auto_counts_the_host_cores_of_this_rank_so_a_rank_with_few_takes_the_gpu(monkeypatch):
+    monkeypatch.setattr(select, "backend_available", lambda name: True)
+    monkeypatch.setattr(select.os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert select.host_cores_per_rank() == 16
+    assert select.choose_backend(["h264"], "cuda", 16, (640, 480)) == "pyav"
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert select.host_cores_per_rank() == 2
+    assert select.choose_backend(["h264"], "cuda", 16, (640, 480)) == "dali", "DALI 1,509 against 2 x 213 per core"
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "not a number")
+    assert select.host_cores_per_rank() == 16
+
+
+def test_auto_takes_a_gpu_backend_only_where_it_can_run(monkeypatch):
+    monkeypatch.setattr(select, "backend_available", lambda name: name != "nvdec")
+    assert select.choose_backend(["h264"], "cuda", 16, (1920, 1080), host_cores=16) == "pyav", "DALI loses there"
+    assert select.choose_backend(["h264"], "cuda", 16, (640, 480), host_cores=1) == "dali"
+    monkeypatch.setattr(select, "backend_available", lambda name: True)
+    assert select.choose_backend(["hevc"], "cuda", 16, (112, 112), host_cores=1) == "pyav", "NVDEC refuses HEVC < 144"
+    assert select.choose_backend(["h264"], "cpu", 16, (1920, 1080), host_cores=1) == "pyav"
+    assert select.choose_backend(["vp9"], "cuda", 16, (1920, 1080), host_cores=1) == "pyav", "never measured"
+    assert select.choose_backend(["h264", "av1"], "cuda", 16, (1920, 1080), host_cores=1) == "pyav"
+    assert select.choose_backend(["h264"], "cuda") == "pyav", "no frame size: the host"
+
+
+def test_the_measured_table_answers_with_the_nearest_frame_area_of_the_same_request_length():
+    cell = measured.nearest_cell("h264", (1280, 720), 16)
+    assert (cell.width, cell.height, cell.long_requests) == (1920, 1080, True)
+    cell = measured.nearest_cell("hevc", (320, 240), 4)
+    assert (cell.width, cell.height, cell.long_requests) == (224, 224, False)
+    assert measured.nearest_cell("av1", (224, 224), 16) is None
+    assert not measured.nvdec_opens("hevc", (143, 300)) and measured.nvdec_opens("hevc", (144, 144))
 
 
 def _decode_in_child(decoder, request, queue):

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Here, after prepare.sh: pack what the GPU machine lacks (the DALI bundle, the av and PyNvVideoCodec wheels,
-# .gpudata) into .stage/s1..s4, each under 52 MiB so that one fits a call beside the repository. Calls 1-3
+# the store and curve of .gpudata) into .stage/s1..s4, each under 52 MiB so that one fits a call beside the repository. Calls 1-3
 # carry s1, s2, s3 and copy them to /root/stage; call 4 carries s4 and runs run_proof.sh, which unpacks all.
 # The PyNvVideoCodec wheel is slimmed first: its FFmpeg sources, samples and CUDA 12 module are not needed.
 set -euo pipefail
@@ -14,7 +14,8 @@ for wheel in .whl/pynvvideocodec-*.whl; do
   zip -q -d "$work/all/$(basename "$wheel")" 'pynvvideocodec-*.data/*' 'samples/*' 'benchmarks/*' \
     'PyNvVideoCodec/PyNvVideoCodec_121*' || true
 done
-cp -r .gpudata "$work/all/gpudata"
+mkdir -p "$work/all/gpudata"
+cp -r .gpudata/loader_store.wds .gpudata/curve.pkl "$work/all/gpudata/"  # sizes.pkl travels on its own
 rm -rf .stage && mkdir -p .stage
 tar cf - -C "$work/all" . | split -b 52M -d -a 1 - "$work/part-"
 i=1

@@ -232,14 +232,14 @@ class DataLoader:
             decoder.check_codecs(codecs)
             return decoder
         frames = max((len(s.offsets) for s in self.spec.streams.values() if isinstance(s, Frames)), default=None)
-        pixels = min((c.width * c.height for c in cameras), default=None)
+        smallest = (min(c.width for c in cameras), min(c.height for c in cameras)) if cameras else None
         device = "cuda" if self.device.type == "cuda" else "cpu"
         return make_video_decoder(
             decoder,
             codecs,
             device=device,
             frames_per_request=frames,
-            frame_pixels=pixels,
+            frame_size=smallest,
             device_id=self.device.index or 0,
             **({"helpers": max(1, self.num_workers)} if decoder == "hybrid" else {}),
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,6 +16,7 @@ from mmdata.codecs.decoders.dali_decoder import (
 )
 from mmdata.codecs.decoders.decord_decoder import DECORD_CODECS, DecordDecoder, decord_available
 from mmdata.codecs.decoders.hybrid import HybridDecoder, RateSplit
+from mmdata.codecs.decoders.measured import nearest_cell, nvdec_opens
 from mmdata.codecs.decoders.nvdec import NVDEC_CODECS, NvdecDecoder, pynvvideocodec_available
 from mmdata.codecs.decoders.pyav_decoder import PYAV_CODECS, PyAvDecoder
 from mmdata.errors import MmdataError, UnsupportedCodecError
@@ -37,14 +39,9 @@ CPU_PREFERENCE: dict[str, tuple[str, ...]] = {
 }
 _DEFAULT_CPU_PREFERENCE = ("pyav", "decord", "dali-cpu")
 
-# Where NVDEC beats the host's cores, as measured on an H200 host with 16 cores (H.264, joined
-# sessions against PyAV in 16 processes on the same requests; benchmarks/results/decode_gpu_h200.md):
-# 16-frame clips at 640x480 ran 5,337 frames/s on the GPU against 3,427 on the CPU, while at
-# 224x224 the CPU won every pattern (16-frame clips 16,013 against 9,959; 8-frame clips 9,605
-# against 5,924; 2-frame windows 7,555 against 3,241). So `auto` sends a stream to the GPU only
-# when its frames are large and its requests long.
-GPU_MIN_FRAMES_PER_REQUEST = 8
-GPU_MIN_FRAME_PIXELS = 640 * 480
+# A GPU backend is chosen over the host's cores only when the measured table says it delivers this much more:
+# single measurements on a shared machine vary by about 15%, and a GPU left to the trainer is worth something.
+GPU_MARGIN = 1.2
 
 
 def backend_available(name: str) -> bool:
@@ -63,34 +60,60 @@ def backend_available(name: str) -> bool:
 
 
 def backends_for_codec(codec: str) -> list[str]:
-    """The backends available here that decode `codec`, fastest first."""
+    """The backends available here that decode `codec`: the GPU ones, then the CPU ones fastest first."""
     order = ["dali", "nvdec", *CPU_PREFERENCE.get(codec, _DEFAULT_CPU_PREFERENCE)]
     order += [name for name in _CODECS if name not in order]
     return [name for name in order if codec in _CODECS[name] and backend_available(name)]
+
+
+def host_cores_per_rank() -> int:
+    """The CPU cores this process may use, shared among the ranks of its node (torchrun's LOCAL_WORLD_SIZE)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        ranks = 1
+    return max(1, cores // ranks)
 
 
 def choose_backend(
     codecs: Sequence[str],
     device: str = "auto",
     frames_per_request: int | None = None,
-    frame_pixels: int | None = None,
+    frame_size: tuple[int, int] | None = None,
+    host_cores: int | None = None,
 ) -> str:
-    """What `auto` means here.
+    """What `auto` means here: the backend the measured table (`measured.py`) says delivers the most frames/s
+    for these codecs, frames of `frame_size` (width, height) and requests of `frames_per_request` frames, the
+    CPU backend counted at `host_cores` (default: this rank's share of the node's cores).
 
-    DALI on the GPU when `device` allows it ("auto" or "cuda"), a GPU and DALI are present, DALI
-    decodes every codec, and the work is of the kind where the GPU was measured to win: frames of
-    at least GPU_MIN_FRAME_PIXELS and requests of at least GPU_MIN_FRAMES_PER_REQUEST frames (each
-    condition applies when its figure is given). Otherwise the fastest CPU backend for the codecs.
+    A GPU backend ("nvdec", then "dali") is a candidate only when `device` allows it ("auto" or "cuda"), it
+    is installed, a GPU is visible, it decodes every codec, NVDEC opens frames of that size, and it beats the
+    CPU by GPU_MARGIN. Without a frame size or request length, or for a codec never measured, the fastest
+    CPU backend.
     """
     codecs = list(dict.fromkeys(codecs))
-    gpu_wins = (frames_per_request is None or frames_per_request >= GPU_MIN_FRAMES_PER_REQUEST) and (
-        frame_pixels is None or frame_pixels >= GPU_MIN_FRAME_PIXELS
-    )
-    if device != "cpu" and gpu_wins and backend_available("dali") and all(c in DALI_GPU_CODECS for c in codecs):
-        return "dali"
+    cpu = _cpu_backend(codecs)
+    if device == "cpu" or not codecs or frames_per_request is None or frame_size is None:
+        return cpu
+    cells = [nearest_cell(codec, frame_size, frames_per_request) for codec in codecs]
+    if any(cell is None for cell in cells):
+        return cpu
+    cores = host_cores if host_cores is not None else host_cores_per_rank()
+    best, best_rate = cpu, min(cell.pyav_per_core for cell in cells) * cores * GPU_MARGIN
+    for name in ("nvdec", "dali"):
+        eligible = all(codec in _CODECS[name] and nvdec_opens(codec, frame_size) for codec in codecs)
+        rate = min(getattr(cell, name) for cell in cells)
+        if eligible and rate > best_rate and backend_available(name):
+            best, best_rate = name, rate
+    return best
+
+
+def _cpu_backend(codecs: list[str]) -> str:
+    """The fastest installed CPU backend that decodes every codec."""
     first = codecs[0] if codecs else "h264"
     for name in [*CPU_PREFERENCE.get(first, _DEFAULT_CPU_PREFERENCE), "pyav"]:
-        if name != "dali" and backend_available(name) and all(c in _CODECS[name] for c in codecs):
+        if backend_available(name) and all(c in _CODECS[name] for c in codecs):
             return name
     raise UnsupportedCodecError(f"no installed decoder reads all of {', '.join(codecs)}")
 
@@ -100,7 +123,7 @@ def make_video_decoder(
     codecs: Sequence[str] = (),
     device: str = "auto",
     frames_per_request: int | None = None,
-    frame_pixels: int | None = None,
+    frame_size: tuple[int, int] | None = None,
     device_id: int = 0,
     **options: Any,
 ) -> VideoDecoder:
@@ -108,15 +131,15 @@ def make_video_decoder(
     "decord", or "hybrid": DALI on the GPU and PyAV on the host sharing each batch, see `hybrid.py`) for `codecs`.
 
     Fails here, not on the first sample, when the backend is missing or cannot decode a codec.
-    `device`, `frames_per_request` and `frame_pixels` steer "auto" (see `choose_backend`); `device_id` is the
-    CUDA device a GPU backend decodes on; `options` go to the
-    backend (e.g. `pipelines=`, `reuse_sessions=` for DALI, `sessions=` for nvdec, `threads=` for the CPU backends;
-    `helpers=` for "hybrid": how many processes decode its host share at once, the loader's workers).
+    `device`, `frames_per_request` and `frame_size` (width, height) steer "auto" (see `choose_backend`);
+    `device_id` is the CUDA device a GPU backend decodes on; `options` go to the backend (e.g. `pipelines=`,
+    `reuse_sessions=` for DALI, `sessions=` for nvdec, `threads=` for the CPU backends; `helpers=` for "hybrid":
+    how many processes decode its host share at once, the loader's workers).
     """
     if name not in BACKEND_NAMES:
         raise MmdataError(f"unknown decoder '{name}'; choose one of {', '.join(BACKEND_NAMES)}")
     if name == "auto":
-        name = choose_backend(codecs, device, frames_per_request, frame_pixels)
+        name = choose_backend(codecs, device, frames_per_request, frame_size)
     if not backend_available(name):
         raise MmdataError(_why_unavailable(name))
     if name == "hybrid":
