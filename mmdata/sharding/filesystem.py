@@ -60,9 +60,10 @@ class ReadPolicy:
     stall, so their reads get the deadline too. `concurrency` bounds the requests one process has
     in flight when it fetches a micro-batch's pieces ahead from object storage.
 
-    `cache_dir` keeps what is fetched from object storage on local disk, up to about
-    `cache_max_bytes` (least recently used removed first), shared by every process and loader on
-    the host, so a second epoch does not download again (see `mmdata.sharding.piece_cache`).
+    `cache_dir` keeps what is fetched from object storage on local disk, in its sub-folder
+    `mmdata-piece-cache` (nothing else there is touched), up to about `cache_max_bytes` (least
+    recently used removed first), shared by every process and loader on the host, so a second epoch
+    does not download again (see `mmdata.sharding.piece_cache`).
     """
 
     timeout_s: float = 60.0
