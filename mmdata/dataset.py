@@ -17,7 +17,7 @@ from mmdata.codecs.align import Interpolation, frame_indices_at, sample_range, v
 from mmdata.codecs.audio import AudioClip, AudioLimits, as_float, decode_audio, resample
 from mmdata.codecs.decoders import ClipRequest, SegmentRef, VideoDecoder, make_video_decoder
 from mmdata.codecs.decoders.base import OnError
-from mmdata.codecs.packet_index import PacketIndex
+from mmdata.codecs.packet_index import PacketIndex, is_checked
 from mmdata.errors import DecodeError, IntegrityError, ReadError, StoreError
 from mmdata.schema import DatasetSchema, VideoStream
 from mmdata.sharding.filesystem import DEFAULT_READ_POLICY, ReadPolicy, join, read_file, resolve
@@ -328,7 +328,7 @@ class Dataset:
         for number, (segment, record) in enumerate(zip(segments, records)):
             try:
                 index = None
-                if record is not None:
+                if is_checked(record):
                     index = PacketIndex.from_record(record, int(segment["size"]), int(segment["num_frames"]))
             except DecodeError as exc:
                 raise IntegrityError(f"{SegmentRef(row['key'], name, number)}: {exc}; convert the store again") from exc

@@ -7,6 +7,7 @@ from fractions import Fraction
 
 import av
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from av.video.reformatter import VideoReformatter
@@ -16,8 +17,8 @@ from mmdata.codecs.colour import RGB_CONVERSION, rgb_into, to_rgb
 from mmdata.codecs.decoders import ClipRequest, SegmentRef, make_video_decoder
 from mmdata.codecs.packet_index import PacketIndex, index_describes, index_segment
 from mmdata.codecs.video_encode import VideoEncoding, encode_segments, encoding_for_access
-from mmdata.errors import DecodeError, IntegrityError
-from mmdata.sharding.manifest import packets_column
+from mmdata.errors import DecodeError, IntegrityError, SampleError
+from mmdata.sharding.manifest import LEGACY_PACKET_INDEX, packets_column
 from mmdata.synthetic import read_index_stripe, synthetic_frame
 from mmdata.verify import verify_dataset
 
@@ -174,3 +175,40 @@ def test_verify_reports_a_packet_index_that_does_not_describe_its_segment(stores
     report = verify_dataset(str(store), progress=False)
     assert [failure.index for failure in report.failures] == [episode]
     assert any("packet index does not describe its bytes" in problem for problem in report.failures[0].problems)
+
+
+def test_a_consistently_edited_packet_index_fails_its_checksum_instead_of_swapping_frames(stores, tmp_path):
+    table = pq.read_table(stores["wds"] / "episodes.parquet")
+    rows = table.to_pylist()
+    column = packets_column("cam_high")
+    record = rows[0][column][0]
+    packets = np.frombuffer(record["packets"], "<i4").reshape(-1, 4).copy()
+    first, second = [p for p in range(len(packets)) if not packets[p, 3]][:2]  # two frames that are not key frames
+    packets[[first, second], 2] = packets[[second, first], 2]  # the index still shows each frame once
+    rows[0][column][0] = {**record, "packets": packets.tobytes()}
+    store = store_with_manifest(stores["wds"], tmp_path / "edited.wds", pa.Table.from_pylist(rows, schema=table.schema))
+    dataset = mmdata.open_dataset(str(store))
+    times = (np.arange(12) / 30).tolist()
+    with pytest.raises(IntegrityError, match="segment 0: its packet index does not match its checksum"):
+        dataset.frames_at(0, "cam_high", times)
+    spec = mmdata.Windows(anchor_fps=5, streams={"cam_high": mmdata.Frames(offsets=[0.0])})
+    with pytest.raises(SampleError, match="checksum"):
+        list(mmdata.DataLoader(dataset, spec, batch_size=4))
+
+
+def test_packet_indexes_without_a_checksum_are_not_used_and_the_frames_stay_right(stores, tmp_path):
+    table = pq.read_table(stores["wds"] / "episodes.parquet")
+    column = packets_column("cam_high")
+    rows = table.to_pylist()
+    for row in rows:
+        for name in [c for c in row if c.endswith("/packets")]:
+            row[name] = [{k: v for k, v in r.items() if k != "checksum"} for r in row[name]]
+    legacy_type = pa.list_(LEGACY_PACKET_INDEX)
+    schema = pa.schema([f.with_type(legacy_type) if f.name.endswith("/packets") else f for f in table.schema])
+    rows[0][column][0]["packets"] = b"\0" * len(rows[0][column][0]["packets"])  # garbage, and unchecked
+    legacy = store_with_manifest(stores["wds"], tmp_path / "legacy.wds", pa.Table.from_pylist(rows, schema=schema))
+    times = (np.arange(12) / 30).tolist()
+    expected = mmdata.open_dataset(str(stores["wds"])).frames_at(0, "cam_high", times).values
+    old = mmdata.open_dataset(str(legacy))
+    assert not old.damaged
+    assert np.array_equal(old.frames_at(0, "cam_high", times).values, expected)

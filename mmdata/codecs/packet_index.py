@@ -5,6 +5,11 @@ Written at conversion, once per segment, into the manifest: the codec's paramete
 inside the segment, the frame it shows (its index in presentation order) and whether it is a key
 frame. A reader then slices the packets it needs out of the segment's bytes and feeds them to a
 decoder it keeps open, instead of opening a container per request (about half a millisecond each).
+
+The index is interpreted against bytes whose checksum holds, so it carries a checksum of its own
+(xxHash64 of its codec configuration and packet table, as pieces are checked): an index edited
+consistently (two frames' numbers swapped) would otherwise deliver the wrong frames without an error.
+An index without one (stores written before it existed) is not used; readers demux such segments.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from functools import cached_property
 
 import av
 import numpy as np
+import xxhash
 
 from mmdata.errors import DecodeError
 
@@ -43,17 +49,19 @@ class PacketIndex:
         """(frames shown by key packets, ascending; their decode positions)."""
         return key_frames_of(self.frames, self.keys)
 
-    def to_record(self) -> dict[str, bytes]:
-        """The manifest's form: `{"codec_config": bytes, "packets": int32 [n, 4] bytes}`."""
+    def to_record(self) -> dict[str, bytes | str]:
+        """The manifest's form: `{"codec_config": bytes, "packets": int32 [n, 4] bytes, "checksum": hex}`."""
         table = np.stack([self.offsets, self.sizes, self.frames, self.keys.astype(np.int32)], axis=1)
-        return {"codec_config": self.codec_config, "packets": table.astype(_DTYPE).tobytes()}
+        packets = table.astype(_DTYPE).tobytes()
+        checksum = record_checksum(self.codec_config, packets)
+        return {"codec_config": self.codec_config, "packets": packets, "checksum": checksum}
 
     @classmethod
     def from_record(cls, record: dict, segment_bytes: int, num_frames: int) -> PacketIndex:
         """Parse and check a manifest record against its segment's size and frame count.
 
-        Raises DecodeError when the index cannot describe the segment: packets outside its bytes,
-        frames that are not each shown once, or no key frame first.
+        Raises DecodeError when the index cannot describe the segment (packets outside its bytes,
+        frames that are not each shown once, no key frame first) or fails its checksum.
         """
         config, blob = record["codec_config"], record["packets"]
         if config is None or blob is None or len(config) > MAX_CODEC_CONFIG_BYTES:
@@ -67,7 +75,19 @@ class PacketIndex:
             raise DecodeError(f"its packet index points outside the segment's {segment_bytes} bytes")
         if not np.array_equal(np.sort(frames), np.arange(num_frames)) or not keys[0] or frames[0] != 0:
             raise DecodeError("its packet index does not show each frame once, starting with a key frame")
+        if record.get("checksum") != record_checksum(config, blob):
+            raise DecodeError("its packet index does not match its checksum (the manifest was edited or damaged)")
         return cls(bytes(config), offsets, sizes, frames, keys.astype(bool))
+
+
+def record_checksum(codec_config: bytes, packets: bytes) -> str:
+    """Hex xxHash64 of an index's codec configuration (length first) and packet table."""
+    return xxhash.xxh64_hexdigest(len(codec_config).to_bytes(4, "little") + codec_config + packets)
+
+
+def is_checked(record: dict | None) -> bool:
+    """Whether a manifest record is an index readers may use: present and carrying a checksum."""
+    return record is not None and bool(record.get("checksum"))
 
 
 def index_segment(data: bytes) -> PacketIndex:

@@ -48,7 +48,7 @@ class EncodedVideo:
         """Index of each segment's first frame within the episode."""
         return [int(f) for f in np.cumsum([0, *self.segment_frames[:-1]])]
 
-    def packet_records(self) -> list[dict[str, bytes] | None]:
+    def packet_records(self) -> list[dict[str, bytes | str] | None]:
         """Each segment's packet index for the manifest (see `mmdata.codecs.packet_index`); None for a
         segment whose packets are not one per frame, which readers then demux."""
         records: list[dict[str, bytes] | None] = []

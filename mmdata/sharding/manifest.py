@@ -25,9 +25,11 @@ from mmdata.sharding.filesystem import write_bytes_atomically
 
 PIECE = pa.struct([("path", pa.string()), ("offset", pa.int64()), ("size", pa.int64()), ("checksum", pa.string())])
 SEGMENT = pa.struct([("first_frame", pa.int64()), ("num_frames", pa.int64()), *[(f.name, f.type) for f in PIECE]])
-# Per segment, its packet index (see mmdata.codecs.packet_index); a column stores written before it lack.
+# Per segment, its packet index (see mmdata.codecs.packet_index); a column stores written before it lack,
+# and stores written before indexes had checksums hold it without one (LEGACY_PACKET_INDEX: not used).
 PACKETS_SUFFIX = "/packets"
-PACKET_INDEX = pa.struct([("codec_config", pa.binary()), ("packets", pa.binary())])
+LEGACY_PACKET_INDEX = pa.struct([("codec_config", pa.binary()), ("packets", pa.binary())])
+PACKET_INDEX = pa.struct([*LEGACY_PACKET_INDEX, ("checksum", pa.string())])
 MEMBER = pa.struct([("name", pa.string()), ("offset", pa.int64()), ("size", pa.int64()), ("checksum", pa.string())])
 
 

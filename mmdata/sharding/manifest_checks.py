@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 from mmdata.codecs.packet_index import ROW_BYTES
 from mmdata.errors import StoreError
 from mmdata.schema import AudioStream, DatasetSchema, LowdimStream, VideoStream
-from mmdata.sharding.manifest import episode_key, manifest_schema, packets_column
+from mmdata.sharding.manifest import LEGACY_PACKET_INDEX, episode_key, manifest_schema, packets_column
 
 MAX_EPISODE_SECONDS = 7 * 24 * 3600.0
 # A stream's span may exceed its sample count times its period this many times (dropped frames,
@@ -107,6 +107,8 @@ def _check_structure(table: pa.Table, schema: DatasetSchema, where: str) -> None
         if field.name not in table.column_names:
             raise StoreError(f"{where} lacks column '{field.name}'; the store is damaged: convert it again")
         found = table.schema.field(field.name).type
+        if field.name in optional and found == pa.list_(LEGACY_PACKET_INDEX):
+            continue
         if found != field.type:
             raise StoreError(f"{where}: column '{field.name}' is {found}, not {field.type}; convert the store again")
     if table.num_rows != schema.num_episodes:

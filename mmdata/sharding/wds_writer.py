@@ -260,9 +260,11 @@ def _row_from_json(row: dict[str, Any], sidecar: str) -> dict[str, Any]:
 
 
 def _with_packet_bytes(row: dict[str, Any], convert: Callable[[Any], Any]) -> dict[str, Any]:
-    """`row` with `convert` applied to every field of its packet-index records."""
+    """`row` with `convert` applied to the byte fields of its packet-index records (not their checksums)."""
     converted = dict(row)
     for column, records in row.items():
         if column.endswith(PACKETS_SUFFIX) and isinstance(records, list):
-            converted[column] = [None if r is None else {k: convert(v) for k, v in r.items()} for r in records]
+            converted[column] = [
+                None if r is None else {k: v if k == "checksum" else convert(v) for k, v in r.items()} for r in records
+            ]
     return converted
