@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, Literal
 
@@ -33,6 +34,9 @@ MAX_AUDIO_RATE = 768_000
 MAX_AUDIO_CHANNELS = 64
 MAX_LOWDIM_RANK = 8
 MAX_LOWDIM_ELEMENTS = 1 << 20
+# Streams per store: far above any robot's sensors, low enough that every per-stream pass over a store's
+# metadata (and the manifest's columns, three or more per stream) stays quick.
+MAX_STREAMS = 4096
 
 
 @dataclass(frozen=True)
@@ -143,9 +147,11 @@ class DatasetSchema:
             entries = document.get("streams")
             if not isinstance(entries, list) or not entries:
                 raise ValueError("'streams' is not a non-empty list")
+            if len(entries) > MAX_STREAMS:
+                raise ValueError(f"it lists {len(entries)} streams; a store holds at most {MAX_STREAMS}")
             streams = [stream_from_dict(entry) for entry in entries]
-            names = [stream.name for stream in streams]
-            repeated = sorted({name for name in names if names.count(name) > 1})
+            counts = Counter(stream.name for stream in streams)
+            repeated = sorted(name for name, count in counts.items() if count > 1)
             if repeated:
                 raise ValueError(f"stream names {repeated} appear more than once")
             created = document.get("created", {})

@@ -11,6 +11,7 @@ import pytest
 import mmdata
 from mmdata.errors import IntegrityError, ReadError, StoreError
 from mmdata.verify import verify_dataset
+from tests.conftest import run_cli
 from tests.hostile.tampering import copy_store, edit_manifest, edit_schema, flip_byte, replace_piece
 
 
@@ -130,6 +131,37 @@ def test_unparseable_dataset_json_is_a_store_error(damaged, text):
     (damaged / "dataset.json").write_bytes(text)
     with pytest.raises(StoreError, match="dataset.json"):
         mmdata.open_dataset(damaged)
+
+
+def test_a_dataset_json_of_200000_streams_is_refused_at_once_by_open_inspect_and_verify(damaged):
+    import time
+
+    document = json.loads((damaged / "dataset.json").read_text())
+    template = next(s for s in document["streams"] if s["kind"] == "lowdim")
+    document["streams"] = [{**template, "name": f"j{i}"} for i in range(200_000)]
+    (damaged / "dataset.json").write_text(json.dumps(document, separators=(",", ":")))
+    assert (damaged / "dataset.json").stat().st_size < 16 << 20, "within the size a dataset.json may have"
+    started = time.perf_counter()
+    with pytest.raises(StoreError, match="200000 streams; a store holds at most 4096"):
+        mmdata.open_dataset(damaged)
+    for command in (["inspect", str(damaged)], ["verify", str(damaged)]):
+        result = run_cli(*command)
+        assert result.returncode == 2 and "at most 4096" in result.stderr
+    assert time.perf_counter() - started < 30.0, "refused before any per-stream work"
+
+
+def test_duplicate_names_among_the_most_streams_a_store_may_hold_are_found_in_linear_time(damaged):
+    import time
+
+    from mmdata.schema import MAX_STREAMS, DatasetSchema
+
+    document = json.loads((damaged / "dataset.json").read_text())
+    template = next(s for s in document["streams"] if s["kind"] == "lowdim")
+    document["streams"] = [{**template, "name": f"joint_{i % (MAX_STREAMS - 1)}"} for i in range(MAX_STREAMS)]
+    started = time.perf_counter()
+    with pytest.raises(StoreError, match=r"stream names \['joint_0'\] appear more than once"):
+        DatasetSchema.from_json(json.dumps(document))
+    assert time.perf_counter() - started < 2.0
 
 
 def test_manifest_that_is_not_parquet_is_a_store_error(damaged):
