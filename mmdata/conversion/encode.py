@@ -132,6 +132,7 @@ def encode_episode(source: EpisodeSource, position: int, options: EncodeOptions)
             problem = f"stream name '{stream.name}' is reserved for the task text"
         if problem is not None:
             raise SourceError(source.name, stream.path, problem, "rename the file, column or key that names it")
+    _check_declared_spans(source, options.duration_tolerance)
     episode = EncodedEpisode(position, source.name, source.task, dict(source.metadata))
     episode.videos = [_encode_camera(source.name, camera, options.video) for camera in source.cameras]
     longest = max((v.t_end - v.t_start for v in episode.videos), default=None)
@@ -260,6 +261,35 @@ def _sample_period(timestamps: np.ndarray, rate: float | None) -> float:
     if len(timestamps) > 1:
         return float(np.median(np.diff(timestamps)))
     return 0.0
+
+
+def _check_declared_spans(source: EpisodeSource, tolerance: float) -> None:
+    """Before any frame or row is read: the time that cameras and low-dim arrays declare in their
+    containers' metadata (images or rows over their rate) must agree, so a small file declaring
+    hours of frames fails here instead of after reading and encoding every one of them."""
+    declared = []  # (what, file, count, unit, rate)
+    for camera in source.cameras:
+        frames = getattr(camera, "declared_frames", None)
+        if frames is not None:
+            declared.append((f"camera '{camera.name}'", camera.path, frames(source.name), "frames", camera.fps))
+    for stream in source.lowdim:
+        rows = getattr(stream, "declared_rows", None)
+        if rows is not None and stream.rate:
+            declared.append((f"stream '{stream.name}'", stream.path, rows(source.name), "rows", stream.rate))
+    if len(declared) < 2:
+        return
+    longest = max(declared, key=lambda d: d[2] / d[4])
+    shortest = min(declared, key=lambda d: d[2] / d[4])
+    if longest[2] / longest[4] - shortest[2] / shortest[4] <= tolerance + 1.0 / longest[4] + 1.0 / shortest[4]:
+        return
+    what, path, count, unit, rate = longest
+    raise SourceError(
+        source.name,
+        path,
+        f"{what} declares {count} {unit} at {rate:g} Hz = {count / rate:.3f} s, but {shortest[0]} declares"
+        f" {shortest[2]} {shortest[3]} at {shortest[4]:g} Hz = {shortest[2] / shortest[4]:.3f} s",
+        "check --fps and the file; it may be damaged",
+    )
 
 
 def _check_declared_rows(source: EpisodeSource, episode: EncodedEpisode, tolerance: float) -> None:

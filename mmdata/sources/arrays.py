@@ -193,6 +193,10 @@ class ArrayCameraSource:
     def path(self) -> str:
         return self.array.path
 
+    def declared_frames(self, episode: str) -> int:
+        """Images the array declares for the episode, from its metadata alone (nothing is read)."""
+        return self._declared(episode).rows
+
     def info(self, episode: str) -> VideoInfo:
         declared = self._declared(episode)
         if declared.rows == 0:

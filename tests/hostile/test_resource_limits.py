@@ -7,6 +7,7 @@ peak resident memory; the bound asserted is far below what the input declares (g
 from __future__ import annotations
 
 import json
+import time
 from fractions import Fraction
 
 import numpy as np
@@ -157,6 +158,25 @@ def test_hdf5_dataset_declaring_gigabytes_is_refused_before_it_is_read(tmp_path)
     result = run_limited(convert_code(source, "hdf5", 50, tmp_path / "out"), ADDRESS_SPACE)
     assert_bounded(result, "SourceError")
     assert "qpos" in result["outcome"] and "declares 30000000 rows" in result["outcome"]
+
+
+def test_hdf5_camera_declaring_100000_unwritten_frames_is_refused_before_a_frame_is_read(tmp_path):
+    import h5py
+
+    source = tmp_path / "aloha"
+    source.mkdir()
+    with h5py.File(source / "episode_0.hdf5", "w") as handle:
+        handle.create_dataset(
+            "observations/images/top", shape=(100_000, 64, 64, 3), dtype="uint8", chunks=(1, 64, 64, 3)
+        )
+        handle.create_dataset("observations/qpos", data=np.zeros((50, 14), np.float32))
+        handle.create_dataset("action", data=np.zeros((50, 14), np.float32))
+    assert (source / "episode_0.hdf5").stat().st_size < 1_000_000
+    started = time.perf_counter()
+    result = run_limited(convert_code(source, "hdf5", 50, tmp_path / "out"), ADDRESS_SPACE)
+    assert_bounded(result, "SourceError")
+    assert "camera 'top' declares 100000 frames at 50 Hz = 2000.000 s, but stream" in result["outcome"]
+    assert time.perf_counter() - started < 60, "no frame was read or encoded"
 
 
 def test_replay_buffer_of_a_few_kilobytes_declaring_gigabytes_is_refused(tmp_path):
