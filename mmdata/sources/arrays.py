@@ -412,16 +412,34 @@ def _as_bytes(item) -> bytes:
 
 
 def decode_image(data: bytes, episode: str, where: str) -> np.ndarray:
-    """A compressed image (JPEG, PNG, anything FFmpeg reads) as uint8 RGB."""
+    """A PNG or JPEG image as uint8 RGB. Its header's size is read and checked before decoding, and the
+    decoder refuses anything larger, since a few bytes can declare a picture of gigabytes; other formats
+    (GIF, TIFF, WebP, ...: FFmpeg would decode them, sized by headers this does not read) are refused."""
+    declared = declared_image_size(data)
+    if declared is None:
+        raise SourceError(
+            episode,
+            where,
+            f"an image is not a PNG or JPEG with a readable header (it starts {bytes(data[:8])!r})",
+            "store camera pictures as PNG or JPEG",
+        )
+    problem = frame_size_problem(*declared)
+    if problem is not None:
+        raise SourceError(episode, where, f"an image's header declares {problem}", "store smaller images")
     try:
-        declared = declared_image_size(data)
-        problem = frame_size_problem(*declared) if declared is not None else None
-        if problem is not None:
-            raise SourceError(episode, where, f"an image's header declares {problem}", "store smaller images")
         with av.open(io.BytesIO(data), format="image2pipe") as container:
+            context = container.streams.video[0].codec_context
+            context.options = {**context.options, "max_pixels": str((declared[0] + 256) * (declared[1] + 256))}
             frame = next(container.decode(video=0))
+            if (frame.width, frame.height) != declared:
+                raise SourceError(
+                    episode,
+                    where,
+                    f"an image decodes to {frame.width}x{frame.height}, its header says {declared[0]}x{declared[1]}",
+                    "re-encode the picture",
+                )
             return frame.to_ndarray(format="rgb24")
-    except (av.error.FFmpegError, StopIteration) as exc:
+    except (av.error.FFmpegError, StopIteration, IndexError) as exc:
         raise SourceError(episode, where, f"an image does not decode: {exc}") from exc
 
 

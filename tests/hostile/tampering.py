@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import shutil
 import struct
 import subprocess
@@ -98,15 +97,29 @@ def zstd_rle_frame(size: int, byte: int = 0) -> bytes:
     return bytes(frame)
 
 
-def run_limited(code: str, memory_bytes: int, timeout: float = 120) -> dict[str, Any]:
-    """Run `code` in a fresh interpreter whose address space is capped at `memory_bytes`; it ends
-    by calling `report(outcome)`. Returns that outcome with `peak_rss` (bytes) and `returncode`."""
+def run_limited(code: str, headroom_bytes: int, timeout: float = 120) -> dict[str, Any]:
+    """Run `code` in a fresh interpreter whose address space may grow by at most `headroom_bytes` once
+    mmdata and the libraries it uses are loaded (so a bomb fails fast whichever torch build is
+    installed); it ends by calling `report(outcome)`. Returns that outcome with `peak_rss` (bytes), `increase` (the peak
+    over the interpreter's own resident size once mmdata and the libraries it uses are imported: what
+    the case itself took, whichever torch build is installed) and `returncode`."""
     prologue = textwrap.dedent(
         """
         import json, resource, sys
+        import mmdata, mmdata.conversion.pipeline, mmdata.loading.dataloader, numpy, av, pyarrow.parquet
+        try:
+            import torch
+        except ImportError:
+            pass
+        _pages = [int(n) * resource.getpagesize() for n in open("/proc/self/statm").read().split()[:2]]
+        BASELINE = _pages[1]
+        resource.setrlimit(resource.RLIMIT_AS, (_pages[0] + HEADROOM, _pages[0] + HEADROOM))
         def report(outcome):
-            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-            print("REPORT " + json.dumps({"outcome": outcome, "peak_rss": peak}), flush=True)
+            # VmHWM, this process's own peak: ru_maxrss would carry the forking parent's over exec
+            status = dict(line.split(":", 1) for line in open("/proc/self/status"))
+            peak = int(status["VmHWM"].split()[0]) * 1024
+            found = {"outcome": outcome, "peak_rss": peak, "increase": peak - BASELINE}
+            print("REPORT " + json.dumps(found), flush=True)
         def outcome_of(call):
             try:
                 call()
@@ -116,19 +129,15 @@ def run_limited(code: str, memory_bytes: int, timeout: float = 120) -> dict[str,
         """
     )
 
-    def limit() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
-
     result = subprocess.run(
-        [sys.executable, "-c", prologue + textwrap.dedent(code)],
+        [sys.executable, "-c", f"HEADROOM = {int(headroom_bytes)}\n" + prologue + textwrap.dedent(code)],
         capture_output=True,
         text=True,
         timeout=timeout,
-        preexec_fn=limit,
         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
     )
     lines = [line for line in result.stdout.splitlines() if line.startswith("REPORT ")]
-    found = json.loads(lines[-1][len("REPORT ") :]) if lines else {"outcome": None, "peak_rss": None}
+    found = json.loads(lines[-1][len("REPORT ") :]) if lines else {"outcome": None, "peak_rss": None, "increase": None}
     found.update(returncode=result.returncode, stderr=result.stderr[-3000:])
     return found
 
