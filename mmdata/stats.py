@@ -34,6 +34,11 @@ QUANTILES = (0.01, 0.99)
 MAX_STATS_BYTES = 64 << 20
 
 
+# Decoded camera frames held at once while their histograms are counted (counting one channel takes
+# another 8 bytes per pixel for a moment)
+CAMERA_BLOCK_BYTES = 16 << 20
+
+
 def compute_stats(
     dataset: Dataset, camera_frames: int = 256, seed: int = 0, moments: dict[str, Moments] | None = None
 ) -> dict[str, Any]:
@@ -162,18 +167,23 @@ def _bins(rows: np.ndarray, low: np.ndarray, width: np.ndarray) -> np.ndarray:
 
 
 def _camera_stats(dataset: Dataset, name: str, episodes: list[int], frames: int, seed: int) -> dict[str, Any]:
-    """Mean and std of each RGB channel in [0, 1] over `frames` frames drawn evenly across episodes."""
+    """Mean and std of each RGB channel in [0, 1] over `frames` frames drawn evenly across episodes, decoded
+    at most CAMERA_BLOCK_BYTES at a time into per-channel histograms (memory does not grow with frame size)."""
     rng = np.random.default_rng(seed)
-    moments, sampled = Moments(), 0
+    spec = dataset.schema.stream(name)
+    block = max(1, CAMERA_BLOCK_BYTES // (spec.width * spec.height * 3))
+    counts, sampled = np.zeros((3, 256), np.int64), 0
     for episode, take in zip(episodes, _spread(frames, len(episodes))):
         times = dataset.timestamps_of(dataset.manifest.row(episode), name)
         if not take or not len(times):
             continue
         picked = np.sort(rng.choice(len(times), size=min(take, len(times)), replace=False))
-        pixels = np.asarray(dataset.frames_at(episode, name, times[picked]).values, np.uint8).reshape(-1, 3)
-        counts = np.stack([np.bincount(pixels[:, channel], minlength=256) for channel in range(3)])
-        moments = moments.merge(Moments.of_levels(np.arange(256) / 255.0, counts))
+        for first in range(0, len(picked), block):
+            pixels = np.asarray(dataset.frames_at(episode, name, times[picked[first : first + block]]).values)
+            pixels = pixels.reshape(-1, 3)
+            counts += np.stack([np.bincount(pixels[:, channel], minlength=256) for channel in range(3)])
         sampled += len(picked)
+    moments = Moments.of_levels(np.arange(256) / 255.0, counts) if sampled else Moments()
     return {"frames": sampled, "mean": moments.mean.tolist(), "std": moments.std.tolist()}
 
 

@@ -160,3 +160,26 @@ def test_an_unset_normalization_leaves_the_spec_description_and_resume_fingerpri
         "interpolation": "nearest",
         "rate": None,
     }
+
+
+def test_camera_statistics_of_large_frames_decode_a_bounded_block_at_a_time(tmp_path):
+    import tracemalloc
+
+    from mmdata.conversion.pipeline import ConvertOptions, convert
+    from mmdata.sources.raw import discover_raw_episodes
+    from mmdata.stats import compute_stats
+    from mmdata.synthetic import synthetic_frame, write_video
+
+    episode = tmp_path / "raw" / "episode_0"
+    episode.mkdir(parents=True)
+    frames = 150  # 1280x720: 2.8 MB of RGB each, 415 MB for the episode's frames held at once
+    write_video(episode / "cam.mp4", (synthetic_frame(i, 0, 720, 1280) for i in range(frames)), 30, 1280, 720)
+    (episode / "meta.json").write_text('{"task": "look"}')
+    convert(discover_raw_episodes(tmp_path / "raw"), str(tmp_path / "out"), ConvertOptions(workers=1, progress=False))
+    dataset = mmdata.open_dataset(str(tmp_path / "out"))
+    tracemalloc.start()
+    stats = compute_stats(dataset, camera_frames=frames)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert stats["cameras"]["cam"]["frames"] == frames
+    assert peak < 150 << 20, f"{peak >> 20} MB held while counting"

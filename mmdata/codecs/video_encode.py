@@ -32,6 +32,13 @@ VIDEO_CODECS = {
 # (Multicorewareinc/x265 issue 781). Segments this short are encoded without B-frames.
 X265_SHORT_SEGMENT_FRAMES = 8
 
+# What an encoder may hold of a segment's frames, so that a worker's memory does not grow with the frame
+# size: frames reach the encoder one at a time, its lookahead is shortened for frames so large that its
+# default depth would pass this (8192x8192: 5 frames of 100 MB instead of 30), and an HEVC segment holds
+# back its first frames (to learn whether it is short) only while they fit in it.
+ENCODER_FRAME_BUDGET = 512 << 20
+_DEEPEST_DEFAULT_LOOKAHEAD = 60  # x264's placebo preset; every other default is shallower
+
 
 @dataclass(frozen=True)
 class VideoEncoding:
@@ -59,24 +66,27 @@ class VideoEncoding:
                 " one key frame at least, so the key-frame interval cannot be longer than it"
             )
 
-    def encoder_options(self, frames: int | None = None) -> dict[str, str]:
-        """FFmpeg encoder options for a segment of `frames` frames (when known)."""
+    def encoder_options(self, frames: int | None = None, frame_size: tuple[int, int] | None = None) -> dict[str, str]:
+        """FFmpeg encoder options for a segment of `frames` frames (when known) of `frame_size` (width, height;
+        large frames get a shorter lookahead, see ENCODER_FRAME_BUDGET)."""
         gop = self.gop
         tune = {"tune": "fastdecode"} if self.fast_decode else {}
+        depth = lookahead_frames(*frame_size) if frame_size is not None else None
         if self.codec == "h264":
             # cpu-independent: without it x264's macroblock-tree rate control gave other bytes on every
             # run for the same frames (same size, same quality): a store must be reproducible
-            return {
-                "crf": str(self.crf),
-                "preset": self.preset,
-                "x264-params": f"keyint={gop}:min-keyint={gop}:scenecut=0:open-gop=0:threads=1:cpu-independent=1",
-                **tune,
-            }
+            params = f"keyint={gop}:min-keyint={gop}:scenecut=0:open-gop=0:threads=1:cpu-independent=1"
+            if depth is not None:
+                params += f":rc-lookahead={depth}"
+            return {"crf": str(self.crf), "preset": self.preset, "x264-params": params, **tune}
         if self.codec == "hevc":
             params = f"keyint={gop}:min-keyint={gop}:scenecut=0:open-gop=0:pools=1:frame-threads=1:log-level=error"
             if frames is not None and frames <= X265_SHORT_SEGMENT_FRAMES:
                 params += ":bframes=0"
+            if depth is not None:
+                params += f":rc-lookahead={depth}"
             return {"crf": str(self.crf), "preset": self.preset, "x265-params": params, **tune}
+        lag = {"lag-in-frames": str(depth)} if depth is not None else {}
         return {
             "crf": str(self.crf),
             "b:v": "0",
@@ -84,6 +94,7 @@ class VideoEncoding:
             "cpu-used": "5",
             "threads": "1",
             "keyint_min": str(gop),
+            **lag,
         }
 
 
@@ -109,6 +120,13 @@ def encoding_for_access(access: str, **overrides) -> VideoEncoding:
     return VideoEncoding(**settings)
 
 
+def lookahead_frames(width: int, height: int) -> int | None:
+    """The encoder lookahead depth for frames of this size within ENCODER_FRAME_BUDGET, or None where the
+    encoder's own default fits (every size up to about 3000x2000)."""
+    depth = ENCODER_FRAME_BUDGET // max(1, width * height * 3 // 2)
+    return None if depth >= _DEEPEST_DEFAULT_LOOKAHEAD else max(1, depth)
+
+
 def encode_segments(
     frames: Iterable[av.VideoFrame | np.ndarray],
     fps: Fraction,
@@ -118,15 +136,15 @@ def encode_segments(
 ) -> Iterator[tuple[int, bytes]]:
     """Yield (number of frames, encoded file bytes) for consecutive segments of `frames`.
 
-    Frames are RGB uint8 arrays `[H, W, 3]` or decoded PyAV frames of any pixel format.
-    Only one segment's frames are held in memory at a time.
+    Frames are RGB uint8 arrays `[H, W, 3]` or decoded PyAV frames of any pixel format. Each reaches
+    the encoder as it comes (see ENCODER_FRAME_BUDGET), so memory does not grow with segment length.
     """
     if width % 2 or height % 2:
         raise MmdataError(
             f"video is {width}x{height}; 4:2:0 video needs even width and height"
             " (crop or scale the recording by one pixel)"
         )
-    pending: list[av.VideoFrame | np.ndarray] = []
+    segment: _SegmentEncoder | None = None
     for number, frame in enumerate(frames):
         found = _frame_size(frame)
         if found != (width, height):
@@ -134,12 +152,77 @@ def encode_segments(
                 f"frame {number} is {'x'.join(map(str, found))}, the camera's first {width}x{height}"
                 " (store every frame of a camera at one size)"
             )
-        pending.append(frame)
-        if len(pending) == encoding.segment_frames:
-            yield len(pending), _encode_one_segment(pending, fps, width, height, encoding)
-            pending = []
-    if pending:
-        yield len(pending), _encode_one_segment(pending, fps, width, height, encoding)
+        if segment is None:
+            segment = _SegmentEncoder(fps, width, height, encoding)
+        segment.add(_as_video_frame(frame, width, height))
+        if segment.count == encoding.segment_frames:
+            yield segment.count, segment.finish()
+            segment = None
+    if segment is not None:
+        yield segment.count, segment.finish()
+
+
+class _SegmentEncoder:
+    """One segment's encoder, fed a frame at a time. An HEVC segment holds back its first frames until
+    it knows whether it is short (X265_SHORT_SEGMENT_FRAMES), while they fit in ENCODER_FRAME_BUDGET;
+    frames larger than that are encoded without B-frames from the start."""
+
+    def __init__(self, fps: Fraction, width: int, height: int, encoding: VideoEncoding):
+        self.fps, self.width, self.height, self.encoding = fps, width, height, encoding
+        self.count = 0
+        self._held: list[av.VideoFrame] = []
+        self._buffer = io.BytesIO()
+        self._out = None
+        self._stream = None
+        frame_bytes = width * height * 3 // 2
+        self._hold = 0
+        if encoding.codec == "hevc":
+            self._hold = X265_SHORT_SEGMENT_FRAMES + 1
+            if self._hold * frame_bytes > ENCODER_FRAME_BUDGET:
+                self._hold = 0
+                self._open(frames=1)  # encoded as a short segment is: without B-frames
+
+    def add(self, frame: av.VideoFrame) -> None:
+        frame.pts = self.count
+        frame.time_base = 1 / Fraction(self.fps)
+        self.count += 1
+        if self._out is None and len(self._held) + 1 < self._hold:
+            self._held.append(frame)
+            return
+        if self._out is None:
+            self._open(frames=None)
+        for held in [*self._held, frame]:
+            self._out.mux(self._stream.encode(held))
+        self._held = []
+
+    def finish(self) -> bytes:
+        if self._out is None:
+            self._open(frames=self.count)
+            for held in self._held:
+                self._out.mux(self._stream.encode(held))
+            self._held = []
+        self._out.mux(self._stream.encode(None))
+        self._out.close()
+        return self._buffer.getvalue()
+
+    def _open(self, frames: int | None) -> None:
+        encoder_name, container_format, _ = VIDEO_CODECS[self.encoding.codec]
+        # bitexact: no random UIDs or encoder tags, so the same input gives the same bytes.
+        self._out = av.open(self._buffer, "w", format=container_format, options={"fflags": "+bitexact"})
+        stream = self._out.add_stream(encoder_name, rate=self.fps)
+        # Frames are stamped 0, 1, 2, ... in units of 1/fps; frames decoded from a recording carry
+        # their container's time base, which must not leak in (it would collapse every pts to 0).
+        stream.codec_context.time_base = 1 / Fraction(self.fps)
+        stream.width = self.width
+        stream.height = self.height
+        stream.pix_fmt = "yuv420p"
+        stream.gop_size = self.encoding.gop
+        stream.codec_context.flags |= Flags.bitexact
+        # One encoder thread: conversion runs one encoder per core already, and frame threads would
+        # make the bytes depend on timing.
+        stream.codec_context.thread_count = 1
+        stream.options = self.encoding.encoder_options(frames, (self.width, self.height))
+        self._stream = stream
 
 
 def _frame_size(frame: av.VideoFrame | np.ndarray) -> tuple[int, ...]:
@@ -147,40 +230,6 @@ def _frame_size(frame: av.VideoFrame | np.ndarray) -> tuple[int, ...]:
     if isinstance(frame, av.VideoFrame):
         return frame.width, frame.height
     return tuple(frame.shape[1::-1]) if frame.ndim >= 2 else tuple(frame.shape)
-
-
-def _encode_one_segment(
-    frames: list[av.VideoFrame | np.ndarray],
-    fps: Fraction,
-    width: int,
-    height: int,
-    encoding: VideoEncoding,
-) -> bytes:
-    encoder_name, container_format, _ = VIDEO_CODECS[encoding.codec]
-    buffer = io.BytesIO()
-    # bitexact: no random UIDs or encoder tags, so the same input gives the same bytes.
-    with av.open(buffer, "w", format=container_format, options={"fflags": "+bitexact"}) as out:
-        stream = out.add_stream(encoder_name, rate=fps)
-        # Frames are stamped 0, 1, 2, ... in units of 1/fps; frames decoded from a recording carry
-        # their container's time base, which must not leak in (it would collapse every pts to 0).
-        time_base = 1 / Fraction(fps)
-        stream.codec_context.time_base = time_base
-        stream.width = width
-        stream.height = height
-        stream.pix_fmt = "yuv420p"
-        stream.gop_size = encoding.gop
-        stream.codec_context.flags |= Flags.bitexact
-        # One encoder thread: conversion runs one encoder per core already, and frame threads would
-        # make the bytes depend on timing.
-        stream.codec_context.thread_count = 1
-        stream.options = encoding.encoder_options(len(frames))
-        for index, frame in enumerate(frames):
-            video_frame = _as_video_frame(frame, width, height)
-            video_frame.pts = index
-            video_frame.time_base = time_base
-            out.mux(stream.encode(video_frame))
-        out.mux(stream.encode(None))
-    return buffer.getvalue()
 
 
 def _as_video_frame(frame: av.VideoFrame | np.ndarray, width: int, height: int) -> av.VideoFrame:

@@ -44,8 +44,9 @@ def complete_store(
     try:
         dataset = open_dataset(url)
         write_stats(dataset, {**compute_stats(dataset, moments=moments), **(source_stats or {})})
-    except (MmdataError, OSError, ValueError) as exc:
-        return f"normalization statistics were not written ({exc}); run `mmdata stats {url}` to compute them"
+    except (MmdataError, OSError, ValueError, MemoryError) as exc:
+        why = str(exc) or type(exc).__name__
+        return f"normalization statistics were not written ({why}); run `mmdata stats {url}` to compute them"
     return None
 
 

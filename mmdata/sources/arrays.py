@@ -201,7 +201,7 @@ class ArrayCameraSource:
         declared = self._declared(episode)
         if declared.rows == 0:
             raise SourceError(episode, self.array.where(), "holds no images")
-        first = self._images(episode, 0, 1)[0]
+        first = next(iter(self._images(episode, 0, 1)))
         height, width = first.shape[:2]
         problem = frame_size_problem(width, height)
         if problem is not None:
@@ -211,6 +211,8 @@ class ArrayCameraSource:
     def frames(self, episode: str, fps: Fraction) -> Iterator[tuple[np.ndarray, float]]:
         declared = self._declared(episode)
         encoded = _encoded_rows(declared)
+        # raw images: as many rows as fit in a block's bytes; encoded ones: 64 rows of their (compressed)
+        # bytes at a time, each decoded only when the encoder takes it
         block = 64 if encoded else max(1, MAX_IMAGE_BLOCK_BYTES // max(1, declared.row_bytes))
         index = 0
         for first in range(0, declared.rows, block):
@@ -229,12 +231,12 @@ class ArrayCameraSource:
             )
         return declared
 
-    def _images(self, episode: str, first: int, last: int) -> np.ndarray | list[np.ndarray]:
+    def _images(self, episode: str, first: int, last: int) -> Iterator[np.ndarray] | np.ndarray:
         data = self.array.read(episode, first, last)
         if data.dtype == object or data.ndim == 1 or (data.ndim == 2 and data.dtype == np.uint8):
-            # one compressed image per row: variable-length bytes, or uint8 rows padded with zeros (ACT)
-            # (a list, not stacked: pictures of another size are named where frames are encoded)
-            return [decode_image(_as_bytes(item), episode, self.array.where()) for item in data]
+            # one compressed image per row: variable-length bytes, or uint8 rows padded with zeros (ACT),
+            # decoded one at a time (pictures of another size are named where frames are encoded)
+            return (decode_image(_as_bytes(item), episode, self.array.where()) for item in data)
         if data.ndim == 3:
             data = np.repeat(data[..., None], 3, axis=-1)
         if data.shape[-1] != 3:

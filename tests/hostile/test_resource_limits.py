@@ -204,6 +204,28 @@ def test_an_image_in_a_format_whose_size_is_not_checked_is_refused_before_decodi
     assert "not a PNG or JPEG with a readable header" in result["outcome"]
 
 
+def test_converting_large_frames_holds_neither_a_segment_nor_a_block_of_them(tmp_path):
+    import av
+    import h5py
+
+    side, count = 2048, 40  # 12.6 MB of RGB each: a segment of 32 held at once took 400 MB, a block of 64 800 MB
+    encoder = av.CodecContext.create("mjpeg", "w")
+    encoder.width = encoder.height = side
+    encoder.pix_fmt = "yuvj420p"
+    picture = av.VideoFrame.from_ndarray(np.full((side, side, 3), 90, np.uint8), format="rgb24")
+    jpeg = b"".join(bytes(p) for p in [*encoder.encode(picture.reformat(format="yuvj420p")), *encoder.encode(None)])
+    source = tmp_path / "aloha"
+    source.mkdir()
+    with h5py.File(source / "episode_0.hdf5", "w") as handle:
+        images = handle.create_dataset("observations/images/top", (count,), dtype=h5py.vlen_dtype(np.uint8))
+        for row in range(count):
+            images[row] = np.frombuffer(jpeg, np.uint8)
+        handle.create_dataset("observations/qpos", data=np.zeros((count, 14), np.float32))
+    result = run_limited(convert_code(source, "hdf5", 10, tmp_path / "out"), 4 << 30)
+    assert result["outcome"] == "ok", result
+    assert result["increase"] < 700 << 20, f"{result['increase'] >> 20} MB over the libraries (1.9 GB before)"
+
+
 def test_replay_buffer_of_a_few_kilobytes_declaring_gigabytes_is_refused(tmp_path):
     import zarr
 
