@@ -9,14 +9,9 @@ computed once the store is complete (see `mmdata.stats`).
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import dataclasses
 import multiprocessing
 import os
-import signal
-import sys
-import threading
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -41,12 +36,12 @@ from mmdata.conversion.ledger import ConversionLedger
 from mmdata.conversion.publish import default_staging, is_remote, publish, remove_staging
 from mmdata.dataset import open_dataset
 from mmdata.errors import SourceError
+from mmdata.lifetime import exit_with_parent
 from mmdata.schema import Layout, Stream
 from mmdata.sharding.filesystem import resolve
 from mmdata.sharding.layout import DATASET_FILE
 from mmdata.sources.episode import EpisodeSource
 
-PR_SET_PDEATHSIG = 1
 Engine = Literal["local", "ray"]
 
 
@@ -259,30 +254,13 @@ def _run_alone(function, job) -> Any:
 
 
 def _worker_pool(workers: int) -> ProcessPoolExecutor:
-    """Spawned workers that exit when this process dies, even by SIGKILL (see `_die_with_parent`)."""
+    """Spawned workers that exit when this process dies, even by SIGKILL (see `mmdata.lifetime`)."""
     return ProcessPoolExecutor(
         workers,
         mp_context=multiprocessing.get_context("spawn"),
-        initializer=_die_with_parent,
-        initargs=(os.getpid(),),
+        initializer=exit_with_parent,
+        initargs=(os.getpid(), True),
     )
-
-
-def _die_with_parent(parent: int) -> None:
-    """In a worker: be killed with the parent (Linux's PR_SET_PDEATHSIG), and, everywhere, exit
-    within a second of the parent going away, so no encoder is left running orphaned."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:
-        os._exit(1)
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(1.0)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="mmdata-parent-watch", daemon=True).start()
 
 
 def _worker_count(requested: int | None) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import gc
 import os
 import queue
@@ -26,6 +27,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from mmdata.errors import MmdataError
+from mmdata.lifetime import exit_with_parent
 from mmdata.loading.collate import collate
 from mmdata.loading.planning import LoaderPlanner, RankSteps
 from mmdata.loading.read import FALLBACK_SAMPLES, MicroBatch, SampleReader, SampleRef
@@ -161,6 +163,7 @@ class Feed:
                 collate_fn=_unchanged,
                 prefetch_factor=prefetch_factor,
                 pin_memory=pin_memory,
+                worker_init_fn=functools.partial(exit_with_parent, os.getpid()),
             )
             with _frozen_for_fork():
                 self._items: Iterator[Item] = iter(loader)  # starts the workers
