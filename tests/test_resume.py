@@ -99,3 +99,29 @@ def without_video_bytes(row: dict) -> dict:
         if f"{key}/timestamps" in row:
             kept[f"{key}/timestamps"] = row[f"{key}/timestamps"]["checksum"]
     return kept
+
+
+@pytest.mark.parametrize("layout", ["wds", "zarr"])
+def test_resume_refuses_when_a_converted_episode_changed_since_the_interrupted_run(raw_six, tmp_path, layout):
+    import shutil
+
+    raw = tmp_path / "raw"
+    shutil.copytree(raw_six, raw)
+    resumed = tmp_path / "resumed"
+    partial = resumed / ".mmdata-partial"
+
+    def ready():
+        if layout == "wds":
+            return (partial / "shard-000001.json").exists()
+        return len(list((partial / "episodes").glob("*.episode"))) >= 2
+
+    kill_when([sys.executable, "-m", "mmdata", "convert", str(raw), str(resumed), "--to", layout, *ARGS], ready)
+    assert not (resumed / "dataset.json").exists(), "the run finished before it could be killed"
+    first = sorted(p for p in raw.iterdir() if p.is_dir())[0]
+    state = np.load(first / "state.npy")
+    np.save(first / "state.npy", state + 1.0)  # the same size: only its content and time tell
+    finished = run_cli("convert", str(raw), str(resumed), "--to", layout, "--resume", *ARGS)
+    assert finished.returncode == 2
+    assert f"episode '{first.name}': {first / 'state.npy'} was modified" in finished.stderr
+    assert "--overwrite" in finished.stderr
+    assert not (resumed / "dataset.json").exists(), "no store was completed from stale episodes"

@@ -127,10 +127,27 @@ def _check_same_options(root: str, options_path: str, saved_text: bytes, fingerp
     if saved != fingerprint:
         saved = saved if isinstance(saved, dict) else {}
         changed = sorted(k for k in fingerprint if saved.get(k) != fingerprint[k])
+        detail = ""
+        if changed == ["episodes"]:
+            detail = _changed_recording(saved.get("episodes"), fingerprint.get("episodes"))
         raise DestinationError(
-            f"cannot resume '{root}': {', '.join(changed)} changed since the interrupted run;"
-            " resume with the same source and options, or pass --overwrite"
+            f"cannot resume '{root}': {', '.join(changed)} changed since the interrupted run{detail};"
+            " resume with the same source and options, or pass --overwrite to convert every episode again"
         )
+
+
+def _changed_recording(saved: Any, now: Any) -> str:
+    """Which episode's files differ between two fingerprints' episode lists, as a clause for the message."""
+    if not isinstance(saved, list) or not isinstance(now, list):
+        return ""
+    if [e[0] if isinstance(e, list) and e else e for e in saved] != [e[0] for e in now]:
+        return " (episodes were added, removed or renamed)"
+    for before, after in zip(saved, now):
+        if before != after:
+            old = {f[0]: f for f in before[1]} if isinstance(before, list) and len(before) > 1 else {}
+            files = [f[0] for f in after[1] if old.get(f[0]) != f] or [f[0] for f in after[1]]
+            return f" (episode '{after[0]}': {files[0]} was modified)"
+    return ""
 
 
 def _not_empty(root: str) -> DestinationError:

@@ -40,7 +40,7 @@ from mmdata.lifetime import exit_with_parent
 from mmdata.schema import Layout, Stream
 from mmdata.sharding.filesystem import resolve
 from mmdata.sharding.layout import DATASET_FILE
-from mmdata.sources.episode import EpisodeSource
+from mmdata.sources.episode import EpisodeSource, source_files
 
 Engine = Literal["local", "ray"]
 
@@ -81,7 +81,7 @@ class ConvertOptions:
             "layout": self.layout,
             "encode": asdict(self.encode),
             "shard_bytes": self.shard_bytes if self.layout == "wds" else None,
-            "episodes": [s.name for s in sources],
+            "episodes": [[s.name, source_files(s)] for s in sources],
         }
 
     def creation_info(self, sources: list[EpisodeSource], skipped: list) -> dict[str, Any]:

@@ -6,6 +6,7 @@ worker processes, which do the heavy reading and encoding.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -204,6 +205,23 @@ class EpisodeSource:
     lowdim: tuple[LowdimSource, ...] = ()
     problem: SourceError | None = None
     deferred: Any = None
+
+
+def source_files(episode: EpisodeSource) -> list[list[Any]]:
+    """The files an episode is read from, each `[path, size, modification time in ns]` (size -1 when it
+    cannot be read): what tells a resumed conversion that a recording changed since the interrupted run."""
+    paths = {stream.path for stream in (*episode.cameras, *episode.audio, *episode.lowdim)}
+    deferred_path = getattr(episode.deferred, "path", None)
+    if isinstance(deferred_path, str):
+        paths.add(deferred_path)
+    found = []
+    for path in sorted(paths):
+        try:
+            status = os.stat(path)
+            found.append([path, status.st_size, status.st_mtime_ns])
+        except OSError:
+            found.append([path, -1, 0])
+    return found
 
 
 def require_common_streams(
