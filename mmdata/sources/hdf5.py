@@ -18,10 +18,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from mmdata.checks import as_text, check_json_value, inside, parse_json
+from mmdata.checks import as_text, check_json_value, parse_json
 from mmdata.errors import SourceError
 from mmdata.sources.arrays import ArrayCameraSource, ArrayLowdimSource, Hdf5Array, hdf5_dataset
 from mmdata.sources.episode import EpisodeSource, require_common_streams
+from mmdata.sources.files import file_problem, listed
 
 SUFFIXES = (".hdf5", ".h5", ".he5")
 
@@ -30,7 +31,9 @@ def hdf5_files(root: Path) -> list[Path]:
     """`root` itself when it is an HDF5 file, else the HDF5 files in the folder `root`."""
     if root.is_file():
         return [root] if root.suffix.lower() in SUFFIXES else []
-    return sorted(p for p in root.iterdir() if p.is_file() and p.suffix.lower() in SUFFIXES)
+    if not root.is_dir():
+        return []
+    return listed(root, lambda name: Path(name).suffix.lower() in SUFFIXES)
 
 
 def discover_hdf5_episodes(root: str | Path, fps: float | None, task: str = "") -> list[EpisodeSource]:
@@ -47,8 +50,9 @@ def discover_hdf5_episodes(root: str | Path, fps: float | None, task: str = "") 
         raise SourceError.for_source(str(root), None, "holds no .hdf5 / .h5 files")
     episodes: list[EpisodeSource] = []
     for path in files:
-        if not inside(root if root.is_dir() else root.parent, path):
-            problem = SourceError(path.stem, str(path), "is a link to a file outside the source", "copy the file in")
+        why = file_problem(path, root if root.is_dir() else root.parent)
+        if why is not None:
+            problem = SourceError(path.stem, str(path), why, "replace it with the recording's file, or remove it")
             episodes.append(EpisodeSource(name=path.stem, problem=problem))
             continue
         try:

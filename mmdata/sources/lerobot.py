@@ -28,6 +28,7 @@ from mmdata.errors import SourceError
 from mmdata.schema import MAX_RATE
 from mmdata.sources.arrays import ArrayCameraSource, ParquetImages, ParquetRowsSource, parquet_rows
 from mmdata.sources.episode import CameraSource, EpisodeSource, require_parquet_bytes
+from mmdata.sources.files import regular_file_problem
 from mmdata.sources.limits import MAX_LOWDIM_BYTES, MAX_METADATA_BYTES
 
 INFO = "meta/info.json"
@@ -247,8 +248,8 @@ def _rows_of(path: Path, row: dict, length: int, cache: dict, episode: str) -> i
     import pyarrow.parquet as pq
 
     if str(path) not in cache:
-        if not path.is_file():
-            raise SourceError(episode, str(path), "the data file is missing")
+        if (why := regular_file_problem(path)) is not None:
+            raise SourceError(episode, str(path), f"the data file {why}")
         try:
             parquet = pq.ParquetFile(path)
             columns = _with_task_column(parquet, ["index", "episode_index"])
@@ -285,8 +286,8 @@ def _rows_of(path: Path, row: dict, length: int, cache: dict, episode: str) -> i
 def _camera_v3(root: Path, info: dict, row: dict, key: str, episode: str, length: int) -> CameraSource:
     chunk, file = row.get(f"videos/{key}/chunk_index"), row.get(f"videos/{key}/file_index")
     path = _path_from_template(root, info, "video_path", episode, video_key=key, chunk_index=chunk, file_index=file)
-    if not path.is_file():
-        raise SourceError(episode, str(path), f"the video of camera '{key}' is missing")
+    if (why := regular_file_problem(path)) is not None:
+        raise SourceError(episode, str(path), f"the video of camera '{key}' {why}")
     start = as_number(row.get(f"videos/{key}/from_timestamp"), f"'videos/{key}/from_timestamp'", 0)
     end = as_number(row.get(f"videos/{key}/to_timestamp"), f"'videos/{key}/to_timestamp'", start)
     return CameraSource(key, str(path), start, end, length, grid=info["fps"])
@@ -320,8 +321,8 @@ def _episode_v21(root: Path, info: dict, row: dict, features: tuple, tasks: dict
         path = _path_from_template(
             root, info, "video_path", name, episode_chunk=chunk, video_key=key, episode_index=index
         )
-        if not path.is_file():
-            raise SourceError(name, str(path), f"the video of camera '{key}' is missing")
+        if (why := regular_file_problem(path)) is not None:
+            raise SourceError(name, str(path), f"the video of camera '{key}' {why}")
         cameras.append(CameraSource(key, str(path), expected_frames=length, grid=fps))
     cameras += [_image_camera(key, data_path, 0, length, fps) for key in images]
     streams = [ParquetRowsSource(key, str(data_path), key, index, 0, length, fps) for key in lowdim]
@@ -369,8 +370,8 @@ def _check_episode_file(path: Path, index: int, length: int, episode: str) -> np
     """Check the episode's data file holds its `length` rows; return its `task_index` column (None without one)."""
     import pyarrow.parquet as pq
 
-    if not path.is_file():
-        raise SourceError(episode, str(path), "the data file is missing")
+    if (why := regular_file_problem(path)) is not None:
+        raise SourceError(episode, str(path), f"the data file {why}")
     try:
         parquet = pq.ParquetFile(path)
         columns = _with_task_column(parquet, ["episode_index"])

@@ -28,6 +28,7 @@ from mmdata.codecs.video_source import VideoInfo
 from mmdata.errors import SourceError
 from mmdata.sources import log_messages
 from mmdata.sources.episode import EpisodeSource, require_common_streams
+from mmdata.sources.files import file_problem, listed_below
 from mmdata.sources.limits import MAX_ARRAY_CHUNK_BYTES, MAX_LOWDIM_BYTES, frame_size_problem
 from mmdata.sources.log_messages import MessageError
 from mmdata.sources.topic_map import (
@@ -267,6 +268,11 @@ def discover_mcap_episodes(root: str | Path, topic_map: TopicMap | None = None, 
     episodes: list[EpisodeSource] = []
     for path in files:
         name = path.relative_to(root).as_posix() if root.is_dir() else path.name
+        why = file_problem(path, root if root.is_dir() else root.parent)
+        if why is not None:
+            problem = SourceError(name, str(path), why, "replace it with the log, or remove it")
+            episodes.append(EpisodeSource(name, problem=problem))
+            continue
         try:
             episodes += _file_episodes(path, name, topic_map, task)
         except SourceError as problem:
@@ -283,7 +289,7 @@ def log_files(root: Path) -> list[Path]:
         return [root]
     if not root.is_dir():
         raise SourceError.for_source(str(root), None, "the source does not exist", "give a .mcap file or a folder")
-    files = sorted(p for p in root.rglob("*.mcap") if p.is_file() and not p.name.startswith("."))
+    files = listed_below(root, lambda name: name.endswith(".mcap"))
     if not files:
         raise SourceError.for_source(str(root), None, "holds no .mcap file", "give a folder of MCAP logs")
     for bag in sorted(root.rglob("metadata.yaml")):

@@ -12,10 +12,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from mmdata.checks import as_number, as_text, inside, parse_json
+from mmdata.checks import as_number, as_text, parse_json
 from mmdata.errors import SourceError
 from mmdata.schema import MAX_RATE
 from mmdata.sources.episode import AudioSource, CameraSource, EpisodeSource, LowdimSource, require_common_streams
+from mmdata.sources.files import file_problem, listed
 from mmdata.sources.limits import MAX_METADATA_BYTES
 
 VIDEO_SUFFIXES = (".mp4", ".mkv", ".webm", ".mov", ".avi")
@@ -46,14 +47,13 @@ def discover_raw_episodes(root: str | os.PathLike) -> list[EpisodeSource]:
 
 def _describe(folder: Path, root: Path) -> EpisodeSource:
     name = folder.name
-    files = sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
+    files = listed(folder, _read_by_this_importer)
     try:
+        for path in files:
+            why = file_problem(path, root)
+            if why is not None:
+                raise SourceError(name, str(path), why, "replace it with the recording's file, or remove it")
         meta = _read_meta(folder / META_FILE, name)
-        outside = next((p for p in files if not inside(root, p)), None)
-        if outside is not None:
-            raise SourceError(
-                name, str(outside), f"is a link to '{outside.resolve()}', outside the source", "copy the file in"
-            )
     except SourceError as problem:
         return EpisodeSource(name=name, problem=problem)
     rates = meta["rates"]
@@ -89,6 +89,16 @@ def _describe(folder: Path, root: Path) -> EpisodeSource:
         audio=tuple(audio),
         lowdim=tuple(lowdim),
         problem=problem,
+    )
+
+
+def _read_by_this_importer(name: str) -> bool:
+    suffix = Path(name).suffix.lower()
+    return (
+        suffix in VIDEO_SUFFIXES
+        or suffix == ".npy"
+        or (suffix in AUDIO_SUFFIXES and Path(name).stem == AUDIO_STREAM)
+        or name in (META_FILE, LOWDIM_PARQUET)
     )
 
 

@@ -30,6 +30,7 @@ from mmdata.checks import parse_json
 from mmdata.errors import SourceError
 from mmdata.sources.arrays import ArrayCameraSource, ArrayLowdimSource, ArrayShape
 from mmdata.sources.episode import EpisodeSource, require_common_streams
+from mmdata.sources.files import file_problem, listed
 from mmdata.sources.tfrecord import Feature, TFRecordError, iter_record_spans, parse_example, read_record
 
 SHARD = re.compile(r".*\.tfrecord-(\d+)-of-(\d+)$")
@@ -85,6 +86,12 @@ def discover_rlds_episodes(
     episodes = []
     for path in _record_files(builder):
         found = 0
+        why = file_problem(path, builder)
+        if why is not None:
+            name = f"{path.name}#0"
+            problem = SourceError(name, str(path), f"{why}; its records cannot be read", "replace or remove the file")
+            episodes.append(EpisodeSource(name, problem=problem))
+            continue
         try:
             for offset, _ in iter_record_spans(path):
                 episodes.append(_episode(RecordAddress(str(path), offset, found), cameras, numeric, fps, task))
@@ -155,7 +162,7 @@ def _builder_folder(root: Path) -> Path:
 
 
 def _record_files(builder: Path) -> list[Path]:
-    files = [p for p in builder.iterdir() if SHARD.match(p.name)]
+    files = listed(builder, lambda name: SHARD.match(name) is not None)
     return sorted(files, key=lambda p: (p.name.split(".tfrecord-")[0], int(SHARD.match(p.name).group(1))))
 
 
