@@ -302,6 +302,45 @@ def test_a_joint_message_with_other_joints_is_an_error_naming_the_message(tmp_pa
 
 
 @pytest.mark.parametrize(
+    ("names", "complaint"),
+    [
+        (["a", "b", "c", "d"], r"message 1: names 4 values \['a', 'b', 'c', 'd'\] but holds 3"),
+        (["a", "a", "b"], r"message 1: names the values \['a', 'a', 'b'\], \['a'\] more than once"),
+    ],
+    ids=["four-names-three-values", "repeated-name"],
+)
+def test_joint_names_that_do_not_match_their_values_are_the_messages_error(tmp_path, names, complaint):
+    with open(tmp_path / "odd.mcap", "wb") as handle:
+        writer, schemas = mcap_logs.open_writer(handle)
+        for number, named in enumerate([["a", "b", "c"], names, ["a", "b", "c"]]):
+            body = {"header": {"stamp": {"sec": 1, "nanosec": number * 1000}, "frame_id": ""}, "name": named,
+                    "position": [0.0, 1.0, 2.0], "velocity": [], "effort": []}  # fmt: skip
+            writer.write_message("/joint_states", schemas["joints"], body, log_time=10 + number)
+        writer.finish()
+    mapping = {"lowdim": {"state": {"topic": "/joint_states", "field": "position"}}}
+    (source,) = discover_episodes(tmp_path / "odd.mcap", "mcap", topic_map=topic_map_from_dict(mapping))
+    with pytest.raises(SourceError, match=f"topic '/joint_states', {complaint}"):
+        source.lowdim[0].load(source.name)
+
+
+def test_two_topics_the_default_map_would_give_one_name_are_named_both(tmp_path):
+    with open(tmp_path / "clash.mcap", "wb") as handle:
+        writer, schemas = mcap_logs.open_writer(handle)
+        truth = mcap_logs.write_episode(writer, schemas, 1_700_000_000_000_000_000, 1.0, 0, "stack the cups")
+        for number, stamp in enumerate(truth.frame_stamps[:10]):
+            header = {"stamp": {"sec": stamp // 10**9, "nanosec": stamp % 10**9}, "frame_id": "arm"}
+            picture = {"header": header, "format": "jpeg", "data": mcap_logs.jpeg(synthetic_frame(number, 0, 32, 48))}
+            writer.write_message("/arm/position", schemas["image"], picture, log_time=stamp + 1)
+            joints = {"header": header, "name": ["elbow"], "position": [0.1 * number], "velocity": [], "effort": []}
+            writer.write_message("/arm", schemas["joints"], joints, log_time=stamp + 2)
+        writer.finish()
+    (source,) = discover_episodes(tmp_path / "clash.mcap", "auto")
+    assert source.problem is not None
+    assert "topics '/arm' and '/arm/position' would both become stream 'arm.position'" in str(source.problem)
+    assert "--topics" in str(source.problem)
+
+
+@pytest.mark.parametrize(
     ("mapping", "complaint"),
     [
         ({"cameras": {"front": "/c"}, "lowdims": {}}, r"unknown key \['lowdims'\]"),

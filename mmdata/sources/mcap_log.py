@@ -209,8 +209,13 @@ class _NameOrder:
 
     def arrange(self, message: Any, row: np.ndarray, field_count: int) -> np.ndarray:
         names = getattr(message, "name", None)
-        if field_count != 1 or not isinstance(names, list) or len(names) != row.size:
+        if field_count != 1 or not isinstance(names, list) or not names:
             return row
+        if len(names) != row.size:
+            raise MessageError(f"names {len(names)} values {names} but holds {row.size}")
+        if len(set(names)) != len(names):
+            repeated = sorted({name for name in names if names.count(name) > 1})
+            raise MessageError(f"names the values {names}, {repeated} more than once")
         if self.names is None:
             self.names = list(names)
         if names == self.names:
@@ -407,6 +412,19 @@ def default_topic_map(reader, channels: dict[str, Any], path: str, episode: str,
     `options` (time, resample, split)."""
     cameras, lowdim = {}, {}
     strings = []
+    claimed: dict[str, str] = {}  # stream name -> the topic that gave it
+
+    def claim(stream: str, topic: str) -> str:
+        if stream in claimed:
+            raise SourceError(
+                episode,
+                path,
+                f"topics '{claimed[stream]}' and '{topic}' would both become stream '{stream}'",
+                "write a topic map that names their streams and pass it with --topics (see docs/importers.md)",
+            )
+        claimed[stream] = topic
+        return stream
+
     for topic, schema in sorted(channels.items()):
         if isinstance(schema, SourceError):
             continue  # a channel without its schema cannot be decoded; left out (and listed as unmapped)
@@ -415,12 +433,13 @@ def default_topic_map(reader, channels: dict[str, Any], path: str, episode: str,
         if kind != "other":
             first = next(_decoded(reader, topic, LogSpan(path, None, None, 0, "log")), None)
             if first is not None and log_messages.picture_problem(first[2], kind) is None:
-                cameras[name] = CameraTopic(topic)  # depth and 16-bit pictures are left out (listed as unmapped)
+                # depth and 16-bit pictures are left out (listed as unmapped)
+                cameras[claim(name, topic)] = CameraTopic(topic)
         elif schema in JOINT_STATES:
             first = next(_decoded(reader, topic, LogSpan(path, None, None, 0, "log")), None)
             for field in JOINT_FIELDS:
                 if first is not None and len(getattr(first[2], field, []) or []):
-                    lowdim[f"{name}.{field}"] = LowdimTopic(topic, (field,))
+                    lowdim[claim(f"{name}.{field}", topic)] = LowdimTopic(topic, (field,))
         elif schema in STRINGS:
             strings.append(topic)
     if not cameras and not lowdim:
