@@ -240,3 +240,61 @@ def test_discovery_reads_no_record_and_a_file_cut_short_keeps_the_records_before
     assert "record 2 at byte" in str(sources[2].problem) and "truncated" in str(sources[2].problem)
     report = convert(sources, tmp_path / "out", ConvertOptions(workers=1, progress=False, skip_bad=True))
     assert report.converted == 2 and [s["episode"] for s in report.skipped] == [f"{record_file.name}#2"]
+
+
+def _varint(value: int) -> bytes:
+    value &= (1 << 64) - 1
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    return bytes(out) + bytes([value])
+
+
+def _delimited(number: int, payload: bytes) -> bytes:
+    return bytes([number << 3 | 2]) + _varint(len(payload)) + payload
+
+
+def _example_file(path: Path, ints: dict[str, list[int]], floats: dict[str, list[float]]) -> None:
+    """One TFRecord holding one tf.train.Example of packed int64 and float lists."""
+    entries = b""
+    for key, values in ints.items():
+        feature = _delimited(3, _delimited(1, b"".join(_varint(v) for v in values)))
+        entries += _delimited(1, _delimited(1, key.encode()) + _delimited(2, feature))
+    for key, values in floats.items():
+        feature = _delimited(2, _delimited(1, struct.pack(f"<{len(values)}f", *values)))
+        entries += _delimited(1, _delimited(1, key.encode()) + _delimited(2, feature))
+    path.write_bytes(_record(_delimited(1, entries)))
+
+
+@pytest.mark.parametrize(
+    ("values", "dtype", "complaint"),
+    [
+        ({"ints": [5, 300, -1, 70000]}, "uint8", "step 1 holds 300, which uint8 .* cannot hold \\(3 such"),
+        ({"ints": [0, 1, 2]}, "bool", "step 2 holds 2, which bool"),
+        ({"ints": [1, -40000]}, "int16", "step 1 holds -40000, which int16"),
+        ({"floats": [1.0, 2.5]}, "int32", "step 1 holds 2.5, which int32"),
+    ],
+    ids=["uint8-overflow", "bool-of-two", "int16-underflow", "fraction-as-int"],
+)
+def test_step_values_the_declared_dtype_cannot_hold_are_the_episodes_error_not_wrapped(
+    tmp_path, values, dtype, complaint
+):
+    from mmdata.errors import SourceError
+    from mmdata.sources.rlds import RecordAddress, StepArray
+
+    ints = {"steps/gripper": values["ints"]} if "ints" in values else {}
+    floats = {"steps/gripper": values["floats"]} if "floats" in values else {}
+    _example_file(tmp_path / "made.tfrecord-00000-of-00001", ints, floats)
+    array = StepArray(RecordAddress(str(tmp_path / "made.tfrecord-00000-of-00001"), 0, 0), "steps/gripper", (), dtype)
+    with pytest.raises(SourceError, match=complaint):
+        array.read("made#0")
+
+
+def test_step_values_within_the_declared_dtype_are_kept_exactly(tmp_path):
+    from mmdata.sources.rlds import RecordAddress, StepArray
+
+    _example_file(tmp_path / "ok.tfrecord", {"a": [0, 255, 7], "b": [2**64 - 1, 3]}, {})
+    address = RecordAddress(str(tmp_path / "ok.tfrecord"), 0, 0)
+    assert StepArray(address, "a", (), "uint8").read("ok#0").tolist() == [0, 255, 7]
+    assert StepArray(address, "b", (), "uint64").read("ok#0").tolist() == [2**64 - 1, 3]

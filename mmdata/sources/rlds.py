@@ -277,9 +277,32 @@ class StepArray:
             items = np.empty(max(0, min(last, steps) - first), dtype=object)
             items[:] = values[first:last]
             return items
-        return (
-            np.asarray(values[: steps * self._per_step]).reshape(steps, *self.row_shape)[first:last].astype(self.dtype)
-        )
+        rows = np.asarray(values[: steps * self._per_step]).reshape(steps, *self.row_shape)[first:last]
+        return self._as_declared(rows, episode, first)
+
+    def _as_declared(self, rows: np.ndarray, episode: str, first: int) -> np.ndarray:
+        """`rows` as the declared dtype; a value it cannot hold (300 as uint8, 0.5 as an integer) is the
+        episode's error, never a value wrapped or cut silently."""
+        target = np.dtype(self.dtype)
+        if target == np.uint64 and rows.dtype == np.int64:
+            return rows.view(np.uint64)  # protobuf's int64 list carries uint64 values as two's complement
+        flat = rows.reshape(len(rows), -1)
+        if target.kind in "iub":
+            low, high = (0, 1) if target.kind == "b" else (np.iinfo(target).min, np.iinfo(target).max)
+            wrong = (flat < low) | (flat > high)
+            if flat.dtype.kind == "f":
+                wrong |= ~np.isfinite(flat) | (flat != np.round(flat))
+            if wrong.any():
+                step, column = (int(n) for n in np.argwhere(wrong)[0])
+                value = flat[step, column].item()
+                raise SourceError(
+                    episode,
+                    self.where(),
+                    f"step {first + step} holds {value!r}, which {target} (the declared dtype) cannot hold"
+                    f" ({int(wrong.sum())} such value(s))",
+                    "fix the dtype in features.json or the records",
+                )
+        return rows.astype(target)
 
     @property
     def _per_step(self) -> int:
