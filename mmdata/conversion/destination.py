@@ -7,9 +7,12 @@ options as the interrupted run, recorded in `.mmdata-partial/options.json`) or `
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +59,29 @@ def destination_failure(root: Path | str, error: OSError) -> DestinationError:
     return DestinationError(f"writing '{where}' failed: {error.strerror or error}; fix it and run again with --resume")
 
 
+@contextmanager
+def destination_lock(root: Path) -> Iterator[None]:
+    """Hold a local destination for one conversion: an exclusive lock on the destination folder itself
+    (made if need be), taken before anything in it is removed or written and held to the end, so that a
+    second conversion into it, even with --overwrite, is refused instead of replacing the first's store
+    under it. (`--overwrite` empties the folder rather than removing it, so the lock stays on it.)"""
+    if root.exists() and not root.is_dir():
+        yield  # not a folder: prepare_destination refuses it
+        return
+    root.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise DestinationError(
+                f"another conversion is writing '{root}' now; wait for it to end, or choose another destination"
+            ) from None
+        yield
+    finally:
+        os.close(descriptor)
+
+
 def prepare_destination(root: Path, fingerprint: dict[str, Any], resume: bool, overwrite: bool) -> None:
     """Make a local destination ready: empty (created), replaced (`overwrite`), or an interrupted
     conversion with the same `fingerprint` (`resume`)."""
@@ -69,7 +95,7 @@ def prepare_destination(root: Path, fingerprint: dict[str, Any], resume: bool, o
         raise DestinationError(f"destination '{root}' exists and is not a folder")
     if root.exists() and any(root.iterdir()):
         if overwrite:
-            shutil.rmtree(root)
+            _empty(root)
         elif resume:
             if (root / DATASET_FILE).exists():
                 raise DestinationError(
@@ -148,6 +174,15 @@ def _changed_recording(saved: Any, now: Any) -> str:
             files = [f[0] for f in after[1] if old.get(f[0]) != f] or [f[0] for f in after[1]]
             return f" (episode '{after[0]}': {files[0]} was modified)"
     return ""
+
+
+def _empty(root: Path) -> None:
+    """Remove what `root` holds, keeping the folder itself (and the lock held on it)."""
+    for child in root.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
 
 
 def _not_empty(root: str) -> DestinationError:

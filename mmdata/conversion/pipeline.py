@@ -28,6 +28,7 @@ from mmdata.conversion.completion import complete_store, creation_info, source_b
 from mmdata.conversion.destination import (
     check_remote_destination,
     destination_failure,
+    destination_lock,
     prepare_destination,
     refuse_overlap,
 )
@@ -158,6 +159,13 @@ def _convert_to_object_storage(
 
 
 def _convert(
+    sources: list[EpisodeSource], root: Path, options: ConvertOptions, source_stats: dict[str, Any] | None
+) -> ConversionReport:
+    with destination_lock(root):
+        return _convert_locked(sources, root, options, source_stats)
+
+
+def _convert_locked(
     sources: list[EpisodeSource], root: Path, options: ConvertOptions, source_stats: dict[str, Any] | None
 ) -> ConversionReport:
     started = time.perf_counter()

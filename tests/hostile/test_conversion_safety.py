@@ -7,6 +7,7 @@ import dataclasses
 import errno
 import hashlib
 import io
+import json
 import os
 import pickle
 import signal
@@ -233,3 +234,48 @@ def test_tampered_shard_records_are_a_destination_error_on_resume(raw_copy, tmp_
     sidecar.write_text(json.dumps({"rows": [], "checkpoint": {"next_position": 99, "next_index": 0}}))
     with pytest.raises(DestinationError, match="next_position is 99, outside"):
         convert(discover_raw_episodes(raw_copy), destination, resume)
+
+
+def test_a_second_conversion_into_a_destination_being_written_is_refused_and_the_first_completes(tmp_path):
+    raw = tmp_path / "raw"
+    write_synthetic_dataset(raw, SynthSpec(episodes=6, min_seconds=2, max_seconds=3))
+    destination = tmp_path / "out"
+    first = subprocess.Popen(
+        [sys.executable, "-m", "mmdata", "convert", str(raw), str(destination), "--workers", "1", "--quiet"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not (destination / ".mmdata-partial").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    second = subprocess.run(
+        [sys.executable, "-m", "mmdata", "convert", str(raw), str(destination), "--overwrite", "--to", "zarr"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert second.returncode == 2 and "another conversion is writing" in second.stderr
+    out, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err
+    assert json.loads((destination / "dataset.json").read_text())["layout"] == "wds"
+    assert verify_dataset(str(destination), progress=False).ok
+    again = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mmdata",
+            "convert",
+            str(raw),
+            str(destination),
+            "--overwrite",
+            "--to",
+            "zarr",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert again.returncode == 0, again.stderr
+    assert json.loads((destination / "dataset.json").read_text())["layout"] == "zarr", "the lock ends with the run"
