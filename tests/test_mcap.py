@@ -534,3 +534,20 @@ def test_a_map_of_options_only_takes_the_default_streams_with_those_options(tmp_
     values, times = state.load(sources[0].name)
     assert state.rate == 50 and np.allclose(np.diff(times), 1 / 50) and values.shape[1] == len(JOINTS)
     assert [s.task for s in sources] == [t.task for t in truths]
+
+
+def test_a_camera_stamp_that_jumps_30_days_is_refused_at_conversion_not_stored_damaged(tmp_path):
+    with open(tmp_path / "jump.mcap", "wb") as handle:
+        writer, schemas = mcap_logs.open_writer(handle)
+        stamps = [1_000_000_000 + n * 33_333_333 for n in range(20)] + [30 * 86_400 * 10**9 + 1_700_000_000]
+        for number, stamp in enumerate(stamps):
+            header = {"stamp": {"sec": stamp // 10**9, "nanosec": stamp % 10**9}, "frame_id": ""}
+            body = {"header": header, "format": "jpeg", "data": mcap_logs.jpeg(synthetic_frame(number, 0, 32, 48))}
+            writer.write_message("/cam", schemas["image"], body, log_time=stamp + 1_000_000)
+        writer.finish()
+    (source,) = discover_episodes(
+        tmp_path / "jump.mcap", "mcap", topic_map=topic_map_from_dict({"cameras": {"c": "/cam"}})
+    )
+    with pytest.raises(SourceError, match=r"jump.mcap.*duration 2.592e\+06 s is not within \[0, 604800\]"):
+        convert([source], tmp_path / "out", OPTIONS)
+    assert not (tmp_path / "out" / "dataset.json").exists()

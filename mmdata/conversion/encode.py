@@ -10,6 +10,7 @@ from typing import Any
 
 import av
 import numpy as np
+import pyarrow as pa
 
 from mmdata.checks import stream_name_problem
 from mmdata.codecs.audio import encode_flac, to_flac_samples
@@ -18,6 +19,8 @@ from mmdata.codecs.video_encode import VideoEncoding, encode_segments
 from mmdata.errors import MmdataError, SourceError
 from mmdata.moments import Moments
 from mmdata.schema import AudioStream, LowdimStream, Stream, VideoStream, stream_from_dict, stream_to_dict
+from mmdata.sharding.manifest import span_columns
+from mmdata.sharding.manifest_checks import time_problems
 from mmdata.sources.episode import AudioSource, CameraSource, EpisodeSource, LowdimSource
 from mmdata.sources.limits import MAX_AUDIO_SECONDS_WITHOUT_VIDEO
 
@@ -142,6 +145,7 @@ def encode_episode(source: EpisodeSource, position: int, options: EncodeOptions)
     _check_declared_rows(source, episode, options.duration_tolerance)
     episode.lowdim = [_load_lowdim(source.name, stream) for stream in source.lowdim]
     _check_durations(source, episode, options.duration_tolerance)
+    _check_store_times(source, episode)
     episode.moments = {stream.spec.name: Moments.of(stream.values) for stream in episode.lowdim}
     return episode
 
@@ -261,6 +265,24 @@ def _sample_period(timestamps: np.ndarray, rate: float | None) -> float:
     if len(timestamps) > 1:
         return float(np.median(np.diff(timestamps)))
     return 0.0
+
+
+def _check_store_times(source: EpisodeSource, episode: EncodedEpisode) -> None:
+    """The episode's times as a reader of the store checks them (a duration of at most 7 days, each stream's
+    span finite, inside the episode and not stretched far past its samples): a recording whose stamps jump
+    is refused here, naming the stream, instead of being stored as a damaged episode."""
+    row = {"key": source.name, "duration": episode.duration}
+    for stream in (*episode.videos, *episode.audio, *episode.lowdim):
+        row.update(span_columns(stream))
+    problems = time_problems(pa.Table.from_pylist([row]), episode.streams)
+    if problems:
+        files = [s.path for s in (*source.cameras, *source.audio, *source.lowdim)]
+        raise SourceError(
+            source.name,
+            files[0] if len(set(files)) == 1 else None,
+            "; ".join(problems[0]),
+            "fix the recording's timestamps (a clock that jumped?)",
+        )
 
 
 def _check_declared_spans(source: EpisodeSource, tolerance: float) -> None:

@@ -44,31 +44,16 @@ def check_manifest(table: pa.Table, schema: DatasetSchema, where: str) -> dict[i
     """Raise StoreError if the manifest's structure is wrong; return the damaged rows and why."""
     _check_structure(table, schema, where)
     rows = _RowProblems(table.column("key").to_pylist())
-    duration = _column(table, "duration", rows)
-    rows.flag(
-        ~np.isfinite(duration) | (duration < 0) | (duration > MAX_EPISODE_SECONDS),
-        lambda i: f"duration {duration[i]:g} s is not within [0, {MAX_EPISODE_SECONDS:g}]",
-    )
-    latest_end = np.zeros(table.num_rows)
+    counts = _check_times(table, schema.streams, rows)
     for stream in schema.streams:
-        if stream.kind == "text":
-            continue
-        count, end = _check_span(table, stream, duration, rows)
-        latest_end = np.maximum(latest_end, np.nan_to_num(end, nan=0.0))
         if isinstance(stream, VideoStream):
-            _check_video(table, stream, count, schema.layout, rows)
+            _check_video(table, stream, counts[stream.name], schema.layout, rows)
         elif isinstance(stream, AudioStream):
             _check_piece_column(table, f"{stream.name}/data", _piece_path(schema.layout, "audio", stream.name), rows)
-            limit = count * stream.channels * 4 * 1.25 + 65536
+            limit = counts[stream.name] * stream.channels * 4 * 1.25 + 65536
             _check_piece_sizes(table, f"{stream.name}/data", 1, limit, rows)
         elif isinstance(stream, LowdimStream):
-            _check_lowdim(table, stream, count, schema.layout, rows)
-    has_streams = any(stream.kind != "text" for stream in schema.streams)
-    off = np.abs(duration - latest_end) > TIME_TOLERANCE * np.maximum(1.0, np.abs(duration))
-    rows.flag(
-        off & has_streams & np.isfinite(duration),
-        lambda i: f"duration {duration[i]:.6f} s is not the end of its longest stream ({latest_end[i]:.6f} s)",
-    )
+            _check_lowdim(table, stream, counts[stream.name], schema.layout, rows)
     if schema.layout == "wds":
         _check_members(table, rows)
     else:
@@ -79,6 +64,36 @@ def check_manifest(table: pa.Table, schema: DatasetSchema, where: str) -> dict[i
         if column.null_count:
             rows.flag(column.is_null().to_numpy(zero_copy_only=False), lambda i, name=name: f"'{name}' is missing")
     return rows.messages()
+
+
+def time_problems(table: pa.Table, streams: list) -> dict[int, list[str]]:
+    """The rows of `table` (`key`, `duration` and each stream's count and span) whose times a reader would
+    refuse, and why: what a conversion checks of each episode before it writes it."""
+    rows = _RowProblems(table.column("key").to_pylist())
+    _check_times(table, streams, rows)
+    return rows.problems
+
+
+def _check_times(table: pa.Table, streams: list, rows: _RowProblems) -> dict[str, np.ndarray]:
+    """Duration and every stream's count and span; returns the counts by stream."""
+    duration = _column(table, "duration", rows)
+    rows.flag(
+        ~np.isfinite(duration) | (duration < 0) | (duration > MAX_EPISODE_SECONDS),
+        lambda i: f"duration {duration[i]:g} s is not within [0, {MAX_EPISODE_SECONDS:g}]",
+    )
+    latest_end = np.zeros(table.num_rows)
+    counts = {}
+    for stream in streams:
+        if stream.kind == "text":
+            continue
+        counts[stream.name], end = _check_span(table, stream, duration, rows)
+        latest_end = np.maximum(latest_end, np.nan_to_num(end, nan=0.0))
+    off = np.abs(duration - latest_end) > TIME_TOLERANCE * np.maximum(1.0, np.abs(duration))
+    rows.flag(
+        off & bool(counts) & np.isfinite(duration),
+        lambda i: f"duration {duration[i]:.6f} s is not the end of its longest stream ({latest_end[i]:.6f} s)",
+    )
+    return counts
 
 
 class _RowProblems:
