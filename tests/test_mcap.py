@@ -551,3 +551,37 @@ def test_a_camera_stamp_that_jumps_30_days_is_refused_at_conversion_not_stored_d
     with pytest.raises(SourceError, match=r"jump.mcap.*duration 2.592e\+06 s is not within \[0, 604800\]"):
         convert([source], tmp_path / "out", OPTIONS)
     assert not (tmp_path / "out" / "dataset.json").exists()
+
+
+def test_a_log_split_at_1500_markers_is_read_in_a_few_passes_not_one_per_episode(tmp_path, monkeypatch):
+    from mmdata.sources import mcap_log
+
+    path = tmp_path / "marks.mcap"
+    picture = mcap_logs.jpeg(synthetic_frame(0, 0, 16, 16))
+    with open(path, "wb") as handle:
+        writer, schemas = mcap_logs.open_writer(handle)
+        start = 1_700_000_000_000_000_000
+        for number in range(1500):
+            writer.write_message("/mark", schemas["string"], {"data": f"task {number}"}, log_time=start)
+            for frame in range(3):
+                stamp = start + 1_000_000 + frame * 33_000_000
+                header = {"stamp": {"sec": stamp // 10**9, "nanosec": stamp % 10**9}, "frame_id": ""}
+                image = {"header": header, "format": "jpeg", "data": picture}
+                joints = {"header": header, "name": ["a"], "position": [float(number)], "velocity": [], "effort": []}
+                writer.write_message("/cam", schemas["image"], image, log_time=stamp)
+                writer.write_message("/j", schemas["joints"], joints, log_time=stamp + 1)
+            start += 200_000_000
+        writer.finish()
+    passes = []
+    for name in ("_raw_messages", "_decoded_topics"):
+        original = getattr(mcap_log, name)
+        monkeypatch.setattr(mcap_log, name, lambda *a, _f=original, _n=name: passes.append(_n) or _f(*a))
+    mapping = {
+        "cameras": {"c": "/cam"},
+        "lowdim": {"s": {"topic": "/j", "field": "position"}},
+        "task": "/mark",
+        "split": {"topic": "/mark"},
+    }
+    sources = discover_episodes(path, "mcap", topic_map=topic_map_from_dict(mapping))
+    assert len(sources) == 1500 and [s.task for s in sources[::500]] == ["task 0", "task 500", "task 1000"]
+    assert len(passes) <= 4, f"{len(passes)} passes over the log"

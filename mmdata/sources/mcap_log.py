@@ -12,9 +12,10 @@ A file is one episode, or several when the map says how to split it (`split: {ga
 
 from __future__ import annotations
 
+import bisect
 import math
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 from fractions import Fraction
@@ -326,23 +327,38 @@ def _file_episodes(path: Path, name: str, topic_map: TopicMap | None, task: str)
             mapping = default_topic_map(reader, channels, str(path), name, topic_map or TopicMap())
         _require_topics(mapping, channels, str(path), name)
         spans = _spans(reader, mapping, str(path), name)
+        if len(spans) == 1:
+            ((start, end),) = spans
+            contents = [(_first_messages(reader, mapping, str(path), name, start, end), None)]
+        else:
+            contents = _span_contents(reader, mapping, spans, str(path), name)
         episodes = []
-        for number, (start, end) in enumerate(spans):
+        for number, ((start, end), (first, commands)) in enumerate(zip(spans, contents)):
             episode = f"{name}#{number}" if len(spans) > 1 else name
-            episodes.append(_episode(reader, mapping, channels, str(path), episode, start, end, task))
+            episodes.append(_episode(reader, mapping, channels, str(path), episode, start, end, task, first, commands))
         return episodes
 
 
 def _episode(
-    reader, mapping: TopicMap, channels: dict, path: str, episode: str, start: int | None, end: int | None, task: str
+    reader,
+    mapping: TopicMap,
+    channels: dict,
+    path: str,
+    episode: str,
+    start: int | None,
+    end: int | None,
+    task: str,
+    first: dict[str, tuple[int, Any]],
+    commands: list[tuple[float, str]] | None,
 ) -> EpisodeSource:
-    first = _first_messages(reader, mapping, path, episode, start, end)
+    """The episode of the messages logged in [start, end), from each stream topic's `first` message there and
+    its task topic's `commands` (read here when None)."""
     missing = [t for t in mapping.stream_topics if t not in first]
     if missing:
         raise SourceError(episode, path, f"topics {missing} have no message in the episode", "check the split rule")
     origin = min(time for time, _ in first.values())
     span = LogSpan(path, start, end, origin, mapping.time)
-    commands = _commands(reader, mapping.task, span, episode)
+    commands = _commands(reader, mapping.task, span, episode) if commands is None else _timed(commands, origin)
     metadata: dict[str, Any] = {"mcap_file": Path(path).name, "mcap_start_ns": origin}
     if start is not None:
         metadata["mcap_span_ns"] = [start, end]
@@ -386,6 +402,64 @@ def _first_messages(reader, mapping: TopicMap, path: str, episode: str, start, e
     except MessageError as exc:
         raise SourceError(episode, path, f"topic '{topic}', its first message: {exc}") from exc
     return found
+
+
+def _span_contents(
+    reader, mapping: TopicMap, spans: list[tuple[int | None, int | None]], path: str, name: str
+) -> list[tuple[dict[str, tuple[int, Any]], list[tuple[int, str]]]]:
+    """For every span of a split log, in one pass over it (a pass per span was quadratic in the markers): the
+    first message of each stream topic (its time and decoded message) and the task topic's commands (time in
+    ns, text). Only those messages are decoded; the others are only located."""
+    starts = [-1 if start is None else start for start, _ in spans]
+    wanted = set(mapping.stream_topics)
+    task_topic = mapping.task.topic if mapping.task is not None else None
+    contents: list[tuple[dict, list]] = [({}, []) for _ in spans]
+    decode = _MessageDecoder()
+    for schema, channel, record in _raw_messages(
+        reader, sorted(wanted | {task_topic} - {None}), LogSpan(path, None, None, 0, "log")
+    ):
+        number = bisect.bisect_right(starts, record.log_time) - 1
+        end = spans[number][1] if number >= 0 else None
+        if number < 0 or (end is not None and record.log_time >= end):
+            continue
+        first, commands = contents[number]
+        topic = channel.topic
+        episode = f"{name}#{number}"
+        try:
+            if topic in wanted and topic not in first:
+                message = decode(schema, channel, record)
+                first[topic] = (message_time(record, message, mapping.time), message)
+            if topic == task_topic:
+                message = decode(schema, channel, record)
+                commands.append(
+                    (message_time(record, message, mapping.time), log_messages.text(message, mapping.task.field))
+                )
+        except MessageError as exc:
+            raise SourceError(episode, path, f"topic '{topic}': {exc}") from exc
+    return contents
+
+
+class _MessageDecoder:
+    """Decodes single messages with the decoder of their channel (made once per channel)."""
+
+    def __init__(self):
+        self._factories = _decoder_factories()
+        self._decoders: dict[int, Callable[[bytes], Any]] = {}
+
+    def __call__(self, schema, channel, record) -> Any:
+        decoder = self._decoders.get(channel.id)
+        if decoder is None:
+            decoder = next(
+                (d for f in self._factories if (d := f.decoder_for(channel.message_encoding, schema)) is not None), None
+            )
+            if decoder is None:
+                raise MessageError(f"no decoder reads its {channel.message_encoding} messages")
+            self._decoders[channel.id] = decoder
+        return decoder(record.data)
+
+
+def _timed(commands: list[tuple[int, str]], origin: int) -> list[tuple[float, str]]:
+    return [(_seconds(time, origin), text) for time, text in commands]
 
 
 def _commands(reader, task: TaskTopic | None, span: LogSpan, episode: str) -> list[tuple[float, str]]:
