@@ -211,6 +211,11 @@ class DataLoader:
                 " on_error='skip' to leave them out of every epoch (they are listed in stats()['excluded_episodes'])"
             )
         self.excluded.update({(i if self.mixture is None else f"{source.name}/{i}"): m for i, m in damaged.items()})
+        if damaged and len(damaged) == len(selected):
+            raise StoreError(
+                f"{label}all {len(selected)} selected episode(s) were left out as damaged (on_error='skip'), the first:"
+                f" {next(iter(damaged.values()))}; run `mmdata verify {source.dataset.url}` and convert the store again"
+            )
         selected = np.asarray([i for i in selected if int(i) not in damaged], dtype=np.int64)
         try:
             return enumerate_samples(table, self.spec, selected)

@@ -101,3 +101,18 @@ def test_import_mmdata_and_reading_a_store_never_load_torch(stores):
         result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
         assert result.returncode == 0, result.stderr[-2000:]
         assert "terminate called" not in result.stderr
+
+
+def test_every_episode_damaged_with_skip_says_so_not_that_the_spec_yields_nothing(stores, tmp_path):
+    from tests.hostile.tampering import edit_manifest
+
+    store = copy_store(stores["wds"], tmp_path / "s.wds")
+
+    def stretch(rows):
+        for row in rows:
+            row["duration"] = 1e12
+
+    edit_manifest(store, stretch)
+    count = len(mmdata.open_dataset(store))
+    with pytest.raises(mmdata.StoreError, match=f"all {count} selected episode.s. were left out as damaged.*verify"):
+        loader(store, on_error="skip")
