@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from mmdata.conversion.pipeline import ConvertOptions, convert
 from mmdata.dataset import open_dataset
@@ -207,8 +208,38 @@ def test_uint8_images_unshuffled_order_and_an_unknown_delta_key(store):
         LeRobotLoader(store, {"observation.image": [0.0]}, batch_size=4)
     with pytest.raises(SpecError, match=r"renames a stream to \['observation.state'\], a name another stream"):
         LeRobotLoader(store, batch_size=4, streams={"action": "observation.state"})
-    with pytest.raises(SpecError, match=r"an offset is nan"):
+    with pytest.raises(SpecError, match=r"delta_timestamps\['action'\] holds nan, not a finite number"):
         LeRobotLoader(store, {"action": [float("nan")]}, batch_size=4)
+
+
+def test_offsets_that_decrease_or_repeat_come_back_in_the_order_given(store):
+    def first_batch(deltas):
+        return next(iter(LeRobotLoader(store, deltas, batch_size=8, shuffle=False)))
+
+    given = {"action": [0.1, 0.0, 0.1], "observation.images.cam_high": [0.0, -0.1, 0.0]}
+    sorted_ = {"action": [0.0, 0.1], "observation.images.cam_high": [-0.1, 0.0]}
+    odd, plain = first_batch(given), first_batch(sorted_)
+    for key, positions in (("action", [1, 0, 1]), ("observation.images.cam_high", [1, 0, 1])):
+        assert torch.equal(odd[key], plain[key][:, positions]), key
+        assert torch.equal(odd[f"{key}_is_pad"], plain[f"{key}_is_pad"][:, positions]), key
+
+
+@pytest.mark.parametrize(
+    ("deltas", "complaint"),
+    [
+        (0.1, "maps stream names to lists of offsets in seconds, not float"),
+        ([0.0, 0.1], "maps stream names to lists of offsets in seconds, not list"),
+        ({"action": None}, r"delta_timestamps\['action'\] is a non-empty list of seconds, not None"),
+        ({"action": 0.1}, r"delta_timestamps\['action'\] is a non-empty list of seconds, not 0.1"),
+        ({"action": ["0.1"]}, r"holds '0.1', not a number of seconds"),
+        ({"action": [True]}, r"holds True, not a number of seconds"),
+        ({"action": [0.0] * 1_000_000}, r"lists 1000000 offsets; at most 4096"),
+    ],
+    ids=["scalar", "list", "none-offsets", "scalar-offsets", "text-offset", "bool-offset", "a-million"],
+)
+def test_delta_timestamps_of_the_wrong_shape_are_refused_naming_them(store, deltas, complaint):
+    with pytest.raises(SpecError, match=complaint):
+        LeRobotLoader(store, deltas, batch_size=4)
 
 
 def test_a_stream_map_gives_the_keys_a_policy_expects(store):

@@ -19,6 +19,7 @@ as uint8 channels-first and turned into floats where the batch lands (on the GPU
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal
 
@@ -31,7 +32,7 @@ from mmdata.lerobot.numbering import EpisodeNumbering
 from mmdata.loading.dataloader import DataLoader
 from mmdata.loading.episodes import Episodes
 from mmdata.loading.mixture import Mixture, Source
-from mmdata.loading.specs import Frames, SpecError, Values, Windows
+from mmdata.loading.specs import MAX_OFFSETS, Frames, SpecError, Values, Windows
 from mmdata.schema import LowdimStream, VideoStream
 from mmdata.stats import read_stats
 
@@ -67,7 +68,7 @@ class LeRobotLoader:
         if images not in ("float", "uint8"):
             raise ValueError(f"images is 'float' or 'uint8', not {images!r}")
         self.dataset = dataset if isinstance(dataset, Dataset) else open_dataset(dataset)
-        self.delta_timestamps = {k: tuple(v) for k, v in (delta_timestamps or {}).items()}  # checked by the spec
+        self.delta_timestamps = _checked_delta_timestamps(delta_timestamps)
         self.images = images
         renamed = dict(streams or {})
         self._renamed = renamed
@@ -165,7 +166,8 @@ class LeRobotLoader:
             out[name] = batch[name]
         for name in (*self.cameras, *self.values):
             if name in self.delta_timestamps:
-                out[f"{name}_is_pad"] = batch[f"{name}_is_pad"]
+                out[name] = self._in_given_order(name, out[name])
+                out[f"{name}_is_pad"] = self._in_given_order(name, batch[f"{name}_is_pad"])
             else:
                 out[name] = out[name][:, 0]
         for name in self.scalars:
@@ -201,7 +203,48 @@ class LeRobotLoader:
         return Episodes(ids=[int(self.dataset.manifest.row(int(r))["episode_index"]) for r in rows])
 
     def _offsets(self, name: str) -> tuple[float, ...]:
-        return self.delta_timestamps.get(name, (0.0,))
+        """The distinct offsets of `name` in increasing order, as mmdata's specs take them (LeRobot's may repeat
+        or decrease: `to_lerobot` puts the frames back in the order given)."""
+        return tuple(sorted(set(self.delta_timestamps.get(name, (0.0,)))))
+
+    def _in_given_order(self, name: str, values: torch.Tensor) -> torch.Tensor:
+        """`values` `[B, T, ...]` at this stream's sorted distinct offsets, in `delta_timestamps`' own order."""
+        given = self.delta_timestamps[name]
+        distinct = self._offsets(name)
+        if given == distinct:
+            return values
+        order = torch.as_tensor([distinct.index(offset) for offset in given], device=values.device)
+        return values.index_select(1, order)
+
+
+def _checked_delta_timestamps(delta_timestamps: Any) -> dict[str, tuple[float, ...]]:
+    """LeRobot's `delta_timestamps` (stream -> offsets in seconds, in any order, repeats allowed), checked here:
+    a mapping of names to at most MAX_OFFSETS finite numbers each."""
+    if delta_timestamps is None:
+        return {}
+    if not isinstance(delta_timestamps, Mapping):
+        raise SpecError(
+            f"delta_timestamps maps stream names to lists of offsets in seconds, not {type(delta_timestamps).__name__}"
+        )
+    checked = {}
+    for name, offsets in delta_timestamps.items():
+        if not isinstance(name, str):
+            raise SpecError(f"delta_timestamps keys are stream names, not {name!r}")
+        if isinstance(offsets, np.ndarray) and offsets.ndim == 1:
+            offsets = offsets.tolist()
+        if isinstance(offsets, (str, bytes)) or not isinstance(offsets, Sequence) or not len(offsets):
+            raise SpecError(f"delta_timestamps['{name}'] is a non-empty list of seconds, not {offsets!r:.60}")
+        if len(offsets) > MAX_OFFSETS:
+            raise SpecError(f"delta_timestamps['{name}'] lists {len(offsets)} offsets; at most {MAX_OFFSETS}")
+        values = []
+        for offset in offsets:
+            if isinstance(offset, bool) or not isinstance(offset, (int, float, np.integer, np.floating)):
+                raise SpecError(f"delta_timestamps['{name}'] holds {offset!r}, not a number of seconds")
+            if not math.isfinite(offset):
+                raise SpecError(f"delta_timestamps['{name}'] holds {offset}, not a finite number of seconds")
+            values.append(float(offset))
+        checked[name] = tuple(values)
+    return checked
 
 
 def _arrays(figures: dict[str, Any], names: tuple[str, ...], shape: tuple[int, ...] | None = None) -> dict:

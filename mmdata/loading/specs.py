@@ -226,6 +226,7 @@ Spec = Windows | Sequences
 
 
 MAX_SPAN_SECONDS = MAX_EPISODE_SECONDS  # no offset, window or chunk reaches further than an episode may last
+MAX_OFFSETS = 4096  # times per stream per sample: each is a frame or a row every sample of a batch holds
 
 
 def _seconds(value, what: str, low: float = -MAX_SPAN_SECONDS, high: float = MAX_SPAN_SECONDS) -> float:
@@ -248,6 +249,10 @@ def _rate(value, what: str) -> float:
 
 
 def _offsets(offsets: Sequence[float]) -> tuple[float, ...]:
+    if isinstance(offsets, (str, bytes)) or not isinstance(offsets, Sequence):
+        raise SpecError(f"offsets are a sequence of seconds, not {type(offsets).__name__} {offsets!r:.60}")
+    if len(offsets) > MAX_OFFSETS:
+        raise SpecError(f"{len(offsets)} offsets; a stream of a sample takes at most {MAX_OFFSETS}")
     values = tuple(_seconds(x, "an offset") for x in offsets)
     if not values:
         raise SpecError("give at least one offset")
