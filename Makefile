@@ -4,6 +4,12 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The LeRobot drop-in is also tested with the versions LeRobot 0.4-0.6 pin: PyAV 15 and numpy < 2.3. (They also
+# pin torch < 2.11 / < 2.12, of which PyPI has only CUDA builds of about 3 GB; this environment keeps the CPU
+# torch the main one uses.)
+PINS := .venv-lerobot-pins
+PINS_STAMP := $(PINS)/.installed
+LEROBOT_PINS := "av>=15,<16" "numpy<2.3"
 
 .PHONY: demo test lint bench clean
 
@@ -15,12 +21,20 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
+$(PINS_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(PINS)
+	$(PINS)/bin/python -m pip install -q --upgrade pip
+	$(PINS)/bin/python -m pip install -q torch==2.13.0 $(LEROBOT_PINS)
+	$(PINS)/bin/python -m pip install -q -e . pytest $(LEROBOT_PINS)
+	touch $(PINS_STAMP)
+
 demo: $(STAMP)
 	$(BIN)/mmdata demo
 
-test: $(STAMP)
+test: $(STAMP) $(PINS_STAMP)
 	$(BIN)/ruff check mmdata tests benchmarks
 	$(BIN)/python -m pytest -q
+	$(PINS)/bin/python -m pytest -q -p no:cacheprovider tests/test_lerobot_loader.py tests/test_importers.py -k lerobot
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/convert_bench.py
@@ -30,4 +44,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/training_batches_bench.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(PINS) .pytest_cache .ruff_cache

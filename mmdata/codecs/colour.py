@@ -20,8 +20,14 @@ from mmdata.codecs.geometry import FrameGeometry, fit_frames
 
 # Exact rounding and full-resolution chroma interpolation: FFmpeg's default YUV->RGB path rounds
 # down (about 1.3 levels darker on average); with these flags PyAV gives the very pixels DALI's
-# decoder gives (mean difference 0.0 on the same bytes) and lands closer to the source.
-RGB_CONVERSION = Interpolation.BILINEAR | Interpolation.ACCURATE_RND | Interpolation.FULL_CHR_H_INT
+# decoder gives (mean difference 0.0 on the same bytes) and lands closer to the source. They are
+# swscale's SWS_ACCURATE_RND and SWS_FULL_CHR_H_INT, which PyAV names only from version 16 (LeRobot
+# pins PyAV 15, whose reformatter takes the flags as a plain number all the same).
+_EXACT = int(getattr(Interpolation, "ACCURATE_RND", 0x40000)) | int(getattr(Interpolation, "FULL_CHR_H_INT", 0x2000))
+RGB_CONVERSION = int(Interpolation.BILINEAR) | _EXACT
+# The scaler on the calling thread only (loader workers run one per core already); PyAV before 16 has no
+# `threads` option and always scales on one thread.
+ONE_THREAD = {"threads": 1} if int(av.__version__.split(".")[0]) >= 16 else {}
 
 # FFmpeg's AVColorSpace values the kernel's matrix is right for (unspecified means BT.601 to the
 # scaler), and its AVColorRange values for limited ("MPEG") range.
@@ -49,7 +55,7 @@ def rgb_into(frame: av.VideoFrame, out: np.ndarray, reformatter: VideoReformatte
         _yuv420_to_rgb(luma, blue, red, out)
         return
     converter = reformatter or VideoReformatter()
-    out[...] = converter.reformat(frame, format="rgb24", interpolation=RGB_CONVERSION, threads=1).to_ndarray()
+    out[...] = converter.reformat(frame, format="rgb24", interpolation=RGB_CONVERSION, **ONE_THREAD).to_ndarray()
 
 
 # FFmpeg's scaler filters for downscaling inside the decode; with exact rounding and full chroma
@@ -61,7 +67,6 @@ SCALER_FILTERS = {
     "bilinear": Interpolation.BILINEAR,
     "bicubic": Interpolation.BICUBIC,
 }
-_EXACT = Interpolation.ACCURATE_RND | Interpolation.FULL_CHR_H_INT
 
 
 def fitted_rgb_into(
@@ -84,7 +89,7 @@ def fitted_rgb_into(
         height=height,
         format="rgb24",
         interpolation=SCALER_FILTERS[geometry.interpolation] | _EXACT,
-        threads=1,
+        **ONE_THREAD,
     ).to_ndarray()
     if (height, width) != tuple(out.shape[:2]):
         out[...] = 0
