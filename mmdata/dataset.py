@@ -305,8 +305,9 @@ class Dataset:
                     spec.codec,
                     SegmentRef(row["key"], spec.name, number),
                     spec.gop,
-                    (spec.width, spec.height),
+                    spec.coded_size,
                     table.indexes[number],
+                    display_size=None if spec.coded_size == (spec.width, spec.height) else (spec.width, spec.height),
                 )
             )
         return FramePlan(requests, np.searchsorted(unique, indices), timestamps, is_pad)

@@ -41,7 +41,12 @@ MAX_STREAMS = 4096
 
 @dataclass(frozen=True)
 class VideoStream:
-    """One camera, stored as closed-GOP segments of `segment_frames` frames."""
+    """One camera, stored as closed-GOP segments of `segment_frames` frames.
+
+    `width` x `height` is the camera's own size, which readers deliver. 4:2:0 video needs even sides, so a
+    camera with an odd side is stored one pixel wider or taller (its last column or row repeated):
+    `coded_size`, which decoders check and cut back.
+    """
 
     name: str
     fps: float
@@ -53,6 +58,11 @@ class VideoStream:
     pix_fmt: str = "yuv420p"
     crf: int | None = None
     kind: Literal["video"] = "video"
+
+    @property
+    def coded_size(self) -> tuple[int, int]:
+        """(width, height) of the stored frames: the camera's, each side rounded up to even."""
+        return self.width + self.width % 2, self.height + self.height % 2
 
 
 @dataclass(frozen=True)

@@ -102,7 +102,7 @@ class _EpisodeChecker:
             data = self._read(what, piece, partial(self.dataset.pieces.read_bytes, piece))
             if data is None:
                 continue
-            size = (stream.width, stream.height)
+            size = stream.coded_size
             frames = self._attempt(what, partial(decode_all_frames, data, stream.codec, size, segment["num_frames"]))
             if frames is None:
                 continue

@@ -22,6 +22,7 @@ from mmdata.conversion.pipeline import ConvertOptions, convert
 from mmdata.errors import SourceError
 from mmdata.sources import detect_format, discover_episodes
 from mmdata.synthetic import read_index_stripe, synthetic_frame
+from mmdata.verify import verify_dataset
 from tests.conftest import run_cli
 
 LEROBOT_V3 = Path(__file__).parent / "fixtures" / "lerobot_small"
@@ -462,3 +463,29 @@ def test_a_lerobot_v3_data_file_that_disagrees_with_the_episodes_table_is_named(
         convert_to(source, tmp_path / "out")
     dataset, report = convert_to(source, tmp_path / "skipped", skip_bad=True)
     assert len(dataset) == 2 and [s["episode"] for s in report.skipped] == ["episode_000001"]
+
+
+@pytest.mark.parametrize("layout", ["wds", "zarr"])
+def test_a_camera_of_odd_sides_converts_and_reads_back_at_its_own_size(tmp_path, layout):
+    height, width, length = 161, 223, 20
+    folder = tmp_path / "aloha"
+    folder.mkdir()
+    frames = np.stack([synthetic_frame(i, 0, height, width) for i in range(length)])
+    with h5py.File(folder / "episode_0.hdf5", "w") as handle:
+        handle.create_dataset("observations/images/cam_high", data=frames)
+        handle.create_dataset("observations/qpos", data=np.zeros((length, 14), np.float32))
+    dataset, _ = convert_to(folder, tmp_path / "out", fps=10, layout=layout)
+    camera = dataset.schema.stream("cam_high")
+    assert (camera.width, camera.height, camera.coded_size) == (width, height, (224, 162))
+    read = dataset.read_episode(0)["cam_high"].values
+    assert read.shape == (length, height, width, 3)
+    assert_stripes(read)
+    assert np.abs(read.astype(int) - frames).mean() < 3, "the camera's own pixels, not shifted by the padding"
+    assert verify_dataset(str(tmp_path / "out"), progress=False).ok
+    spec = mmdata.Windows(anchor_fps=10, streams={"cam_high": mmdata.Frames(offsets=[0.0])})
+    (batch, *_) = list(mmdata.DataLoader(dataset, spec, batch_size=4, shuffle="none"))
+    assert tuple(batch["cam_high"].shape) == (4, 1, height, width, 3)
+    assert [read_index_stripe(f) for f in batch["cam_high"][:, 0].numpy()] == [0, 1, 2, 3]
+    resized = mmdata.Frames(offsets=[0.0], resize=mmdata.Resize(size=(64, 96)))
+    (batch, *_) = list(mmdata.DataLoader(dataset, mmdata.Windows(10, {"cam_high": resized}), batch_size=4))
+    assert tuple(batch["cam_high"].shape) == (4, 1, 64, 96, 3)

@@ -17,6 +17,7 @@ import numpy as np
 from av.codec.context import Flags
 from av.video.frame import PictureType
 
+from mmdata.codecs.colour import to_rgb
 from mmdata.errors import MmdataError
 
 # codec name -> (FFmpeg encoder, container format, segment file extension)
@@ -223,6 +224,14 @@ class _SegmentEncoder:
         stream.codec_context.thread_count = 1
         stream.options = self.encoding.encoder_options(frames, (self.width, self.height))
         self._stream = stream
+
+
+def padded_to_even(frame: av.VideoFrame | np.ndarray) -> np.ndarray:
+    """An RGB frame whose odd sides are grown to even ones by repeating its last column and row: what 4:2:0
+    storage needs (`VideoStream.coded_size`); readers cut the frames back to the camera's own size."""
+    rgb = to_rgb(frame) if isinstance(frame, av.VideoFrame) else np.asarray(frame)
+    height, width = rgb.shape[:2]
+    return np.pad(rgb, ((0, height % 2), (0, width % 2), (0, 0)), mode="edge")
 
 
 def _frame_size(frame: av.VideoFrame | np.ndarray) -> tuple[int, ...]:

@@ -15,7 +15,7 @@ import pyarrow as pa
 from mmdata.checks import stream_name_problem
 from mmdata.codecs.audio import encode_flac, to_flac_samples
 from mmdata.codecs.packet_index import index_segment
-from mmdata.codecs.video_encode import VideoEncoding, encode_segments
+from mmdata.codecs.video_encode import VideoEncoding, encode_segments, padded_to_even
 from mmdata.errors import MmdataError, SourceError
 from mmdata.moments import Moments
 from mmdata.schema import AudioStream, LowdimStream, Stream, VideoStream, stream_from_dict, stream_to_dict
@@ -179,6 +179,17 @@ def worker_crashed(episode: str) -> SourceError:
 def _encode_camera(episode: str, camera: CameraSource, encoding: VideoEncoding) -> EncodedVideo:
     info = camera.info(episode)
     timestamps: list[float] = []
+    spec = VideoStream(
+        name=camera.name,
+        fps=float(info.fps),
+        width=info.width,
+        height=info.height,
+        codec=encoding.codec,
+        segment_frames=encoding.segment_frames,
+        gop=encoding.gop,
+        crf=encoding.crf,
+    )
+    padded = spec.coded_size != (info.width, info.height)  # odd sides: stored one pixel larger, read back cut
 
     def frames():
         for frame, timestamp in camera.frames(episode, info.fps):
@@ -191,10 +202,10 @@ def _encode_camera(episode: str, camera: CameraSource, encoding: VideoEncoding) 
                     "re-mux the file with monotonic timestamps",
                 )
             timestamps.append(timestamp)
-            yield frame
+            yield padded_to_even(frame) if padded else frame
 
     try:
-        encoded = list(encode_segments(frames(), info.fps, info.width, info.height, encoding))
+        encoded = list(encode_segments(frames(), info.fps, *spec.coded_size, encoding))
     except MmdataError as exc:
         if isinstance(exc, SourceError):
             raise
@@ -208,16 +219,6 @@ def _encode_camera(episode: str, camera: CameraSource, encoding: VideoEncoding) 
         ) from exc
     if not encoded:
         raise SourceError(episode, camera.path, "the video holds no frames", "re-export or replace the file")
-    spec = VideoStream(
-        name=camera.name,
-        fps=float(info.fps),
-        width=info.width,
-        height=info.height,
-        codec=encoding.codec,
-        segment_frames=encoding.segment_frames,
-        gop=encoding.gop,
-        crf=encoding.crf,
-    )
     return EncodedVideo(
         spec, [data for _, data in encoded], [n for n, _ in encoded], np.asarray(timestamps, dtype=np.float64)
     )

@@ -241,7 +241,7 @@ def _check_video(table: pa.Table, stream: VideoStream, count: np.ndarray, layout
         (lengths > 0) & (totals != count),
         lambda i: f"the segments of '{name}' hold {totals[i]:.0f} frames, '{name}/count' says {count[i]:.0f}",
     )
-    limit = stream.segment_frames * stream.width * stream.height * 3 + 65536
+    limit = stream.segment_frames * stream.coded_size[0] * stream.coded_size[1] * 3 + 65536
     sizes = _field(flat, "size")
     rows.flag(
         _any_per_row(~(sizes >= 1) | (sizes > limit), parents, table.num_rows),

@@ -53,15 +53,19 @@ class VideoDecoder(ABC):
             self.stats.seconds += time.perf_counter() - started
 
     def fitted(self, requests: Sequence[ClipRequest], outputs: list[Any]) -> list[Any]:
-        """Outputs cropped and scaled to their requests' geometry, where the backend did not do it."""
-        if self.fits_geometry:
-            return outputs
-        return [
-            fit_frames(frames, request.geometry)
-            if request.geometry is not None and frames is not None and len(frames)
-            else frames
-            for request, frames in zip(requests, outputs)
-        ]
+        """Outputs cut to their cameras' own size (`ClipRequest.display_size`), or cropped and scaled to their
+        requests' geometry where the backend did not do it."""
+        return [self._fit(request, frames) for request, frames in zip(requests, outputs)]
+
+    def _fit(self, request: ClipRequest, frames: Any) -> Any:
+        if frames is None or not len(frames):
+            return frames
+        if request.geometry is not None:  # its box lies inside the camera's own size
+            return frames if self.fits_geometry else fit_frames(frames, request.geometry)
+        if request.display_size is not None:
+            width, height = request.display_size
+            return frames[:, :height, :width]
+        return frames
 
     @abstractmethod
     def _decode_batch(self, requests: list[ClipRequest], on_error: OnError) -> list[Any]:

@@ -31,6 +31,8 @@ class ClipRequest:
     whose frames are of another size fails before its frames are allocated. `packets`, when the
     store has it, indexes the segment's packets so that a decoder can start without demuxing.
     `geometry`, when set, is the crop and size the frames are delivered at (see `mmdata.codecs.geometry`).
+    `display_size` (width, height), when set, is the camera's own size where `frame_size` is larger (a camera
+    of odd sides is stored padded to even ones): frames are delivered cut to it.
     """
 
     data: bytes
@@ -41,6 +43,7 @@ class ClipRequest:
     frame_size: tuple[int, int] | None = None
     packets: PacketIndex | None = None
     geometry: FrameGeometry | None = None
+    display_size: tuple[int, int] | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "frames", tuple(int(i) for i in self.frames))
