@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from mmdata.errors import OptionError
+
 MAX_JSON_BYTES = 64 << 20
 MAX_JSON_DEPTH = 64
 MAX_NAME_LENGTH = 200
@@ -151,3 +153,19 @@ def inside(root: str | os.PathLike, path: str | os.PathLike) -> bool:
 def _shown(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def option_number(value: Any, what: str, low: float, high: float, error: type[OptionError] = OptionError) -> float:
+    """A public option that is a finite number in [low, high] (not a bool or text), or `error` naming it."""
+    try:
+        return as_number(value, what, low, high)
+    except ValueError as exc:
+        raise error(str(exc)) from None
+
+
+def option_int(value: Any, what: str, low: int, high: int, error: type[OptionError] = OptionError) -> int:
+    """A public option that is a whole number in [low, high] (not a bool, a float or text), or `error`."""
+    try:
+        return as_int(value, what, low, high)
+    except ValueError as exc:
+        raise error(str(exc)) from None

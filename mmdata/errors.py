@@ -7,6 +7,10 @@ class MmdataError(Exception):
     """Base class of every error mmdata raises on purpose."""
 
 
+class OptionError(MmdataError, ValueError):
+    """A public option was given a value of the wrong type, or out of its range; the message names it."""
+
+
 class SourceError(MmdataError):
     """An input episode cannot be converted: a file is missing, unreadable, inconsistent or hostile."""
 

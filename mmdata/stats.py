@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from mmdata.checks import parse_json
+from mmdata.checks import option_number, parse_json
 from mmdata.dataset import Dataset
-from mmdata.errors import ReadError, StoreError
+from mmdata.errors import OptionError, ReadError, StoreError
 from mmdata.moments import Moments, mixture_figures
 from mmdata.schema import LowdimStream, VideoStream
 from mmdata.sharding.filesystem import join, read_file, write_text_atomically
@@ -118,7 +118,12 @@ def pooled_stats(datasets: list[Dataset], weights: list[float]) -> dict[str, Any
     the rows, spread evenly over its own rows, for every low-dim stream all the stores have with one
     width. Moments are those of the mixture distribution (exact); percentiles come from one histogram
     over the pooled range with each store's counts weighted, within one bin width as for one store."""
-    shares = np.asarray(weights, np.float64) / float(np.sum(weights))
+    if len(weights) != len(datasets):
+        raise OptionError(f"give one weight per store ({len(datasets)}), not {len(weights)}")
+    checked = [option_number(w, f"the weight of store {i + 1}", 0.0, 1e12) for i, w in enumerate(weights)]
+    if not sum(checked) > 0:
+        raise OptionError(f"the stores' weights add up to 0: {checked}")
+    shares = np.asarray(checked, np.float64) / float(np.sum(checked))
     parts = [(d, [i for i in range(len(d)) if i not in d.damaged]) for d in datasets]
     names = set.intersection(*[{s.name for s in d.schema.streams if isinstance(s, LowdimStream)} for d in datasets])
     result: dict[str, Any] = {

@@ -336,7 +336,7 @@ def test_a_token_cost_that_is_not_a_positive_number_is_named(stores, tokens):
         (lambda: mmdata.Windows(anchor_fps=float("inf"), streams={"state": mmdata.Values()}), r"anchor_fps is inf"),
         (lambda: mmdata.Sequences(fps=float("nan"), streams={"state": mmdata.Values()}), r"fps is nan"),
         (lambda: mmdata.Sequences(fps=10, max_seconds=float("nan"), streams={"state": mmdata.Values()}), "max_seconds"),
-        (lambda: mmdata.Resize((100_000, 100_000)), r"each 1..8192"),
+        (lambda: mmdata.Resize((100_000, 100_000)), r"resize size \(height, width\) is 100000, outside \[1, 8192\]"),
     ],
 )
 def test_specs_refuse_numbers_that_are_not_finite_or_out_of_range(make, message):

@@ -122,6 +122,6 @@ def test_resume_refuses_when_a_converted_episode_changed_since_the_interrupted_r
     np.save(first / "state.npy", state + 1.0)  # the same size: only its content and time tell
     finished = run_cli("convert", str(raw), str(resumed), "--to", layout, "--resume", *ARGS)
     assert finished.returncode == 2
-    assert f"episode '{first.name}': {first / 'state.npy'} was modified" in finished.stderr
+    assert f"episode '{first.name}', already converted, was read from {first / 'state.npy'}" in finished.stderr
     assert "--overwrite" in finished.stderr
     assert not (resumed / "dataset.json").exists(), "no store was completed from stale episodes"

@@ -25,6 +25,7 @@ from mmdata.sharding.layout import DATASET_FILE, PARTIAL_DIR
 from mmdata.sources.episode import EpisodeSource
 
 OPTIONS_FILE = "options.json"
+SOURCES_FILE = "sources.json"
 
 
 def refuse_overlap(root: Path, sources: list[EpisodeSource], source_root: str | os.PathLike | None) -> None:
@@ -153,27 +154,33 @@ def _check_same_options(root: str, options_path: str, saved_text: bytes, fingerp
     if saved != fingerprint:
         saved = saved if isinstance(saved, dict) else {}
         changed = sorted(k for k in fingerprint if saved.get(k) != fingerprint[k])
-        detail = ""
-        if changed == ["episodes"]:
-            detail = _changed_recording(saved.get("episodes"), fingerprint.get("episodes"))
         raise DestinationError(
-            f"cannot resume '{root}': {', '.join(changed)} changed since the interrupted run{detail};"
-            " resume with the same source and options, or pass --overwrite to convert every episode again"
+            f"cannot resume '{root}': {', '.join(changed)} changed since the interrupted run;"
+            " resume with the same source and options, or pass --overwrite"
         )
 
 
-def _changed_recording(saved: Any, now: Any) -> str:
-    """Which episode's files differ between two fingerprints' episode lists, as a clause for the message."""
-    if not isinstance(saved, list) or not isinstance(now, list):
-        return ""
-    if [e[0] if isinstance(e, list) and e else e for e in saved] != [e[0] for e in now]:
-        return " (episodes were added, removed or renamed)"
-    for before, after in zip(saved, now):
-        if before != after:
-            old = {f[0]: f for f in before[1]} if isinstance(before, list) and len(before) > 1 else {}
-            files = [f[0] for f in after[1] if old.get(f[0]) != f] or [f[0] for f in after[1]]
-            return f" (episode '{after[0]}': {files[0]} was modified)"
-    return ""
+def check_converted_sources(root: Path, names: list[str], files: list[list[list[Any]]], converted: int) -> None:
+    """Keep each episode's source files (path, size, modification time; `source_files`) beside the resume state,
+    and on resuming refuse when a file of an episode already converted changed since: the store would hold
+    the old recording. Episodes not yet converted may change (a broken file fixed before resuming)."""
+    path = root / PARTIAL_DIR / SOURCES_FILE
+    if converted and path.exists():
+        try:
+            saved = parse_json(path.read_bytes())
+        except ValueError as exc:
+            raise DestinationError(f"{path} {exc}; convert again with --overwrite") from exc
+        if not isinstance(saved, list) or len(saved) != len(files):
+            raise DestinationError(f"{path} does not list the source's episodes; convert again with --overwrite")
+        for name, before, now in zip(names[:converted], saved[:converted], files[:converted]):
+            if before != now:
+                old = {f[0]: f for f in before if isinstance(f, list) and f} if isinstance(before, list) else {}
+                changed = next((f[0] for f in now if old.get(f[0]) != f), now[0][0] if now else "?")
+                raise DestinationError(
+                    f"cannot resume '{root}': episode '{name}', already converted, was read from {changed},"
+                    " which was modified since; pass --overwrite to convert every episode again"
+                )
+    write_text_atomically(str(path), json.dumps(files))
 
 
 def _empty(root: Path) -> None:

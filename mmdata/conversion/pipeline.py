@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 from mmdata.conversion.completion import complete_store, creation_info, source_bytes, store_bytes, store_schema
 from mmdata.conversion.destination import (
+    check_converted_sources,
     check_remote_destination,
     destination_failure,
     destination_lock,
@@ -82,7 +83,7 @@ class ConvertOptions:
             "layout": self.layout,
             "encode": asdict(self.encode),
             "shard_bytes": self.shard_bytes if self.layout == "wds" else None,
-            "episodes": [[s.name, source_files(s)] for s in sources],
+            "episodes": [s.name for s in sources],
         }
 
     def creation_info(self, sources: list[EpisodeSource], skipped: list) -> dict[str, Any]:
@@ -172,6 +173,7 @@ def _convert_locked(
     prepare_destination(root, options.fingerprint(sources), options.resume, options.overwrite)
     writer = _store_writer(options.layout, root, options.shard_bytes)
     ledger = ConversionLedger(writer.restore(), len(sources), root)
+    check_converted_sources(root, [s.name for s in sources], [source_files(s) for s in sources], ledger.resumed_at)
 
     positions = range(ledger.resumed_at, len(sources))
     jobs = ((sources[p], p, options.encode) for p in positions)

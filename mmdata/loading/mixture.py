@@ -24,12 +24,15 @@ import numpy as np
 from mmdata.cache import ByteBudgetCache
 from mmdata.dataset import Dataset
 from mmdata.loading.episodes import Episodes
-from mmdata.loading.specs import Audio, Frames, Spec, SpecError, Values
+from mmdata.loading.specs import Audio, Frames, Spec, SpecError, Values, option_int, option_number
 from mmdata.schema import AudioStream, LowdimStream, VideoStream
 
 WeightBy = Literal["samples", "tokens"]
 NormalizeWith = Literal["source", "pooled"]
 _COMPOSITION_STREAM = 0x4D49
+MAX_WEIGHT = 1e12  # weights are relative; this keeps their sum finite and the shares meaningful
+# Samples an epoch may hold: the plan keeps a few dozen bytes per sample (about 10 GB at this bound).
+MAX_EPOCH_SAMPLES = 1 << 28
 
 
 @dataclass(frozen=True)
@@ -46,8 +49,14 @@ class Source:
     episodes: Episodes | None = None
 
     def __post_init__(self):
-        if self.weight is not None and not (np.isfinite(self.weight) and self.weight >= 0):
-            raise SpecError(f"source weight must be a finite number >= 0, not {self.weight}")
+        if self.weight is not None:
+            object.__setattr__(self, "weight", option_number(self.weight, "Source weight", 0.0, MAX_WEIGHT))
+        if not isinstance(self.streams, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in self.streams.items()
+        ):
+            raise SpecError(f"Source streams maps stored names to training names (text), not {self.streams!r:.80}")
+        if self.name is not None and not isinstance(self.name, str):
+            raise SpecError(f"Source name is text, not {self.name!r:.60}")
         targets = list(self.streams.values())
         doubled = sorted({t for t in targets if targets.count(t) > 1})
         if doubled:
@@ -88,8 +97,8 @@ class Mixture:
             raise SpecError("give every source a weight, or none (each then weighs its share of samples)")
         if all(given) and not sum(s.weight for s in sources) > 0:
             raise SpecError("the sources' weights add up to 0")
-        if self.epoch_samples is not None and self.epoch_samples < 1:
-            raise SpecError(f"epoch_samples must be at least 1, not {self.epoch_samples}")
+        if self.epoch_samples is not None:
+            option_int(self.epoch_samples, "epoch_samples", 1, MAX_EPOCH_SAMPLES)
         if self.weight_by not in ("samples", "tokens"):
             raise SpecError(f"weight_by is 'samples' or 'tokens', not '{self.weight_by}'")
         if self.normalize_with not in ("source", "pooled"):
@@ -260,9 +269,10 @@ def source_targets(mixture: Mixture, counts: Sequence[int], mean_costs: Sequence
     if mixture.weight_by == "tokens":
         weights = weights / np.maximum(np.asarray(mean_costs, np.float64), 1e-12)
     weights[counts_array == 0] = 0
-    if not weights.sum() > 0:
+    if not weights.max() > 0:
         raise SpecError("no source with a positive weight has samples for this spec")
-    exact = weights / weights.sum() * total
+    shares = weights / weights.max()  # (weights near the float maximum would add up to infinity)
+    exact = shares / shares.sum() * total
     targets = np.floor(exact).astype(np.int64)
     short = total - int(targets.sum())
     targets[np.argsort(-(exact - targets), kind="stable")[:short]] += 1

@@ -11,15 +11,16 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
+from mmdata import checks
 from mmdata.codecs.align import INTERPOLATIONS, Interpolation
 from mmdata.codecs.geometry import INTERPOLATIONS as RESIZE_INTERPOLATIONS
 from mmdata.codecs.geometry import RESIZE_MODES, Crop, ResizeMode
 from mmdata.codecs.geometry import Interpolation as ResizeInterpolation
-from mmdata.errors import MmdataError
+from mmdata.errors import OptionError
 from mmdata.schema import (
     MAX_AUDIO_RATE,
     MAX_FRAME_SIDE,
@@ -32,7 +33,7 @@ from mmdata.schema import (
 from mmdata.sharding.manifest_checks import MAX_EPISODE_SECONDS
 
 
-class SpecError(MmdataError, ValueError):
+class SpecError(OptionError):
     """A sampling spec asks for something the store cannot give; the message says what to change."""
 
 
@@ -56,9 +57,8 @@ class Resize:
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
 
     def __post_init__(self):
-        height, width = (int(x) for x in self.size)
-        if not (0 < height <= MAX_FRAME_SIDE and 0 < width <= MAX_FRAME_SIDE):
-            raise SpecError(f"resize size is (height, width), each 1..{MAX_FRAME_SIDE}, not {self.size}")
+        size = option_pair(self.size, "resize size (height, width)")
+        height, width = (option_int(x, "resize size (height, width)", 1, MAX_FRAME_SIDE) for x in size)
         object.__setattr__(self, "size", (height, width))
         if self.mode not in RESIZE_MODES:
             raise SpecError(f"resize mode '{self.mode}' is not one of {', '.join(RESIZE_MODES)}")
@@ -66,11 +66,12 @@ class Resize:
             raise SpecError(f"interpolation '{self.interpolation}' is not one of {', '.join(RESIZE_INTERPOLATIONS)}")
         if self.crop not in (None, "random"):
             raise SpecError(f"crop is None or 'random', not '{self.crop}' (a centre crop is mode='shorter_side')")
-        scale, ratio = tuple(float(x) for x in self.scale), tuple(float(x) for x in self.ratio)
+        scale = tuple(option_number(x, "crop scale", 0.0, 1e4) for x in option_pair(self.scale, "crop scale"))
+        ratio = tuple(option_number(x, "crop ratio", 0.0, 1e4) for x in option_pair(self.ratio, "crop ratio"))
         if not 0 < scale[0] <= scale[1] <= 1:
             raise SpecError(f"crop scale is a range inside (0, 1], not {self.scale}")
         if not 0 < ratio[0] <= ratio[1]:
-            raise SpecError(f"crop ratio is a positive range, not {self.ratio}")
+            raise SpecError(f"crop ratio is a positive range (low, high) up to 10000, not {self.ratio}")
         object.__setattr__(self, "scale", scale)
         object.__setattr__(self, "ratio", ratio)
 
@@ -229,13 +230,29 @@ MAX_SPAN_SECONDS = MAX_EPISODE_SECONDS  # no offset, window or chunk reaches fur
 MAX_OFFSETS = 4096  # times per stream per sample: each is a frame or a row every sample of a batch holds
 
 
+def option_int(value: Any, what: str, low: int, high: int) -> int:
+    """A spec option that is a whole number in [low, high], or a SpecError naming it."""
+    return checks.option_int(value, what, low, high, SpecError)
+
+
+def option_number(value: Any, what: str, low: float, high: float) -> float:
+    """A spec option that is a finite number in [low, high], or a SpecError naming it."""
+    return checks.option_number(value, what, low, high, SpecError)
+
+
+def option_pair(value: Any, what: str) -> tuple[Any, Any]:
+    """An option that is two values (a tuple or list of two), or a SpecError naming it."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or len(value) != 2:
+        raise SpecError(f"{what} is two values, not {value!r:.60}")
+    return value[0], value[1]
+
+
 def _seconds(value, what: str, low: float = -MAX_SPAN_SECONDS, high: float = MAX_SPAN_SECONDS) -> float:
-    """`value` as a finite float within [low, high]: NaN, infinities and absurd sizes are refused here, where
-    the spec is made, not found later as wrong samples, endless anchors or a memory bomb."""
-    try:
-        number = float(value)
-    except (TypeError, ValueError) as exc:
-        raise SpecError(f"{what} is {value!r}, not a number") from exc
+    """`value` as a finite float within [low, high]: NaN, infinities, text and absurd sizes are refused here,
+    where the spec is made, not found later as wrong samples, endless anchors or a memory bomb."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise SpecError(f"{what} is {value!r:.60}, not a number")
+    number = float(value)
     if not (math.isfinite(number) and low <= number <= high):
         raise SpecError(f"{what} is {number}, outside [{low:g}, {high:g}]")
     return number
