@@ -229,27 +229,47 @@ def read_stats(dataset: Dataset) -> dict[str, Any]:
 
 def normalizer(stats: dict[str, Any], stream: str, mode: str, width: int, where: str) -> tuple[np.ndarray, np.ndarray]:
     """(shift, scale) per dimension so that (x - shift) / scale normalizes `stream` by `mode`."""
-    figures = stats["lowdim"].get(stream)
     keys = {"mean_std": ("mean", "std"), "min_max": ("min", "max"), "quantile": ("q01", "q99")}[mode]
-    if isinstance(figures, dict) and figures.get("non_finite"):
-        raise StoreError(
-            f"{where}: stream '{stream}' holds NaN or infinite values, so it has no statistics to normalize by;"
-            " clean the recordings and convert again, or read it without normalize="
-        )
-    try:
-        first, second = (np.asarray(figures[key], np.float64) for key in keys)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise StoreError(
-            f"{where}/{STATS_FILE} has no {'/'.join(keys)} for stream '{stream}'; run `mmdata stats`"
-        ) from exc
-    if (
-        first.shape != (width,)
-        or second.shape != (width,)
-        or not (np.isfinite(first).all() and np.isfinite(second).all())
-    ):
-        raise StoreError(f"{where}/{STATS_FILE}: the {mode} figures of '{stream}' are not {width} finite numbers")
+    figures = stream_figures(stats, stream, keys, f"{where}/{STATS_FILE}", width)
+    first, second = (figures[key] for key in keys)
     if mode == "mean_std":
         shift, scale = first, second
     else:
         shift, scale = (first + second) / 2, (second - first) / 2
     return shift.astype(np.float32), np.where(scale > 1e-8, scale, 1.0).astype(np.float32)
+
+
+def stream_figures(
+    stats: dict[str, Any], stream: str, keys: tuple[str, ...], where: str, width: int | None = None
+) -> dict[str, np.ndarray]:
+    """The figures `keys` of low-dim `stream` in a `stats.json` document, each checked: present, one finite
+    number per dimension (`width` of them, when given), a std not negative, a min not above its max and a
+    q01 not above its q99. A StoreError names what is wrong: statistics someone else wrote are data."""
+    entry = stats.get("lowdim", {}).get(stream) if isinstance(stats.get("lowdim"), dict) else None
+    if isinstance(entry, dict) and entry.get("non_finite"):
+        raise StoreError(
+            f"{where}: stream '{stream}' holds NaN or infinite values, so it has no statistics to normalize by;"
+            " clean the recordings and convert again, or read it without normalize="
+        )
+    if not isinstance(entry, dict) or any(key not in entry for key in keys):
+        raise StoreError(f"{where} has no {'/'.join(keys)} for stream '{stream}'; run `mmdata stats`")
+    figures = {}
+    for key in keys:
+        try:
+            values = np.asarray(entry[key], np.float64)
+        except (TypeError, ValueError):
+            values = np.empty(0)
+        if values.ndim != 1 or not len(values) or (width is not None and len(values) != width):
+            wanted = f"{width} numbers" if width is not None else "a list of numbers"
+            raise StoreError(f"{where}: '{key}' of stream '{stream}' is not {wanted}; run `mmdata stats` again")
+        if not np.isfinite(values).all():
+            raise StoreError(f"{where}: '{key}' of stream '{stream}' holds values that are not finite")
+        figures[key] = values
+    if len({len(v) for v in figures.values()}) > 1:
+        raise StoreError(f"{where}: the figures of stream '{stream}' have different widths; run `mmdata stats` again")
+    for low, high in (("min", "max"), ("q01", "q99")):
+        if low in figures and high in figures and (figures[low] > figures[high]).any():
+            raise StoreError(f"{where}: stream '{stream}' has a {low} above its {high}; run `mmdata stats` again")
+    if "std" in figures and (figures["std"] < 0).any():
+        raise StoreError(f"{where}: stream '{stream}' has a negative std; run `mmdata stats` again")
+    return figures

@@ -15,7 +15,7 @@ import torch
 
 from mmdata.conversion.pipeline import ConvertOptions, convert
 from mmdata.dataset import open_dataset
-from mmdata.errors import IntegrityError
+from mmdata.errors import IntegrityError, StoreError
 from mmdata.lerobot import LeRobotLoader
 from mmdata.loading.specs import SpecError
 from mmdata.sources import discover_episodes, shipped_stats
@@ -193,6 +193,25 @@ def test_dataset_stats_are_lerobots_own_or_else_mmdatas_in_lerobots_shapes(tmp_p
     assert stats["observation.image"]["mean"].shape == (3, 1, 1) and "min" not in stats["observation.image"]
     assert np.allclose(stats["action"]["mean"], computed["lowdim"]["action"]["mean"])
     assert stats["observation.state"]["max"].shape == (3,)
+
+
+@pytest.mark.parametrize(
+    ("edit", "complaint"),
+    [
+        (lambda s: s["lerobot"]["action"].update(mean=[[1.0], [2.0, 3.0]]), "lerobot/action/mean is not numbers"),
+        (lambda s: s["lerobot"]["action"].update(std=["wide"]), "lerobot/action/std is not numbers"),
+        (lambda s: s.pop("lerobot") and s["lowdim"]["action"].update(std=[-1.0] * 2), "negative std"),
+        (lambda s: s.pop("lerobot") and s["cameras"].update({"observation.image": [0.5]}), "is not an object"),
+    ],
+    ids=["ragged", "text", "negative-std", "camera-not-an-object"],
+)
+def test_malformed_statistics_are_a_store_error_from_dataset_stats(tmp_path, edit, complaint):
+    store = Path(_converted(TASK_FIXTURES[0], "wds", tmp_path))
+    stats = json.loads((store / "stats.json").read_text())
+    edit(stats)
+    (store / "stats.json").write_text(json.dumps(stats))
+    with pytest.raises(StoreError, match=complaint):
+        LeRobotLoader(str(store), batch_size=4).dataset_stats
 
 
 def test_uint8_images_unshuffled_order_and_an_unknown_delta_key(store):

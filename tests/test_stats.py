@@ -152,6 +152,52 @@ def test_normalizing_without_stats_json_names_the_command_that_makes_it(stores, 
         mmdata.DataLoader(str(store), spec, batch_size=4)
 
 
+def _with_stats(stores, tmp_path, name, change):
+    import shutil
+
+    store = tmp_path / name
+    shutil.copytree(stores["wds"], store)
+    stats = json.loads((store / "stats.json").read_text())
+    change(stats["lowdim"]["state"])
+    (store / "stats.json").write_text(json.dumps(stats))
+    return store
+
+
+@pytest.mark.parametrize(
+    ("change", "mode", "complaint"),
+    [
+        (lambda f: f.update(std=[-1.0] * len(f["std"])), "mean_std", "negative std"),
+        (lambda f: f.update(min=f["max"], max=f["min"]), "min_max", "min above its max"),
+        (lambda f: f.update(mean="zero"), "mean_std", "'mean' of stream 'state' is not 14 numbers"),
+        (lambda f: f.update(mean=[[0.0]] * 14), "mean_std", "'mean' of stream 'state' is not 14 numbers"),
+        (lambda f: f.update(max=[None] * 14), "min_max", "'max' of stream 'state' holds values that are not finite"),
+        (lambda f: f.pop("q99"), "quantile", "no q01/q99 for stream 'state'"),
+    ],
+    ids=["negative-std", "min-above-max", "text", "nested", "nulls", "missing"],
+)
+def test_statistics_that_cannot_be_right_are_refused_naming_the_stream(stores, tmp_path, change, mode, complaint):
+    store = _with_stats(stores, tmp_path, "odd.wds", change)
+    spec = mmdata.Windows(anchor_fps=5, streams={"state": mmdata.Values(normalize=mode)})
+    with pytest.raises(StoreError, match=complaint):
+        mmdata.DataLoader(str(store), spec, batch_size=4)
+
+
+def test_pooled_normalization_refuses_a_sources_malformed_statistics_by_name(stores, tmp_path):
+    good = _with_stats(stores, tmp_path, "good.wds", lambda f: None)
+    bad = _with_stats(stores, tmp_path, "bad.wds", lambda f: f.update(std={"a": 1}))
+    mixture = mmdata.Mixture([mmdata.Source(str(good)), mmdata.Source(str(bad))], normalize_with="pooled")
+    spec = mmdata.Windows(anchor_fps=5, streams={"state": mmdata.Values(normalize="mean_std")})
+    with pytest.raises(StoreError, match="bad.wds/stats.json: 'std' of stream 'state' is not a list of numbers"):
+        mmdata.DataLoader(mixture, spec, batch_size=4)
+
+
+@pytest.mark.parametrize("weights", [["nan", "1"], ["inf", "1"], ["-1", "1"], ["0", "0"]])
+def test_stats_weights_that_are_not_finite_shares_are_refused_in_one_line(stores, tmp_path, weights):
+    out = str(tmp_path / "pooled.json")
+    result = run_cli("stats", str(stores["wds"]), str(stores["zarr"]), "--weights", *weights, "--out", out)
+    assert result.returncode == 2 and "weight" in result.stderr and "Traceback" not in result.stderr
+
+
 def test_an_unset_normalization_leaves_the_spec_description_and_resume_fingerprint_as_before():
     described = mmdata.Windows(anchor_fps=5, streams={"state": mmdata.Values()}).describe()
     assert described["streams"]["state"] == {

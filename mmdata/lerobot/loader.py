@@ -28,13 +28,14 @@ import torch
 
 from mmdata.checks import as_int
 from mmdata.dataset import Dataset, open_dataset
+from mmdata.errors import StoreError
 from mmdata.lerobot.numbering import EpisodeNumbering
 from mmdata.loading.dataloader import DataLoader
 from mmdata.loading.episodes import Episodes
 from mmdata.loading.mixture import Mixture, Source
 from mmdata.loading.specs import MAX_OFFSETS, Frames, SpecError, Values, Windows
 from mmdata.schema import LowdimStream, VideoStream
-from mmdata.stats import read_stats
+from mmdata.stats import read_stats, stream_figures
 
 ImageFormat = Literal["float", "uint8"]
 
@@ -136,22 +137,26 @@ class LeRobotLoader:
         low-dim streams, per channel as [3, 1, 1] in [0, 1] for cameras. Keys follow `streams=`."""
         stats = read_stats(self.dataset)
         rename = self._renamed
+        where = f"{self.dataset.url}/stats.json"
         shipped = stats.get("lerobot")
         if isinstance(shipped, dict):
             return {
-                rename.get(key, key): {name: np.asarray(value) for name, value in figures.items()}
+                rename.get(key, key): {
+                    name: _figure(value, f"{where}: lerobot/{key}/{name}") for name, value in figures.items()
+                }
                 for key, figures in shipped.items()
                 if isinstance(figures, dict)
             }
         found: dict[str, dict[str, np.ndarray]] = {}
         for key, figures in stats.get("lowdim", {}).items():
-            if not figures.get("non_finite"):
-                found[rename.get(key, key)] = {
-                    name: np.asarray(figures[name]) for name in ("mean", "std", "min", "max") if name in figures
-                }
-        for key, figures in stats.get("cameras", {}).items():
+            if isinstance(figures, dict) and not figures.get("non_finite"):
+                found[rename.get(key, key)] = stream_figures(stats, key, ("mean", "std", "min", "max"), where)
+        cameras = stats.get("cameras", {})
+        for key, figures in cameras.items() if isinstance(cameras, dict) else ():
+            if not isinstance(figures, dict):
+                raise StoreError(f"{where}: cameras/{key} is not an object; run `mmdata stats` again")
             found[rename.get(key, key)] = {
-                name: np.asarray(figures[name], np.float64).reshape(3, 1, 1)
+                name: _figure(figures[name], f"{where}: cameras/{key}/{name}", 3).reshape(3, 1, 1)
                 for name in ("mean", "std")
                 if name in figures
             }
@@ -247,8 +252,18 @@ def _checked_delta_timestamps(delta_timestamps: Any) -> dict[str, tuple[float, .
     return checked
 
 
-def _arrays(figures: dict[str, Any], names: tuple[str, ...], shape: tuple[int, ...] | None = None) -> dict:
-    return {n: np.asarray(figures[n]).reshape(shape or (-1,)) for n in names if n in figures}
+def _figure(value: Any, where: str, size: int | None = None) -> np.ndarray:
+    """A statistic of `stats.json` as a finite numeric array as written (of `size` values when given), or a
+    StoreError."""
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError):
+        array = np.asarray(None)
+    if array.dtype.kind not in "biuf":
+        raise StoreError(f"{where} is not numbers; run `mmdata stats` again")
+    if not np.isfinite(array).all() or (size is not None and array.size != size):
+        raise StoreError(f"{where} is not {size or 'some'} finite numbers; run `mmdata stats` again")
+    return array
 
 
 def to_unit_float(frames: torch.Tensor) -> torch.Tensor:

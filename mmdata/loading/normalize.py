@@ -16,7 +16,7 @@ import numpy as np
 from mmdata.loading.mixture import NormalizeWith, OpenSource
 from mmdata.loading.specs import Spec, SpecError, Values
 from mmdata.moments import mixture_figures
-from mmdata.stats import STATS_FILE, normalizer, read_stats
+from mmdata.stats import STATS_FILE, normalizer, read_stats, stream_figures
 
 
 def attach_normalizers(
@@ -52,16 +52,9 @@ def _pooled(name: str, stream: Values, having: list[tuple[dict, OpenSource, floa
         )
     figures = []
     for stats, source, share in having:
-        stored = source.streams[name]
-        entry = stats["lowdim"].get(stored) or {}
-        try:
-            figures.append(
-                {k: np.asarray(entry[k], np.float64) for k in ("mean", "std", "min", "max")} | {"share": share}
-            )
-        except KeyError as exc:
-            raise SpecError(
-                f"{source.dataset.url}/{STATS_FILE} has no {exc} for '{stored}'; run `mmdata stats`"
-            ) from exc
+        where = f"{source.dataset.url}/{STATS_FILE}"
+        stored = stream_figures(stats, source.streams[name], ("mean", "std", "min", "max"), where)
+        figures.append(stored | {"share": share})
     widths = {len(f["mean"]) for f in figures}
     if len(widths) > 1:
         raise SpecError(f"stream '{name}' has different widths in the sources, so its statistics cannot be pooled")
