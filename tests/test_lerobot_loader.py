@@ -211,7 +211,7 @@ def test_malformed_statistics_are_a_store_error_from_dataset_stats(tmp_path, edi
     edit(stats)
     (store / "stats.json").write_text(json.dumps(stats))
     with pytest.raises(StoreError, match=complaint):
-        LeRobotLoader(str(store), batch_size=4).dataset_stats
+        _ = LeRobotLoader(str(store), batch_size=4).dataset_stats
 
 
 def test_uint8_images_unshuffled_order_and_an_unknown_delta_key(store):
