@@ -309,11 +309,16 @@ def test_bad_loader_arguments_are_value_errors(stores):
         ("seed", -1),
         ("seed", True),
         ("num_workers", -2),
+        ("batch_size", 10**15),
+        ("num_workers", 10**6),
+        ("prefetch_factor", 10**9),
     ],
 )
 def test_counts_that_are_not_whole_numbers_in_range_are_named(stores, option, value):
+    from mmdata.errors import OptionError
+
     options = {"batch_size": 2, option: value}
-    with pytest.raises(ValueError, match=f"{option} is a whole number of at least"):
+    with pytest.raises(OptionError, match=f"{option} is .*(not an integer|outside)"):
         mmdata.DataLoader(stores["wds"], LOWDIM_WINDOWS, **options)
 
 
@@ -537,3 +542,17 @@ def test_shuffle_true_and_false_mean_the_default_shuffle_and_none_as_in_torch(st
     assert order(True) == order("locality") != order(False) == order("none")
     with pytest.raises(ValueError, match="shuffle is True, False or one of locality, global, none, not 'yes'"):
         mmdata.DataLoader(stores["wds"], POLICY_WINDOWS, batch_size=4, shuffle="yes")
+
+
+@pytest.mark.parametrize(
+    "stretches",
+    [[[0, 3]], [[-3, 3]], [[2, -1]], [["2", 3]], [[True, 3]], "two", [[2]]],
+    ids=["world-0", "world-negative", "steps-negative", "text", "bool", "not-a-list", "short"],
+)
+def test_a_state_with_an_impossible_world_size_or_step_is_a_resume_error(stores, stretches):
+    from mmdata.sharding.epoch_plan import ResumeError
+
+    loader = mmdata.DataLoader(stores["wds"], LOWDIM_WINDOWS, batch_size=2)
+    state = loader.state_dict() | {"stretches": stretches}
+    with pytest.raises(ResumeError, match="the loader state is incomplete or damaged"):
+        loader.load_state_dict(state)

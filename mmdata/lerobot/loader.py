@@ -67,7 +67,7 @@ class LeRobotLoader:
         **options: Any,
     ):
         if images not in ("float", "uint8"):
-            raise ValueError(f"images is 'float' or 'uint8', not {images!r}")
+            raise SpecError(f"images is 'float' or 'uint8', not {images!r}")
         self.dataset = dataset if isinstance(dataset, Dataset) else open_dataset(dataset)
         self.delta_timestamps = _checked_delta_timestamps(delta_timestamps)
         self.images = images

@@ -20,9 +20,10 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from mmdata.checks import option_int
 from mmdata.codecs.decoders import VideoDecoder, make_video_decoder
 from mmdata.dataset import Dataset
-from mmdata.errors import StoreError
+from mmdata.errors import OptionError, StoreError
 from mmdata.loading.collate import LAYOUTS, Layout, collate
 from mmdata.loading.episodes import Episodes
 from mmdata.loading.feed import Feed, Item, StepSource, source_counts
@@ -109,29 +110,29 @@ class DataLoader:
         profiler_ranges: bool = False,
     ):
         if (batch_tokens is None) == (batch_size is None):
-            raise ValueError(
+            raise OptionError(
                 "give exactly one of batch_tokens (token-budgeted packing) or batch_size (samples per batch)"
             )
         layout = layout or ("packed" if batch_tokens is not None else "padded")
         if layout not in LAYOUTS:
-            raise ValueError(f"layout is 'packed' or 'padded', not '{layout}'")
+            raise OptionError(f"layout is 'packed' or 'padded', not '{layout}'")
         shuffle = as_shuffle(shuffle)
         if on_error not in ("raise", "skip"):
-            raise ValueError(f"on_error is 'raise' or 'skip', not '{on_error}'")
+            raise OptionError(f"on_error is 'raise' or 'skip', not '{on_error}'")
         _check_counts(
-            num_workers=(num_workers, 0),
-            batch_size=(batch_size, 1),
-            batch_tokens=(batch_tokens, 1),
-            shuffle_window=(shuffle_window, 1),
-            shards_per_group=(shards_per_group, 1),
-            prefetch_factor=(prefetch_factor, 1),
-            cache_bytes=(cache_bytes, 0),
-            pad_to_multiple=(pad_to_multiple, 1),
-            seed=(seed, 0),
+            num_workers=(num_workers, 0, 1024),
+            batch_size=(batch_size, 1, 1 << 24),
+            batch_tokens=(batch_tokens, 1, 1 << 40),
+            shuffle_window=(shuffle_window, 1, 1 << 40),
+            shards_per_group=(shards_per_group, 1, 1 << 40),
+            prefetch_factor=(prefetch_factor, 1, 1024),
+            cache_bytes=(cache_bytes, 0, 1 << 50),
+            pad_to_multiple=(pad_to_multiple, 1, 1 << 20),
+            seed=(seed, 0, 1 << 62),
         )
         for name, tokens in (tokens_per or {}).items():
             if isinstance(tokens, bool) or not isinstance(tokens, numbers.Real) or not 0 < tokens < float("inf"):
-                raise ValueError(f"tokens_per['{name}'] is a positive number of tokens, not {tokens!r}")
+                raise OptionError(f"tokens_per['{name}'] is a positive number of tokens, not {tokens!r}")
         self.rank, self.world_size = rank_and_world(rank, world_size)
         enable_profiler_ranges(profiler_ranges)
         self.device = _resolve_device(device)
@@ -144,7 +145,7 @@ class DataLoader:
         self.pad_to_multiple = pad_to_multiple
 
         if isinstance(dataset, Mixture) and episodes is not None:
-            raise ValueError("a mixture filters episodes per source: give Source(..., episodes=...) instead")
+            raise OptionError("a mixture filters episodes per source: give Source(..., episodes=...) instead")
         self.mixture = dataset if isinstance(dataset, Mixture) else None
         mixture = self.mixture or Mixture([Source(dataset, episodes=episodes)])
         # a Dataset the caller passes is copied, so giving it the loader's decoder leaves theirs alone
@@ -153,7 +154,7 @@ class DataLoader:
         self.fillers = check_sources(spec, self.sources)
         self.decoder = self._build_decoder(decoder)
         if decode_in not in (None, "workers", "main"):
-            raise ValueError(f"decode_in is 'workers' or 'main', not '{decode_in}'")
+            raise OptionError(f"decode_in is 'workers' or 'main', not '{decode_in}'")
         self.decode_in_main = decode_in == "main" if decode_in else self.decoder.device == "gpu"
         if not self.decode_in_main:
             for source in self.sources:
@@ -169,7 +170,7 @@ class DataLoader:
                 " to at least that, lower tokens_per, or shorten the samples (Sequences(max_seconds=...))"
             )
         if batch_size is not None and batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, not {batch_size}")
+            raise OptionError(f"batch_size must be at least 1, not {batch_size}")
         counts = np.bincount(self.samples.source, minlength=len(self.sources))
         mean_costs = [float(self.costs[self.samples.source == n].mean()) if c else 0.0 for n, c in enumerate(counts)]
         self.source_targets = source_targets(mixture, counts, mean_costs)
@@ -438,10 +439,8 @@ def _resolve_device(device: str | torch.device) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device() if torch.cuda.is_available() else 0)
 
 
-def _check_counts(**counts: tuple[int | None, int]) -> None:
-    """Each keyword's value (skipped when None) is a whole number at least its given minimum."""
-    for name, (value, least) in counts.items():
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
-            raise ValueError(f"{name} is a whole number of at least {least}, not {value!r}")
+def _check_counts(**counts: tuple[int | None, int, int]) -> None:
+    """Each keyword's value (skipped when None) is a whole number within its given range."""
+    for name, (value, least, most) in counts.items():
+        if value is not None:
+            option_int(value, name, least, most)

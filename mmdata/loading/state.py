@@ -8,10 +8,13 @@ from typing import Any
 
 import xxhash
 
+from mmdata.checks import as_int
 from mmdata.sharding.epoch_plan import ResumeError, Stretch
 
 STATE_FORMAT = "mmdata.loader"
 STATE_VERSION = 1
+MAX_WORLD_SIZE = 1 << 20
+BIG = 1 << 62  # seeds, epochs, steps and sample counts
 
 
 @dataclass
@@ -48,16 +51,22 @@ class LoaderState:
         if state.get("version") != STATE_VERSION:
             raise ResumeError(f"loader state version {state.get('version')}; this mmdata reads {STATE_VERSION}")
         try:
-            stretches = [Stretch(int(w), int(s)) for w, s in state["stretches"]]
+            stretches = [
+                Stretch(as_int(w, "a stretch's world size", 1, MAX_WORLD_SIZE), as_int(s, "a stretch's steps", 0, BIG))
+                for w, s in state["stretches"]
+            ]
+            fingerprint = state["fingerprint"]
+            if not isinstance(fingerprint, str):
+                raise ValueError(f"fingerprint is {type(fingerprint).__name__}, not text")
             return cls(
-                int(state["seed"]),
-                int(state["epoch"]),
-                str(state["fingerprint"]),
+                as_int(state["seed"], "seed", 0, BIG),
+                as_int(state["epoch"], "epoch", 0, BIG),
+                fingerprint,
                 stretches,
-                int(state["samples_consumed"]),
+                as_int(state["samples_consumed"], "samples_consumed", 0, BIG),
             )
         except (KeyError, TypeError, ValueError) as exc:
-            raise ResumeError(f"the loader state is incomplete or damaged: {exc!r}") from exc
+            raise ResumeError(f"the loader state is incomplete or damaged: {exc}") from exc
 
 
 def fingerprint(*parts: Any) -> str:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+from mmdata.errors import OptionError
+
 
 def rank_and_world(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
     """Explicit arguments when given; else `torch.distributed` when initialised; else torchrun's
@@ -13,9 +15,9 @@ def rank_and_world(rank: int | None = None, world_size: int | None = None) -> tu
         rank = found_rank if rank is None else rank
         world_size = found_world if world_size is None else world_size
     if world_size < 1:
-        raise ValueError(f"world_size must be at least 1, not {world_size}")
+        raise OptionError(f"world_size must be at least 1, not {world_size}")
     if not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} is outside a world of {world_size} ranks")
+        raise OptionError(f"rank {rank} is outside a world of {world_size} ranks")
     return int(rank), int(world_size)
 
 

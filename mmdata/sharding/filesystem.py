@@ -26,7 +26,8 @@ import fsspec
 from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
-from mmdata.errors import IntegrityError, ReadError, ReadTimeoutError
+from mmdata.checks import option_int, option_number
+from mmdata.errors import IntegrityError, OptionError, ReadError, ReadTimeoutError
 
 T = TypeVar("T")
 
@@ -76,12 +77,16 @@ class ReadPolicy:
     cache_max_bytes: int = 100 << 30
 
     def __post_init__(self):
-        if not self.timeout_s > 0 or self.attempts < 1 or self.backoff_s < 0 or self.max_backoff_s < 0:
-            raise ValueError(f"a ReadPolicy needs timeout_s > 0, attempts >= 1 and backoffs >= 0: {self}")
-        if self.concurrency < 1:
-            raise ValueError(f"a ReadPolicy needs concurrency >= 1: {self}")
-        if self.cache_max_bytes <= 0:
-            raise ValueError(f"a ReadPolicy needs cache_max_bytes > 0: {self}")
+        option_number(self.timeout_s, "ReadPolicy timeout_s", 1e-3, 86400.0)
+        option_int(self.attempts, "ReadPolicy attempts", 1, 100)
+        option_number(self.backoff_s, "ReadPolicy backoff_s", 0.0, 3600.0)
+        option_number(self.max_backoff_s, "ReadPolicy max_backoff_s", 0.0, 3600.0)
+        option_int(self.concurrency, "ReadPolicy concurrency", 1, 1024)
+        option_int(self.cache_max_bytes, "ReadPolicy cache_max_bytes", 1, 1 << 60)
+        if not isinstance(self.guard_local_reads, bool):
+            raise OptionError(f"ReadPolicy guard_local_reads is True or False, not {self.guard_local_reads!r}")
+        if self.cache_dir is not None and not isinstance(self.cache_dir, (str, os.PathLike)):
+            raise OptionError(f"ReadPolicy cache_dir is a folder path, not {self.cache_dir!r:.60}")
 
     def delay(self, attempt: int) -> float:
         """Seconds to wait before try `attempt + 1`: exponential, with full jitter in its upper half."""

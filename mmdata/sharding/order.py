@@ -11,6 +11,8 @@ from typing import Literal
 
 import numpy as np
 
+from mmdata.errors import OptionError
+
 Shuffle = Literal["locality", "global", "none"]
 SHUFFLES = ("locality", "global", "none")
 _ORDER_STREAM = 0x5A3D
@@ -21,7 +23,7 @@ def as_shuffle(value: Shuffle | bool) -> Shuffle:
     if isinstance(value, (bool, np.bool_)):
         return "locality" if value else "none"
     if value not in SHUFFLES:
-        raise ValueError(f"shuffle is True, False or one of {', '.join(SHUFFLES)}, not {value!r}")
+        raise OptionError(f"shuffle is True, False or one of {', '.join(SHUFFLES)}, not {value!r}")
     return value
 
 
@@ -30,9 +32,9 @@ def sample_order(
 ) -> np.ndarray:
     """A permutation of the samples (given each sample's shard number), from (seed, epoch) alone."""
     if shuffle not in SHUFFLES:
-        raise ValueError(f"shuffle is one of {', '.join(SHUFFLES)}, not '{shuffle}'")
+        raise OptionError(f"shuffle is one of {', '.join(SHUFFLES)}, not '{shuffle}'")
     if shards_per_group < 1:
-        raise ValueError(f"shards_per_group must be at least 1, not {shards_per_group}")
+        raise OptionError(f"shards_per_group must be at least 1, not {shards_per_group}")
     count = len(shards)
     if shuffle == "none":
         return np.arange(count, dtype=np.int64)
