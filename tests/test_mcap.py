@@ -348,7 +348,7 @@ def test_two_topics_the_default_map_would_give_one_name_are_named_both(tmp_path)
         ({"cameras": {"front": "/c"}, "time": "wall"}, "time is 'wall'"),
         ({"cameras": {"front": "/c"}, "split": {"gap": -1}}, "split.gap is a positive number"),
         ({"cameras": {"a/b": "/c"}}, "holds '/'"),
-        ({"cameras": {"front": "/c"}, "resample": 0}, "resample is a positive number"),
+        ({"cameras": {"front": "/c"}, "resample": 0}, r"resample is a number in \(0, 10000\], not 0"),
     ],
 )
 def test_a_topic_map_mistake_is_named(mapping, complaint):
@@ -585,3 +585,36 @@ def test_a_log_split_at_1500_markers_is_read_in_a_few_passes_not_one_per_episode
     sources = discover_episodes(path, "mcap", topic_map=topic_map_from_dict(mapping))
     assert len(sources) == 1500 and [s.task for s in sources[::500]] == ["task 0", "task 500", "task 1000"]
     assert len(passes) <= 4, f"{len(passes)} passes over the log"
+
+
+ALIAS_BOMB = "".join(
+    f"l{level}: &l{level} [{', '.join([f'*l{level - 1}' if level else 'x'] * 9)}]\n" for level in range(6)
+) + "lowdim: {s: {topic: /j, fields: *l5}}\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "complaint"),
+    [
+        ("cameras: [unclosed", "is not valid YAML"),
+        ("? [a, b]\n: x\n", "is not valid YAML"),
+        (ALIAS_BOMB, "anchors or aliases"),
+        ("resample: 1e9\n", r"resample is a number in \(0, 10000\]"),
+        ("cameras: {front: {topic: /c, fps: 1e-300}}\n", r"cameras.front.fps is a number in \(0.01, 1000\]"),
+        ("cameras: {front: {topic: /c, fps: 1e300}}\n", r"cameras.front.fps is a number in \(0.01, 1000\]"),
+        ("[1, 2]\n", "is not a mapping"),
+    ],
+    ids=["unparsable", "list-as-key", "alias-bomb", "huge-resample", "tiny-fps", "huge-fps", "a-list"],
+)
+def test_a_hostile_topic_map_file_is_refused_quickly_in_one_bounded_message(tmp_path, text, complaint):
+    """(A few hundred bytes of nested aliases name 9^6 values as the fields of a stream: their text ran to
+    megabytes in the message; nine levels took a minute and 2 GB.)"""
+    import time
+
+    from mmdata.sources import load_topic_map
+
+    path = tmp_path / "map.yaml"
+    path.write_text(text)
+    started = time.perf_counter()
+    with pytest.raises(SourceError, match=complaint) as raised:
+        load_topic_map(path)
+    assert len(str(raised.value)) < 2000 and time.perf_counter() - started < 5

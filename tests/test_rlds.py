@@ -298,3 +298,29 @@ def test_step_values_within_the_declared_dtype_are_kept_exactly(tmp_path):
     address = RecordAddress(str(tmp_path / "ok.tfrecord"), 0, 0)
     assert StepArray(address, "a", (), "uint8").read("ok#0").tolist() == [0, 255, 7]
     assert StepArray(address, "b", (), "uint64").read("ok#0").tolist() == [2**64 - 1, 3]
+
+
+@pytest.mark.parametrize(
+    ("edit", "complaint"),
+    [
+        (lambda steps: steps["action"].pop("tensor"), "feature 'action' .* is malformed: lacks 'tensor'"),
+        (lambda steps: steps["action"]["tensor"].update(dtype=7), "feature 'action' .* its dtype is '7'"),
+        (lambda steps: steps["action"]["tensor"].update(shape="seven"), "feature 'action' .* its shape is seven"),
+        (lambda steps: steps["action"]["tensor"]["shape"].update(dimensions=["x"]), "feature 'action' .* a size"),
+        (lambda steps: steps["action"]["tensor"]["shape"].update(dimensions=[10**9]), "a size is 1000000000"),
+        (lambda steps: steps["observation"].update(featuresDict=[]), "feature 'observation' .* malformed"),
+        (lambda steps: steps["observation"]["featuresDict"].update(features=3), "featuresDict.features is not"),
+        (lambda steps: steps["observation"]["featuresDict"]["features"]["image"].pop("image"), "lacks 'image'"),
+    ],
+    ids=["no-tensor", "dtype-number", "shape-text", "size-text", "size-huge", "dict-list", "features-int", "no-image"],
+)
+def test_malformed_feature_descriptions_are_named_source_errors(tmp_path, edit, complaint):
+    from mmdata.errors import SourceError
+    from mmdata.sources import discover_episodes
+
+    builder = _fixture_copy(tmp_path)
+    features = json.loads((builder / "features.json").read_text())
+    edit(features["featuresDict"]["features"]["steps"]["sequence"]["feature"]["featuresDict"]["features"])
+    (builder / "features.json").write_text(json.dumps(features))
+    with pytest.raises(SourceError, match=complaint):
+        discover_episodes(builder, "rlds", fps=10)

@@ -26,7 +26,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from mmdata.checks import as_int
+from mmdata.checks import option_int
 from mmdata.dataset import Dataset, open_dataset
 from mmdata.errors import StoreError
 from mmdata.lerobot.numbering import EpisodeNumbering
@@ -197,7 +197,9 @@ class LeRobotLoader:
         """LeRobot's episode list (its `episode_index` values) as a filter of the store's manifest rows."""
         if episodes is None or isinstance(episodes, Episodes):
             return episodes
-        wanted = {as_int(e, "an episode of `episodes`", 0) for e in episodes}
+        if isinstance(episodes, (str, bytes)) or not isinstance(episodes, Sequence):
+            raise SpecError(f"episodes is a list of LeRobot episode_index values, not {episodes!r:.60}")
+        wanted = {option_int(e, "an episode of `episodes`", 0, 1 << 62, SpecError) for e in episodes}
         unknown = sorted(wanted - set(self.numbering.episode_index.tolist()))
         if unknown:
             raise SpecError(

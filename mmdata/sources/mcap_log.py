@@ -161,6 +161,15 @@ class McapLowdimSource:
             )
         seconds = (times - self.span.origin) / 1e9
         if self.resample:
+            rows = (seconds[-1] - seconds[0]) * self.resample + 1 if len(seconds) else 0
+            if rows * values[0].nbytes > MAX_LOWDIM_BYTES:
+                raise SourceError(
+                    episode,
+                    self.path,
+                    f"topic '{self.topic}' resampled at {self.resample:g} Hz over {seconds[-1] - seconds[0]:.1f} s"
+                    f" would hold {rows:.0f} rows, more than one episode's stream may ({MAX_LOWDIM_BYTES} bytes)",
+                    "resample at a lower rate",
+                )
             return resample_rows(values, seconds, self.resample)
         return values, seconds
 

@@ -18,6 +18,7 @@ Episodes are numbered in the order of the TFRecord files and of the records in t
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -26,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from mmdata.checks import parse_json
+from mmdata.checks import as_int, parse_json
 from mmdata.errors import SourceError
 from mmdata.sources.arrays import ArrayCameraSource, ArrayLowdimSource, ArrayShape
 from mmdata.sources.episode import EpisodeSource, require_common_streams
@@ -34,6 +35,9 @@ from mmdata.sources.files import file_problem, listed
 from mmdata.sources.tfrecord import Feature, TFRecordError, iter_record_spans, parse_example, read_record
 
 SHARD = re.compile(r".*\.tfrecord-(\d+)-of-(\d+)$")
+MAX_FEATURES = 4096
+NUMERIC_DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16",
+                  "float32", "float64")  # fmt: skip
 IMAGE_CLASS = "tensorflow_datasets.core.features.image_feature.Image"
 NUMERIC_CLASSES = ("tensor_feature.Tensor", "scalar.Scalar")
 TEXT_CLASS = "text_feature.Text"
@@ -125,25 +129,57 @@ def _flatten(node: Any, prefix: str, found: list[StepFeature], where: str) -> No
     if not isinstance(node, dict):
         raise SourceError.for_source(where, None, f"feature '{prefix}' is not an object", None)
     name = str(node.get("pythonClassName", ""))
-    if "featuresDict" in node:
-        for key, child in node["featuresDict"].get("features", {}).items():
-            _flatten(child, f"{prefix}/{key}" if prefix else key, found, where)
-    elif name == IMAGE_CLASS:
-        shape = tuple(int(v) for v in node["image"]["shape"]["dimensions"])
-        found.append(StepFeature(prefix, "image", shape, "uint8"))
-    elif name.endswith(NUMERIC_CLASSES):
-        tensor = node["tensor"]
-        shape = tuple(int(v) for v in tensor.get("shape", {}).get("dimensions", []))
-        found.append(StepFeature(prefix, "numeric", shape, str(tensor["dtype"])))
-    elif name.endswith(TEXT_CLASS):
-        found.append(StepFeature(prefix, "text", (), "string"))
-    else:
+    try:
+        if "featuresDict" in node:
+            children = node["featuresDict"]["features"]
+            if not isinstance(children, dict):
+                raise TypeError("its featuresDict.features is not an object")
+            if len(found) + len(children) > MAX_FEATURES:
+                raise ValueError(f"it declares more than {MAX_FEATURES} features")
+            for key, child in children.items():
+                _flatten(child, f"{prefix}/{key}" if prefix else str(key), found, where)
+        elif name == IMAGE_CLASS:
+            found.append(StepFeature(prefix, "image", _shape(node["image"]["shape"]), "uint8"))
+        elif name.endswith(NUMERIC_CLASSES):
+            tensor = node["tensor"]
+            shape, dtype = _shape(tensor.get("shape", {})), _numeric_dtype(tensor["dtype"])
+            found.append(StepFeature(prefix, "numeric", shape, dtype))
+        elif name.endswith(TEXT_CLASS):
+            found.append(StepFeature(prefix, "text", (), "string"))
+        else:
+            raise SourceError.for_source(
+                where,
+                None,
+                f"feature '{prefix}' is a {name or 'feature of no class'}, which the RLDS importer does not read",
+                "report it with the dataset's features.json",
+            )
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+        what = f"lacks {exc}" if isinstance(exc, KeyError) else str(exc)
         raise SourceError.for_source(
-            where,
-            None,
-            f"feature '{prefix}' is a {name or 'feature of no class'}, which the RLDS importer does not read",
-            "report it with the dataset's features.json",
-        )
+            where, None, f"feature '{prefix}' ({name or 'no class'}) is malformed: {what}", "fix features.json"
+        ) from None
+
+
+def _shape(shape: Any) -> tuple[int, ...]:
+    """A feature's `shape: {dimensions: [...]}`: at most 8 sizes of 0..2^20 values in all (-1: any length)."""
+    dimensions = shape.get("dimensions", []) if isinstance(shape, dict) else None
+    if not isinstance(dimensions, list) or len(dimensions) > 8:
+        raise ValueError(f"its shape is {str(shape)[:60]}, not {{dimensions: [sizes]}}")
+    sizes = tuple(as_int(_whole(v), "a size", -1, 1 << 20) for v in dimensions)
+    if math.prod(abs(size) for size in sizes) > 1 << 20:
+        raise ValueError(f"its shape {sizes} holds more than {1 << 20} values per step")
+    return sizes
+
+
+def _whole(value: Any) -> Any:
+    """A size as features.json writes it (`"7"`, as protobuf's JSON writes int64) or as a number."""
+    return int(value) if isinstance(value, str) and value.lstrip("-").isdigit() and len(value) < 12 else value
+
+
+def _numeric_dtype(dtype: Any) -> str:
+    if not isinstance(dtype, str) or dtype not in NUMERIC_DTYPES:
+        raise ValueError(f"its dtype is {str(dtype)[:40]!r}, not one of {', '.join(NUMERIC_DTYPES)}")
+    return dtype
 
 
 def _builder_folder(root: Path) -> Path:

@@ -29,6 +29,9 @@ from mmdata.sources.limits import MAX_METADATA_BYTES
 
 TimeSource = Literal["header", "log"]
 TIME_SOURCES = ("header", "log")
+MAX_YAML_EVENTS = 100_000
+MAX_RESAMPLE_HZ = 10_000.0  # low-dim topics resampled at most this often (control loops run at up to ~1 kHz)
+CAMERA_FPS = (0.01, 1000.0)
 
 
 @dataclass(frozen=True)
@@ -95,7 +98,9 @@ class TopicMap:
         return used
 
     def with_resample(self, rate: float | None) -> TopicMap:
-        return self if rate is None else replace(self, resample=_positive(rate, "resample", "--resample"))
+        return (
+            self if rate is None else replace(self, resample=_positive(rate, "resample", "--resample", MAX_RESAMPLE_HZ))
+        )
 
 
 def load_topic_map(path: str | Path) -> TopicMap:
@@ -108,19 +113,31 @@ def load_topic_map(path: str | Path) -> TopicMap:
     if len(data) > MAX_METADATA_BYTES:
         raise _problem(where, f"is {len(data)} bytes, more than a topic map may be")
     try:
-        if where.endswith(".json"):
-            document = parse_json(data)
-        else:
-            import yaml
-
-            document = yaml.safe_load(data.decode("utf-8"))
+        document = parse_json(data) if where.endswith(".json") else _plain_yaml(data.decode("utf-8"), where)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise _problem(where, f"is not valid {'JSON' if where.endswith('.json') else 'YAML'}: {exc}") from exc
+        kind = "JSON" if where.endswith(".json") else "YAML"
+        raise _problem(where, f"is not valid {kind}: {_shown(str(exc), 300)}") from exc
     except ImportError as exc:
         raise _problem(
             where, "reading YAML needs PyYAML", "pip install 'mmdata[mcap]', or write the map as .json"
         ) from exc
     return topic_map_from_dict(document, where)
+
+
+def _plain_yaml(text: str, where: str) -> Any:
+    """A YAML document of plain mappings, lists and scalars. Anchors and aliases are refused (a kilobyte of
+    nested aliases expands to gigabytes), and so are documents of more than MAX_YAML_EVENTS parts."""
+    import yaml
+
+    try:
+        for count, event in enumerate(yaml.parse(text, Loader=yaml.SafeLoader)):
+            if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+                raise ValueError("it uses anchors or aliases (&name, *name), which a topic map may not")
+            if count > MAX_YAML_EVENTS:
+                raise ValueError(f"it holds more than {MAX_YAML_EVENTS} keys and values")
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ValueError(str(exc)) from None
 
 
 def topic_map_from_dict(document: Any, where: str = "topic map") -> TopicMap:
@@ -148,7 +165,7 @@ def topic_map_from_dict(document: Any, where: str = "topic map") -> TopicMap:
         lowdim=lowdim,
         task=_task(document["task"], where) if document.get("task") is not None else None,
         time=time,
-        resample=_positive(resample, "resample", where) if resample is not None else None,
+        resample=_positive(resample, "resample", where, MAX_RESAMPLE_HZ) if resample is not None else None,
         split=_split(document["split"], where) if document.get("split") is not None else None,
     )
 
@@ -159,7 +176,8 @@ def _camera(entry: Any, where: str, key: str) -> CameraTopic:
     entry = _mapping(entry, where, key)
     _known(entry, {"topic", "fps"}, where, key)
     fps = entry.get("fps")
-    return CameraTopic(_topic(entry.get("topic"), where, key), _positive(fps, f"{key}.fps", where) if fps else None)
+    fps = _positive(fps, f"{key}.fps", where, CAMERA_FPS[1], CAMERA_FPS[0]) if fps is not None else None
+    return CameraTopic(_topic(entry.get("topic"), where, key), fps)
 
 
 def _lowdim(entry: Any, where: str, key: str) -> LowdimTopic:
@@ -169,7 +187,9 @@ def _lowdim(entry: Any, where: str, key: str) -> LowdimTopic:
         raise _problem(where, f"{key} needs one of field: (a message field) or fields: (a list of them)")
     fields = [entry["field"]] if "field" in entry else entry["fields"]
     if not isinstance(fields, list) or not fields or not all(isinstance(f, str) and f for f in fields):
-        raise _problem(where, f"{key}: fields are message field paths such as position or linear.x, not {fields!r}")
+        raise _problem(
+            where, f"{key}: fields are message field paths such as position or linear.x, not {_shown(fields)}"
+        )
     return LowdimTopic(_topic(entry.get("topic"), where, key), tuple(fields))
 
 
@@ -198,29 +218,36 @@ def _mapping(value: Any, where: str, key: str) -> dict:
 
 
 def _known(entry: dict, allowed: set[str], where: str, key: str) -> None:
-    unknown = sorted(str(k) for k in set(entry) - allowed)
+    unknown = sorted(k[:60] if isinstance(k, str) else _shown(k) for k in entry if k not in allowed)
     if unknown:
         inside = f" in {key}" if key else ""
-        raise _problem(where, f"unknown key {unknown}{inside}", f"the keys are {sorted(allowed)}")
+        raise _problem(where, f"unknown key {unknown[:5]}{inside}", f"the keys are {sorted(allowed)}")
 
 
 def _topic(value: Any, where: str, key: str) -> str:
     if not isinstance(value, str) or not value:
-        raise _problem(where, f"{key} needs a topic name, not {value!r}")
+        raise _problem(where, f"{key} needs a topic name, not {_shown(value)}")
     return value
 
 
 def _stream_name(name: Any, where: str) -> str:
-    problem = stream_name_problem(str(name)) if isinstance(name, str) else f"stream name {name!r} is not text"
+    problem = stream_name_problem(name) if isinstance(name, str) else f"stream name {_shown(name)} is not text"
     if problem is not None or name == "task":
         raise _problem(where, problem or "'task' is the task text's name, not a stream's")
     return name
 
 
-def _positive(value: Any, key: str, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-        raise _problem(where, f"{key} is a positive number, not {value!r}")
+def _positive(value: Any, key: str, where: str, high: float = math.inf, low: float = 0.0) -> float:
+    """A number above `low` (0: positive) and at most `high`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low < value <= high:
+        what = "a positive number" if low == 0 and high == math.inf else f"a number in ({low:g}, {high:g}]"
+        raise _problem(where, f"{key} is {what}, not {_shown(value)}")
     return float(value)
+
+
+def _shown(value: Any, length: int = 60) -> str:
+    text = value if isinstance(value, str) and length > 60 else repr(value)
+    return text if len(text) <= length else text[: length - 3] + "..."
 
 
 def _problem(where: str, problem: str, fix: str | None = None) -> SourceError:
