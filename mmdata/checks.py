@@ -82,7 +82,7 @@ def text_problem(text: str) -> None:
 
 def as_text(value: Any, what: str, max_length: int = 1 << 20) -> str:
     if not isinstance(value, str):
-        raise ValueError(f"{what} is {_shown(value)}, not text")
+        raise ValueError(f"{what} is {shown(value)}, not text")
     if len(value) > max_length:
         raise ValueError(f"{what} is {len(value)} characters long, more than {max_length}")
     text_problem(value)
@@ -92,7 +92,7 @@ def as_text(value: Any, what: str, max_length: int = 1 << 20) -> str:
 def as_int(value: Any, what: str, low: int | None = None, high: int | None = None) -> int:
     """An integer (not a bool, a float or a string holding one) within [low, high]."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"{what} is {_shown(value)}, not an integer")
+        raise ValueError(f"{what} is {shown(value)}, not an integer")
     number = int(value)
     if (low is not None and number < low) or (high is not None and number > high):
         raise ValueError(f"{what} is {number}, outside [{low}, {high}]")
@@ -102,7 +102,7 @@ def as_int(value: Any, what: str, low: int | None = None, high: int | None = Non
 def as_number(value: Any, what: str, low: float | None = None, high: float | None = None, positive=False) -> float:
     """A finite number (int or float, not a bool or a string) within [low, high] (and > 0 if `positive`)."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise ValueError(f"{what} is {_shown(value)}, not a number")
+        raise ValueError(f"{what} is {shown(value)}, not a number")
     number = float(value)
     if not math.isfinite(number):
         raise ValueError(f"{what} is {number}, not a finite number")
@@ -118,7 +118,7 @@ def stream_name_problem(name: Any) -> str | None:
     and manifest columns (`<name>/count`), so they hold no `/`, `\\`, control characters or a
     leading dot, and are not `task` (the text stream)."""
     if not isinstance(name, str) or not name:
-        return f"stream name {_shown(name)} is not a non-empty text"
+        return f"stream name {shown(name)} is not a non-empty text"
     if len(name) > MAX_NAME_LENGTH:
         return f"stream name of {len(name)} characters is longer than {MAX_NAME_LENGTH}"
     if "/" in name or "\\" in name or _CONTROL.search(name):
@@ -135,7 +135,7 @@ def stream_name_problem(name: Any) -> str | None:
 def relative_path_problem(path: Any) -> str | None:
     """Why `path` is not a plain relative path inside its root (no `..`, not absolute), or None."""
     if not isinstance(path, str) or not path:
-        return f"path {_shown(path)} is not a non-empty text"
+        return f"path {shown(path)} is not a non-empty text"
     if path.startswith(("/", "\\")) or "\\" in path or re.match(r"^[A-Za-z]:", path) or _CONTROL.search(path):
         return f"path {path!r} is absolute or holds '\\' or control characters"
     if any(part in ("", ".", "..") for part in path.split("/")):
@@ -150,9 +150,10 @@ def inside(root: str | os.PathLike, path: str | os.PathLike) -> bool:
     return resolved == resolved_root or resolved_root in resolved.parents
 
 
-def _shown(value: Any) -> str:
+def shown(value: Any, length: int = 60) -> str:
+    """`value`'s repr cut to `length` characters, for messages about values from untrusted input."""
     text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return text if len(text) <= length else text[: length - 3] + "..."
 
 
 def option_number(value: Any, what: str, low: float, high: float, error: type[OptionError] = OptionError) -> float:

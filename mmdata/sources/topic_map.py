@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from mmdata.checks import parse_json, stream_name_problem
+from mmdata.checks import parse_json, shown, stream_name_problem
 from mmdata.errors import SourceError
 from mmdata.sources.limits import MAX_METADATA_BYTES
 
@@ -116,7 +116,7 @@ def load_topic_map(path: str | Path) -> TopicMap:
         document = parse_json(data) if where.endswith(".json") else _plain_yaml(data.decode("utf-8"), where)
     except (ValueError, UnicodeDecodeError) as exc:
         kind = "JSON" if where.endswith(".json") else "YAML"
-        raise _problem(where, f"is not valid {kind}: {_shown(str(exc), 300)}") from exc
+        raise _problem(where, f"is not valid {kind}: {str(exc)[:300]}") from exc
     except ImportError as exc:
         raise _problem(
             where, "reading YAML needs PyYAML", "pip install 'mmdata[mcap]', or write the map as .json"
@@ -188,7 +188,7 @@ def _lowdim(entry: Any, where: str, key: str) -> LowdimTopic:
     fields = [entry["field"]] if "field" in entry else entry["fields"]
     if not isinstance(fields, list) or not fields or not all(isinstance(f, str) and f for f in fields):
         raise _problem(
-            where, f"{key}: fields are message field paths such as position or linear.x, not {_shown(fields)}"
+            where, f"{key}: fields are message field paths such as position or linear.x, not {shown(fields)}"
         )
     return LowdimTopic(_topic(entry.get("topic"), where, key), tuple(fields))
 
@@ -218,7 +218,7 @@ def _mapping(value: Any, where: str, key: str) -> dict:
 
 
 def _known(entry: dict, allowed: set[str], where: str, key: str) -> None:
-    unknown = sorted(k[:60] if isinstance(k, str) else _shown(k) for k in entry if k not in allowed)
+    unknown = sorted(k[:60] if isinstance(k, str) else shown(k) for k in entry if k not in allowed)
     if unknown:
         inside = f" in {key}" if key else ""
         raise _problem(where, f"unknown key {unknown[:5]}{inside}", f"the keys are {sorted(allowed)}")
@@ -226,12 +226,12 @@ def _known(entry: dict, allowed: set[str], where: str, key: str) -> None:
 
 def _topic(value: Any, where: str, key: str) -> str:
     if not isinstance(value, str) or not value:
-        raise _problem(where, f"{key} needs a topic name, not {_shown(value)}")
+        raise _problem(where, f"{key} needs a topic name, not {shown(value)}")
     return value
 
 
 def _stream_name(name: Any, where: str) -> str:
-    problem = stream_name_problem(name) if isinstance(name, str) else f"stream name {_shown(name)} is not text"
+    problem = stream_name_problem(name) if isinstance(name, str) else f"stream name {shown(name)} is not text"
     if problem is not None or name == "task":
         raise _problem(where, problem or "'task' is the task text's name, not a stream's")
     return name
@@ -241,13 +241,8 @@ def _positive(value: Any, key: str, where: str, high: float = math.inf, low: flo
     """A number above `low` (0: positive) and at most `high`."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not low < value <= high:
         what = "a positive number" if low == 0 and high == math.inf else f"a number in ({low:g}, {high:g}]"
-        raise _problem(where, f"{key} is {what}, not {_shown(value)}")
+        raise _problem(where, f"{key} is {what}, not {shown(value)}")
     return float(value)
-
-
-def _shown(value: Any, length: int = 60) -> str:
-    text = value if isinstance(value, str) and length > 60 else repr(value)
-    return text if len(text) <= length else text[: length - 3] + "..."
 
 
 def _problem(where: str, problem: str, fix: str | None = None) -> SourceError:
