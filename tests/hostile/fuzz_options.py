@@ -17,13 +17,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import mmdata
 from mmdata.lerobot import LeRobotLoader
 from mmdata.sources.rlds import step_features
 from mmdata.sources.topic_map import load_topic_map, topic_map_from_dict
+from tests.hostile.fuzz_store import fuzzing
 
 SCALARS = st.one_of(
     st.none(),
@@ -75,20 +76,23 @@ def _set_at(document, path: list[float], value) -> None:
             return
 
 
+def _edited_copy(folder: Path, copy: Path, name: str, document, path: list[float], value) -> Path:
+    """A fresh copy of `folder` whose JSON file `name` is `document` with `value` at the place `path` picks."""
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(folder, copy)
+    edited = json.loads(json.dumps(document))
+    _set_at(edited, path, value)
+    (copy / name).write_text(json.dumps(edited))
+    return copy
+
+
 def run(store: Path, builder: Path, examples: int, random_seed: int | None) -> None:
     work = Path(tempfile.mkdtemp(prefix="mmdata-fuzz-options-"))
     features = json.loads((builder / "features.json").read_text())
     stats = json.loads((store / "stats.json").read_text())
-    options = settings(
-        max_examples=examples,
-        derandomize=random_seed is None,
-        database=None,
-        deadline=None,
-        suppress_health_check=list(HealthCheck),
-    )
+    fuzz = fuzzing(examples, random_seed)
 
-    @seed(random_seed or 0)
-    @options
+    @fuzz
     @given(document=VALUES, text=st.text(max_size=200))
     def topic_maps(document, text):
         _refused_or_accepted(lambda: topic_map_from_dict(document))
@@ -98,20 +102,13 @@ def run(store: Path, builder: Path, examples: int, random_seed: int | None) -> N
         path.write_text(json.dumps(document) if not isinstance(document, float) else "1")
         _refused_or_accepted(lambda: load_topic_map(path))
 
-    @seed(random_seed or 0)
-    @options
+    @fuzz
     @given(path=st.lists(st.floats(0, 1, exclude_max=True), min_size=1, max_size=10), value=VALUES)
     def features_json(path, value):
-        copy = work / "builder"
-        shutil.rmtree(copy, ignore_errors=True)
-        shutil.copytree(builder, copy)
-        document = json.loads(json.dumps(features))
-        _set_at(document, path, value)
-        (copy / "features.json").write_text(json.dumps(document))
+        copy = _edited_copy(builder, work / "builder", "features.json", features, path, value)
         _refused_or_accepted(lambda: step_features(copy))
 
-    @seed(random_seed or 0)
-    @options
+    @fuzz
     @given(size=VALUES, mode=VALUES, scale=VALUES, ratio=VALUES, weight=VALUES, epoch=VALUES, streams=VALUES)
     def spec_options(size, mode, scale, ratio, weight, epoch, streams):
         _refused_or_accepted(lambda: mmdata.Resize(size))
@@ -121,32 +118,25 @@ def run(store: Path, builder: Path, examples: int, random_seed: int | None) -> N
         _refused_or_accepted(lambda: mmdata.Mixture([mmdata.Source(str(store))], epoch_samples=epoch))
         _refused_or_accepted(lambda: mmdata.Frames(offsets=size))
 
-    @seed(random_seed or 0)
-    @options
+    @fuzz
     @given(deltas=VALUES, images=VALUES, episodes=VALUES)
     def lerobot_options(deltas, images, episodes):
         _refused_or_accepted(lambda: LeRobotLoader(str(store), deltas, batch_size=2))
         _refused_or_accepted(lambda: LeRobotLoader(str(store), batch_size=2, images=images))
         _refused_or_accepted(lambda: LeRobotLoader(str(store), batch_size=2, episodes=episodes))
 
-    @seed(random_seed or 0)
-    @options
+    @fuzz
     @given(path=st.lists(st.floats(0, 1, exclude_max=True), min_size=1, max_size=6), value=VALUES)
     def stats_json(path, value):
-        copy = work / "store"
-        shutil.rmtree(copy, ignore_errors=True)
-        shutil.copytree(store, copy)
-        document = json.loads(json.dumps(stats))
-        _set_at(document, path, value)
-        (copy / "stats.json").write_text(json.dumps(document))
+        copy = _edited_copy(store, work / "store", "stats.json", stats, path, value)
         for mode in ("mean_std", "min_max", "quantile"):
             spec = mmdata.Windows(anchor_fps=2, streams={"state": mmdata.Values(normalize=mode)})
             _refused_or_accepted(lambda spec=spec: next(iter(mmdata.DataLoader(str(copy), spec, batch_size=2))))
         _refused_or_accepted(lambda: LeRobotLoader(str(copy), batch_size=2).dataset_stats)
 
     try:
-        for fuzz in (topic_maps, features_json, spec_options, lerobot_options, stats_json):
-            fuzz()
+        for fuzzer in (topic_maps, features_json, spec_options, lerobot_options, stats_json):
+            fuzzer()
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -117,6 +117,19 @@ def shard_of(store: Path) -> Path:
     return store / "video" / "cam_high" / "c" / "0"
 
 
+def fuzzing(examples: int, random_seed: int | None):
+    """Hypothesis settings of every fuzzer here: `examples` of them, CI's fixed sequence unless a seed is
+    given, no example database, no deadline (a subprocess timeout bounds the run)."""
+    options = settings(
+        max_examples=examples,
+        derandomize=random_seed is None,
+        database=None,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    return lambda test: seed(random_seed or 0)(options(test))
+
+
 def run(pristine: Path, examples: int, random_seed: int | None = None) -> None:
     work = Path(tempfile.mkdtemp(prefix="mmdata-fuzz-"))
 
@@ -125,16 +138,7 @@ def run(pristine: Path, examples: int, random_seed: int | None = None) -> None:
         shutil.rmtree(target, ignore_errors=True)
         return Path(shutil.copytree(pristine, target))
 
-    options = settings(
-        max_examples=examples,
-        derandomize=random_seed is None,
-        database=None,
-        deadline=None,
-        suppress_health_check=list(HealthCheck),
-    )
-
-    @seed(random_seed or 0)
-    @options
+    @fuzzing(examples, random_seed)
     @given(
         target=st.sampled_from(["dataset.json", "episodes.parquet", "shard", "schema-value", "manifest-value"]),
         edits=BYTE_EDITS,
