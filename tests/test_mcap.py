@@ -287,16 +287,23 @@ def test_a_channel_whose_schema_is_missing_is_named(tmp_path):
     assert "no_schema.mcap" in str(source.problem)
 
 
-def test_a_joint_message_with_other_joints_is_an_error_naming_the_message(tmp_path):
-    with open(tmp_path / "odd.mcap", "wb") as handle:
+def _joint_states_source(path: Path, names_per_message: list[list[str]], positions: list[float]):
+    """The episode of a log of JointState messages naming `names_per_message` over `positions`, their
+    positions mapped as stream 'state'."""
+    with open(path, "wb") as handle:
         writer, schemas = mcap_logs.open_writer(handle)
-        for number, names in enumerate([["a", "b"], ["a", "b"], ["a", "c"]]):
+        for number, names in enumerate(names_per_message):
             body = {"header": {"stamp": {"sec": 1, "nanosec": number * 1000}, "frame_id": ""}, "name": names,
-                    "position": [0.0, 1.0], "velocity": [], "effort": []}  # fmt: skip
+                    "position": positions, "velocity": [], "effort": []}  # fmt: skip
             writer.write_message("/joint_states", schemas["joints"], body, log_time=10 + number)
         writer.finish()
     mapping = {"lowdim": {"state": {"topic": "/joint_states", "field": "position"}}}
-    (source,) = discover_episodes(tmp_path / "odd.mcap", "mcap", topic_map=topic_map_from_dict(mapping))
+    (source,) = discover_episodes(path, "mcap", topic_map=topic_map_from_dict(mapping))
+    return source
+
+
+def test_a_joint_message_with_other_joints_is_an_error_naming_the_message(tmp_path):
+    source = _joint_states_source(tmp_path / "odd.mcap", [["a", "b"], ["a", "b"], ["a", "c"]], [0.0, 1.0])
     with pytest.raises(SourceError, match=r"odd.mcap.*topic '/joint_states', message 2: names the values \['a', 'c'\]"):
         source.lowdim[0].load(source.name)
 
@@ -310,15 +317,7 @@ def test_a_joint_message_with_other_joints_is_an_error_naming_the_message(tmp_pa
     ids=["four-names-three-values", "repeated-name"],
 )
 def test_joint_names_that_do_not_match_their_values_are_the_messages_error(tmp_path, names, complaint):
-    with open(tmp_path / "odd.mcap", "wb") as handle:
-        writer, schemas = mcap_logs.open_writer(handle)
-        for number, named in enumerate([["a", "b", "c"], names, ["a", "b", "c"]]):
-            body = {"header": {"stamp": {"sec": 1, "nanosec": number * 1000}, "frame_id": ""}, "name": named,
-                    "position": [0.0, 1.0, 2.0], "velocity": [], "effort": []}  # fmt: skip
-            writer.write_message("/joint_states", schemas["joints"], body, log_time=10 + number)
-        writer.finish()
-    mapping = {"lowdim": {"state": {"topic": "/joint_states", "field": "position"}}}
-    (source,) = discover_episodes(tmp_path / "odd.mcap", "mcap", topic_map=topic_map_from_dict(mapping))
+    source = _joint_states_source(tmp_path / "odd.mcap", [["a", "b", "c"], names, ["a", "b", "c"]], [0.0, 1.0, 2.0])
     with pytest.raises(SourceError, match=f"topic '/joint_states', {complaint}"):
         source.lowdim[0].load(source.name)
 
@@ -587,9 +586,10 @@ def test_a_log_split_at_1500_markers_is_read_in_a_few_passes_not_one_per_episode
     assert len(passes) <= 4, f"{len(passes)} passes over the log"
 
 
-ALIAS_BOMB = "".join(
-    f"l{level}: &l{level} [{', '.join([f'*l{level - 1}' if level else 'x'] * 9)}]\n" for level in range(6)
-) + "lowdim: {s: {topic: /j, fields: *l5}}\n"
+ALIAS_BOMB = (
+    "".join(f"l{level}: &l{level} [{', '.join([f'*l{level - 1}' if level else 'x'] * 9)}]\n" for level in range(6))
+    + "lowdim: {s: {topic: /j, fields: *l5}}\n"
+)
 
 
 @pytest.mark.parametrize(
