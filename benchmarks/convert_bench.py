@@ -23,8 +23,8 @@ from pathlib import Path
 from mmdata.codecs.video_encode import VideoEncoding
 from mmdata.conversion.encode import EncodeOptions
 from mmdata.conversion.pipeline import ConvertOptions, convert
-from mmdata.sources import discover_episodes
-from mmdata.sources.raw import discover_raw_episodes
+from mmdata.importers import discover_episodes
+from mmdata.importers.raw import discover_raw_episodes
 from mmdata.synthetic import SynthSpec, episode_seconds, write_synthetic_dataset
 
 RESULTS = Path(__file__).parent / "results"

@@ -47,7 +47,7 @@ def write(root: Path, episodes: int, seconds: float) -> dict:
         "action": {"dtype": "float32", "shape": (DOF,), "names": [f"joint_{i}" for i in range(DOF)]},
     }
     dataset = LeRobotDataset.create(
-        "mmdata/bench", FPS, features, root=root, robot_type="bench", image_writer_threads=4
+        "mmdata/measure", FPS, features, root=root, robot_type="bench", image_writer_threads=4
     )
     frames = int(seconds * FPS)
     base = {(c, i): synthetic_frame(i, c, SIZE, SIZE) for c in range(len(CAMERAS)) for i in range(frames)}
@@ -71,7 +71,7 @@ def write(root: Path, episodes: int, seconds: float) -> dict:
 
 
 def load(root: Path, backend: str, workers: int, seconds: float) -> dict:
-    dataset = LeRobotDataset("mmdata/bench", root=root, delta_timestamps=DELTA_TIMESTAMPS, video_backend=backend)
+    dataset = LeRobotDataset("mmdata/measure", root=root, delta_timestamps=DELTA_TIMESTAMPS, video_backend=backend)
 
     def batches():
         return iter(torch.utils.data.DataLoader(dataset, batch_size=BATCH, shuffle=True, num_workers=workers))
@@ -80,7 +80,7 @@ def load(root: Path, backend: str, workers: int, seconds: float) -> dict:
 
 
 def sample(root: Path, count: int, seed: int) -> dict:
-    dataset = LeRobotDataset("mmdata/bench", root=root, delta_timestamps=DELTA_TIMESTAMPS, video_backend="pyav")
+    dataset = LeRobotDataset("mmdata/measure", root=root, delta_timestamps=DELTA_TIMESTAMPS, video_backend="pyav")
     picks = np.random.default_rng(seed).choice(len(dataset), size=count, replace=False)
     samples = []
     for index in picks.tolist():

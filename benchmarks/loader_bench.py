@@ -18,11 +18,11 @@ import torch
 from convert_bench import machine_name
 
 import mmdata
-from mmdata.bench.naive import export_naive_shards, naive_loader, run_naive
-from mmdata.bench.runner import run_for_seconds
 from mmdata.conversion.pipeline import ConvertOptions, convert
+from mmdata.importers.raw import discover_raw_episodes
 from mmdata.loading.feed import peak_rss_bytes
-from mmdata.sources.raw import discover_raw_episodes
+from mmdata.measure.naive import export_naive_shards, naive_loader, run_naive
+from mmdata.measure.runner import run_for_seconds
 from mmdata.synthetic import SynthSpec, write_synthetic_dataset
 
 RESULTS = Path(__file__).parent / "results"

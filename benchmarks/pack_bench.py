@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
 from convert_bench import machine_name  # noqa: E402
 
-from mmdata.packing import PackingConfig, fit_to_budget, plan_packing, plan_stats  # noqa: E402
-from mmdata.packing.kernels import first_fit_decreasing, minimum_bin_slack  # noqa: E402
+from mmdata.planning.packing import PackingConfig, fit_to_budget, plan_packing, plan_stats  # noqa: E402
+from mmdata.planning.packing.kernels import first_fit_decreasing, minimum_bin_slack  # noqa: E402
 
 
 def distributions(seed: int = 0) -> dict[str, np.ndarray]:

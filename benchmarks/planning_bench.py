@@ -33,7 +33,7 @@ from convert_bench import machine_name  # noqa: E402
 
 import mmdata  # noqa: E402
 from mmdata.conversion.pipeline import ConvertOptions, convert  # noqa: E402
-from mmdata.sources.raw import discover_raw_episodes  # noqa: E402
+from mmdata.importers.raw import discover_raw_episodes  # noqa: E402
 from mmdata.synthetic import SynthSpec, write_synthetic_dataset  # noqa: E402
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from convert_bench import RESULTS, machine_name
 
 from mmdata.conversion.pipeline import ConvertOptions, convert
-from mmdata.sources.raw import discover_raw_episodes
+from mmdata.importers.raw import discover_raw_episodes
 from mmdata.synthetic import SynthSpec, episode_seconds, write_synthetic_dataset
 
 

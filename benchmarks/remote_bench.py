@@ -28,11 +28,11 @@ from convert_bench import machine_name
 from process_time import measure as timed_loop
 
 import mmdata
-from mmdata.bench.object_store import S3Proxy, local_s3_server
 from mmdata.conversion.pipeline import ConvertOptions, convert
-from mmdata.sharding.readers import WdsPieceReader, ZarrPieceReader
-from mmdata.sources.raw import discover_raw_episodes
+from mmdata.importers.raw import discover_raw_episodes
+from mmdata.store.piece_readers import WdsPieceReader, ZarrPieceReader
 from mmdata.synthetic import SynthSpec, write_synthetic_dataset
+from tests.s3_server import S3Proxy, local_s3_server
 
 RESULTS = Path(__file__).parent / "results"
 SPEC = mmdata.Windows(
@@ -141,7 +141,7 @@ def main() -> None:
         "rounds": args.rounds,
         "spec": SPEC.describe(),
         "versions": {"mmdata": mmdata.__version__, "torch": torch.__version__, "s3fs": s3fs.__version__},
-        "server": "moto (ThreadedMotoServer) on 127.0.0.1 behind mmdata.bench.object_store.S3Proxy",
+        "server": "moto (ThreadedMotoServer) on 127.0.0.1 behind tests.s3_server.S3Proxy",
         "results": results,
         "wall_seconds": round(time.time() - started),
     }

@@ -28,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 CONVERT = """
 import json, resource, shutil, time
 from mmdata.conversion.pipeline import ConvertOptions, convert
-from mmdata.sources.raw import discover_raw_episodes
+from mmdata.importers.raw import discover_raw_episodes
 shutil.rmtree({store!r}, ignore_errors=True)
 started, cpu = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
 convert(discover_raw_episodes({raw!r}), {store!r}, ConvertOptions(layout="wds", workers=2, progress=False))

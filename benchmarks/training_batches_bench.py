@@ -38,7 +38,7 @@ from mmdata.codecs.decoders.pyav_decoder import PyAvDecoder
 from mmdata.codecs.video_encode import encoding_for_access
 from mmdata.conversion.encode import EncodeOptions
 from mmdata.conversion.pipeline import ConvertOptions, convert
-from mmdata.sources.raw import discover_raw_episodes
+from mmdata.importers.raw import discover_raw_episodes
 from mmdata.synthetic import CameraSpec, SynthSpec, write_synthetic_dataset
 
 RESULTS = Path(__file__).parent / "results"

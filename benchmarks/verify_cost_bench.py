@@ -29,7 +29,7 @@ from pathlib import Path
 from convert_bench import machine_name
 
 from mmdata.conversion.pipeline import ConvertOptions, convert
-from mmdata.sources.raw import discover_raw_episodes
+from mmdata.importers.raw import discover_raw_episodes
 from mmdata.synthetic import SynthSpec, write_synthetic_dataset
 
 HERE = Path(__file__).resolve().parent
@@ -54,7 +54,7 @@ loader = mmdata.DataLoader(
 LOADER = (
     BUILD_LOADER
     + """
-from mmdata.bench.runner import run_for_seconds
+from mmdata.measure.runner import run_for_seconds
 figures = run_for_seconds(loader, {seconds}, lambda b: (len(b["sample_index"]), 2 * len(b["sample_index"])), warmup=4)
 print("RESULT " + json.dumps(figures))
 """

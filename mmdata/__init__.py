@@ -29,24 +29,24 @@ _EXPORTS = {
     "LowdimStream": "mmdata.schema",
     "TextStream": "mmdata.schema",
     "VideoStream": "mmdata.schema",
-    "Dataset": "mmdata.dataset",
-    "EpisodeData": "mmdata.dataset",
-    "StreamData": "mmdata.dataset",
-    "open_dataset": "mmdata.dataset",
-    "ReadPolicy": "mmdata.sharding.filesystem",
-    "Audio": "mmdata.loading.specs",
-    "Frames": "mmdata.loading.specs",
-    "Resize": "mmdata.loading.specs",
-    "Mixture": "mmdata.loading.mixture",
-    "Source": "mmdata.loading.mixture",
-    "Sequences": "mmdata.loading.specs",
-    "SpecError": "mmdata.loading.specs",
-    "Values": "mmdata.loading.specs",
-    "Windows": "mmdata.loading.specs",
-    "Episodes": "mmdata.loading.episodes",
+    "Dataset": "mmdata.store.dataset",
+    "EpisodeData": "mmdata.store.dataset",
+    "StreamData": "mmdata.store.dataset",
+    "open_dataset": "mmdata.store.dataset",
+    "ReadPolicy": "mmdata.store.filesystem",
+    "Audio": "mmdata.planning.specs",
+    "Frames": "mmdata.planning.specs",
+    "Resize": "mmdata.planning.specs",
+    "Mixture": "mmdata.planning.mixture",
+    "Source": "mmdata.planning.mixture",
+    "Sequences": "mmdata.planning.specs",
+    "SpecError": "mmdata.planning.specs",
+    "Values": "mmdata.planning.specs",
+    "Windows": "mmdata.planning.specs",
+    "Episodes": "mmdata.planning.episodes",
     "DataLoader": "mmdata.loading.dataloader",
-    "ResumeError": "mmdata.sharding.epoch_plan",
-    "StepTimer": "mmdata.bench.steps",
+    "ResumeError": "mmdata.planning.epoch_plan",
+    "StepTimer": "mmdata.measure.steps",
 }
 __all__ = [
     "AlignmentError",
@@ -87,8 +87,6 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from mmdata.bench.steps import StepTimer
-    from mmdata.dataset import Dataset, EpisodeData, StreamData, open_dataset
     from mmdata.errors import (
         AlignmentError,
         DecodeError,
@@ -104,12 +102,14 @@ if TYPE_CHECKING:
         UnsupportedCodecError,
     )
     from mmdata.loading.dataloader import DataLoader
-    from mmdata.loading.episodes import Episodes
-    from mmdata.loading.mixture import Mixture, Source
-    from mmdata.loading.specs import Audio, Frames, Resize, Sequences, SpecError, Values, Windows
+    from mmdata.measure.steps import StepTimer
+    from mmdata.planning.episodes import Episodes
+    from mmdata.planning.epoch_plan import ResumeError
+    from mmdata.planning.mixture import Mixture, Source
+    from mmdata.planning.specs import Audio, Frames, Resize, Sequences, SpecError, Values, Windows
     from mmdata.schema import AudioStream, DatasetSchema, LowdimStream, TextStream, VideoStream
-    from mmdata.sharding.epoch_plan import ResumeError
-    from mmdata.sharding.filesystem import ReadPolicy
+    from mmdata.store.dataset import Dataset, EpisodeData, StreamData, open_dataset
+    from mmdata.store.filesystem import ReadPolicy
 
 
 def __getattr__(name: str) -> Any:

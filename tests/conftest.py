@@ -14,7 +14,7 @@ import pytest
 
 from mmdata.codecs.video_encode import VideoEncoding, encode_segments
 from mmdata.conversion.pipeline import ConvertOptions, convert
-from mmdata.sources.raw import discover_raw_episodes
+from mmdata.importers.raw import discover_raw_episodes
 from mmdata.synthetic import SynthSpec, synthetic_frame, write_synthetic_dataset, write_wav
 
 SMALL = SynthSpec(episodes=3, min_seconds=1.5, max_seconds=3.0)

@@ -10,8 +10,8 @@ import pytest
 import mmdata
 from mmdata.conversion.pipeline import ConvertOptions, convert
 from mmdata.errors import DestinationError, SourceError, StoreError
-from mmdata.sources.raw import discover_raw_episodes
-from mmdata.verify import verify_dataset
+from mmdata.importers.raw import discover_raw_episodes
+from mmdata.store.verification import verify_dataset
 
 
 def convert_raw(raw, destination, **options):

@@ -12,8 +12,8 @@ import jsonschema
 import pytest
 
 import mmdata
-from mmdata.bench import StepTimer, run_loader
-from mmdata.bench.sweep import parse_sweep
+from mmdata.measure import StepTimer, run_loader
+from mmdata.measure.sweep import parse_sweep
 from tests.conftest import run_cli
 
 SCHEMA = json.loads((Path(__file__).parents[1] / "docs" / "bench.schema.json").read_text())

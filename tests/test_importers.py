@@ -20,9 +20,9 @@ import zarr
 import mmdata
 from mmdata.conversion.pipeline import ConvertOptions, convert
 from mmdata.errors import SourceError
-from mmdata.sources import detect_format, discover_episodes
+from mmdata.importers import detect_format, discover_episodes
+from mmdata.store.verification import verify_dataset
 from mmdata.synthetic import read_index_stripe, synthetic_frame
-from mmdata.verify import verify_dataset
 from tests.conftest import run_cli
 
 LEROBOT_V3 = Path(__file__).parent / "fixtures" / "lerobot_small"

@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from mmdata.conversion.pipeline import ConvertOptions, convert
-from mmdata.dataset import open_dataset
 from mmdata.errors import IntegrityError, StoreError
+from mmdata.importers import discover_episodes, shipped_stats
 from mmdata.lerobot import LeRobotLoader
-from mmdata.loading.specs import SpecError
-from mmdata.sources import discover_episodes, shipped_stats
+from mmdata.planning.specs import SpecError
+from mmdata.store.dataset import open_dataset
 
 FIXTURE = Path(__file__).parent / "fixtures" / "lerobot_small"
 TASK_FIXTURES = [Path(__file__).parent / "fixtures" / name for name in ("lerobot_tasks", "lerobot_images")]
@@ -137,7 +137,7 @@ def test_damaged_frame_runs_in_a_stores_metadata_are_named(damage, tmp_path):
 def test_episodes_spread_over_data_files_read_back_as_lerobot_gives_them(tmp_path, monkeypatch):
     """Episodes 0 and 2 in one data file and episode 1 in another, discovery keeping one file's index columns
     at a time: the file of episodes 0 and 2 is read again after episode 1's, and every frame is still right."""
-    import mmdata.sources.lerobot as importer
+    import mmdata.importers.lerobot as importer
 
     source = shutil.copytree(TASK_FIXTURES[0], tmp_path / "spread")
     data = pq.read_table(source / "data" / "chunk-000" / "file-000.parquet")

@@ -14,10 +14,10 @@ import pytest
 import mmdata
 from mmdata.conversion.pipeline import ConvertOptions, convert
 from mmdata.errors import AlignmentError, SourceError
-from mmdata.sources import discover_episodes, load_topic_map
-from mmdata.sources.topic_map import topic_map_from_dict
+from mmdata.importers import discover_episodes, load_topic_map
+from mmdata.importers.topic_map import topic_map_from_dict
+from mmdata.store.verification import verify_dataset
 from mmdata.synthetic import read_index_stripe, synthetic_frame
-from mmdata.verify import verify_dataset
 from tests import mcap_logs
 from tests.mcap_logs import JOINTS, TOPIC_MAP, LogTruth
 
@@ -471,7 +471,7 @@ def test_time_log_keeps_each_message_at_its_log_time(tmp_path, logs):
 def test_raw_image_messages_become_rgb_frames(encoding):
     from types import SimpleNamespace
 
-    from mmdata.sources.log_messages import picture
+    from mmdata.importers.log_messages import picture
 
     rgb = synthetic_frame(3, 0, 32, 48)
     channels = {"rgb8": rgb, "bgr8": rgb[:, :, ::-1], "mono8": rgb[:, :, :1]}
@@ -487,7 +487,7 @@ def test_raw_image_messages_become_rgb_frames(encoding):
 
 
 def test_a_damaged_video_packet_is_named_not_taken_for_an_encoder_failure():
-    from mmdata.sources.log_messages import MessageError, PacketDecoder
+    from mmdata.importers.log_messages import MessageError, PacketDecoder
 
     decoder = PacketDecoder("h264")
     with pytest.raises(MessageError, match="h264 packet 0 does not decode"):
@@ -553,7 +553,7 @@ def test_a_camera_stamp_that_jumps_30_days_is_refused_at_conversion_not_stored_d
 
 
 def test_a_log_split_at_1500_markers_is_read_in_a_few_passes_not_one_per_episode(tmp_path, monkeypatch):
-    from mmdata.sources import mcap_log
+    from mmdata.importers import mcap_log
 
     path = tmp_path / "marks.mcap"
     picture = mcap_logs.jpeg(synthetic_frame(0, 0, 16, 16))
@@ -610,7 +610,7 @@ def test_a_hostile_topic_map_file_is_refused_quickly_in_one_bounded_message(tmp_
     megabytes in the message; nine levels took a minute and 2 GB.)"""
     import time
 
-    from mmdata.sources import load_topic_map
+    from mmdata.importers import load_topic_map
 
     path = tmp_path / "map.yaml"
     path.write_text(text)

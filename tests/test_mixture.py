@@ -12,9 +12,9 @@ import torch
 
 import mmdata
 from mmdata.conversion.pipeline import ConvertOptions, convert
-from mmdata.loading.mixture import epoch_composition
-from mmdata.sources.raw import discover_raw_episodes
-from mmdata.stats import compute_stats, write_stats
+from mmdata.importers.raw import discover_raw_episodes
+from mmdata.planning.mixture import epoch_composition
+from mmdata.store.statistics import compute_stats, write_stats
 from mmdata.synthetic import CameraSpec, SynthSpec, write_synthetic_dataset
 
 WEIGHTS = {"arm": 0.5, "top": 0.3, "wide": 0.2}

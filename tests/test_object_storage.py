@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import mmdata
-from mmdata.bench.object_store import S3Proxy, local_s3_server
 from tests.conftest import run_cli
+from tests.s3_server import S3Proxy, local_s3_server
 from tests.test_loader import assert_same_batches
 
 moto_server = pytest.importorskip("moto.server", reason="the S3 tests need moto[server] (pip install -e .[dev])")
@@ -142,7 +142,7 @@ def test_an_interrupted_upload_resumes_without_sending_again_what_arrived(raw_da
     from mmdata.conversion.pipeline import ConvertOptions, convert
     from mmdata.conversion.publish import publish
     from mmdata.errors import DestinationError
-    from mmdata.sources import discover_episodes
+    from mmdata.importers import discover_episodes
 
     url = f"s3://{BUCKET}/interrupted/out.wds"
     staging = tmp_path / "staging"
@@ -193,7 +193,7 @@ def test_storage_options_on_the_command_line_reach_the_object_store(s3_stores):
 
 @pytest.mark.parametrize("layout", ["wds", "zarr"])
 def test_a_micro_batchs_segments_arrive_in_few_coalesced_requests(s3_stores, s3_endpoint, monkeypatch, layout):
-    from mmdata.sharding.readers import WdsPieceReader, ZarrPieceReader
+    from mmdata.store.piece_readers import WdsPieceReader, ZarrPieceReader
 
     reader = WdsPieceReader if layout == "wds" else ZarrPieceReader
 
@@ -255,8 +255,8 @@ def test_a_damaged_cache_entry_is_fetched_again_not_delivered(stores, s3_stores,
 
 
 def test_the_disk_cache_keeps_within_its_limit_dropping_the_least_recently_used(tmp_path):
-    from mmdata.sharding.manifest import Piece
-    from mmdata.sharding.piece_cache import PieceCache
+    from mmdata.store.manifest import Piece
+    from mmdata.store.piece_cache import PieceCache
 
     cache = PieceCache(tmp_path, max_bytes=10_000, namespace="s3://bucket/store")
     pieces = [Piece("shards/shard-000000.tar", 1000 * i, 1000, f"{i:016x}") for i in range(30)]
@@ -277,7 +277,7 @@ def test_the_disk_cache_keeps_within_its_limit_dropping_the_least_recently_used(
 def test_the_next_micro_batch_is_fetched_in_the_background_while_this_one_decodes(
     stores, s3_stores, monkeypatch, layout
 ):
-    from mmdata.sharding.readers import WdsPieceReader, ZarrPieceReader
+    from mmdata.store.piece_readers import WdsPieceReader, ZarrPieceReader
 
     reader = WdsPieceReader if layout == "wds" else ZarrPieceReader
     fetching = reader._fetch
@@ -300,8 +300,8 @@ def test_the_next_micro_batch_is_fetched_in_the_background_while_this_one_decode
 
 def _fill_cache(folder: str, seed: int) -> int:
     """In a process of its own: put and read back 200 pieces of 1 KB through a cache limited to 50 KB."""
-    from mmdata.sharding.manifest import Piece
-    from mmdata.sharding.piece_cache import PieceCache
+    from mmdata.store.manifest import Piece
+    from mmdata.store.piece_cache import PieceCache
 
     cache = PieceCache(folder, max_bytes=50_000, namespace="s3://bucket/store")
     served = 0
@@ -320,7 +320,7 @@ def test_processes_sharing_a_disk_cache_never_see_partial_entries_and_keep_it_bo
 
     with multiprocessing.get_context("spawn").Pool(3) as pool:
         served = pool.starmap(_fill_cache, [(str(tmp_path), seed) for seed in range(3)])
-    from mmdata.sharding.piece_cache import PieceCache
+    from mmdata.store.piece_cache import PieceCache
 
     assert all(count > 100 for count in served)
     assert PieceCache(tmp_path, 50_000, "s3://bucket/store").size() <= 50_000 * (1 + 3 * 0.05)
@@ -330,7 +330,7 @@ def test_processes_sharing_a_disk_cache_never_see_partial_entries_and_keep_it_bo
 def test_a_ray_conversion_of_a_zarr_store_into_object_storage_is_refused_with_the_way_round(raw_dataset, s3_endpoint):
     from mmdata.conversion.pipeline import ConvertOptions, convert
     from mmdata.errors import DestinationError
-    from mmdata.sources import discover_episodes
+    from mmdata.importers import discover_episodes
 
     options = ConvertOptions(layout="zarr", engine="ray", progress=False)
     with pytest.raises(DestinationError, match="shared folder .* local engine"):

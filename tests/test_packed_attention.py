@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-from mmdata.packing import PackingConfig, pack_values, packed_layout, padded_layout, plan_packing
+from mmdata.planning.packing import PackingConfig, pack_values, packed_layout, padded_layout, plan_packing
 
 HEADS, DIM = 2, 16
 

@@ -20,9 +20,9 @@ from mmdata.codecs.nv12 import nv12_to_rgb
 from mmdata.codecs.packet_index import PacketIndex, index_describes, index_segment
 from mmdata.codecs.video_encode import VideoEncoding, encode_segments, encoding_for_access
 from mmdata.errors import DecodeError, IntegrityError, SampleError
-from mmdata.sharding.manifest import LEGACY_PACKET_INDEX, packets_column
+from mmdata.store.manifest import LEGACY_PACKET_INDEX, packets_column
+from mmdata.store.verification import verify_dataset
 from mmdata.synthetic import read_index_stripe, synthetic_frame
-from mmdata.verify import verify_dataset
 
 SEGMENT = 16
 

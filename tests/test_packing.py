@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmdata.packing import PackingConfig, fit_to_budget, plan_packing, plan_padded, plan_stats, token_costs
-from mmdata.packing.kernels import best_fit_decreasing, first_fit_decreasing, minimum_bin_slack
+from mmdata.planning.packing import PackingConfig, fit_to_budget, plan_packing, plan_padded, plan_stats, token_costs
+from mmdata.planning.packing.kernels import best_fit_decreasing, first_fit_decreasing, minimum_bin_slack
 
 lengths_strategy = st.lists(st.integers(1, 3000), min_size=1, max_size=400)
 

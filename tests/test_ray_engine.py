@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 import mmdata
-from mmdata.bench.object_store import CREDENTIALS
 from mmdata.conversion.pipeline import ConvertOptions, convert
-from mmdata.sources.raw import discover_raw_episodes
-from mmdata.verify import verify_dataset
+from mmdata.importers.raw import discover_raw_episodes
+from mmdata.store.verification import verify_dataset
+from tests.s3_server import CREDENTIALS
 from tests.test_object_storage import BUCKET, s3_endpoint  # noqa: F401  (a fixture)
 
 ray = pytest.importorskip("ray", reason="the Ray engine tests need ray (pip install -e .[dev])")

@@ -13,8 +13,8 @@ import pytest
 
 import mmdata
 from mmdata.errors import StoreError
+from mmdata.store.verification import verify_dataset
 from mmdata.synthetic import SynthSpec, read_index_stripe, write_synthetic_dataset
-from mmdata.verify import verify_dataset
 from tests.conftest import run_cli
 
 ARGS = ("--workers", "1", "--shard-size", "60KB", "--quiet")

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mmdata.sources.arrays import decode_image
-from mmdata.sources.tfrecord import TFRecordError, masked_crc32c, parse_example, read_records
+from mmdata.importers.arrays import decode_image
+from mmdata.importers.tfrecord import TFRecordError, masked_crc32c, parse_example, read_records
 
 FIXTURE = Path(__file__).parent / "fixtures" / "rlds_small"
 TRUTH = json.loads((FIXTURE / "fixture_truth.json").read_text())
@@ -127,8 +127,8 @@ def test_bytes_that_are_not_an_example_are_a_clear_error():
 def test_an_rlds_dataset_converts_and_reads_back_as_its_ground_truth(tmp_path, layout):
     import mmdata
     from mmdata.conversion.pipeline import ConvertOptions, convert
-    from mmdata.sources import discover_episodes
-    from mmdata.verify import verify_dataset
+    from mmdata.importers import discover_episodes
+    from mmdata.store.verification import verify_dataset
 
     sources = discover_episodes(FIXTURE, "auto", fps=10)
     report = convert(sources, tmp_path / "out", ConvertOptions(layout=layout, workers=1, progress=False))
@@ -157,7 +157,7 @@ def test_an_rlds_dataset_converts_and_reads_back_as_its_ground_truth(tmp_path, l
 
 def test_rlds_without_fps_or_with_an_unknown_image_key_says_what_to_give():
     from mmdata.errors import SourceError
-    from mmdata.sources import discover_episodes
+    from mmdata.importers import discover_episodes
 
     with pytest.raises(SourceError, match="--fps"):
         discover_episodes(FIXTURE, "rlds")
@@ -176,7 +176,7 @@ def _fixture_copy(tmp_path: Path) -> Path:
 def test_a_damaged_record_stops_the_conversion_naming_it_or_is_skipped_with_skip_bad(tmp_path):
     from mmdata.conversion.pipeline import ConvertOptions, convert
     from mmdata.errors import SourceError
-    from mmdata.sources import discover_episodes
+    from mmdata.importers import discover_episodes
 
     builder = _fixture_copy(tmp_path)
     record_file = next(builder.glob("*.tfrecord-*"))
@@ -194,7 +194,7 @@ def test_a_damaged_record_stops_the_conversion_naming_it_or_is_skipped_with_skip
 
 def test_a_feature_class_the_importer_does_not_read_is_named(tmp_path):
     from mmdata.errors import SourceError
-    from mmdata.sources import discover_episodes
+    from mmdata.importers import discover_episodes
 
     builder = _fixture_copy(tmp_path)
     features = json.loads((builder / "features.json").read_text())
@@ -208,7 +208,7 @@ def test_a_feature_class_the_importer_does_not_read_is_named(tmp_path):
 def test_the_dataloader_delivers_every_rlds_step_with_its_frame_state_and_task(tmp_path):
     import mmdata
     from mmdata.conversion.pipeline import ConvertOptions, convert
-    from mmdata.sources import discover_episodes
+    from mmdata.importers import discover_episodes
 
     convert(discover_episodes(FIXTURE, "rlds", fps=10), tmp_path / "out", ConvertOptions(workers=1, progress=False))
     spec = mmdata.Windows(anchor_fps=10, streams={"image": mmdata.Frames(), "observation.state": mmdata.Values()})
@@ -227,8 +227,8 @@ def test_the_dataloader_delivers_every_rlds_step_with_its_frame_state_and_task(t
 
 def test_discovery_reads_no_record_and_a_file_cut_short_keeps_the_records_before_the_cut(tmp_path):
     from mmdata.conversion.pipeline import ConvertOptions, convert
-    from mmdata.sources import discover_episodes
-    from mmdata.sources.rlds import _record
+    from mmdata.importers import discover_episodes
+    from mmdata.importers.rlds import _record
 
     builder = _fixture_copy(tmp_path)
     record_file = next(builder.glob("*.tfrecord-*"))
@@ -281,7 +281,7 @@ def test_step_values_the_declared_dtype_cannot_hold_are_the_episodes_error_not_w
     tmp_path, values, dtype, complaint
 ):
     from mmdata.errors import SourceError
-    from mmdata.sources.rlds import RecordAddress, StepArray
+    from mmdata.importers.rlds import RecordAddress, StepArray
 
     ints = {"steps/gripper": values["ints"]} if "ints" in values else {}
     floats = {"steps/gripper": values["floats"]} if "floats" in values else {}
@@ -292,7 +292,7 @@ def test_step_values_the_declared_dtype_cannot_hold_are_the_episodes_error_not_w
 
 
 def test_step_values_within_the_declared_dtype_are_kept_exactly(tmp_path):
-    from mmdata.sources.rlds import RecordAddress, StepArray
+    from mmdata.importers.rlds import RecordAddress, StepArray
 
     _example_file(tmp_path / "ok.tfrecord", {"a": [0, 255, 7], "b": [2**64 - 1, 3]}, {})
     address = RecordAddress(str(tmp_path / "ok.tfrecord"), 0, 0)
@@ -316,7 +316,7 @@ def test_step_values_within_the_declared_dtype_are_kept_exactly(tmp_path):
 )
 def test_malformed_feature_descriptions_are_named_source_errors(tmp_path, edit, complaint):
     from mmdata.errors import SourceError
-    from mmdata.sources import discover_episodes
+    from mmdata.importers import discover_episodes
 
     builder = _fixture_copy(tmp_path)
     features = json.loads((builder / "features.json").read_text())

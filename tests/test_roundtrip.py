@@ -8,7 +8,7 @@ import pytest
 
 import mmdata
 from mmdata.codecs.audio import decode_audio
-from mmdata.sharding.manifest import Piece
+from mmdata.store.manifest import Piece
 from mmdata.synthetic import read_index_stripe
 
 
@@ -102,7 +102,7 @@ def test_opus_audio_is_stored_as_recorded(raw_copy, tmp_path):
     import av
 
     from mmdata.conversion.pipeline import ConvertOptions, convert
-    from mmdata.sources.raw import discover_raw_episodes
+    from mmdata.importers.raw import discover_raw_episodes
 
     for folder in sorted(raw_copy.iterdir()):
         clip, _ = decode_audio(str(folder / "audio.wav"))

@@ -12,8 +12,8 @@ import torch
 import mmdata
 from mmdata.conversion.pipeline import ConvertOptions, convert
 from mmdata.errors import StoreError
-from mmdata.sources import discover_episodes
-from mmdata.stats import Moments, compute_stats, write_stats
+from mmdata.importers import discover_episodes
+from mmdata.store.statistics import Moments, compute_stats, write_stats
 from tests.conftest import run_cli
 
 
@@ -212,8 +212,8 @@ def test_camera_statistics_of_large_frames_decode_a_bounded_block_at_a_time(tmp_
     import tracemalloc
 
     from mmdata.conversion.pipeline import ConvertOptions, convert
-    from mmdata.sources.raw import discover_raw_episodes
-    from mmdata.stats import compute_stats
+    from mmdata.importers.raw import discover_raw_episodes
+    from mmdata.store.statistics import compute_stats
     from mmdata.synthetic import synthetic_frame, write_video
 
     episode = tmp_path / "raw" / "episode_0"

@@ -10,15 +10,15 @@ from typing import Any
 import fsspec
 import pyarrow as pa
 
-from mmdata.dataset import open_dataset
 from mmdata.errors import DestinationError, MmdataError, SourceError
+from mmdata.importers.episode import EpisodeSource
 from mmdata.moments import Moments
 from mmdata.schema import DatasetSchema, Layout, Stream, TextStream
-from mmdata.sharding.filesystem import join, write_text_atomically
-from mmdata.sharding.layout import DATASET_FILE, MANIFEST_FILE, PARTIAL_DIR
-from mmdata.sharding.manifest import write_manifest
-from mmdata.sources.episode import EpisodeSource
-from mmdata.stats import compute_stats, write_stats
+from mmdata.store.dataset import open_dataset
+from mmdata.store.filesystem import join, write_text_atomically
+from mmdata.store.layout import DATASET_FILE, MANIFEST_FILE, PARTIAL_DIR
+from mmdata.store.manifest import write_manifest
+from mmdata.store.statistics import compute_stats, write_stats
 
 
 def complete_store(

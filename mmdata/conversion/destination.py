@@ -20,9 +20,9 @@ import fsspec
 
 from mmdata.checks import parse_json
 from mmdata.errors import DestinationError
-from mmdata.sharding.filesystem import join, write_text_atomically
-from mmdata.sharding.layout import DATASET_FILE, PARTIAL_DIR
-from mmdata.sources.episode import EpisodeSource
+from mmdata.importers.episode import EpisodeSource
+from mmdata.store.filesystem import join, write_text_atomically
+from mmdata.store.layout import DATASET_FILE, PARTIAL_DIR
 
 OPTIONS_FILE = "options.json"
 SOURCES_FILE = "sources.json"

@@ -17,12 +17,12 @@ from mmdata.codecs.audio import encode_flac, to_flac_samples
 from mmdata.codecs.packet_index import index_segment
 from mmdata.codecs.video_encode import VideoEncoding, encode_segments, padded_to_even
 from mmdata.errors import MmdataError, SourceError
+from mmdata.importers.episode import AudioSource, CameraSource, EpisodeSource, LowdimSource
+from mmdata.importers.limits import MAX_AUDIO_SECONDS_WITHOUT_VIDEO
 from mmdata.moments import Moments
 from mmdata.schema import AudioStream, LowdimStream, Stream, VideoStream, stream_from_dict, stream_to_dict
-from mmdata.sharding.manifest import span_columns
-from mmdata.sharding.manifest_checks import time_problems
-from mmdata.sources.episode import AudioSource, CameraSource, EpisodeSource, LowdimSource
-from mmdata.sources.limits import MAX_AUDIO_SECONDS_WITHOUT_VIDEO
+from mmdata.store.manifest import span_columns
+from mmdata.store.manifest_checks import time_problems
 
 RESERVED_NAMES = ("task",)
 

@@ -4,7 +4,7 @@ A store is complete only when `dataset.json` exists; it is written last. Until t
 destination holds `.mmdata-partial/`, from which `resume=True` continues. Each worker also
 returns the moments of its episode's low-dim streams; merged exactly (and kept in the resume
 checkpoint), they become the store's `stats.json` with the percentiles and camera figures
-computed once the store is complete (see `mmdata.stats`).
+computed once the store is complete (see `mmdata.store.statistics`).
 """
 
 from __future__ import annotations
@@ -36,13 +36,13 @@ from mmdata.conversion.destination import (
 from mmdata.conversion.encode import EncodedEpisode, EncodeOptions, encode_or_error, worker_crashed
 from mmdata.conversion.ledger import ConversionLedger
 from mmdata.conversion.publish import default_staging, is_remote, publish, remove_staging
-from mmdata.dataset import open_dataset
 from mmdata.errors import SourceError
+from mmdata.importers.episode import EpisodeSource, source_files
 from mmdata.lifetime import exit_with_parent
 from mmdata.schema import Layout, Stream
-from mmdata.sharding.filesystem import resolve
-from mmdata.sharding.layout import DATASET_FILE
-from mmdata.sources.episode import EpisodeSource, source_files
+from mmdata.store.dataset import open_dataset
+from mmdata.store.filesystem import resolve
+from mmdata.store.layout import DATASET_FILE
 
 Engine = Literal["local", "ray"]
 
@@ -280,9 +280,9 @@ def _worker_count(requested: int | None) -> int:
 def _store_writer(layout: str, root, shard_bytes: int) -> StoreWriter:
     """The writer of a layout, imported when used: a WebDataset conversion does not need zarr installed."""
     if layout == "wds":
-        from mmdata.sharding.wds_writer import WdsWriter
+        from mmdata.store.wds_writer import WdsWriter
 
         return WdsWriter(root, shard_bytes)
-    from mmdata.sharding.zarr_writer import ZarrWriter
+    from mmdata.store.zarr_writer import ZarrWriter
 
     return ZarrWriter(root)

@@ -19,8 +19,8 @@ from fsspec.implementations.local import LocalFileSystem
 from tqdm import tqdm
 
 from mmdata.errors import DestinationError
-from mmdata.sharding.filesystem import join, resolve
-from mmdata.sharding.layout import DATASET_FILE
+from mmdata.store.filesystem import join, resolve
+from mmdata.store.layout import DATASET_FILE
 
 
 def is_remote(destination: str | os.PathLike) -> bool:

@@ -40,14 +40,15 @@ from mmdata.conversion.destination import (
     refuse_overlap,
 )
 from mmdata.conversion.encode import EncodedEpisode, EncodeOptions, encode_or_error, worker_crashed
-from mmdata.conversion.episode_file import episode_file_chunks, episode_from_bytes
 from mmdata.conversion.ledger import ConversionLedger
 from mmdata.errors import DestinationError, MmdataError, SourceError
+from mmdata.importers.episode import EpisodeSource
 from mmdata.moments import Moments
 from mmdata.schema import Stream, stream_from_dict, stream_to_dict
-from mmdata.sharding.filesystem import join, resolve, write_bytes_atomically, write_text_atomically, writing_atomically
-from mmdata.sharding.layout import PARTIAL_DIR, SHARDS_DIR
-from mmdata.sharding.wds_writer import (
+from mmdata.store.episode_file import episode_file_chunks, episode_from_bytes
+from mmdata.store.filesystem import join, resolve, write_bytes_atomically, write_text_atomically, writing_atomically
+from mmdata.store.layout import PARTIAL_DIR, SHARDS_DIR
+from mmdata.store.wds_writer import (
     ShardTar,
     episode_members,
     episode_meta,
@@ -58,7 +59,6 @@ from mmdata.sharding.wds_writer import (
     sidecar_name,
     starts_new_shard,
 )
-from mmdata.sources.episode import EpisodeSource
 
 if TYPE_CHECKING:
     from mmdata.conversion.pipeline import ConversionReport, ConvertOptions
@@ -431,7 +431,7 @@ def _episode_files(store: _Store, episodes: list[tuple[int, int]]) -> Iterator[t
 
 def _write_zarr(store: _Store, kept: list[tuple[EpisodeSummary, int]], streams: list[Stream]) -> list[dict[str, Any]]:
     """A Zarr store's arrays, in one ordered pass on the driver (all episodes share them)."""
-    from mmdata.sharding.zarr_writer import ZarrWriter
+    from mmdata.store.zarr_writer import ZarrWriter
 
     return ZarrWriter(store.root).write(streams, _episode_files(store, [(s.position, i) for s, i in kept]))
 

@@ -27,15 +27,15 @@ import numpy as np
 import torch
 
 from mmdata.checks import option_int
-from mmdata.dataset import Dataset, open_dataset
 from mmdata.errors import StoreError
 from mmdata.lerobot.numbering import EpisodeNumbering
 from mmdata.loading.dataloader import DataLoader
-from mmdata.loading.episodes import Episodes
-from mmdata.loading.mixture import Mixture, Source
-from mmdata.loading.specs import MAX_OFFSETS, Frames, SpecError, Values, Windows
+from mmdata.planning.episodes import Episodes
+from mmdata.planning.mixture import Mixture, Source
+from mmdata.planning.specs import MAX_OFFSETS, Frames, SpecError, Values, Windows
 from mmdata.schema import LowdimStream, VideoStream
-from mmdata.stats import read_stats, stream_figures
+from mmdata.store.dataset import Dataset, open_dataset
+from mmdata.store.statistics import read_stats, stream_figures
 
 ImageFormat = Literal["float", "uint8"]
 

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from mmdata.checks import as_int
-from mmdata.dataset import Dataset
 from mmdata.errors import IntegrityError
+from mmdata.store.dataset import Dataset
 
 
 @dataclass(frozen=True)

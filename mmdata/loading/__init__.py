@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from mmdata.loading.episodes import Episodes
-from mmdata.loading.specs import Audio, Frames, Resize, Sequences, SpecError, Values, Windows
+from mmdata.planning.episodes import Episodes
+from mmdata.planning.specs import Audio, Frames, Resize, Sequences, SpecError, Values, Windows
 
 if TYPE_CHECKING:
     from mmdata.loading.dataloader import DataLoader

@@ -22,7 +22,7 @@ import torch
 from torch.utils.data import get_worker_info
 
 from mmdata.loading.read import MicroBatch
-from mmdata.packing.layouts import MaskKind, packed_layout, padded_layout
+from mmdata.planning.packing.layouts import MaskKind, packed_layout, padded_layout
 
 Layout = Literal["packed", "padded"]
 LAYOUTS = ("packed", "padded")

@@ -22,12 +22,17 @@ import torch
 
 from mmdata.checks import option_int
 from mmdata.codecs.decoders import VideoDecoder, make_video_decoder
-from mmdata.dataset import Dataset
 from mmdata.errors import OptionError, StoreError
 from mmdata.loading.collate import LAYOUTS, Layout, collate
-from mmdata.loading.episodes import Episodes
 from mmdata.loading.feed import Feed, Item, StepSource, source_counts
-from mmdata.loading.mixture import (
+from mmdata.loading.loader_stats import LoaderStats
+from mmdata.loading.normalize import attach_normalizers
+from mmdata.loading.read import MicroBatch, OnError, SampleReader, finish_video
+from mmdata.loading.state import LoaderState, fingerprint
+from mmdata.loading.timing import enable_profiler_ranges, timed
+from mmdata.planning.episodes import Episodes
+from mmdata.planning.epoch_plan import EpochPlan, ResumeError
+from mmdata.planning.mixture import (
     Mixture,
     OpenSource,
     Source,
@@ -37,26 +42,21 @@ from mmdata.loading.mixture import (
     open_sources,
     source_targets,
 )
-from mmdata.loading.normalize import attach_normalizers
-from mmdata.loading.planning import Batching, LoaderPlanner
-from mmdata.loading.read import MicroBatch, OnError, SampleReader, finish_video
-from mmdata.loading.samples import SampleTable, concatenate_samples, enumerate_samples
-from mmdata.loading.specs import Frames, Spec, SpecError
-from mmdata.loading.state import LoaderState, fingerprint
-from mmdata.loading.stats import LoaderStats
-from mmdata.loading.timing import enable_profiler_ranges, timed
-from mmdata.packing.layouts import MaskKind
+from mmdata.planning.order import Shuffle, as_shuffle
+from mmdata.planning.packing.layouts import MaskKind
+from mmdata.planning.planner import Batching, LoaderPlanner
+from mmdata.planning.ranks import rank_and_world
+from mmdata.planning.samples import SampleTable, concatenate_samples, enumerate_samples
+from mmdata.planning.specs import Frames, Spec, SpecError
 from mmdata.schema import VideoStream
-from mmdata.sharding.distributed import rank_and_world
-from mmdata.sharding.epoch_plan import EpochPlan, ResumeError
-from mmdata.sharding.order import Shuffle, as_shuffle
+from mmdata.store.dataset import Dataset
 
 MAIN_DECODE_AHEAD = 2
 
 
 class DataLoader:
     """Batches of `spec` samples from the store at `dataset` (a path, a URL, or an open `Dataset`), or
-    from several stores at once: a `Mixture` of weighted sources (see `mmdata.loading.mixture`).
+    from several stores at once: a `Mixture` of weighted sources (see `mmdata.planning.mixture`).
 
     Batching: `batch_tokens` packs samples by token cost (`tokens_per` stream: tokens per frame,
     per value, per second of audio; 1 by default) into micro-batches of at most that many

@@ -29,10 +29,10 @@ from torch.utils.data import IterableDataset, get_worker_info
 from mmdata.errors import MmdataError
 from mmdata.lifetime import exit_with_parent
 from mmdata.loading.collate import collate
-from mmdata.loading.planning import LoaderPlanner, RankSteps
 from mmdata.loading.read import FALLBACK_SAMPLES, MicroBatch, SampleReader, SampleRef
 from mmdata.loading.timing import timed
-from mmdata.sharding.filesystem import read_retries
+from mmdata.planning.planner import LoaderPlanner, RankSteps
+from mmdata.store.filesystem import read_retries
 
 # Tensors at least this large cross from workers in shared memory; smaller ones inside the message.
 SHARED_TENSOR_BYTES = 1 << 18

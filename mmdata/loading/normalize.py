@@ -13,10 +13,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from mmdata.loading.mixture import NormalizeWith, OpenSource
-from mmdata.loading.specs import Spec, SpecError, Values
 from mmdata.moments import mixture_figures
-from mmdata.stats import STATS_FILE, normalizer, read_stats, stream_figures
+from mmdata.planning.mixture import NormalizeWith, OpenSource
+from mmdata.planning.specs import Spec, SpecError, Values
+from mmdata.store.statistics import STATS_FILE, normalizer, read_stats, stream_figures
 
 
 def attach_normalizers(

@@ -27,13 +27,13 @@ import numpy as np
 from mmdata.codecs.audio import as_float
 from mmdata.codecs.decoders import ClipRequest, VideoDecoder
 from mmdata.codecs.geometry import frame_geometry
-from mmdata.dataset import Dataset, FramePlan
 from mmdata.errors import DecodeError, MmdataError, SampleError
-from mmdata.loading.mixture import Filler, OpenSource
-from mmdata.loading.samples import audio_samples, grid_times
-from mmdata.loading.specs import Audio, Frames, Sequences, Spec, Values, Windows
 from mmdata.loading.timing import timed
-from mmdata.sharding.manifest import Piece
+from mmdata.planning.mixture import Filler, OpenSource
+from mmdata.planning.samples import audio_samples, grid_times
+from mmdata.planning.specs import Audio, Frames, Sequences, Spec, Values, Windows
+from mmdata.store.dataset import Dataset, FramePlan
+from mmdata.store.manifest import Piece
 
 OnError = Literal["raise", "skip"]
 # Samples planned after a micro-batch that a worker carries with it, to borrow from when all of its own fail.

@@ -9,7 +9,7 @@ from typing import Any
 import xxhash
 
 from mmdata.checks import as_int
-from mmdata.sharding.epoch_plan import ResumeError, Stretch
+from mmdata.planning.epoch_plan import ResumeError, Stretch
 
 STATE_FORMAT = "mmdata.loader"
 STATE_VERSION = 1

@@ -9,12 +9,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mmdata.bench.presets import PRESETS, default_tokens_per, preset_spec
-from mmdata.bench.report import build_document, compare, format_table, load, parse_fraction
-from mmdata.bench.sweep import label, parse_sweep, plot_sweep
-from mmdata.dataset import Dataset, open_dataset
 from mmdata.errors import MmdataError
-from mmdata.sharding.filesystem import ReadPolicy
+from mmdata.measure.presets import PRESETS, default_tokens_per, preset_spec
+from mmdata.measure.report import build_document, compare, format_table, load, parse_fraction
+from mmdata.measure.sweep import label, parse_sweep, plot_sweep
+from mmdata.store.dataset import Dataset, open_dataset
+from mmdata.store.filesystem import ReadPolicy
 from mmdata.tools.storage import add_storage_options
 
 if TYPE_CHECKING:
@@ -121,8 +121,8 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def _measure(args: argparse.Namespace, dataset: str) -> dict[str, Any]:
-    from mmdata.bench.runner import run_loader
     from mmdata.loading.dataloader import DataLoader
+    from mmdata.measure.runner import run_loader
 
     schema = open_dataset(dataset).schema
     spec = preset_spec(
@@ -183,8 +183,8 @@ def _source(args: argparse.Namespace, dataset: str) -> str | Dataset:
 
 
 def _sweep(args: argparse.Namespace, dataset: str, spec, options: dict[str, Any]) -> list[dict[str, Any]]:
-    from mmdata.bench.runner import run_loader
     from mmdata.loading.dataloader import DataLoader
+    from mmdata.measure.runner import run_loader
 
     rows = []
     for setting in parse_sweep(args.sweep):
@@ -210,8 +210,8 @@ def _sweep(args: argparse.Namespace, dataset: str, spec, options: dict[str, Any]
 
 
 def _baseline(args: argparse.Namespace, dataset: str, spec, loader: DataLoader, figures: dict) -> dict[str, Any]:
-    from mmdata.bench.naive import export_naive_shards, naive_loader, run_naive
-    from mmdata.bench.runner import simulated_step
+    from mmdata.measure.naive import export_naive_shards, naive_loader, run_naive
+    from mmdata.measure.runner import simulated_step
 
     samples_per_batch = max(1, round(figures["samples_per_s"] * figures["wall_seconds"] / max(1, figures["steps"])))
     with tempfile.TemporaryDirectory(prefix="mmdata-naive-") as folder:
@@ -253,7 +253,7 @@ def _parse_tokens(text: str | None) -> dict[str, float]:
 
 def _demo_store(folder: Path) -> str:
     from mmdata.conversion.pipeline import ConvertOptions, convert
-    from mmdata.sources.raw import discover_raw_episodes
+    from mmdata.importers.raw import discover_raw_episodes
     from mmdata.synthetic import SynthSpec, write_synthetic_dataset
 
     started = time.perf_counter()

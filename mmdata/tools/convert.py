@@ -9,7 +9,7 @@ from mmdata.codecs.video_encode import ACCESS_PATTERNS, VIDEO_CODECS, VideoEncod
 from mmdata.conversion.encode import EncodeOptions
 from mmdata.conversion.pipeline import ConversionReport, ConvertOptions, convert
 from mmdata.errors import SourceError
-from mmdata.sources import FORMATS, TopicMap, discover_episodes, load_topic_map, shipped_stats
+from mmdata.importers import FORMATS, TopicMap, discover_episodes, load_topic_map, shipped_stats
 from mmdata.tools.formatting import format_bytes, format_seconds, parse_size
 from mmdata.tools.storage import add_storage_options
 

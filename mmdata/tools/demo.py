@@ -11,11 +11,11 @@ import numpy as np
 
 from mmdata.codecs.audio import decode_audio
 from mmdata.conversion.pipeline import ConvertOptions, convert
-from mmdata.dataset import open_dataset
-from mmdata.sources.raw import discover_raw_episodes
+from mmdata.importers.raw import discover_raw_episodes
+from mmdata.store.dataset import open_dataset
+from mmdata.store.verification import verify_dataset
 from mmdata.synthetic import SynthSpec, read_index_stripe, write_synthetic_dataset
 from mmdata.tools.formatting import format_bytes
-from mmdata.verify import verify_dataset
 
 
 def add_parser(commands) -> None:

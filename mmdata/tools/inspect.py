@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from mmdata.dataset import Dataset
 from mmdata.schema import AudioStream, LowdimStream, VideoStream
+from mmdata.store.dataset import Dataset
 from mmdata.tools.formatting import format_bytes, format_seconds
 from mmdata.tools.storage import add_storage_options
 

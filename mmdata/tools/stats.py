@@ -7,8 +7,8 @@ import argparse
 import json
 from pathlib import Path
 
-from mmdata.dataset import open_dataset
-from mmdata.stats import QUANTILE_BINS, compute_stats, pooled_stats, write_stats
+from mmdata.store.dataset import open_dataset
+from mmdata.store.statistics import QUANTILE_BINS, compute_stats, pooled_stats, write_stats
 from mmdata.tools.storage import add_storage_options
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from mmdata.store.verification import verify_dataset
 from mmdata.tools.formatting import format_bytes
 from mmdata.tools.storage import add_storage_options
-from mmdata.verify import verify_dataset
 
 
 def add_parser(commands) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass
 
-from mmdata.sources.episode import CameraSource
+from mmdata.importers.episode import CameraSource
 
 
 @dataclass(frozen=True)

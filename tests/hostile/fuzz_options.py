@@ -21,9 +21,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import mmdata
+from mmdata.importers.rlds import step_features
+from mmdata.importers.topic_map import load_topic_map, topic_map_from_dict
 from mmdata.lerobot import LeRobotLoader
-from mmdata.sources.rlds import step_features
-from mmdata.sources.topic_map import load_topic_map, topic_map_from_dict
 from tests.hostile.fuzz_store import fuzzing
 
 SCALARS = st.one_of(

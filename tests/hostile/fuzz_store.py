@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 import mmdata
-from mmdata.verify import verify_dataset
+from mmdata.store.verification import verify_dataset
 
 SPEC = mmdata.Windows(
     anchor_fps=4,

@@ -23,9 +23,9 @@ import pytest
 import mmdata
 from mmdata.conversion.pipeline import ConvertOptions, convert
 from mmdata.errors import DestinationError
-from mmdata.sources.raw import discover_raw_episodes
+from mmdata.importers.raw import discover_raw_episodes
+from mmdata.store.verification import verify_dataset
 from mmdata.synthetic import SynthSpec, synthetic_frame, write_synthetic_dataset
-from mmdata.verify import verify_dataset
 from tests.conftest import run_cli
 
 
@@ -78,7 +78,7 @@ def test_a_read_only_destination_is_a_destination_error(raw_dataset, tmp_path, m
 
 
 def test_a_full_disk_is_a_destination_error_and_resume_completes_the_store(raw_dataset, tmp_path, monkeypatch):
-    from mmdata.sharding.wds_writer import ShardTar
+    from mmdata.store.wds_writer import ShardTar
 
     options = ConvertOptions(progress=False, workers=1, shard_bytes=150_000)
     original = ShardTar._add_member
@@ -211,7 +211,7 @@ def test_stored_segments_follow_their_own_key_frame_interval_not_the_recordings(
     convert(discover_raw_episodes(tmp_path / "raw"), tmp_path / "out", ConvertOptions(progress=False, workers=1))
     dataset = mmdata.open_dataset(tmp_path / "out")
     segment = dataset.manifest.row(0)["cam/segments"][0]
-    data = dataset.pieces.read_bytes(mmdata.sharding.manifest.Piece.from_dict(segment))
+    data = dataset.pieces.read_bytes(mmdata.store.manifest.Piece.from_dict(segment))
     with av.open(io.BytesIO(data)) as container:
         keys = [packet.is_keyframe for packet in container.demux(video=0) if packet.size]
     gop = dataset.schema.stream("cam").gop

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import os
 
-from mmdata.sharding.manifest import Piece
-from mmdata.sharding.piece_cache import LOCK_FILE, SUBFOLDER, PieceCache
+from mmdata.store.manifest import Piece
+from mmdata.store.piece_cache import LOCK_FILE, SUBFOLDER, PieceCache
 
 
 def _pieces(count: int, size: int = 1000) -> list[Piece]:

@@ -1,4 +1,4 @@
-"""Every importer finds its files by the same rules (`mmdata.sources.files`): a broken link, a FIFO or a
+"""Every importer finds its files by the same rules (`mmdata.importers.files`): a broken link, a FIFO or a
 device where a recording should be is an error naming it (or a skip with --skip-bad), never a stream
 silently missing or a read that blocks for ever; and no importer reads a file linked from outside."""
 
@@ -14,7 +14,7 @@ import pytest
 
 from mmdata.conversion.pipeline import ConvertOptions, convert
 from mmdata.errors import SourceError
-from mmdata.sources import discover_episodes
+from mmdata.importers import discover_episodes
 from tests.conftest import run_cli
 from tests.hostile.test_hostile_importers import converted, skipped_errors
 from tests.mcap_logs import write_one_log
@@ -73,7 +73,7 @@ def test_an_rlds_shard_that_is_a_fifo_or_links_out_is_named_without_blocking(tmp
             (RLDS / "robot_small-train.tfrecord-00000-of-00001").read_bytes()
         )
     code = (
-        "import sys; from mmdata.sources import discover_episodes\n"
+        "import sys; from mmdata.importers import discover_episodes\n"
         f"episodes = discover_episodes({str(builder)!r}, 'rlds', fps=10)\n"
         "print([str(e.problem) for e in episodes if e.problem])\n"
     )

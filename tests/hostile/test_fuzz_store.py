@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from mmdata.conversion.pipeline import ConvertOptions, convert
-from mmdata.sources.raw import discover_raw_episodes
+from mmdata.importers.raw import discover_raw_episodes
 from mmdata.synthetic import SynthSpec, write_synthetic_dataset
 
 EXAMPLES = int(os.environ.get("MMDATA_FUZZ_EXAMPLES", "30"))

@@ -16,7 +16,7 @@ import pytest
 import mmdata
 from mmdata.conversion.pipeline import ConvertOptions, convert
 from mmdata.errors import SourceError
-from mmdata.sources import discover_episodes
+from mmdata.importers import discover_episodes
 from tests.conftest import run_cli
 from tests.test_importers import LEROBOT_V3, write_aloha, write_lerobot_v21
 
@@ -308,7 +308,7 @@ def test_an_image_whose_header_declares_a_huge_picture_is_refused_before_decodin
 
     import av
 
-    from mmdata.sources.arrays import declared_image_size, decode_image
+    from mmdata.importers.arrays import declared_image_size, decode_image
 
     encoder = av.CodecContext.create("mjpeg", "w")
     encoder.width, encoder.height, encoder.pix_fmt = 48, 32, "yuvj420p"

@@ -18,7 +18,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 
 import mmdata
 from mmdata.errors import IntegrityError, ReadError, ReadTimeoutError
-from mmdata.sharding.filesystem import ReadPolicy, read_range
+from mmdata.store.filesystem import ReadPolicy, read_range
 from tests.hostile.tampering import copy_store
 
 QUICK = ReadPolicy(timeout_s=0.3, attempts=2, backoff_s=0.01)
@@ -146,7 +146,7 @@ def test_a_fifo_in_place_of_a_shard_fails_at_once_instead_of_blocking(stores, tm
     os.mkfifo(shard)
     code = f"""
 import time, mmdata
-from mmdata.verify import verify_dataset
+from mmdata.store.verification import verify_dataset
 dataset = mmdata.open_dataset({str(store)!r})
 started = time.perf_counter()
 try:

@@ -50,7 +50,7 @@ def read_all(store) -> str:
 def convert_code(source, source_format: str, fps: float, destination) -> str:
     return f"""
     from mmdata.conversion.pipeline import ConvertOptions, convert
-    from mmdata.sources import discover_episodes
+    from mmdata.importers import discover_episodes
     def run():
         sources = discover_episodes({str(source)!r}, {source_format!r}, fps={fps})
         convert(sources, {str(destination)!r}, ConvertOptions(workers=1, progress=False))
@@ -89,7 +89,7 @@ def test_segment_of_4096x4096_frames_in_a_224x224_store_is_refused_before_decodi
     assert "holds 4096x4096 frames, the store says 224x224" in result["outcome"]
     verify = run_limited(
         f"""
-        from mmdata.verify import verify_dataset
+        from mmdata.store.verification import verify_dataset
         failures = verify_dataset({str(store)!r}, progress=False).failures
         report([problem for failure in failures for problem in failure.problems][0])
         """,
@@ -196,7 +196,7 @@ def gif_declaring(width: int, height: int) -> bytes:
 )
 def test_an_image_in_a_format_whose_size_is_not_checked_is_refused_before_decoding(picture):
     code = f"""
-    from mmdata.sources.arrays import decode_image
+    from mmdata.importers.arrays import decode_image
     report(outcome_of(lambda: decode_image({picture!r}, "episode_0", "log.mcap:/camera/compressed")))
     """
     result = run_limited(code, ADDRESS_SPACE)
@@ -243,7 +243,7 @@ def test_replay_buffer_of_a_few_kilobytes_declaring_gigabytes_is_refused(tmp_pat
 
 def test_npy_file_declaring_1e11_rows_is_refused_without_reading(raw_copy):
     from mmdata.conversion.pipeline import ConvertOptions, convert
-    from mmdata.sources.raw import discover_raw_episodes
+    from mmdata.importers.raw import discover_raw_episodes
 
     path = raw_copy / "episode_0001" / "state.npy"
     header = "{'descr': '<f4', 'fortran_order': False, 'shape': (100000000000, 14), }"

@@ -10,7 +10,7 @@ import pytest
 
 import mmdata
 from mmdata.errors import IntegrityError, ReadError, StoreError
-from mmdata.verify import verify_dataset
+from mmdata.store.verification import verify_dataset
 from tests.conftest import run_cli
 from tests.hostile.tampering import copy_store, edit_manifest, edit_schema, flip_byte, replace_piece
 

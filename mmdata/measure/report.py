@@ -1,0 +1,180 @@
+"""The `mmdata bench` result: a JSON document (schema `docs/bench.schema.json`), its table, and the
+comparison of two results that fails on a regression."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+SCHEMA = "mmdata.measure/1"
+HIGHER_IS_BETTER = ("samples_per_s", "frames_per_s", "tokens_per_s", "mb_per_s")
+LOWER_IS_BETTER = ("latency_p95_ms",)
+FRACTIONS_LOWER_IS_BETTER = ("stall_fraction",)
+
+
+def machine() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "python": sys.version.split()[0],
+    }
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name(0)
+    except ImportError:
+        pass
+    return info
+
+
+def versions() -> dict[str, str]:
+    import importlib.metadata as metadata
+
+    found = {}
+    for package in ("mmdata", "torch", "numpy", "av", "numba", "nvidia-dali-cuda130", "decord"):
+        try:
+            found[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def build_document(config: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any]:
+    """The JSON document of one bench run: machine, versions, configuration and everything measured."""
+    return {
+        "schema": SCHEMA,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "versions": versions(),
+        "config": config,
+        **measured,
+    }
+
+
+def headline(document: dict[str, Any]) -> dict[str, float]:
+    """The figures `--compare` checks, flattened."""
+    figures = document["figures"]
+    values = {name: float(figures[name]) for name in (*HIGHER_IS_BETTER, *FRACTIONS_LOWER_IS_BETTER)}
+    values["latency_p95_ms"] = float(figures["latency_ms"].get("p95", 0.0))
+    return values
+
+
+def compare(old: dict[str, Any], new: dict[str, Any], max_regression: float) -> list[str]:
+    """The headline figures of `new` that are worse than `old` by more than `max_regression`.
+
+    Rates and latency compare relatively (5% = 0.05 of the old value); the stall fraction, already
+    a share, compares in absolute points.
+    """
+    before, after = headline(old), headline(new)
+    problems = []
+    for name in HIGHER_IS_BETTER:
+        if before[name] > 0 and (before[name] - after[name]) / before[name] > max_regression:
+            problems.append(
+                f"{name} fell from {before[name]:g} to {after[name]:g} ({after[name] / before[name] - 1:+.1%})"
+            )
+    for name in LOWER_IS_BETTER:
+        if before[name] > 0 and (after[name] - before[name]) / before[name] > max_regression:
+            problems.append(
+                f"{name} rose from {before[name]:g} to {after[name]:g} ({after[name] / before[name] - 1:+.1%})"
+            )
+    for name in FRACTIONS_LOWER_IS_BETTER:
+        if after[name] - before[name] > max_regression:
+            problems.append(f"{name} rose from {before[name]:.1%} to {after[name]:.1%}")
+    return problems
+
+
+def parse_fraction(text: str) -> float:
+    """'5%' or '0.05' as 0.05."""
+    text = text.strip()
+    value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    if value < 0:
+        raise ValueError(f"a regression limit cannot be negative: {text}")
+    return value
+
+
+def load(path: str | Path) -> dict[str, Any]:
+    document = json.loads(Path(path).read_text())
+    if document.get("schema") != SCHEMA:
+        raise ValueError(f"{path} is not an mmdata bench result (schema {document.get('schema')!r}, expected {SCHEMA})")
+    return document
+
+
+def format_table(document: dict[str, Any]) -> str:
+    """The human-readable table of a bench result."""
+    c, f = document["config"], document["figures"]
+    latency = f["latency_ms"]
+    lines = [
+        f"mmdata bench: {c['dataset']} | spec {c['spec_name']} | {c['layout']}"
+        + (f" {c['batch_tokens']} tokens" if c.get("batch_tokens") else f" batch {c.get('batch_size')}")
+        + f" | {c['num_workers']} workers | decoder {c['decoder']} | {c['device']}",
+        f"  {f['steps']} steps in {f['wall_seconds']:.2f} s after {c['warmup']} warm-up steps"
+        + (f", simulated step {c['step_ms']:g} ms" if c.get("step_ms") else ""),
+        "",
+        _row("samples/s", f"{f['samples_per_s']:,.1f}"),
+        _row("frames/s", f"{f['frames_per_s']:,.1f}"),
+        _row("tokens/s", f"{f['tokens_per_s']:,.0f}"),
+        _row("MB/s read", f"{f['mb_per_s']:,.2f}"),
+        _row("packing efficiency", f"{f['packing_efficiency']:.2%}"),
+        _row("rank token spread", f"{f['rank_token_spread']:.2%}"),
+        _row(
+            "batch latency p50/p95/p99", "/".join(f"{latency.get(q, 0.0):.1f}" for q in ("p50", "p95", "p99")) + " ms"
+        ),
+        _row("input stall", f"{f['stall_fraction']:.1%} of steps, mean {f['mean_stall_ms']:.1f} ms"),
+        _row("decode waste", f"{f['decode_waste']:.2f} frames decoded per frame delivered"),
+        _row("peak RSS per worker", ", ".join(f"{v:,.0f}" for v in f["peak_rss_mb_per_worker"].values()) + " MB"),
+    ]
+    if "instrumentation_share" in f:
+        lines.append(_row("stage timers' cost", f"{f['instrumentation_share']:.4%} of a step"))
+    if "gpu_memory_mb" in f:
+        lines.append(_row("GPU memory (max allocated)", f"{f['gpu_memory_mb']:,.0f} MB"))
+    lines += ["", "where the time went:"]
+    main = document["stages"]["main_thread"]
+    lines.append("  main thread (share of wall time): " + _shares_text(main))
+    workers = document["stages"].get("workers")
+    if workers:
+        lines.append(
+            f"  workers ({c['num_workers']}, {workers['utilization']:.0%} busy; share of busy time): "
+            + _shares_text(workers["stages"])
+        )
+        if workers["utilization"] > 1.05:
+            lines.append(
+                f"  note: the workers were busy {workers['utilization']:.0%} of the measured time, so batches read"
+                " before it began are in these rates; the sustained rate is about"
+                f" {f['frames_per_s'] / workers['utilization']:,.0f} frames/s (raise --steps or --warmup)"
+            )
+    sweep = document.get("sweep")
+    if sweep:
+        lines += ["", "sweep:"]
+        for row in sweep:
+            f = row["figures"]
+            setting = " ".join(f"{k}={v}" for k, v in row["setting"].items())
+            lines.append(
+                f"  {setting:40s} {f['samples_per_s']:10,.1f} samples/s {f['frames_per_s']:10,.1f} frames/s"
+                f"  stall {f['stall_fraction']:.1%}"
+            )
+    baseline = document.get("baseline")
+    if baseline:
+        ratios = document["ratios"]
+        lines += [
+            "",
+            f"baseline {baseline['name']} ({baseline['description']}): {baseline['samples_per_s']:,.1f} samples/s,"
+            f" {baseline['frames_per_s']:,.1f} frames/s",
+            f"  mmdata / baseline: {ratios['samples_per_s']:.2f}x samples/s, {ratios['frames_per_s']:.2f}x frames/s",
+        ]
+    return "\n".join(lines)
+
+
+def _shares_text(stages: dict[str, dict[str, float]]) -> str:
+    return " | ".join(f"{name} {value['share']:.1%}" for name, value in stages.items() if value["share"] >= 0.0005)
+
+
+def _row(name: str, value: str) -> str:
+    return f"  {name:28s} {value}"

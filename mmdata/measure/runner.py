@@ -1,0 +1,194 @@
+"""Run a loader for N steps after warm-up, optionally beside a simulated training step, and turn
+what it measured into the figures `mmdata bench` reports."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator
+from itertools import islice
+from typing import Any
+
+import numpy as np
+import torch
+
+from mmdata.loading import DataLoader, Frames
+from mmdata.loading.timing import timed
+from mmdata.measure.steps import StepTimer
+from mmdata.planning.packing import PackingPlan, plan_stats
+
+WORKER_STAGES = ("read", "video_prepare", "video", "audio", "lowdim", "collate")
+MAIN_STAGES = ("plan", "video", "collate", "h2d")
+
+
+def endless(loader: DataLoader) -> Iterator[dict[str, Any]]:
+    """The loader's batches, epoch after epoch."""
+    while True:
+        produced = False
+        for batch in loader:
+            produced = True
+            yield batch
+        if not produced:
+            raise RuntimeError("the loader has no steps for this rank (fewer samples than ranks?)")
+
+
+def simulated_step(step_ms: float, device: torch.device) -> Callable[[], None]:
+    """A stand-in for a training step of `step_ms`: a sleep on the CPU, a matmul loop on a GPU."""
+    if step_ms <= 0:
+        return lambda: None
+    if device.type != "cuda":
+        return lambda: time.sleep(step_ms / 1000)
+    a = torch.randn(4096, 4096, device=device)
+    torch.cuda.synchronize(device)
+    started = time.perf_counter()
+    for _ in range(10):
+        a @ a
+    torch.cuda.synchronize(device)
+    per_matmul = (time.perf_counter() - started) / 10
+    repeats = max(1, round(step_ms / 1000 / per_matmul))
+
+    def step() -> None:
+        for _ in range(repeats):
+            a @ a
+        torch.cuda.synchronize(device)
+
+    return step
+
+
+def run_loader(loader: DataLoader, steps: int, warmup: int = 3, step_ms: float = 0.0) -> dict[str, Any]:
+    """Measure `steps` batches after `warmup`; returns figures, stage breakdown and the loader's stats."""
+    batches = endless(loader)
+    for _ in islice(batches, warmup):
+        pass
+    loader.reset_stats()
+    step = simulated_step(step_ms, loader.device)
+    timer = StepTimer(islice(batches, steps), synchronize=False)
+    samples = frames = 0
+    for batch in timer:
+        samples += len(batch["sample_index"])
+        frames += _frames_in(loader, batch)
+        step()
+    loader.close()
+    stats = loader.stats()
+    wall = timer.wall
+    stall = timer.report()
+    figures = {
+        "steps": stall["steps"],
+        "wall_seconds": round(wall, 4),
+        "samples_per_s": round(samples / wall, 2),
+        "frames_per_s": round(frames / wall, 2),
+        "tokens_per_s": round(stats["tokens"] / wall, 1),
+        "mb_per_s": round(stats["bytes_read"] / 1e6 / wall, 3),
+        "latency_ms": stall["wait_ms"],
+        "stall_fraction": stall["stall_fraction"],
+        "mean_stall_ms": stall["mean_stall_ms"],
+        "decode_waste": stats["decode_waste"],
+        "peak_rss_mb_per_worker": {str(k): round(v / 2**20, 1) for k, v in stats["peak_rss_bytes_per_worker"].items()},
+        **plan_figures(loader),
+    }
+    per_step = wall / max(1, stall["steps"])
+    figures["instrumentation_share"] = round(instrumentation_seconds(len(loader.spec.streams) + 6) / per_step, 6)
+    if loader.device.type == "cuda":
+        figures["gpu_memory_mb"] = round(torch.cuda.max_memory_allocated(loader.device) / 2**20, 1)
+    return {
+        "figures": figures,
+        "stages": stage_breakdown(stats, wall, stall["compute_seconds"], loader.num_workers),
+        "loader_stats": stats,
+    }
+
+
+def instrumentation_seconds(timers_per_step: int, repeats: int = 20_000) -> float:
+    """What the stage timers cost per step: `timers_per_step` timed blocks, measured here."""
+    seconds: dict[str, float] = {}
+    started = time.perf_counter()
+    for _ in range(repeats):
+        with timed(seconds, "probe"):
+            pass
+    return (time.perf_counter() - started) / repeats * timers_per_step
+
+
+def run_for_seconds(
+    batches: Iterable, seconds: float, count: Callable[[Any], tuple[int, int]], warmup: int = 1, step=None
+) -> dict[str, Any]:
+    """Samples/s and frames/s of any loader for about `seconds` after `warmup` batches, starting new
+    epochs as needed (worker start-up counts, as in training); `count(batch)` gives (samples, frames)."""
+    iterator = iter(batches)
+    for _ in range(warmup):
+        next(iterator)
+    samples = frames = count_batches = 0
+    started = time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        for batch in iterator:
+            batch_samples, batch_frames = count(batch)
+            samples, frames, count_batches = samples + batch_samples, frames + batch_frames, count_batches + 1
+            if step is not None:
+                step()
+            if time.perf_counter() - started >= seconds:
+                break
+        else:
+            iterator = iter(batches)
+    elapsed = time.perf_counter() - started
+    return {
+        "batches": count_batches,
+        "seconds": round(elapsed, 3),
+        "samples_per_s": round(samples / elapsed, 2),
+        "frames_per_s": round(frames / elapsed, 2),
+    }
+
+
+def plan_figures(loader: DataLoader) -> dict[str, float]:
+    """Packing efficiency and rank token spread of the current epoch's plan."""
+    plan = loader.epoch_plan().plan
+    if isinstance(plan, PackingPlan):
+        stats = plan_stats(plan)
+        return {
+            "packing_efficiency": round(stats.efficiency, 5),
+            "rank_token_spread": round(stats.rank_token_spread, 5),
+        }
+    tokens = plan.rows.tokens
+    loads = np.array(
+        [[tokens[plan.micro_batch(s, r)].sum() for r in range(plan.steps.shape[1])] for s in range(len(plan))]
+    )
+    spread = float(np.mean(loads.max(axis=1) / loads.mean(axis=1) - 1)) if len(loads) else 0.0
+    return {"packing_efficiency": round(1 - plan.padding_fraction(), 5), "rank_token_spread": round(spread, 5)}
+
+
+def stage_breakdown(stats: dict[str, Any], wall: float, compute: float, workers: int) -> dict[str, Any]:
+    """Where the time went.
+
+    `main_thread`: shares of the wall time that add up to 1, `unaccounted` being what no timer
+    covered. In-process loading (no workers) lists each reading stage there; with workers the main
+    thread shows the data wait, and `workers` gives each stage's share of the workers' busy time
+    and their utilization (busy time over workers x wall time; batches prefetched during warm-up
+    can lift it slightly above 1 on short runs).
+    """
+    main = {f"main_{k}": v for k, v in stats["main_stage_seconds"].items()}
+    worker = stats["worker_stage_seconds"]
+    if workers == 0:
+        seconds = {**worker, **main, "step": compute}
+        seconds["unaccounted"] = wall - sum(seconds.values())
+        return {"main_thread": _shares(seconds, wall)}
+    seconds = {"data_wait": stats["data_wait_seconds"], **main, "step": compute}
+    seconds["unaccounted"] = wall - sum(seconds.values())
+    busy = sum(stats["worker_busy_seconds"].values())
+    worker_seconds = dict(worker)
+    worker_seconds["other"] = max(0.0, busy - sum(worker.values()))
+    return {
+        "main_thread": _shares(seconds, wall),
+        "workers": {
+            "utilization": round(busy / (wall * workers), 4) if wall else 0.0,
+            "stages": _shares(worker_seconds, busy),
+        },
+    }
+
+
+def _shares(seconds: dict[str, float], total: float) -> dict[str, dict[str, float]]:
+    return {k: {"seconds": round(v, 4), "share": round(v / total, 4) if total else 0.0} for k, v in seconds.items()}
+
+
+def _frames_in(loader: DataLoader, batch: dict[str, Any]) -> int:
+    count = 0
+    for name, stream in loader.spec.streams.items():
+        if isinstance(stream, Frames):
+            lengths = batch.get(f"{name}_lengths")
+            count += int(lengths.sum()) if lengths is not None else int(batch[name].shape[0])
+    return count

@@ -1,1 +1,0 @@
-"""Stores: WebDataset and Zarr writers and readers, the manifest, and byte-range access."""

@@ -1,0 +1,326 @@
+"""Paths and URLs through fsspec, and the one read path every store read takes.
+
+Every read has a deadline and retries only transient errors (timeouts, dropped connections,
+throttling and server errors) with exponential backoff and jitter; a permanent error (a missing
+object, no permission, an object shorter than the manifest says) fails at once, naming the object.
+Local files are read with `pread` after checking that they are regular files, so a FIFO or a
+device inside a store fails at once instead of blocking forever; other filesystems are read on a
+daemon thread that the caller stops waiting for when the deadline passes. Small files mmdata
+writes (metadata beside a store) are replaced atomically with `write_text_atomically`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import random
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import BinaryIO, TypeVar
+
+import fsspec
+from fsspec.core import url_to_fs
+from fsspec.implementations.local import LocalFileSystem
+
+from mmdata.checks import option_int, option_number
+from mmdata.errors import IntegrityError, OptionError, ReadError, ReadTimeoutError
+
+T = TypeVar("T")
+
+TRANSIENT_ERRNOS = frozenset(
+    {
+        errno.EAGAIN,
+        errno.EINTR,
+        errno.EIO,
+        errno.EBUSY,
+        errno.ETIMEDOUT,
+        errno.ECONNRESET,
+        errno.ECONNABORTED,
+        errno.ECONNREFUSED,
+        errno.EPIPE,
+        errno.ENETDOWN,
+        errno.ENETUNREACH,
+        errno.EHOSTUNREACH,
+    }
+)
+PERMANENT_ERRORS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+
+
+@dataclass(frozen=True)
+class ReadPolicy:
+    """How every read of a store behaves.
+
+    `timeout_s` bounds one request; a transient failure (timeout, reset connection, throttling,
+    server error) is tried again up to `attempts` times in all, waiting `backoff_s`, doubled each
+    time up to `max_backoff_s`, with jitter; permanent failures are not retried. Local files are
+    read directly (fast); set `guard_local_reads` for stores on network or FUSE mounts that can
+    stall, so their reads get the deadline too. `concurrency` bounds the requests one process has
+    in flight when it fetches a micro-batch's pieces ahead from object storage.
+
+    `cache_dir` keeps what is fetched from object storage on local disk, in its sub-folder
+    `mmdata-piece-cache` (nothing else there is touched), up to about `cache_max_bytes` (least
+    recently used removed first), shared by every process and loader on the host, so a second epoch
+    does not download again (see `mmdata.store.piece_cache`).
+    """
+
+    timeout_s: float = 60.0
+    attempts: int = 4
+    backoff_s: float = 0.1
+    max_backoff_s: float = 5.0
+    guard_local_reads: bool = False
+    concurrency: int = 8
+    cache_dir: str | None = None
+    cache_max_bytes: int = 100 << 30
+
+    def __post_init__(self):
+        option_number(self.timeout_s, "ReadPolicy timeout_s", 1e-3, 86400.0)
+        option_int(self.attempts, "ReadPolicy attempts", 1, 100)
+        option_number(self.backoff_s, "ReadPolicy backoff_s", 0.0, 3600.0)
+        option_number(self.max_backoff_s, "ReadPolicy max_backoff_s", 0.0, 3600.0)
+        option_int(self.concurrency, "ReadPolicy concurrency", 1, 1024)
+        option_int(self.cache_max_bytes, "ReadPolicy cache_max_bytes", 1, 1 << 60)
+        if not isinstance(self.guard_local_reads, bool):
+            raise OptionError(f"ReadPolicy guard_local_reads is True or False, not {self.guard_local_reads!r}")
+        if self.cache_dir is not None and not isinstance(self.cache_dir, (str, os.PathLike)):
+            raise OptionError(f"ReadPolicy cache_dir is a folder path, not {self.cache_dir!r:.60}")
+
+    def delay(self, attempt: int) -> float:
+        """Seconds to wait before try `attempt + 1`: exponential, with full jitter in its upper half."""
+        ceiling = min(self.max_backoff_s, self.backoff_s * 2**attempt)
+        return ceiling * (0.5 + 0.5 * random.random())
+
+
+DEFAULT_READ_POLICY = ReadPolicy()
+
+
+def resolve(path_or_url: str) -> tuple[fsspec.AbstractFileSystem, str]:
+    """The filesystem and the root path inside it for a local path or an fsspec URL."""
+    fs, root = url_to_fs(str(path_or_url))
+    return fs, root.rstrip("/") or "/"
+
+
+def join(root: str, relative: str) -> str:
+    return f"{root.rstrip('/')}/{relative}" if relative else root
+
+
+def write_text_atomically(path: str, text: str, fs: fsspec.AbstractFileSystem | None = None) -> None:
+    """Write `text` to `path` (local, or on `fs`) as `write_bytes_atomically` does."""
+    write_bytes_atomically(path, [text.encode("utf-8")], fs)
+
+
+def write_bytes_atomically(path: str, chunks: Iterable[bytes], fs: fsspec.AbstractFileSystem | None = None) -> None:
+    """Write `chunks` to `path` (local, or on `fs`) as `writing_atomically` does."""
+    with writing_atomically(path, fs) as handle:
+        for chunk in chunks:
+            handle.write(chunk)
+
+
+@contextlib.contextmanager
+def writing_atomically(path: str, fs: fsspec.AbstractFileSystem | None = None) -> Iterator[BinaryIO]:
+    """A binary file to write `path` through: locally a temporary file, synced and renamed over `path` when
+    the block ends, so a reader sees the old file or the whole new one; elsewhere one upload (object stores
+    replace whole objects, and an upload that fails is not completed). Nothing is left if the block fails."""
+    if fs is not None and not isinstance(fs, LocalFileSystem):
+        remote = fs.open(path, "wb")
+        try:
+            yield remote
+        except BaseException:
+            with contextlib.suppress(Exception):
+                remote.discard()
+            raise
+        remote.close()
+        return
+    temporary = f"{path}.tmp"
+    try:
+        with open(temporary, "wb") as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+def read_range(
+    fs: fsspec.AbstractFileSystem, path: str, offset: int, size: int, policy: ReadPolicy = DEFAULT_READ_POLICY
+) -> bytes:
+    """Exactly `size` bytes at `offset` of `path`; fewer bytes there is an IntegrityError (not retried)."""
+    if offset < 0 or size < 0:
+        raise IntegrityError(f"{path}: invalid byte range at {offset} of {size} bytes")
+    if size == 0:
+        return b""
+    data = _retried(fs, path, policy, f"bytes {offset}..{offset + size}", lambda: _read(fs, path, offset, size))
+    if len(data) != size:
+        raise IntegrityError(
+            f"{path}: {len(data)} bytes at byte {offset} where {size} were expected; the file is truncated:"
+            " restore it or convert again"
+        )
+    return data
+
+
+def read_file(
+    fs: fsspec.AbstractFileSystem, path: str, max_bytes: int, policy: ReadPolicy = DEFAULT_READ_POLICY
+) -> bytes:
+    """The whole of a small file; one that holds more than `max_bytes` is an IntegrityError."""
+    data = _retried(fs, path, policy, "the file", lambda: _read(fs, path, 0, max_bytes + 1))
+    if len(data) > max_bytes:
+        raise IntegrityError(f"{path} is larger than the {max_bytes} bytes such a file may hold")
+    return data
+
+
+def read_tail(
+    fs: fsspec.AbstractFileSystem, path: str, size: int, policy: ReadPolicy = DEFAULT_READ_POLICY
+) -> tuple[bytes, int]:
+    """The last `size` bytes of `path` and the file's length."""
+
+    def attempt() -> tuple[bytes, int]:
+        length = _size(fs, path)
+        if length < size:
+            raise IntegrityError(f"{path} holds {length} bytes, fewer than the {size} of its index")
+        return _read(fs, path, length - size, size), length
+
+    return _retried(fs, path, policy, f"its last {size} bytes", attempt)
+
+
+def _read(fs: fsspec.AbstractFileSystem, path: str, offset: int, size: int) -> bytes:
+    if isinstance(fs, LocalFileSystem):
+        return _pread(path, offset, size)
+    return in_this_process(fs).cat_file(path, start=offset, end=offset + size)
+
+
+def _size(fs: fsspec.AbstractFileSystem, path: str) -> int:
+    if isinstance(fs, LocalFileSystem):
+        descriptor, length = _open_regular(path)
+        os.close(descriptor)
+        return length
+    return int(in_this_process(fs).size(path))
+
+
+_FORKED_COPIES: dict[tuple[int, int], fsspec.AbstractFileSystem] = {}
+
+
+def in_this_process(fs: fsspec.AbstractFileSystem) -> fsspec.AbstractFileSystem:
+    """`fs`, or in a process forked after it was made (DataLoader workers) a fresh instance with the
+    same options: fsspec's asynchronous filesystems (s3, gcs, http) hold an event loop and
+    connections that a forked child cannot use ("This class is not fork-safe")."""
+    made_in = getattr(fs, "_pid", None)
+    if made_in is None or made_in == os.getpid():
+        return fs
+    key = (os.getpid(), id(fs))
+    copy = _FORKED_COPIES.get(key)
+    if copy is None:
+        from fsspec.asyn import reset_lock
+
+        reset_lock()
+        copy = _FORKED_COPIES[key] = type(fs)(**fs.storage_options, skip_instance_cache=True)
+    return copy
+
+
+def _open_regular(path: str) -> tuple[int, int]:
+    """A read-only descriptor of `path` and its length; `path` must be a regular file (opened with
+    O_NONBLOCK, so a FIFO does not block)."""
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    status = os.fstat(descriptor)
+    if not stat.S_ISREG(status.st_mode):
+        os.close(descriptor)
+        raise IntegrityError(f"{path} is not a regular file (a FIFO, device or socket); a store holds only files")
+    return descriptor, status.st_size
+
+
+def _pread(path: str, offset: int, size: int) -> bytes:
+    descriptor, length = _open_regular(path)
+    try:
+        size = max(0, min(size, length - offset))
+        parts = []
+        while size > 0:
+            part = os.pread(descriptor, min(size, 1 << 30), offset)
+            if not part:
+                break
+            parts.append(part)
+            offset += len(part)
+            size -= len(part)
+        return b"".join(parts)
+    finally:
+        os.close(descriptor)
+
+
+_RETRIES = [0]
+
+
+def read_retries() -> int:
+    """Reads this process has tried again after a transient error, so far (the loader reports them)."""
+    return _RETRIES[0]
+
+
+def _retried(fs, path: str, policy: ReadPolicy, what: str, attempt: Callable[[], T]) -> T:
+    """`attempt()` under the policy's deadline, tried again on transient errors only."""
+    guarded = policy.guard_local_reads or not isinstance(fs, LocalFileSystem)
+    last: BaseException | None = None
+    for number in range(policy.attempts):
+        if number:
+            _RETRIES[0] += 1
+            time.sleep(policy.delay(number - 1))
+        try:
+            return _with_deadline(attempt, policy.timeout_s) if guarded else attempt()
+        except (IntegrityError, ReadError) as exc:
+            if not isinstance(exc, ReadTimeoutError):
+                raise
+            last = exc
+        except PERMANENT_ERRORS as exc:
+            raise ReadError(f"{path}: cannot read {what}: {exc.strerror or exc}; restore it or convert again") from exc
+        except Exception as exc:
+            if not is_transient(exc):
+                raise ReadError(f"{path}: cannot read {what}: {type(exc).__name__}: {exc}") from exc
+            last = exc
+    if isinstance(last, ReadTimeoutError):
+        raise ReadTimeoutError(
+            f"{path}: reading {what} did not finish within {policy.timeout_s:g} s, {policy.attempts} time(s);"
+            " the storage is stalled (raise ReadPolicy.timeout_s if it is only slow)"
+        ) from last
+    raise ReadError(
+        f"{path}: reading {what} failed {policy.attempts} time(s) with transient errors, the last:"
+        f" {type(last).__name__}: {last}"
+    ) from last
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether trying again may succeed: timeouts, connection errors, throttling and 5xx responses."""
+    if isinstance(error, (TimeoutError, ConnectionError)):
+        return True
+    if isinstance(error, PERMANENT_ERRORS):
+        return False
+    if isinstance(error, OSError):
+        return error.errno in TRANSIENT_ERRNOS or error.errno is None
+    status = getattr(error, "status", None) or getattr(error, "status_code", None)
+    if isinstance(status, int):
+        return status == 429 or status >= 500
+    text = str(error)
+    return any(marker in text for marker in ("SlowDown", "Throttl", "503", "500 ", "502", "504"))
+
+
+def _with_deadline(call: Callable[[], T], timeout_s: float) -> T:
+    """`call()` on a daemon thread; the caller stops waiting after `timeout_s` and the thread is
+    abandoned (a daemon, so a read stalled for good never holds the interpreter at exit)."""
+    outcome: dict[str, object] = {}
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            outcome["value"] = call()
+        except BaseException as exc:  # handed to the waiting caller
+            outcome["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="mmdata-read", daemon=True).start()
+    if not done.wait(timeout_s):
+        raise ReadTimeoutError(f"no answer within {timeout_s:g} s")
+    if "error" in outcome:
+        raise outcome["error"]  # type: ignore[misc]
+    return outcome["value"]  # type: ignore[return-value]

@@ -1,0 +1,387 @@
+"""Fetch stored pieces by their manifest address: byte ranges of shards, or Zarr elements and rows.
+
+Both layouts read through `sharding/filesystem.py` (deadlines, retries of transient errors only)
+and, with `verify` (the default), check every piece against the manifest's checksum, so a flipped
+byte is an IntegrityError and never a wrong frame. Numeric rows are checked against the shape
+and dtype the schema declares before anything is allocated for them.
+
+From object storage, where each request costs a round trip, a reader can be told the pieces a
+micro-batch will need (`prefetch`): WebDataset byte ranges of one shard that lie close together
+are fetched as one request, several requests at a time (`ReadPolicy.concurrency`); the pieces
+are then served from memory until `forget`. With `ReadPolicy.cache_dir`, pieces fetched from object
+storage are also kept on local disk (`PieceCache`) and read from there next time.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import fsspec
+import numpy as np
+from fsspec.implementations.local import LocalFileSystem
+
+from mmdata.codecs.lowdim import NpyError, decode_npy
+from mmdata.errors import IntegrityError, MmdataError
+from mmdata.schema import DatasetSchema
+from mmdata.store.checksum import checksum_array, checksum_bytes
+from mmdata.store.filesystem import DEFAULT_READ_POLICY, ReadPolicy, join, read_file, read_range
+from mmdata.store.manifest import Piece
+from mmdata.store.piece_cache import PieceCache
+from mmdata.store.zarr_reader import HeldBytes, ZarrArrays
+
+# Byte ranges of one shard at most this far apart are fetched in one request (the bytes between
+# are read and dropped: at 20 ms a request and 100+ MB/s, 1 MiB costs less than a round trip).
+COALESCE_GAP = 1 << 20
+COALESCE_MAX = 64 << 20
+
+
+class PieceReader(Protocol):
+    bytes_read: int  # running total of payload bytes fetched, for throughput figures
+    verify: bool
+
+    def read_bytes(self, piece: Piece) -> bytes:
+        """An encoded blob: a video segment, an audio file, or (WebDataset) any member."""
+
+    def read_rows(self, piece: Piece, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+        """A numeric array of exactly `shape` and `dtype`: low-dim values or timestamps."""
+
+    @property
+    def fetches_ahead(self) -> bool:
+        """Whether `prefetch` saves anything here (object storage; not local files)."""
+
+    def prefetch(self, pieces: Iterable[Piece]) -> None:
+        """Fetch these pieces ahead, in as few requests as sensible; failures are left to `read_bytes`."""
+
+    def prefetch_ahead(self, pieces: Iterable[Piece]) -> None:
+        """Start fetching these pieces in the background (the next micro-batch's, while this one decodes);
+        the next `prefetch` takes them. One fetch ahead at a time: a call while one runs does nothing."""
+
+    def forget(self) -> None:
+        """Drop what `prefetch` holds (not what is being fetched ahead)."""
+
+
+@dataclass
+class CoalescedRange:
+    """One request: bytes [start, end) of a shard, holding `members`."""
+
+    path: str
+    start: int
+    end: int
+    members: list[Piece] = field(default_factory=list)
+
+
+def coalesce(pieces: Iterable[Piece], gap: int = COALESCE_GAP, limit: int = COALESCE_MAX) -> list[CoalescedRange]:
+    """The pieces' byte ranges merged per shard where at most `gap` bytes apart (up to `limit` bytes a request)."""
+    ranges: list[CoalescedRange] = []
+    for piece in sorted(set(pieces), key=lambda p: (p.path, p.offset)):
+        last = ranges[-1] if ranges else None
+        end = piece.offset + piece.size
+        if last and last.path == piece.path and piece.offset - last.end <= gap and end - last.start <= limit:
+            last.end = max(last.end, end)
+            last.members.append(piece)
+        else:
+            ranges.append(CoalescedRange(piece.path, piece.offset, end, [piece]))
+    return ranges
+
+
+def checked(piece: Piece, checksum: str) -> None:
+    """Raise IntegrityError, naming the piece, when what was read is not what the writer stored."""
+    if checksum != piece.checksum:
+        raise IntegrityError(
+            f"{piece.path} at {piece.offset} ({piece.size} bytes): checksum mismatch ({checksum} read, the manifest"
+            f" says {piece.checksum}); the store is damaged: restore the file or convert again"
+        )
+
+
+def piece_cache(fs: fsspec.AbstractFileSystem, root: str, policy: ReadPolicy) -> PieceCache | None:
+    """The disk cache `policy` asks for, for a store in object storage (a local store is read in place)."""
+    if policy.cache_dir is None or isinstance(fs, LocalFileSystem):
+        return None
+    return PieceCache(policy.cache_dir, policy.cache_max_bytes, fs.unstrip_protocol(root))
+
+
+def cached_bytes(cache: PieceCache | None, piece: Piece, verify: bool) -> bytes | None:
+    """`piece` from the disk cache; an entry that fails its checksum is removed and reads as a miss."""
+    data = cache.get(piece) if cache is not None else None
+    if data is not None and verify and checksum_bytes(data) != piece.checksum:
+        cache.discard(piece)
+        return None
+    return data
+
+
+class BackgroundFetch:
+    """One fetch at a time on a thread of its own (the next micro-batch's, while this one decodes). A forked
+    or unpickled copy starts a thread of its own: the parent's does not exist there."""
+
+    def __init__(self) -> None:
+        self._future: Future | None = None
+        self._thread: ThreadPoolExecutor | None = None
+        self._owner = os.getpid()
+
+    def busy(self) -> bool:
+        return self._owner == os.getpid() and self._future is not None and not self._future.done()
+
+    def start(self, fetch: Callable[[], Any]) -> None:
+        if self._thread is None or self._owner != os.getpid():
+            self._thread = ThreadPoolExecutor(1, thread_name_prefix="mmdata-fetch-ahead")
+            self._owner = os.getpid()
+        self._future = self._thread.submit(fetch)
+
+    def take(self) -> Any | None:
+        """What the fetch returned (waiting for it), or None: none started, or it failed (a fetch ahead is an
+        optimisation; the reads themselves report any failure)."""
+        future, self._future = self._future, None
+        if future is None or self._owner != os.getpid():
+            return None
+        try:
+            return future.result()
+        except Exception:
+            return None
+
+    def __getstate__(self) -> dict:
+        return {"_future": None, "_thread": None, "_owner": -1}
+
+
+class WdsPieceReader:
+    """Pieces of WebDataset shards: each one is one byte-range read, checked against its checksum
+    when `verify` is set (xxHash64 runs at several GB/s, far below the cost of decoding)."""
+
+    def __init__(
+        self, fs: fsspec.AbstractFileSystem, root: str, verify: bool = True, policy: ReadPolicy = DEFAULT_READ_POLICY
+    ):
+        self.fs = fs
+        self.root = root
+        self.verify = verify
+        self.policy = policy
+        self.bytes_read = 0
+        self.requests = 0
+        self.cache = piece_cache(fs, root, policy)
+        self._ready: dict[Piece, bytes] = {}
+        self._ahead = BackgroundFetch()
+
+    def read_bytes(self, piece: Piece) -> bytes:
+        data = self._ready.get(piece)
+        if data is None:
+            data = cached_bytes(self.cache, piece, self.verify)
+            if data is not None:
+                self.bytes_read += len(data)
+                return data
+            data = read_range(self.fs, join(self.root, piece.path), piece.offset, piece.size, self.policy)
+            self.requests += 1
+            self._keep(piece, data)
+        self.bytes_read += len(data)
+        if self.verify:
+            checked(piece, checksum_bytes(data))
+        return data
+
+    def _keep(self, piece: Piece, data: bytes) -> None:
+        if self.cache is not None and (not self.verify or checksum_bytes(data) == piece.checksum):
+            self.cache.put(piece, data)
+
+    def read_rows(self, piece: Piece, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+        data = self.read_bytes(piece)
+        try:
+            return decode_npy(data, shape, dtype)
+        except NpyError as exc:
+            raise IntegrityError(f"{piece.path} at {piece.offset}: {exc}; restore the file or convert again") from exc
+
+    @property
+    def fetches_ahead(self) -> bool:
+        return not isinstance(self.fs, LocalFileSystem)  # a local read costs microseconds: nothing to save
+
+    def prefetch(self, pieces: Iterable[Piece]) -> None:
+        if not self.fetches_ahead:
+            return
+        self._take_ahead()
+        fetched, requests = self._fetch([p for p in set(pieces) if p not in self._ready])
+        self._ready.update(fetched)
+        self.requests += requests
+
+    def prefetch_ahead(self, pieces: Iterable[Piece]) -> None:
+        if not self.fetches_ahead or self._ahead.busy():
+            return
+        pieces = set(pieces)
+        carried = {piece: self._ready[piece] for piece in pieces if piece in self._ready}  # outlives `forget`
+        wanted = [piece for piece in pieces if piece not in carried]
+        self._take_ahead()
+
+        def fetch() -> tuple[dict[Piece, bytes], int]:
+            fetched, requests = self._fetch(wanted)
+            return {**carried, **fetched}, requests
+
+        self._ahead.start(fetch)
+
+    def _take_ahead(self) -> None:
+        """Wait for the pieces `prefetch_ahead` is fetching and hold them with the others."""
+        taken = self._ahead.take()
+        if taken is not None:
+            fetched, requests = taken
+            self._ready.update(fetched)
+            self.requests += requests
+
+    def _fetch(self, wanted: list[Piece]) -> tuple[dict[Piece, bytes], int]:
+        """`wanted` from the disk cache, else in coalesced requests, several at a time; (pieces, requests)."""
+        fetched: dict[Piece, bytes] = {}
+        if self.cache is not None:
+            for piece in set(wanted):
+                data = cached_bytes(self.cache, piece, self.verify)
+                if data is not None:
+                    fetched[piece] = data
+            wanted = [p for p in wanted if p not in fetched]
+        ranges = coalesce(wanted)
+        if not ranges:
+            return fetched, 0
+
+        def fetch(span: CoalescedRange) -> tuple[CoalescedRange, bytes | None]:
+            try:
+                return span, read_range(
+                    self.fs, join(self.root, span.path), span.start, span.end - span.start, self.policy
+                )
+            except (MmdataError, OSError):
+                return span, None  # read again alone by read_bytes, which reports it as usual
+
+        with ThreadPoolExecutor(min(self.policy.concurrency, len(ranges)), thread_name_prefix="mmdata-fetch") as pool:
+            for span, data in pool.map(fetch, ranges):
+                if data is None:
+                    continue
+                for piece in span.members:
+                    fetched[piece] = data[piece.offset - span.start : piece.offset - span.start + piece.size]
+                    self._keep(piece, fetched[piece])
+        return fetched, len(ranges)
+
+    def forget(self) -> None:
+        self._ready.clear()
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_ready": {}}
+
+
+class ZarrPieceReader:
+    """Pieces of a Zarr v3 store: elements of byte arrays, row ranges of numeric arrays."""
+
+    def __init__(
+        self, fs: fsspec.AbstractFileSystem, root: str, verify: bool = True, policy: ReadPolicy = DEFAULT_READ_POLICY
+    ):
+        self.arrays = ZarrArrays(fs, root, policy)
+        self.verify = verify
+        self.bytes_read = 0
+        self.requests = 0
+        self.cache = piece_cache(fs, root, policy)
+        self._ahead = BackgroundFetch()
+
+    def read_bytes(self, piece: Piece) -> bytes:
+        data = cached_bytes(self.cache, piece, self.verify)
+        if data is None:
+            data = self.arrays.element(piece.path, piece.offset, piece.size)
+            if self.verify:
+                checked(piece, checksum_bytes(data))
+            if self.cache is not None:
+                self.cache.put(piece, data)
+        self.bytes_read += len(data)
+        return data
+
+    def read_rows(self, piece: Piece, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+        data = self.cache.get(piece) if self.cache is not None else None
+        if data is not None:
+            values = np.frombuffer(data, dtype=np.dtype(dtype)).reshape(shape)
+            if not self.verify or checksum_array(values) == piece.checksum:
+                self.bytes_read += values.nbytes
+                return values.copy()
+            self.cache.discard(piece)
+        values = self.arrays.rows(piece.path, piece.offset, shape[0], shape[1:], dtype)
+        self.bytes_read += values.nbytes
+        if self.verify:
+            checked(piece, checksum_array(values))
+        if self.cache is not None:
+            self.cache.put(piece, np.ascontiguousarray(values).tobytes())
+        return values
+
+    @property
+    def fetches_ahead(self) -> bool:
+        return not isinstance(self.arrays.fs, LocalFileSystem)
+
+    def prefetch(self, pieces: Iterable[Piece]) -> None:
+        if not self.fetches_ahead:
+            return
+        self._take_ahead()
+        held, requests = self._fetch(set(pieces), self.arrays.held)
+        self.arrays.held.add(held)
+        self.requests += requests
+
+    def prefetch_ahead(self, pieces: Iterable[Piece]) -> None:
+        if not self.fetches_ahead or self._ahead.busy():
+            return
+        pieces, carried = set(pieces), self.arrays.held.copy()  # what this micro-batch holds outlives `forget`
+        self._take_ahead()
+
+        def fetch() -> tuple[HeldBytes, int]:
+            held, requests = self._fetch(pieces, carried)
+            held.add(carried)
+            return held, requests
+
+        self._ahead.start(fetch)
+
+    def _take_ahead(self) -> None:
+        taken = self._ahead.take()
+        if taken is not None:
+            held, requests = taken
+            self.arrays.held.add(held)
+            self.requests += requests
+
+    def _fetch(self, pieces: Iterable[Piece], have: HeldBytes) -> tuple[HeldBytes, int]:
+        """The shard-file spans and chunk files holding `pieces` that neither `have` nor the disk cache holds,
+        spans of one file at most `COALESCE_GAP` apart in one request, several requests at a time."""
+        elements, rows = [], []
+        for piece in pieces:
+            if self.cache is not None and self.cache.contains(piece):
+                continue
+            layout = self.arrays.layout(piece.path)
+            if layout.dtype is None:
+                elements.append((piece.path, piece.offset))
+            else:
+                row_bytes = layout.dtype.itemsize * math.prod(layout.shape[1:])
+                rows.append((piece.path, piece.offset, piece.size // row_bytes if row_bytes else 0))
+        plan = self.arrays.locate(elements, rows)
+        spans = [
+            Piece(path, start, size, "") for path, start, size in plan.spans if have.span(path, start, size) is None
+        ]
+        files = [(path, limit) for path, limit in plan.files if path not in have.files]
+        ranges = coalesce(spans)
+        held = HeldBytes()
+
+        def fetch(job: CoalescedRange | tuple[str, int]) -> None:
+            try:
+                if isinstance(job, CoalescedRange):
+                    data = read_range(self.arrays.fs, job.path, job.start, job.end - job.start, self.arrays.policy)
+                    held.spans.setdefault(job.path, []).append((job.start, data))
+                else:
+                    held.files[job[0]] = read_file(self.arrays.fs, job[0], job[1], self.arrays.policy)
+            except (MmdataError, OSError):
+                pass  # read again alone by the read itself, which reports it as usual
+
+        jobs = [*ranges, *files]
+        if jobs:
+            with ThreadPoolExecutor(min(self.arrays.policy.concurrency, len(jobs)), "mmdata-fetch") as pool:
+                list(pool.map(fetch, jobs))
+        return held, len(jobs)
+
+    def forget(self) -> None:
+        self.arrays.held = HeldBytes()
+
+
+def zarr_array_paths(schema: DatasetSchema) -> list[str]:
+    """The Zarr arrays a store's schema implies (checked when the store is opened)."""
+    groups = {"video": ("video", "timestamps"), "audio": ("audio",), "lowdim": ("data", "timestamps")}
+    return [f"{group}/{stream.name}" for stream in schema.streams for group in groups.get(stream.kind, ())]
+
+
+def piece_reader(
+    layout: str, fs: fsspec.AbstractFileSystem, root: str, verify: bool = True, policy: ReadPolicy = DEFAULT_READ_POLICY
+) -> PieceReader:
+    reader = WdsPieceReader if layout == "wds" else ZarrPieceReader
+    return reader(fs, root, verify, policy)
