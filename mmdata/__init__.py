@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from mmdata.version import __version__ as __version__
 
 _EXPORTS = {
     "AlignmentError": "mmdata.errors",
@@ -40,12 +40,12 @@ _EXPORTS = {
     "Mixture": "mmdata.planning.mixture",
     "Source": "mmdata.planning.mixture",
     "Sequences": "mmdata.planning.specs",
-    "SpecError": "mmdata.planning.specs",
+    "SpecError": "mmdata.errors",
     "Values": "mmdata.planning.specs",
     "Windows": "mmdata.planning.specs",
     "Episodes": "mmdata.planning.episodes",
     "DataLoader": "mmdata.loading.dataloader",
-    "ResumeError": "mmdata.planning.epoch_plan",
+    "ResumeError": "mmdata.errors",
     "StepTimer": "mmdata.measure.steps",
 }
 __all__ = [
@@ -96,17 +96,18 @@ if TYPE_CHECKING:
         MmdataError,
         ReadError,
         ReadTimeoutError,
+        ResumeError,
         SampleError,
         SourceError,
+        SpecError,
         StoreError,
         UnsupportedCodecError,
     )
     from mmdata.loading.dataloader import DataLoader
     from mmdata.measure.steps import StepTimer
     from mmdata.planning.episodes import Episodes
-    from mmdata.planning.epoch_plan import ResumeError
     from mmdata.planning.mixture import Mixture, Source
-    from mmdata.planning.specs import Audio, Frames, Resize, Sequences, SpecError, Values, Windows
+    from mmdata.planning.specs import Audio, Frames, Resize, Sequences, Values, Windows
     from mmdata.schema import AudioStream, DatasetSchema, LowdimStream, TextStream, VideoStream
     from mmdata.store.dataset import Dataset, EpisodeData, StreamData, open_dataset
     from mmdata.store.filesystem import ReadPolicy

@@ -75,3 +75,23 @@ class MissingDependencyError(MmdataError):
 
 class SampleError(MmdataError):
     """A training sample could not be read or decoded; names the shard, the episode and the stream."""
+
+
+class SpecError(OptionError):
+    """A sampling spec asks for something the store cannot give; the message says what to change."""
+
+
+class ResumeError(MmdataError):
+    """A saved loader state does not fit this loader (other data, spec or settings, or a corrupt state)."""
+
+
+class NpyError(ValueError):
+    """`.npy` bytes whose header is malformed or disagrees with their length or with what was expected."""
+
+
+class TFRecordError(MmdataError):
+    """A TFRecord file or an Example in it that cannot be read; the message names the file and the record."""
+
+
+class MessageError(ValueError):
+    """A message does not hold what its topic is read for; the message says what it holds."""

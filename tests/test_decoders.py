@@ -12,6 +12,7 @@ import pytest
 from mmdata.codecs.decoders import (
     ClipRequest,
     SegmentRef,
+    availability,
     backend_available,
     frames_decoded_from_key_frames,
     make_video_decoder,
@@ -125,7 +126,7 @@ def test_auto_picks_a_cpu_backend_without_a_gpu():
 
 
 def test_auto_keeps_small_frames_on_the_host_cores_where_the_measured_table_says_they_win(monkeypatch):
-    monkeypatch.setattr(select, "backend_available", lambda name: True)
+    monkeypatch.setattr(availability, "backend_available", lambda name: True)
     for codec in ("h264", "hevc"):
         for frames in (16, 2):
             assert select.choose_backend([codec], "cuda", frames, (224, 224), host_cores=16) == "pyav"
@@ -133,14 +134,14 @@ def test_auto_keeps_small_frames_on_the_host_cores_where_the_measured_table_says
 
 
 def test_auto_sends_large_frames_in_long_requests_to_nvdec_and_short_ones_to_the_host(monkeypatch):
-    monkeypatch.setattr(select, "backend_available", lambda name: True)
+    monkeypatch.setattr(availability, "backend_available", lambda name: True)
     assert select.choose_backend(["h264"], "cuda", 16, (1920, 1080), host_cores=16) == "nvdec"
     assert select.choose_backend(["hevc"], "cuda", 16, (1280, 1024), host_cores=16) == "nvdec"
     assert select.choose_backend(["h264"], "cuda", 2, (1920, 1080), host_cores=16) == "pyav"
 
 
 def test_auto_counts_the_host_cores_of_this_rank_so_a_rank_with_few_takes_the_gpu(monkeypatch):
-    monkeypatch.setattr(select, "backend_available", lambda name: True)
+    monkeypatch.setattr(availability, "backend_available", lambda name: True)
     monkeypatch.setattr(select.os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
     assert select.host_cores_per_rank() == 16
@@ -153,10 +154,10 @@ def test_auto_counts_the_host_cores_of_this_rank_so_a_rank_with_few_takes_the_gp
 
 
 def test_auto_takes_a_gpu_backend_only_where_it_can_run(monkeypatch):
-    monkeypatch.setattr(select, "backend_available", lambda name: name != "nvdec")
+    monkeypatch.setattr(availability, "backend_available", lambda name: name != "nvdec")
     assert select.choose_backend(["h264"], "cuda", 16, (1920, 1080), host_cores=16) == "pyav", "DALI loses there"
     assert select.choose_backend(["h264"], "cuda", 16, (640, 480), host_cores=1) == "dali"
-    monkeypatch.setattr(select, "backend_available", lambda name: True)
+    monkeypatch.setattr(availability, "backend_available", lambda name: True)
     assert select.choose_backend(["hevc"], "cuda", 16, (112, 112), host_cores=1) == "pyav", "NVDEC refuses HEVC < 144"
     assert select.choose_backend(["h264"], "cpu", 16, (1920, 1080), host_cores=1) == "pyav"
     assert select.choose_backend(["vp9"], "cuda", 16, (1920, 1080), host_cores=1) == "pyav", "never measured"

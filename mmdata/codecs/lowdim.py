@@ -13,11 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
+from mmdata.errors import NpyError
+
 MAX_HEADER_BYTES = 65536
-
-
-class NpyError(ValueError):
-    """`.npy` bytes whose header is malformed or disagrees with their length or with what was expected."""
 
 
 def encode_npy(values: np.ndarray) -> bytes:

@@ -67,7 +67,7 @@ def creation_info(
     video: Any, layout: Layout, shard_bytes: int, sources: list[EpisodeSource], skipped: list
 ) -> dict[str, Any]:
     """`dataset.json`'s record of how the store was made (no times or hosts: equal inputs, equal stores)."""
-    from mmdata import __version__
+    from mmdata.version import __version__
 
     return {
         "tool": f"mmdata {__version__}",

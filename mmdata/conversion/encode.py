@@ -5,8 +5,7 @@ Every encoded stream offers `count` (frames, samples or rows), `t_start` and `t_
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import av
 import numpy as np
@@ -14,107 +13,17 @@ import pyarrow as pa
 
 from mmdata.checks import stream_name_problem
 from mmdata.codecs.audio import encode_flac, to_flac_samples
-from mmdata.codecs.packet_index import index_segment
 from mmdata.codecs.video_encode import VideoEncoding, encode_segments, padded_to_even
 from mmdata.errors import MmdataError, SourceError
 from mmdata.importers.episode import AudioSource, CameraSource, EpisodeSource, LowdimSource
 from mmdata.importers.limits import MAX_AUDIO_SECONDS_WITHOUT_VIDEO
 from mmdata.moments import Moments
-from mmdata.schema import AudioStream, LowdimStream, Stream, VideoStream, stream_from_dict, stream_to_dict
+from mmdata.schema import AudioStream, LowdimStream, VideoStream, stream_from_dict, stream_to_dict
+from mmdata.store.encoded import EncodedAudio, EncodedEpisode, EncodedLowdim, EncodedVideo, sample_period
 from mmdata.store.manifest import span_columns
 from mmdata.store.manifest_checks import time_problems
 
 RESERVED_NAMES = ("task",)
-
-
-@dataclass
-class EncodedVideo:
-    spec: VideoStream
-    segments: list[bytes]
-    segment_frames: list[int]
-    timestamps: np.ndarray
-
-    @property
-    def count(self) -> int:
-        return len(self.timestamps)
-
-    @property
-    def t_start(self) -> float:
-        return float(self.timestamps[0])
-
-    @property
-    def t_end(self) -> float:
-        return float(self.timestamps[-1] + 1.0 / self.spec.fps)
-
-    @property
-    def first_frames(self) -> list[int]:
-        """Index of each segment's first frame within the episode."""
-        return [int(f) for f in np.cumsum([0, *self.segment_frames[:-1]])]
-
-    def packet_records(self) -> list[dict[str, bytes | str] | None]:
-        """Each segment's packet index for the manifest (see `mmdata.codecs.packet_index`); None for a
-        segment whose packets are not one per frame, which readers then demux."""
-        records: list[dict[str, bytes] | None] = []
-        for data, frames in zip(self.segments, self.segment_frames):
-            index = index_segment(data)
-            records.append(index.to_record() if len(index) == frames else None)
-        return records
-
-
-@dataclass
-class EncodedAudio:
-    spec: AudioStream
-    data: bytes
-    count: int
-    t_start: float
-
-    @property
-    def t_end(self) -> float:
-        return self.t_start + self.count / self.spec.sample_rate
-
-
-@dataclass
-class EncodedLowdim:
-    spec: LowdimStream
-    values: np.ndarray
-    timestamps: np.ndarray
-
-    @property
-    def count(self) -> int:
-        return len(self.values)
-
-    @property
-    def t_start(self) -> float:
-        return float(self.timestamps[0]) if len(self.timestamps) else 0.0
-
-    @property
-    def t_end(self) -> float:
-        if len(self.timestamps) == 0:
-            return 0.0
-        return float(self.timestamps[-1] + _sample_period(self.timestamps, self.spec.rate))
-
-
-@dataclass
-class EncodedEpisode:
-    """An episode ready to be written: encoded video segments, audio bytes, low-dim arrays."""
-
-    position: int
-    source: str
-    task: str
-    metadata: dict[str, Any] = field(default_factory=dict)
-    videos: list[EncodedVideo] = field(default_factory=list)
-    audio: list[EncodedAudio] = field(default_factory=list)
-    lowdim: list[EncodedLowdim] = field(default_factory=list)
-    moments: dict[str, Moments] = field(default_factory=dict)
-
-    @property
-    def streams(self) -> list[Stream]:
-        return [s.spec for s in (*self.videos, *self.audio, *self.lowdim)]
-
-    @property
-    def duration(self) -> float:
-        ends = [s.t_end for s in (*self.videos, *self.audio, *self.lowdim)]
-        return max(ends, default=0.0)
 
 
 @dataclass(frozen=True)
@@ -260,14 +169,6 @@ def _lowdim_spec_problem(spec: LowdimStream) -> str | None:
     return None
 
 
-def _sample_period(timestamps: np.ndarray, rate: float | None) -> float:
-    if rate:
-        return 1.0 / rate
-    if len(timestamps) > 1:
-        return float(np.median(np.diff(timestamps)))
-    return 0.0
-
-
 def _check_store_times(source: EpisodeSource, episode: EncodedEpisode) -> None:
     """The episode's times as a reader of the store checks them (a duration of at most 7 days, each stream's
     span finite, inside the episode and not stretched far past its samples): a recording whose stamps jump
@@ -338,7 +239,7 @@ def _check_durations(source: EpisodeSource, episode: EncodedEpisode, tolerance: 
     """A low-dim stream must span the same time as the video, within tolerance plus a sample."""
     for stream, lowdim_source in zip(episode.lowdim, source.lowdim):
         span = stream.t_end - float(stream.timestamps[0]) if len(stream.timestamps) else 0.0
-        mismatch = _against_video(episode, span, _sample_period(stream.timestamps, stream.spec.rate), tolerance)
+        mismatch = _against_video(episode, span, sample_period(stream.timestamps, stream.spec.rate), tolerance)
         if mismatch:
             rate = f" at {stream.spec.rate:g} Hz" if stream.spec.rate else ""
             raise SourceError(

@@ -33,7 +33,7 @@ from mmdata.conversion.destination import (
     prepare_destination,
     refuse_overlap,
 )
-from mmdata.conversion.encode import EncodedEpisode, EncodeOptions, encode_or_error, worker_crashed
+from mmdata.conversion.encode import EncodeOptions, encode_or_error, worker_crashed
 from mmdata.conversion.ledger import ConversionLedger
 from mmdata.conversion.publish import default_staging, is_remote, publish, remove_staging
 from mmdata.errors import SourceError
@@ -41,6 +41,7 @@ from mmdata.importers.episode import EpisodeSource, source_files
 from mmdata.lifetime import exit_with_parent
 from mmdata.schema import Layout, Stream
 from mmdata.store.dataset import open_dataset
+from mmdata.store.encoded import EncodedEpisode
 from mmdata.store.filesystem import resolve
 from mmdata.store.layout import DATASET_FILE
 

@@ -39,12 +39,13 @@ from mmdata.conversion.destination import (
     prepare_remote_destination,
     refuse_overlap,
 )
-from mmdata.conversion.encode import EncodedEpisode, EncodeOptions, encode_or_error, worker_crashed
+from mmdata.conversion.encode import EncodeOptions, encode_or_error, worker_crashed
 from mmdata.conversion.ledger import ConversionLedger
 from mmdata.errors import DestinationError, MmdataError, SourceError
 from mmdata.importers.episode import EpisodeSource
 from mmdata.moments import Moments
 from mmdata.schema import Stream, stream_from_dict, stream_to_dict
+from mmdata.store.encoded import EncodedEpisode
 from mmdata.store.episode_file import episode_file_chunks, episode_from_bytes
 from mmdata.store.filesystem import join, resolve, write_bytes_atomically, write_text_atomically, writing_atomically
 from mmdata.store.layout import PARTIAL_DIR, SHARDS_DIR

@@ -19,6 +19,7 @@ from typing import Any
 import av
 import numpy as np
 
+from mmdata.errors import MessageError
 from mmdata.importers.arrays import decode_image
 
 COMPRESSED_IMAGES = ("sensor_msgs/msg/CompressedImage", "sensor_msgs/CompressedImage", "foxglove.CompressedImage")
@@ -28,10 +29,6 @@ PICTURE_SCHEMAS = COMPRESSED_IMAGES + RAW_IMAGES + VIDEO_PACKETS
 VIDEO_FORMATS = {"h264": "h264", "h265": "hevc", "hevc": "hevc", "vp9": "vp9", "av1": "libdav1d"}
 _RAW_LAYOUTS = {"rgb8": (3, None), "bgr8": (3, [2, 1, 0]), "rgba8": (4, [0, 1, 2]), "bgra8": (4, [2, 1, 0])}
 _GREY = ("mono8", "8UC1")
-
-
-class MessageError(ValueError):
-    """A message does not hold what its topic is read for; the message says what it holds."""
 
 
 def schema_kind(schema_name: str) -> str:

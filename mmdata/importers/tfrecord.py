@@ -20,7 +20,7 @@ from typing import Literal
 
 import numpy as np
 
-from mmdata.errors import MmdataError
+from mmdata.errors import TFRecordError
 from mmdata.store.checksum import crc32c
 
 MASK_DELTA = 0xA282EAD8
@@ -28,10 +28,6 @@ HEADER_BYTES = 12
 FOOTER_BYTES = 4
 
 VARINT, FIXED64, LENGTH_DELIMITED, FIXED32 = 0, 1, 2, 5
-
-
-class TFRecordError(MmdataError):
-    """A TFRecord file or an Example in it that cannot be read; the message names the file and the record."""
 
 
 def masked_crc32c(data: bytes | memoryview) -> int:

@@ -29,9 +29,10 @@ from torch.utils.data import IterableDataset, get_worker_info
 from mmdata.errors import MmdataError
 from mmdata.lifetime import exit_with_parent
 from mmdata.loading.collate import collate
-from mmdata.loading.read import FALLBACK_SAMPLES, MicroBatch, SampleReader, SampleRef
+from mmdata.loading.read import FALLBACK_SAMPLES, MicroBatch, SampleReader
 from mmdata.loading.timing import timed
 from mmdata.planning.planner import LoaderPlanner, RankSteps
+from mmdata.planning.samples import SampleRef
 from mmdata.store.filesystem import read_retries
 
 # Tensors at least this large cross from workers in shared memory; smaller ones inside the message.

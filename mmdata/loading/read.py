@@ -30,7 +30,7 @@ from mmdata.codecs.geometry import frame_geometry
 from mmdata.errors import DecodeError, MmdataError, SampleError
 from mmdata.loading.timing import timed
 from mmdata.planning.mixture import Filler, OpenSource
-from mmdata.planning.samples import audio_samples, grid_times
+from mmdata.planning.samples import SampleRef, audio_samples, grid_times
 from mmdata.planning.specs import Audio, Frames, Sequences, Spec, Values, Windows
 from mmdata.store.dataset import Dataset, FramePlan
 from mmdata.store.manifest import Piece
@@ -38,23 +38,6 @@ from mmdata.store.manifest import Piece
 OnError = Literal["raise", "skip"]
 # Samples planned after a micro-batch that a worker carries with it, to borrow from when all of its own fail.
 FALLBACK_SAMPLES = 32
-
-
-@dataclass(frozen=True)
-class SampleRef:
-    """A planned sample: its number in the loader's sample table, episode (row, key, shard), time span,
-    cost, source, and `draw` (seed, epoch, slot): what its random choices (crops) are drawn from."""
-
-    index: int
-    episode: int
-    key: str
-    shard: str
-    start: float
-    end: float
-    chunk: int
-    cost: int
-    source: int = 0
-    draw: tuple[int, int, int] = (0, 0, 0)
 
 
 @dataclass

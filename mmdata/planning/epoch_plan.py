@@ -16,11 +16,7 @@ from typing import Protocol
 
 import numpy as np
 
-from mmdata.errors import MmdataError
-
-
-class ResumeError(MmdataError):
-    """A saved loader state does not fit this loader (other data, spec or settings, or a corrupt state)."""
+from mmdata.errors import ResumeError
 
 
 class RankPlan(Protocol):

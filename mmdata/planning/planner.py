@@ -14,11 +14,10 @@ from typing import Literal
 
 import numpy as np
 
-from mmdata.loading.read import SampleRef
 from mmdata.planning.epoch_plan import EpochPlan, Stretch, plan_epoch
 from mmdata.planning.order import Shuffle, sample_order
 from mmdata.planning.packing import PackingConfig, plan_packing, plan_padded
-from mmdata.planning.samples import SampleTable
+from mmdata.planning.samples import SampleRef, SampleTable
 
 Composition = Callable[[int, int], np.ndarray]
 """(seed, epoch) -> the sample of each slot of the epoch."""

@@ -125,3 +125,20 @@ def _sequence_length(spec: Sequences, name: str, start: np.ndarray, end: np.ndar
         return end - start
     rate = spec.rate_of(name)
     return np.array([len(grid_times(a, b, rate)) for a, b in zip(start, end)], dtype=np.float64)
+
+
+@dataclass(frozen=True)
+class SampleRef:
+    """A planned sample: its number in the loader's sample table, episode (row, key, shard), time span,
+    cost, source, and `draw` (seed, epoch, slot): what its random choices (crops) are drawn from."""
+
+    index: int
+    episode: int
+    key: str
+    shard: str
+    start: float
+    end: float
+    chunk: int
+    cost: int
+    source: int = 0
+    draw: tuple[int, int, int] = (0, 0, 0)

@@ -20,7 +20,7 @@ from mmdata.codecs.align import INTERPOLATIONS, Interpolation
 from mmdata.codecs.geometry import INTERPOLATIONS as RESIZE_INTERPOLATIONS
 from mmdata.codecs.geometry import RESIZE_MODES, Crop, ResizeMode
 from mmdata.codecs.geometry import Interpolation as ResizeInterpolation
-from mmdata.errors import OptionError
+from mmdata.errors import SpecError
 from mmdata.schema import (
     MAX_AUDIO_RATE,
     MAX_FRAME_SIDE,
@@ -31,10 +31,6 @@ from mmdata.schema import (
     VideoStream,
 )
 from mmdata.store.manifest_checks import MAX_EPISODE_SECONDS
-
-
-class SpecError(OptionError):
-    """A sampling spec asks for something the store cannot give; the message says what to change."""
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,9 @@ import numpy as np
 
 from mmdata.checks import as_int, as_number, as_text, parse_json
 from mmdata.codecs.lowdim import NpyError, decode_npy, encode_npy
-from mmdata.conversion.encode import EncodedAudio, EncodedEpisode, EncodedLowdim, EncodedVideo
 from mmdata.errors import DestinationError
 from mmdata.schema import AudioStream, LowdimStream, VideoStream, stream_from_dict, stream_to_dict
+from mmdata.store.encoded import EncodedAudio, EncodedEpisode, EncodedLowdim, EncodedVideo
 from mmdata.store.filesystem import write_bytes_atomically
 
 MAGIC = b"MMDATA-EPISODE-1\n"

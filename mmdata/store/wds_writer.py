@@ -20,10 +20,10 @@ from typing import Any, BinaryIO
 from mmdata.checks import parse_json
 from mmdata.codecs.lowdim import encode_npy
 from mmdata.codecs.video_encode import VIDEO_CODECS
-from mmdata.conversion.encode import EncodedEpisode
 from mmdata.errors import DestinationError
 from mmdata.schema import Stream
 from mmdata.store.checksum import checksum_bytes
+from mmdata.store.encoded import EncodedEpisode
 from mmdata.store.filesystem import write_text_atomically
 from mmdata.store.layout import PARTIAL_DIR, SHARDS_DIR
 from mmdata.store.manifest import PACKETS_SUFFIX, Piece, base_row, episode_key, packets_column, span_columns

@@ -23,9 +23,9 @@ import numpy as np
 import zarr
 from zarr.codecs import BytesCodec, VLenBytesCodec, ZstdCodec
 
-from mmdata.conversion.encode import EncodedEpisode
 from mmdata.schema import LowdimStream, Stream
 from mmdata.store.checksum import checksum_array, checksum_bytes
+from mmdata.store.encoded import EncodedEpisode
 from mmdata.store.episode_file import read_episode_file, write_episode_file
 from mmdata.store.layout import PARTIAL_DIR
 from mmdata.store.manifest import Piece, base_row, packets_column, span_columns

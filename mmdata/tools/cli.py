@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mmdata import __version__
 from mmdata.errors import MmdataError
 from mmdata.tools import bench, convert, demo, inspect, stats, synth, verify
 from mmdata.tools.storage import apply_storage_options
+from mmdata.version import __version__
 
 TOOLS = (synth, convert, inspect, verify, stats, demo, bench)
 

@@ -7,6 +7,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any, Literal
 
+from mmdata.codecs.decoders.availability import backends_for_codec
 from mmdata.codecs.decoders.requests import ClipRequest, DecodeStats
 from mmdata.codecs.geometry import fit_frames
 from mmdata.errors import DecodeError, UnsupportedCodecError
@@ -33,8 +34,6 @@ class VideoDecoder(ABC):
 
     def check_codecs(self, codecs: Sequence[str]) -> None:
         """Fail now, at build time, for a codec this backend cannot decode, naming one that can."""
-        from mmdata.codecs.decoders.select import backends_for_codec
-
         for codec in codecs:
             if codec not in self.codecs:
                 able = [name for name in backends_for_codec(codec) if name != self.name]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import av
 import numpy as np
 
-from mmdata.codecs.decoders.pyav_decoder import check_stream
+from mmdata.codecs.decoders.packets import check_stream
 from mmdata.codecs.decoders.requests import ClipRequest, frames_decoded_from_key_frames
 from mmdata.codecs.packet_index import presentation_order
 from mmdata.errors import DecodeError

@@ -19,14 +19,12 @@ from typing import Any
 import av
 import numpy as np
 
+from mmdata.codecs.decoders.availability import DALI_CPU_CODECS, DALI_GPU_CODECS
 from mmdata.codecs.decoders.base import OnError, VideoDecoder
 from mmdata.codecs.decoders.concat import JoinedStream, group_by_parameters, join_segments, lone_segment
-from mmdata.codecs.decoders.pyav_decoder import probe_segment
+from mmdata.codecs.decoders.packets import probe_segment
 from mmdata.codecs.decoders.requests import ClipRequest
 from mmdata.errors import DecodeError, MmdataError
-
-DALI_GPU_CODECS = frozenset({"h264", "hevc", "vp9", "vp8", "av1", "mjpeg", "mpeg4"})
-DALI_CPU_CODECS = frozenset({"vp8", "vp9", "mjpeg"})
 
 # Every pipeline this process built, by id, held until its decoder lets go of it in this same process.
 # A forked child (a DataLoader worker) inherits these objects; were one destroyed there, even as garbage
@@ -44,22 +42,6 @@ def _let_go(keys: list[int], owner_pid: int) -> None:
     if os.getpid() == owner_pid:
         for key in keys:
             _HELD_PIPELINES.pop(key, None)
-
-
-def dali_available() -> bool:
-    try:
-        import nvidia.dali  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def cuda_available() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
 
 
 class DaliDecoder(VideoDecoder):

@@ -6,20 +6,11 @@ import io
 
 import numpy as np
 
+from mmdata.codecs.decoders.availability import DECORD_CODECS
 from mmdata.codecs.decoders.base import SequentialDecoder
-from mmdata.codecs.decoders.pyav_decoder import probe_segment
+from mmdata.codecs.decoders.packets import probe_segment
 from mmdata.codecs.decoders.requests import ClipRequest, frames_decoded_from_key_frames
 from mmdata.errors import DecodeError
-
-DECORD_CODECS = frozenset({"h264", "hevc", "vp9", "vp8", "av1", "mjpeg", "mpeg4"})
-
-
-def decord_available() -> bool:
-    try:
-        import decord  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 class DecordDecoder(SequentialDecoder):

@@ -23,27 +23,19 @@ import av
 import numpy as np
 
 from mmdata.codecs.bitstream import AnnexB, elementary_stream
+from mmdata.codecs.decoders.availability import NVDEC_CODECS
 from mmdata.codecs.decoders.base import OnError, VideoDecoder
-from mmdata.codecs.decoders.pyav_decoder import key_runs, probe_segment, request_rows, wanted_frames
+from mmdata.codecs.decoders.packets import key_runs, probe_segment, request_rows, wanted_frames
 from mmdata.codecs.decoders.requests import ClipRequest
 from mmdata.codecs.decoders.sessions import DecoderSession, SessionPool, Size
 from mmdata.codecs.nv12 import nv12_to_rgb
 from mmdata.codecs.packet_index import PacketIndex, index_segment
 from mmdata.errors import DecodeError
 
-NVDEC_CODECS = frozenset({"h264", "hevc", "vp9"})
 # NVDEC engines on an H100 or H200 (NVIDIA's Video Codec SDK support matrix): one session each.
 DEFAULT_SESSIONS = 7
 Packets = Sequence[tuple[bytes, int]]  # (elementary-stream bytes, frame shown), in decode order
 OpenSession = Callable[[str, Size], DecoderSession]
-
-
-def pynvvideocodec_available() -> bool:
-    try:
-        import PyNvVideoCodec  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 class NvdecDecoder(VideoDecoder):

@@ -6,64 +6,29 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from mmdata.codecs.decoders.base import VideoDecoder
-from mmdata.codecs.decoders.dali_decoder import (
-    DALI_CPU_CODECS,
-    DALI_GPU_CODECS,
-    DaliDecoder,
-    cuda_available,
+from mmdata.codecs.decoders import availability
+from mmdata.codecs.decoders.availability import (
+    BACKEND_CODECS,
+    CPU_PREFERENCE,
+    DEFAULT_CPU_PREFERENCE,
     dali_available,
+    pynvvideocodec_available,
 )
-from mmdata.codecs.decoders.decord_decoder import DECORD_CODECS, DecordDecoder, decord_available
+from mmdata.codecs.decoders.base import VideoDecoder
+from mmdata.codecs.decoders.dali_decoder import DaliDecoder
+from mmdata.codecs.decoders.decord_decoder import DecordDecoder
 from mmdata.codecs.decoders.hybrid import HybridDecoder, RateSplit
 from mmdata.codecs.decoders.measured import nearest_cell, nvdec_opens
-from mmdata.codecs.decoders.nvdec import NVDEC_CODECS, NvdecDecoder, pynvvideocodec_available
-from mmdata.codecs.decoders.pyav_decoder import PYAV_CODECS, PyAvDecoder
+from mmdata.codecs.decoders.nvdec import NvdecDecoder
+from mmdata.codecs.decoders.pyav_decoder import PyAvDecoder
 from mmdata.errors import MmdataError, UnsupportedCodecError
 
 BACKEND_NAMES = ("auto", "dali", "nvdec", "dali-cpu", "pyav", "decord", "hybrid")
-_CODECS = {
-    "dali": DALI_GPU_CODECS,
-    "nvdec": NVDEC_CODECS,
-    "dali-cpu": DALI_CPU_CODECS,
-    "pyav": PYAV_CODECS,
-    "decord": DECORD_CODECS,
-}
 
-# Fastest CPU backend first, per codec, as measured by benchmarks/decode_bench.py
-# (benchmarks/results/decode_cpu.json; the reasons are in docs/architecture.md).
-CPU_PREFERENCE: dict[str, tuple[str, ...]] = {
-    "h264": ("pyav", "decord"),
-    "hevc": ("pyav", "decord"),
-    "vp9": ("pyav", "dali-cpu", "decord"),
-}
-_DEFAULT_CPU_PREFERENCE = ("pyav", "decord", "dali-cpu")
 
 # A GPU backend is chosen over the host's cores only when the measured table says it delivers this much more:
 # single measurements on a shared machine vary by about 15%, and a GPU left to the trainer is worth something.
 GPU_MARGIN = 1.2
-
-
-def backend_available(name: str) -> bool:
-    """Whether `name` can run here: its library is installed and, for "dali", a CUDA GPU is visible."""
-    if name == "pyav":
-        return True
-    if name == "decord":
-        return decord_available()
-    if name == "dali-cpu":
-        return dali_available()
-    if name in ("dali", "hybrid"):
-        return dali_available() and cuda_available()
-    if name == "nvdec":
-        return pynvvideocodec_available() and cuda_available()
-    return False
-
-
-def backends_for_codec(codec: str) -> list[str]:
-    """The backends available here that decode `codec`: the GPU ones, then the CPU ones fastest first."""
-    order = ["dali", "nvdec", *CPU_PREFERENCE.get(codec, _DEFAULT_CPU_PREFERENCE)]
-    order += [name for name in _CODECS if name not in order]
-    return [name for name in order if codec in _CODECS[name] and backend_available(name)]
 
 
 def host_cores_per_rank() -> int:
@@ -102,9 +67,9 @@ def choose_backend(
     cores = host_cores if host_cores is not None else host_cores_per_rank()
     best, best_rate = cpu, min(cell.pyav_per_core for cell in cells) * cores * GPU_MARGIN
     for name in ("nvdec", "dali"):
-        eligible = all(codec in _CODECS[name] and nvdec_opens(codec, frame_size) for codec in codecs)
+        eligible = all(codec in BACKEND_CODECS[name] and nvdec_opens(codec, frame_size) for codec in codecs)
         rate = min(getattr(cell, name) for cell in cells)
-        if eligible and rate > best_rate and backend_available(name):
+        if eligible and rate > best_rate and availability.backend_available(name):
             best, best_rate = name, rate
     return best
 
@@ -112,8 +77,8 @@ def choose_backend(
 def _cpu_backend(codecs: list[str]) -> str:
     """The fastest installed CPU backend that decodes every codec."""
     first = codecs[0] if codecs else "h264"
-    for name in [*CPU_PREFERENCE.get(first, _DEFAULT_CPU_PREFERENCE), "pyav"]:
-        if backend_available(name) and all(c in _CODECS[name] for c in codecs):
+    for name in [*CPU_PREFERENCE.get(first, DEFAULT_CPU_PREFERENCE), "pyav"]:
+        if availability.backend_available(name) and all(c in BACKEND_CODECS[name] for c in codecs):
             return name
     raise UnsupportedCodecError(f"no installed decoder reads all of {', '.join(codecs)}")
 
@@ -140,7 +105,7 @@ def make_video_decoder(
         raise MmdataError(f"unknown decoder '{name}'; choose one of {', '.join(BACKEND_NAMES)}")
     if name == "auto":
         name = choose_backend(codecs, device, frames_per_request, frame_size)
-    if not backend_available(name):
+    if not availability.backend_available(name):
         raise MmdataError(_why_unavailable(name))
     if name == "hybrid":
         helpers = options.pop("helpers", 1)
