@@ -156,8 +156,10 @@ def test_every_exception_class_is_defined_in_errors():
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ClassDef) and any(
-                isinstance(base, ast.Name) and (base.id.endswith(("Error", "Exception")))
-                or isinstance(base, ast.Attribute) and base.attr.endswith(("Error", "Exception"))
+                isinstance(base, ast.Name)
+                and (base.id.endswith(("Error", "Exception")))
+                or isinstance(base, ast.Attribute)
+                and base.attr.endswith(("Error", "Exception"))
                 for base in node.bases
             ):
                 elsewhere.append(f"{module}.{node.name}")

@@ -137,7 +137,7 @@ def test_damaged_frame_runs_in_a_stores_metadata_are_named(damage, tmp_path):
 def test_episodes_spread_over_data_files_read_back_as_lerobot_gives_them(tmp_path, monkeypatch):
     """Episodes 0 and 2 in one data file and episode 1 in another, discovery keeping one file's index columns
     at a time: the file of episodes 0 and 2 is read again after episode 1's, and every frame is still right."""
-    import mmdata.importers.lerobot as importer
+    import mmdata.importers.lerobot_folders as importer
 
     source = shutil.copytree(TASK_FIXTURES[0], tmp_path / "spread")
     data = pq.read_table(source / "data" / "chunk-000" / "file-000.parquet")

@@ -17,14 +17,13 @@ from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from fsspec.implementations.local import LocalFileSystem
 from tqdm import tqdm
 
-from mmdata.conversion.completion import complete_store, creation_info, source_bytes, store_bytes, store_schema
+from mmdata.conversion.completion import complete_store, source_bytes, store_bytes, store_schema
 from mmdata.conversion.destination import (
     check_converted_sources,
     check_remote_destination,
@@ -35,17 +34,16 @@ from mmdata.conversion.destination import (
 )
 from mmdata.conversion.encode import EncodeOptions, encode_or_error, worker_crashed
 from mmdata.conversion.ledger import ConversionLedger
+from mmdata.conversion.options import ConversionReport, ConvertOptions
 from mmdata.conversion.publish import default_staging, is_remote, publish, remove_staging
 from mmdata.errors import SourceError
 from mmdata.importers.episode import EpisodeSource, source_files
 from mmdata.lifetime import exit_with_parent
-from mmdata.schema import Layout, Stream
+from mmdata.schema import Stream
 from mmdata.store.dataset import open_dataset
 from mmdata.store.encoded import EncodedEpisode
 from mmdata.store.filesystem import resolve
 from mmdata.store.layout import DATASET_FILE
-
-Engine = Literal["local", "ray"]
 
 
 class StoreWriter(Protocol):
@@ -59,49 +57,6 @@ class StoreWriter(Protocol):
 
     def finish(self, checkpoint: dict[str, Any], streams: list[Stream]) -> list[dict[str, Any]]:
         """Make everything durable; return the manifest rows in episode order."""
-
-
-@dataclass(frozen=True)
-class ConvertOptions:
-    """Everything that shapes the output; `skip_bad`, `workers`, `progress`, `staging` (the local
-    folder a conversion into object storage is made in), `engine` ("local": a process pool on this
-    machine; "ray": a Ray cluster, see `mmdata.conversion.ray_engine`) and `ray_address` do not."""
-
-    layout: Layout = "wds"
-    encode: EncodeOptions = EncodeOptions()
-    shard_bytes: int = 1 << 30
-    workers: int | None = None
-    skip_bad: bool = False
-    resume: bool = False
-    overwrite: bool = False
-    progress: bool = True
-    staging: str | None = None
-    engine: Engine = "local"
-    ray_address: str | None = None
-
-    def fingerprint(self, sources: list[EpisodeSource]) -> dict[str, Any]:
-        return {
-            "layout": self.layout,
-            "encode": asdict(self.encode),
-            "shard_bytes": self.shard_bytes if self.layout == "wds" else None,
-            "episodes": [s.name for s in sources],
-        }
-
-    def creation_info(self, sources: list[EpisodeSource], skipped: list) -> dict[str, Any]:
-        return creation_info(self.encode.video, self.layout, self.shard_bytes, sources, skipped)
-
-
-@dataclass
-class ConversionReport:
-    destination: str
-    layout: str
-    converted: int
-    skipped: list[dict[str, str]] = field(default_factory=list)
-    seconds: float = 0.0
-    input_bytes: int = 0
-    output_bytes: int = 0
-    resumed_at: int = 0
-    stats_problem: str | None = None
 
 
 def convert(

@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
@@ -41,6 +41,7 @@ from mmdata.conversion.destination import (
 )
 from mmdata.conversion.encode import EncodeOptions, encode_or_error, worker_crashed
 from mmdata.conversion.ledger import ConversionLedger
+from mmdata.conversion.options import ConversionReport, ConvertOptions
 from mmdata.errors import DestinationError, MmdataError, SourceError
 from mmdata.importers.episode import EpisodeSource
 from mmdata.moments import Moments
@@ -60,9 +61,6 @@ from mmdata.store.wds_writer import (
     sidecar_name,
     starts_new_shard,
 )
-
-if TYPE_CHECKING:
-    from mmdata.conversion.pipeline import ConversionReport, ConvertOptions
 
 ENCODED_DIR = f"{PARTIAL_DIR}/encoded"
 TASK_RETRIES = 3
@@ -149,7 +147,6 @@ def convert_on_ray(
     source_stats: dict[str, Any] | None,
 ) -> ConversionReport:
     """`mmdata.conversion.pipeline.convert` with the episodes encoded on a Ray cluster (see the module)."""
-    from mmdata.conversion.pipeline import ConversionReport
 
     started = time.perf_counter()
     fs, root = resolve(destination)

@@ -64,7 +64,7 @@ def discover_episodes(
     RLDS dataset's cameras (default: every image under `observation/`), `topic_map` an MCAP log's
     streams (default: `mcap_log.default_topic_map`)."""
     from mmdata.importers.hdf5 import discover_hdf5_episodes
-    from mmdata.importers.lerobot import discover_lerobot_episodes
+    from mmdata.importers.lerobot_folders import discover_lerobot_episodes
     from mmdata.importers.mcap_log import discover_mcap_episodes
     from mmdata.importers.rlds import discover_rlds_episodes
     from mmdata.importers.zarr_replay import discover_replay_episodes
@@ -89,7 +89,7 @@ def discover_episodes(
 def shipped_stats(path: str | Path, source_format: str = "auto") -> dict | None:
     """Normalization statistics the source format ships, keyed by format (LeRobot's `meta/stats.json`
     as `{"lerobot": ...}`); None when it ships none."""
-    from mmdata.importers.lerobot import lerobot_stats
+    from mmdata.importers.lerobot_folders import lerobot_stats
 
     if source_format == "auto":
         source_format = detect_format(path)

@@ -24,6 +24,7 @@ from mmdata.importers.limits import (
     MAX_LOWDIM_BYTES,
     frame_size_problem,
 )
+from mmdata.importers.zarr_groups import missing_codec, open_replay_group
 
 
 @dataclass(frozen=True)
@@ -122,8 +123,6 @@ class ZarrArray:
             raise self._failure(episode, exc) from exc
 
     def _array(self, episode: str):
-        from mmdata.importers.zarr_replay import open_replay_group
-
         try:
             return open_replay_group(self.path)[self.key]
         except KeyError as exc:
@@ -132,8 +131,6 @@ class ZarrArray:
             raise self._failure(episode, exc) from exc
 
     def _failure(self, episode: str, exc: Exception) -> SourceError:
-        from mmdata.importers.zarr_replay import missing_codec
-
         missing = missing_codec(exc)
         if missing is not None:
             return SourceError(episode, self.where(), str(missing), "pip install imagecodecs")

@@ -8,15 +8,14 @@ JPEG 2000) need the `imagecodecs` package, which registers them with numcodecs.
 
 from __future__ import annotations
 
-import functools
-import warnings
 from pathlib import Path
 
 import numpy as np
 
-from mmdata.errors import MissingDependencyError, SourceError
+from mmdata.errors import SourceError
 from mmdata.importers.arrays import ArrayCameraSource, ArrayLowdimSource, ZarrArray
 from mmdata.importers.episode import EpisodeSource
+from mmdata.importers.zarr_groups import missing_codec, open_replay_group
 
 MAX_EPISODES = 10_000_000
 
@@ -25,21 +24,6 @@ def is_replay_buffer(path: Path) -> bool:
     if path.suffix == ".zip" or path.name.endswith(".zarr.zip"):
         return True
     return any((path / "meta" / "episode_ends" / marker).exists() for marker in ("zarr.json", ".zarray"))
-
-
-@functools.lru_cache(maxsize=8)
-def open_replay_group(path: str):
-    """The root group of a replay buffer (Zarr v2 or v3, folder or zip), read-only."""
-    import zarr
-
-    _register_imagecodecs()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        if path.endswith(".zip"):
-            from zarr.storage import ZipStore
-
-            return zarr.open_group(ZipStore(path, mode="r"), mode="r")
-        return zarr.open_group(path, mode="r")
 
 
 def discover_replay_episodes(path: str | Path, fps: float | None, task: str = "") -> list[EpisodeSource]:
@@ -111,23 +95,3 @@ def _episode_ends(array, path: Path) -> np.ndarray:
             f"is {dtype} {shape}, not a list of at most {MAX_EPISODES} integer row ends",
         )
     return np.asarray(array[:], dtype=np.int64)
-
-
-def _register_imagecodecs() -> None:
-    """Let numcodecs decode imagecodecs-compressed images when the package is installed."""
-    try:
-        from imagecodecs.numcodecs import register_codecs
-    except ImportError:
-        return
-    register_codecs()
-
-
-def missing_codec(error: Exception) -> MissingDependencyError | None:
-    """A clear error when an array's codec is one the `imagecodecs` package provides and it is missing."""
-    text = str(error)
-    if "imagecodecs" in text.lower() or "jpegxl" in text.lower() or "jpeg2k" in text.lower():
-        return MissingDependencyError(
-            f"compressed with a codec this installation lacks ({text.strip()}); JPEG-XL and JPEG 2000"
-            " images are decoded by the 'imagecodecs' package"
-        )
-    return None

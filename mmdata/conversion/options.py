@@ -1,0 +1,57 @@
+"""What a conversion is asked to do (`ConvertOptions`) and what it reports (`ConversionReport`),
+shared by both engines: the local process pool (`pipeline`) and Ray (`ray_engine`)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from mmdata.conversion.completion import creation_info
+from mmdata.conversion.encode import EncodeOptions
+from mmdata.importers.episode import EpisodeSource
+from mmdata.schema import Layout
+
+Engine = Literal["local", "ray"]
+
+
+@dataclass(frozen=True)
+class ConvertOptions:
+    """Everything that shapes the output; `skip_bad`, `workers`, `progress`, `staging` (the local
+    folder a conversion into object storage is made in), `engine` ("local": a process pool on this
+    machine; "ray": a Ray cluster, see `mmdata.conversion.ray_engine`) and `ray_address` do not."""
+
+    layout: Layout = "wds"
+    encode: EncodeOptions = EncodeOptions()
+    shard_bytes: int = 1 << 30
+    workers: int | None = None
+    skip_bad: bool = False
+    resume: bool = False
+    overwrite: bool = False
+    progress: bool = True
+    staging: str | None = None
+    engine: Engine = "local"
+    ray_address: str | None = None
+
+    def fingerprint(self, sources: list[EpisodeSource]) -> dict[str, Any]:
+        return {
+            "layout": self.layout,
+            "encode": asdict(self.encode),
+            "shard_bytes": self.shard_bytes if self.layout == "wds" else None,
+            "episodes": [s.name for s in sources],
+        }
+
+    def creation_info(self, sources: list[EpisodeSource], skipped: list) -> dict[str, Any]:
+        return creation_info(self.encode.video, self.layout, self.shard_bytes, sources, skipped)
+
+
+@dataclass
+class ConversionReport:
+    destination: str
+    layout: str
+    converted: int
+    skipped: list[dict[str, str]] = field(default_factory=list)
+    seconds: float = 0.0
+    input_bytes: int = 0
+    output_bytes: int = 0
+    resumed_at: int = 0
+    stats_problem: str | None = None
