@@ -30,8 +30,10 @@ _EXPORTS = {
     "TextStream": "mmdata.schema",
     "VideoStream": "mmdata.schema",
     "Dataset": "mmdata.store.dataset",
-    "EpisodeData": "mmdata.store.dataset",
-    "StreamData": "mmdata.store.dataset",
+    "EpisodeData": "mmdata.store.handle",
+    "Store": "mmdata.store.handle",
+    "open_store": "mmdata.store.handle",
+    "StreamData": "mmdata.store.handle",
     "open_dataset": "mmdata.store.dataset",
     "ReadPolicy": "mmdata.store.filesystem",
     "Audio": "mmdata.planning.specs",
@@ -76,6 +78,7 @@ __all__ = [
     "SourceError",
     "SpecError",
     "StepTimer",
+    "Store",
     "StoreError",
     "StreamData",
     "TextStream",
@@ -84,6 +87,7 @@ __all__ = [
     "VideoStream",
     "Windows",
     "open_dataset",
+    "open_store",
 ]
 
 if TYPE_CHECKING:
@@ -109,8 +113,9 @@ if TYPE_CHECKING:
     from mmdata.planning.mixture import Mixture, Source
     from mmdata.planning.specs import Audio, Frames, Resize, Sequences, Values, Windows
     from mmdata.schema import AudioStream, DatasetSchema, LowdimStream, TextStream, VideoStream
-    from mmdata.store.dataset import Dataset, EpisodeData, StreamData, open_dataset
+    from mmdata.store.dataset import Dataset, open_dataset
     from mmdata.store.filesystem import ReadPolicy
+    from mmdata.store.handle import EpisodeData, Store, StreamData, open_store
 
 
 def __getattr__(name: str) -> Any:

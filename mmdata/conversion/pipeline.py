@@ -40,9 +40,9 @@ from mmdata.errors import SourceError
 from mmdata.importers.episode import EpisodeSource, source_files
 from mmdata.lifetime import exit_with_parent
 from mmdata.schema import Stream
-from mmdata.store.dataset import open_dataset
 from mmdata.store.encoded import EncodedEpisode
 from mmdata.store.filesystem import resolve
+from mmdata.store.handle import open_store
 from mmdata.store.layout import DATASET_FILE
 
 
@@ -110,7 +110,7 @@ def _convert_to_object_storage(
     report.seconds += time.perf_counter() - started
     report.destination = url
     if not report.converted:
-        report.converted = open_dataset(str(local)).schema.num_episodes
+        report.converted = open_store(str(local)).schema.num_episodes
     remove_staging(local)
     return report
 

@@ -34,7 +34,8 @@ from mmdata.planning.episodes import Episodes
 from mmdata.planning.mixture import Mixture, Source
 from mmdata.planning.specs import MAX_OFFSETS, Frames, SpecError, Values, Windows
 from mmdata.schema import LowdimStream, VideoStream
-from mmdata.store.dataset import Dataset, open_dataset
+from mmdata.store.dataset import Dataset
+from mmdata.store.handle import Store, open_store
 from mmdata.store.statistics import read_stats, stream_figures
 
 ImageFormat = Literal["float", "uint8"]
@@ -54,7 +55,7 @@ class LeRobotLoader:
 
     def __init__(
         self,
-        dataset: str | Dataset,
+        dataset: str | Store | Dataset,
         delta_timestamps: Mapping[str, Sequence[float]] | None = None,
         *,
         batch_size: int,
@@ -68,7 +69,8 @@ class LeRobotLoader:
     ):
         if images not in ("float", "uint8"):
             raise SpecError(f"images is 'float' or 'uint8', not {images!r}")
-        self.dataset = dataset if isinstance(dataset, Dataset) else open_dataset(dataset)
+        given = dataset.store if isinstance(dataset, Dataset) else dataset
+        self.dataset = given if isinstance(given, Store) else open_store(given)
         self.delta_timestamps = _checked_delta_timestamps(delta_timestamps)
         self.images = images
         renamed = dict(streams or {})

@@ -16,7 +16,7 @@ import numpy as np
 
 from mmdata.checks import as_int
 from mmdata.errors import IntegrityError
-from mmdata.store.dataset import Dataset
+from mmdata.store.handle import Store
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class EpisodeNumbering:
     texts: dict[str, FrameRuns]  # LeRobot `string` features
 
     @classmethod
-    def of(cls, dataset: Dataset, fps: float) -> EpisodeNumbering:
+    def of(cls, dataset: Store, fps: float) -> EpisodeNumbering:
         rows = [dataset.manifest.row(i) for i in range(dataset.schema.num_episodes)]
         frames = [int(round(float(row["duration"]) * fps)) for row in rows]
         counted = np.concatenate([[0], np.cumsum(frames)[:-1]]).astype(np.int64)

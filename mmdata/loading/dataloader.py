@@ -148,17 +148,13 @@ class DataLoader:
             raise OptionError("a mixture filters episodes per source: give Source(..., episodes=...) instead")
         self.mixture = dataset if isinstance(dataset, Mixture) else None
         mixture = self.mixture or Mixture([Source(dataset, episodes=episodes)])
-        # a Dataset the caller passes is copied, so giving it the loader's decoder leaves theirs alone
         self.sources = open_sources(mixture, verify, cache_bytes)
-        self.dataset = self.sources[0].dataset
+        self.store = self.sources[0].store
         self.fillers = check_sources(spec, self.sources)
         self.decoder = self._build_decoder(decoder)
         if decode_in not in (None, "workers", "main"):
             raise OptionError(f"decode_in is 'workers' or 'main', not '{decode_in}'")
         self.decode_in_main = decode_in == "main" if decode_in else self.decoder.device == "gpu"
-        if not self.decode_in_main:
-            for source in self.sources:
-                source.dataset.decoder = self.decoder
         self.excluded: dict = {}
         self.samples: SampleTable = concatenate_samples([self._source_samples(s) for s in self.sources])
         self.costs = self.samples.costs(tokens_per)
@@ -179,8 +175,8 @@ class DataLoader:
         if self.mixture is not None:
             composition = functools.partial(epoch_composition, self.samples.source, self.source_targets)
         batching = Batching(batch_tokens, batch_size, balance, shuffle, shuffle_window, shards_per_group)
-        keys = [s.dataset.table.column("key").to_pylist() for s in self.sources]
-        shards = [s.dataset.table.column("shard").to_pylist() for s in self.sources]
+        keys = [s.store.table.column("key").to_pylist() for s in self.sources]
+        shards = [s.store.table.column("shard").to_pylist() for s in self.sources]
         self.planner = LoaderPlanner(self.samples, self.costs, keys, shards, batching, composition)
         settings = [
             spec.describe(),
@@ -189,7 +185,7 @@ class DataLoader:
             [batch_tokens, batch_size, balance, shuffle, shuffle_window, shards_per_group],
         ]
         if self.mixture is None:
-            table = self.dataset.table
+            table = self.store.table
             self._fingerprint = fingerprint(keys[0], table.column("duration").to_pylist(), *settings)
         else:
             self._fingerprint = fingerprint(describe_sources(self.sources), self.mixture.describe(), *settings)
@@ -201,21 +197,21 @@ class DataLoader:
 
     def _source_samples(self, source: OpenSource) -> SampleTable:
         """The samples of one source's selected, undamaged episodes; damaged ones are refused or left out."""
-        table = source.dataset.table
+        table = source.store.table
         selected = source.episodes.select(table) if source.episodes is not None else np.arange(table.num_rows)
-        damaged = {int(i): source.dataset.damaged[int(i)] for i in selected if int(i) in source.dataset.damaged}
+        damaged = {int(i): source.store.damaged[int(i)] for i in selected if int(i) in source.store.damaged}
         label = "" if self.mixture is None else f"source '{source.name}': "
         if damaged and self.on_error == "raise":
             raise StoreError(
                 f"{label}{len(damaged)} episode(s) have inconsistent manifest rows, the first: "
-                f"{next(iter(damaged.values()))}; run `mmdata verify {source.dataset.url}`, or pass"
+                f"{next(iter(damaged.values()))}; run `mmdata verify {source.store.url}`, or pass"
                 " on_error='skip' to leave them out of every epoch (they are listed in stats()['excluded_episodes'])"
             )
         self.excluded.update({(i if self.mixture is None else f"{source.name}/{i}"): m for i, m in damaged.items()})
         if damaged and len(damaged) == len(selected):
             raise StoreError(
                 f"{label}all {len(selected)} selected episode(s) were left out as damaged (on_error='skip'), the first:"
-                f" {next(iter(damaged.values()))}; run `mmdata verify {source.dataset.url}` and convert the store again"
+                f" {next(iter(damaged.values()))}; run `mmdata verify {source.store.url}` and convert the store again"
             )
         selected = np.asarray([i for i in selected if int(i) not in damaged], dtype=np.int64)
         try:
@@ -227,7 +223,7 @@ class DataLoader:
 
     def _build_decoder(self, decoder: str | VideoDecoder) -> VideoDecoder:
         cameras = [
-            source.dataset.schema.stream(source.streams[n])
+            source.store.schema.stream(source.streams[n])
             for n, s in self.spec.streams.items()
             if isinstance(s, Frames)
             for source in self.sources
@@ -333,7 +329,7 @@ class DataLoader:
         planning = time.perf_counter()
         steps = self.planner.rank_steps(plan, self.rank)
         reader = self._reader = SampleReader(
-            self.sources, self.spec, self.fillers, self.on_error, self.decode_in_main, self.decoder
+            self.sources, self.spec, self.fillers, self.decoder, self.on_error, self.decode_in_main
         )
         collate_options = {
             "layout": self.layout,

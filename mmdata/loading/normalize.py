@@ -27,7 +27,7 @@ def attach_normalizers(
     wanted = {n: s for n, s in spec.streams.items() if isinstance(s, Values) and s.normalize is not None}
     if not wanted:
         return
-    stats = {id(source): read_stats(source.dataset) for source in sources if set(wanted) & set(source.streams)}
+    stats = {id(source): read_stats(source.store) for source in sources if set(wanted) & set(source.streams)}
     for name, stream in wanted.items():
         having = [(s, share) for s, share in zip(sources, shares) if name in s.streams]
         if normalize_with == "pooled" and len(having) > 1:
@@ -37,10 +37,8 @@ def attach_normalizers(
             continue
         for source, _ in having:
             stored = source.streams[name]
-            width = int(np.prod(source.dataset.schema.stream(stored).shape))
-            source.normalizers[name] = normalizer(
-                stats[id(source)], stored, stream.normalize, width, source.dataset.url
-            )
+            width = int(np.prod(source.store.schema.stream(stored).shape))
+            source.normalizers[name] = normalizer(stats[id(source)], stored, stream.normalize, width, source.store.url)
 
 
 def _pooled(name: str, stream: Values, having: list[tuple[dict, OpenSource, float]]) -> tuple[np.ndarray, np.ndarray]:
@@ -52,7 +50,7 @@ def _pooled(name: str, stream: Values, having: list[tuple[dict, OpenSource, floa
         )
     figures = []
     for stats, source, share in having:
-        where = f"{source.dataset.url}/{STATS_FILE}"
+        where = f"{source.store.url}/{STATS_FILE}"
         stored = stream_figures(stats, source.streams[name], ("mean", "std", "min", "max"), where)
         figures.append(stored | {"share": share})
     widths = {len(f["mean"]) for f in figures}

@@ -32,7 +32,7 @@ from mmdata.loading.timing import timed
 from mmdata.planning.mixture import Filler, OpenSource
 from mmdata.planning.samples import SampleRef, audio_samples, grid_times
 from mmdata.planning.specs import Audio, Frames, Sequences, Spec, Values, Windows
-from mmdata.store.dataset import Dataset, FramePlan
+from mmdata.store.handle import FramePlan, assemble_frames_at
 from mmdata.store.manifest import Piece
 
 OnError = Literal["raise", "skip"]
@@ -97,9 +97,9 @@ class SampleReader:
         sources: Sequence[OpenSource],
         spec: Spec,
         fillers: dict[str, Filler],
+        video_decoder: VideoDecoder,
         on_error: OnError = "raise",
         defer_video: bool = False,
-        video_decoder: VideoDecoder | None = None,
     ):
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error is 'raise' or 'skip', not '{on_error}'")
@@ -108,11 +108,11 @@ class SampleReader:
         self.fillers = fillers
         self.on_error = on_error
         self.defer_video = defer_video
-        self.video_decoder = video_decoder or self.sources[0].dataset.decoder
+        self.video_decoder = video_decoder
 
     @property
     def bytes_read(self) -> int:
-        return sum(source.dataset.pieces.bytes_read for source in self.sources)
+        return sum(source.store.pieces.bytes_read for source in self.sources)
 
     def read(
         self,
@@ -131,7 +131,7 @@ class SampleReader:
         return batch
 
     def _task(self, sample: SampleRef) -> str:
-        return self.sources[sample.source].dataset.manifest.row(sample.episode)["task"]
+        return self.sources[sample.source].store.manifest.row(sample.episode)["task"]
 
     def settle(self, batch: MicroBatch) -> None:
         """Put a substitute in place of every failed sample (see `replace_failed`); when all of them
@@ -176,14 +176,14 @@ class SampleReader:
             self._read_each_stream(batch)
         finally:
             for source in self.sources:
-                source.dataset.pieces.forget()
+                source.store.pieces.forget()
 
     def _prefetch_segments(self, batch: MicroBatch) -> None:
         """Hand each store the pieces the micro-batch will read, so that from object storage they arrive in
         a few coalesced requests instead of one round trip each: first every piece the manifest rows point
         to (timestamps, low-dim and audio data, and the segments likely holding the frames), then the
         segments the stored timestamps show were missed."""
-        if not any(source.dataset.pieces.fetches_ahead for source in self.sources):
+        if not any(source.store.pieces.fetches_ahead for source in self.sources):
             return
         with timed(batch.seconds, "read"):
             self._prefetch(batch, self._pieces_ahead)
@@ -193,24 +193,24 @@ class SampleReader:
         wanted: dict[int, list[Piece]] = {}
         for sample in upcoming:
             source = self.sources[sample.source]
-            if source.dataset.pieces.fetches_ahead:
+            if source.store.pieces.fetches_ahead:
                 with contextlib.suppress(MmdataError, OSError):  # the sample's own read reports it
                     wanted.setdefault(sample.source, []).extend(self._pieces_ahead(sample, source))
         for number, pieces in wanted.items():
-            self.sources[number].dataset.pieces.prefetch_ahead(pieces)
+            self.sources[number].store.pieces.prefetch_ahead(pieces)
 
     def _prefetch(self, batch: MicroBatch, pieces_of: Callable[[SampleRef, OpenSource], list[Piece]]) -> None:
         wanted: dict[int, list[Piece]] = {}
         for sample in batch.samples:
             source = self.sources[sample.source]
-            if not source.dataset.pieces.fetches_ahead:
+            if not source.store.pieces.fetches_ahead:
                 continue
             try:
                 wanted.setdefault(sample.source, []).extend(pieces_of(sample, source))
             except (MmdataError, OSError):
                 continue  # reported by the read itself
         for number, pieces in wanted.items():
-            self.sources[number].dataset.pieces.prefetch(pieces)
+            self.sources[number].store.pieces.prefetch(pieces)
 
     def _pieces_ahead(self, sample: SampleRef, source: OpenSource) -> list[Piece]:
         streams: dict[str, np.ndarray | None] = {}
@@ -218,7 +218,7 @@ class SampleReader:
             stored = source.streams.get(name)
             if stored is not None:
                 streams[stored] = self._times(sample, name, stream) if isinstance(stream, Frames) else None
-        return source.dataset.pieces_ahead(sample.episode, streams)
+        return source.store.pieces_ahead(sample.episode, streams)
 
     def _frame_pieces(self, sample: SampleRef, source: OpenSource) -> list[Piece]:
         pieces = []
@@ -226,7 +226,7 @@ class SampleReader:
             stored = source.streams.get(name)
             if isinstance(stream, Frames) and stored is not None:
                 times = self._times(sample, name, stream)
-                pieces += source.dataset.frame_pieces(sample.episode, stored, times, stream.tolerance)
+                pieces += source.store.frame_pieces(sample.episode, stored, times, stream.tolerance)
         return pieces
 
     def _read_each_stream(self, batch: MicroBatch) -> None:
@@ -270,7 +270,7 @@ class SampleReader:
                 else f"source '{source.name}', " + sample_place(sample, stream)
             )
             message = (
-                f"{where}: {exc}; run `mmdata verify {source.dataset.url}` to list every"
+                f"{where}: {exc}; run `mmdata verify {source.store.url}` to list every"
                 " damaged episode, or pass on_error='skip'"
             )
             if self.on_error == "raise":
@@ -284,10 +284,10 @@ class SampleReader:
         stored = source.streams.get(name)
         if stored is None:
             return FramePlan([], np.zeros(len(times), np.int64), times, np.ones(len(times), bool))
-        plan = source.dataset.plan_frames(sample.episode, stored, times, stream.tolerance)
+        plan = source.store.plan_frames(sample.episode, stored, times, stream.tolerance)
         if stream.resize is None:
             return plan
-        camera = source.dataset.schema.stream(stored)
+        camera = source.store.schema.stream(stored)
         resize = stream.resize
         rng = np.random.default_rng([*sample.draw, zlib.crc32(name.encode())]) if resize.crop else None
         geometry = frame_geometry(
@@ -311,7 +311,7 @@ class SampleReader:
         if stored is None:
             count = len(self._times(sample, name, stream))
             return np.zeros((count, *filler.shape), filler.dtype), np.ones(count, bool)
-        data = source.dataset.values_at(sample.episode, stored, self._times(sample, name, stream), stream.interpolation)
+        data = source.store.values_at(sample.episode, stored, self._times(sample, name, stream), stream.interpolation)
         values = data.values
         if name in source.normalizers:
             shift, scale = source.normalizers[name]
@@ -328,7 +328,7 @@ class SampleReader:
     def _dim_is_pad(self, sample: SampleRef, name: str, stream: Values) -> np.ndarray:
         source = self.sources[sample.source]
         stored = source.streams.get(name)
-        width = int(source.dataset.schema.stream(stored).shape[0]) if stored is not None else 0
+        width = int(source.store.schema.stream(stored).shape[0]) if stored is not None else 0
         return np.arange(stream.pad_to) >= width
 
     def _audio(self, sample: SampleRef, name: str, stream: Audio) -> tuple[np.ndarray, np.ndarray]:
@@ -342,11 +342,11 @@ class SampleReader:
         if stored is None:
             count = audio_samples(t1 - t0, int(filler.rate))
             return np.zeros((count, *filler.shape), np.float32), np.ones(count, bool)
-        data = source.dataset.audio_between(sample.episode, stored, t0, t1, stream.sample_rate, stream.mono)
+        data = source.store.audio_between(sample.episode, stored, t0, t1, stream.sample_rate, stream.mono)
         data.values = as_float(data.values)
         if not isinstance(self.spec, Windows):
             return data.values, data.is_pad
-        rate = stream.sample_rate or source.dataset.schema.stream(stored).sample_rate
+        rate = stream.sample_rate or source.store.schema.stream(stored).sample_rate
         wanted = audio_samples(t1 - t0, rate)
         values, is_pad = data.values[:wanted], data.is_pad[:wanted]
         if len(values) < wanted:
@@ -440,7 +440,7 @@ def gather_frames(
     (transposed to `[T, 3, H, W]` on the way with `channels_first`)."""
     first = outputs[sources[0][0]]
     if not isinstance(first, np.ndarray):
-        frames = Dataset.assemble_frames_at(positions, [outputs[m][picks] for m, picks in sources])
+        frames = assemble_frames_at(positions, [outputs[m][picks] for m, picks in sources])
         return frames.permute(0, 3, 1, 2).contiguous() if channels_first else frames
     ends = np.cumsum([len(picks) for _, picks in sources])
     height, width, channels = first.shape[1:]

@@ -25,6 +25,7 @@ from mmdata.planning.episodes import Episodes
 from mmdata.planning.specs import Audio, Frames, Spec, SpecError, Values, option_int, option_number
 from mmdata.schema import AudioStream, LowdimStream, VideoStream
 from mmdata.store.dataset import Dataset
+from mmdata.store.handle import Store
 from mmdata.store.lru import ByteBudgetCache
 
 WeightBy = Literal["samples", "tokens"]
@@ -37,12 +38,12 @@ MAX_EPOCH_SAMPLES = 1 << 28
 
 @dataclass(frozen=True)
 class Source:
-    """One store of a mixture: a path, URL or open `Dataset`, its `weight` (None: its natural share,
+    """One store of a mixture: a path, URL, open `Store` or `Dataset`, its `weight` (None: its natural share,
     in proportion to its samples), `streams` renaming stored names to the training names
     ({"observation.images.top": "cam_high"}; unmapped streams keep their names), a `name` for
     batches and `stats()` (default: the store's folder name) and an optional episode filter."""
 
-    dataset: str | Dataset
+    dataset: str | Store | Dataset
     weight: float | None = None
     streams: Mapping[str, str] = field(default_factory=dict)
     name: str | None = None
@@ -66,7 +67,7 @@ class Source:
     def label(self) -> str:
         if self.name:
             return self.name
-        url = self.dataset.url if isinstance(self.dataset, Dataset) else str(self.dataset)
+        url = self.dataset.url if isinstance(self.dataset, (Store, Dataset)) else str(self.dataset)
         return PurePosixPath(url.rstrip("/")).name or url
 
 
@@ -126,10 +127,10 @@ class Mixture:
 
 @dataclass
 class OpenSource:
-    """A source as a loader reads it: its open dataset, name, the stored name of each training stream
+    """A source as a loader reads it: its open store, name, the stored name of each training stream
     it has, its episode filter, and the (shift, scale) of each stream the spec normalizes."""
 
-    dataset: Dataset
+    store: Store
     name: str
     streams: dict[str, str]
     episodes: Episodes | None = None
@@ -146,17 +147,17 @@ class Filler:
 
 
 def open_sources(mixture: Mixture, verify: bool, cache_bytes: int) -> list[OpenSource]:
-    """Open every source's store. A `Dataset` given is copied, so the loader's decoder leaves it alone, and
-    the copy gets a memory cache of its own of `cache_bytes` (unless the dataset was opened with a larger one)."""
+    """Open every source's store (no decoder: the loader decodes). A `Store` or `Dataset` given has its store
+    copied, and the copy gets a memory cache of its own of `cache_bytes` (unless it was opened with a larger one)."""
     opened = []
     for source in mixture.sources:
-        dataset = source.dataset
-        if isinstance(dataset, Dataset):
-            dataset = copy.copy(dataset)
-            dataset.cache = ByteBudgetCache(max(cache_bytes, dataset.cache.max_bytes))
+        given = source.dataset.store if isinstance(source.dataset, Dataset) else source.dataset
+        if isinstance(given, Store):
+            store = copy.copy(given)
+            store.cache = ByteBudgetCache(max(cache_bytes, given.cache.max_bytes))
         else:
-            dataset = Dataset(str(dataset), "pyav", verify, cache_bytes)
-        present = {s.name for s in dataset.schema.streams}
+            store = Store(str(given), verify, cache_bytes)
+        present = {s.name for s in store.schema.streams}
         unknown = sorted(set(source.streams) - present)
         if unknown:
             raise SpecError(
@@ -164,7 +165,7 @@ def open_sources(mixture: Mixture, verify: bool, cache_bytes: int) -> list[OpenS
                 f" (its streams: {', '.join(sorted(present))})"
             )
         training = {source.streams.get(name, name): name for name in present}
-        opened.append(OpenSource(dataset, source.label(), training, source.episodes))
+        opened.append(OpenSource(store, source.label(), training, source.episodes))
     return opened
 
 
@@ -172,7 +173,7 @@ def check_sources(spec: Spec, sources: list[OpenSource]) -> dict[str, Filler]:
     """Check `spec` against every source (SpecError naming the source and stream) and return, per
     stream, the shape its values take in every batch (what a source lacking it is padded with)."""
     if len(sources) == 1 and all(stored == name for name, stored in sources[0].streams.items()):
-        spec.check_against(sources[0].dataset.schema)  # a single store's own messages, as before mixtures
+        spec.check_against(sources[0].store.schema)  # a single store's own messages, as before mixtures
     fillers = {}
     for name, stream in spec.streams.items():
         having = [s for s in sources if name in s.streams]
@@ -187,7 +188,7 @@ def check_sources(spec: Spec, sources: list[OpenSource]) -> dict[str, Filler]:
             )
         for source in having:
             _check_in_source(spec, name, stream, source)
-        stored = [(s, s.dataset.schema.stream(s.streams[name])) for s in having]
+        stored = [(s, s.store.schema.stream(s.streams[name])) for s in having]
         if isinstance(stream, Frames):
             fillers[name] = _frame_filler(name, stream, stored)
         elif isinstance(stream, Values):
@@ -201,7 +202,7 @@ def _check_in_source(spec: Spec, name: str, stream: Any, source: OpenSource) -> 
     stored_name = source.streams[name]
     renamed = dataclasses.replace(spec, streams={stored_name: stream})
     try:
-        renamed.check_against(source.dataset.schema)
+        renamed.check_against(source.store.schema)
     except SpecError as exc:
         where = f"source '{source.name}'" + (f" (stream '{stored_name}')" if stored_name != name else "")
         raise SpecError(f"{where}: {exc}") from None
@@ -300,8 +301,8 @@ def describe_sources(sources: list[OpenSource]) -> list[dict[str, Any]]:
     return [
         {
             "name": s.name,
-            "keys": s.dataset.table.column("key").to_pylist(),
-            "durations": s.dataset.table.column("duration").to_pylist(),
+            "keys": s.store.table.column("key").to_pylist(),
+            "durations": s.store.table.column("duration").to_pylist(),
             "streams": s.streams,
         }
         for s in sources

@@ -26,6 +26,7 @@ from mmdata.moments import Moments, mixture_figures
 from mmdata.schema import LowdimStream, VideoStream
 from mmdata.store.dataset import Dataset
 from mmdata.store.filesystem import join, read_file, write_text_atomically
+from mmdata.store.handle import Store
 
 STATS_FILE = "stats.json"
 STATS_VERSION = 1
@@ -198,14 +199,14 @@ def _spread(total: int, parts: int) -> list[int]:
     return [base + (i < extra) for i in range(parts)]
 
 
-def write_stats(dataset: Dataset, stats: dict[str, Any]) -> str:
+def write_stats(dataset: Store | Dataset, stats: dict[str, Any]) -> str:
     """Write `stats.json` beside the store's `dataset.json` (atomically in a local folder); its path."""
     path = join(dataset.root, STATS_FILE)
     write_text_atomically(path, json.dumps(stats, indent=1) + "\n", dataset.fs)
     return path
 
 
-def read_stats(dataset: Dataset) -> dict[str, Any]:
+def read_stats(dataset: Store | Dataset) -> dict[str, Any]:
     """The store's `stats.json`; StoreError naming the fix when it has none or it is unreadable."""
     path = join(dataset.root, STATS_FILE)
     try:

@@ -13,7 +13,7 @@ from mmdata.codecs.decoders.pyav_decoder import decode_all_frames
 from mmdata.codecs.packet_index import index_describes
 from mmdata.errors import MmdataError
 from mmdata.schema import AudioStream, LowdimStream, VideoStream
-from mmdata.store.dataset import Dataset
+from mmdata.store.handle import Store
 from mmdata.store.manifest import Piece
 
 T = TypeVar("T")
@@ -42,7 +42,7 @@ class VerifyReport:
 class _EpisodeChecker:
     """Checks one episode, reading every piece once and collecting problems instead of stopping."""
 
-    def __init__(self, dataset: Dataset, report: VerifyReport):
+    def __init__(self, dataset: Store, report: VerifyReport):
         self.dataset = dataset
         self.report = report
         self.problems: list[str] = []
@@ -128,7 +128,7 @@ class _EpisodeChecker:
 
 def verify_dataset(path_or_url: str, progress: bool = True) -> VerifyReport:
     """Re-read and decode every piece of every episode; failures are collected per episode."""
-    dataset = Dataset(str(path_or_url))
+    dataset = Store(str(path_or_url))
     report = VerifyReport()
     sources = dataset.table.column("source").to_pylist()
     for index in tqdm(range(len(dataset)), unit="episode", desc="verify", disable=not progress):

@@ -13,8 +13,9 @@ from mmdata.errors import MmdataError
 from mmdata.measure.presets import PRESETS, default_tokens_per, preset_spec
 from mmdata.measure.report import build_document, compare, format_table, load, parse_fraction
 from mmdata.measure.sweep import label, parse_sweep, plot_sweep
-from mmdata.store.dataset import Dataset, open_dataset
+from mmdata.store.dataset import open_dataset
 from mmdata.store.filesystem import ReadPolicy
+from mmdata.store.handle import Store, open_store
 from mmdata.tools.storage import add_storage_options
 
 if TYPE_CHECKING:
@@ -124,7 +125,7 @@ def _measure(args: argparse.Namespace, dataset: str) -> dict[str, Any]:
     from mmdata.loading.dataloader import DataLoader
     from mmdata.measure.runner import run_loader
 
-    schema = open_dataset(dataset).schema
+    schema = open_store(dataset).schema
     spec = preset_spec(
         schema, args.spec, args.streams.split(",") if args.streams else None, args.anchor_fps, args.max_seconds
     )
@@ -175,11 +176,11 @@ def _measure(args: argparse.Namespace, dataset: str) -> dict[str, Any]:
     return build_document(config, measured)
 
 
-def _source(args: argparse.Namespace, dataset: str) -> str | Dataset:
+def _source(args: argparse.Namespace, dataset: str) -> str | Store:
     """The store the loaders read: its URL, or with `--cache-dir` the store opened with that disk cache."""
     if not args.cache_dir:
         return dataset
-    return open_dataset(dataset, read_policy=ReadPolicy(cache_dir=args.cache_dir))
+    return open_store(dataset, read_policy=ReadPolicy(cache_dir=args.cache_dir))
 
 
 def _sweep(args: argparse.Namespace, dataset: str, spec, options: dict[str, Any]) -> list[dict[str, Any]]:

@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 
 from mmdata.schema import AudioStream, LowdimStream, VideoStream
-from mmdata.store.dataset import Dataset
+from mmdata.store.handle import Store
 from mmdata.tools.formatting import format_bytes, format_seconds
 from mmdata.tools.storage import add_storage_options
 
@@ -27,7 +27,7 @@ def add_parser(commands) -> None:
     parser.set_defaults(run=run)
 
 
-def summarize(dataset: Dataset) -> dict[str, Any]:
+def summarize(dataset: Store) -> dict[str, Any]:
     """Counts, durations and sizes over the episodes whose manifest rows passed the store's checks."""
     intact = np.ones(dataset.table.num_rows, bool)
     intact[list(dataset.damaged)] = False
@@ -107,7 +107,7 @@ def _describe(entry: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    summary = summarize(Dataset(args.path))
+    summary = summarize(Store(args.path))
     if args.json:
         print(json.dumps(summary, indent=2))
         return 0

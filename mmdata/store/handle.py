@@ -1,0 +1,424 @@
+"""`Store`: an open store, local or remote, without a decoder: its schema, its manifest (checked), its
+pieces by address, and everything that can be read or planned from them: timestamps, low-dim values,
+audio, and the segment requests that deliver a camera's frames. Decoding those requests is the
+reader's job (`mmdata.store.dataset.Dataset`, or the loader's decode stage)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from mmdata.checks import parse_json
+from mmdata.codecs.align import Interpolation, frame_indices_at, sample_range, values_at
+from mmdata.codecs.audio import AudioClip, AudioLimits, as_float, decode_audio, resample
+from mmdata.codecs.decoders.requests import ClipRequest, SegmentRef
+from mmdata.codecs.packet_index import PacketIndex, is_checked
+from mmdata.errors import DecodeError, IntegrityError, ReadError, StoreError
+from mmdata.schema import DatasetSchema, VideoStream
+from mmdata.store.filesystem import DEFAULT_READ_POLICY, ReadPolicy, join, read_file, resolve
+from mmdata.store.layout import DATASET_FILE, MANIFEST_FILE, PARTIAL_DIR
+from mmdata.store.lru import ByteBudgetCache
+from mmdata.store.manifest import Manifest, Piece, packets_column
+from mmdata.store.manifest_checks import check_manifest
+from mmdata.store.piece_readers import PieceReader, ZarrPieceReader, piece_reader, zarr_array_paths
+
+MAX_SCHEMA_BYTES = 16 << 20
+MAX_MANIFEST_BYTES = 8 << 30
+# A Parquet footer may not declare more than this many times its file's size in row data (zstd
+# on a manifest gives 3-10x); beyond it the file is refused before its pages are decompressed.
+MANIFEST_EXPANSION = 64
+# Decoded audio may run past the manifest's sample count by at most one codec frame (FLAC: 65535).
+MAX_AUDIO_FRAME_SAMPLES = 65536
+
+
+@dataclass
+class StreamData:
+    """Values of one stream and the time of each value (seconds).
+
+    `is_pad` marks values asked for outside the episode (clamped to its edge, or silence for audio).
+    Video values are numpy arrays, or torch CUDA tensors when the decoder is DALI on the GPU.
+    """
+
+    values: Any
+    timestamps: np.ndarray
+    is_pad: np.ndarray | None = None
+
+
+@dataclass
+class FramePlan:
+    """What decoding a set of frames of one camera takes: the segment requests, and how to reorder.
+
+    `positions[i]` is where the i-th requested frame lands in the requests' outputs, concatenated.
+    Plans of many samples can share one decoder call (one batch for DALI).
+    """
+
+    requests: list[ClipRequest]
+    positions: np.ndarray
+    timestamps: np.ndarray
+    is_pad: np.ndarray
+
+
+@dataclass
+class SegmentTable:
+    """Where a camera's segments of one episode are, and their packet indexes (None: demux it)."""
+
+    segments: list[dict]
+    pieces: list[Piece]
+    first_frames: np.ndarray
+    indexes: list[PacketIndex | None]
+
+
+@dataclass
+class EpisodeData:
+    index: int
+    key: str
+    task: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+    streams: dict[str, StreamData] = field(default_factory=dict)
+
+    def __getitem__(self, stream: str) -> StreamData:
+        return self.streams[stream]
+
+
+class Store:
+    """A converted store. Reads only what a request needs: the manifest, then pieces by address.
+
+    `verify` (on by default) checks every piece read against the manifest's checksum, so a damaged
+    byte raises IntegrityError instead of returning wrong data; `cache_bytes` keeps that much of
+    recently read timestamps, low-dim arrays, decoded audio and segment tables for the next request;
+    `read_policy` sets the timeout and retries of every read.
+
+    Opening checks `dataset.json` and the manifest (see `store/manifest_checks.py`): a store whose
+    structure is wrong raises StoreError here; an episode whose manifest row is inconsistent is
+    listed in `damaged` and raises IntegrityError when read.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        verify: bool = True,
+        cache_bytes: int = 0,
+        read_policy: ReadPolicy = DEFAULT_READ_POLICY,
+    ):
+        self.url = url
+        self.read_policy = read_policy
+        self.fs, self.root = resolve(url)
+        self.schema = self._read_schema()
+        table = self._read_manifest()
+        where = f"{self.url}/{MANIFEST_FILE}"
+        self.manifest = Manifest(table, check_manifest(table, self.schema, where))
+        self.pieces: PieceReader = piece_reader(self.schema.layout, self.fs, self.root, verify, read_policy)
+        if isinstance(self.pieces, ZarrPieceReader):
+            for path in zarr_array_paths(self.schema):
+                self.pieces.arrays.layout(path)
+        self.cache = ByteBudgetCache(cache_bytes)
+
+    @property
+    def codecs(self) -> list[str]:
+        """The codec of every camera, in schema order: what a decoder for this store must decode."""
+        return [s.codec for s in self.schema.streams if isinstance(s, VideoStream)]
+
+    def _read_schema(self) -> DatasetSchema:
+        try:
+            data = read_file(self.fs, join(self.root, DATASET_FILE), MAX_SCHEMA_BYTES, self.read_policy)
+        except ReadError as exc:
+            if not isinstance(exc.__cause__, (FileNotFoundError, NotADirectoryError)):
+                raise
+            hint = "it is not an mmdata store"
+            if self.fs.exists(join(self.root, PARTIAL_DIR)):
+                hint = "it holds an unfinished conversion: run `mmdata convert ... --resume` to complete it"
+            raise StoreError(f"'{self.url}' has no {DATASET_FILE}: {hint}") from exc
+        return DatasetSchema.from_json(data, where=f"{self.url}/{DATASET_FILE}")
+
+    def _read_manifest(self) -> pa.Table:
+        path = join(self.root, MANIFEST_FILE)
+        data = read_file(self.fs, path, MAX_MANIFEST_BYTES, self.read_policy)
+        try:
+            parquet = pq.ParquetFile(pa.BufferReader(data))
+            declared = sum(parquet.metadata.row_group(g).total_byte_size for g in range(parquet.num_row_groups))
+            if declared > MANIFEST_EXPANSION * len(data) + (64 << 20):
+                raise StoreError(
+                    f"{self.url}/{MANIFEST_FILE} declares {declared} bytes of rows in a {len(data)}-byte file;"
+                    " it is damaged or hostile: restore it or convert again"
+                )
+            return parquet.read()
+        except (pa.ArrowException, OSError, ValueError, IndexError) as exc:
+            raise StoreError(
+                f"{self.url}/{MANIFEST_FILE} is not a readable Parquet file ({exc}); restore it or convert again"
+            ) from exc
+
+    @property
+    def damaged(self) -> dict[int, str]:
+        """Episodes whose manifest row failed the checks at open, and why (reading them raises)."""
+        return self.manifest.damaged
+
+    @property
+    def table(self) -> pa.Table:
+        """The manifest as a pyarrow Table, one row per episode."""
+        return self.manifest.table
+
+    def __len__(self) -> int:
+        return len(self.manifest)
+
+    def metadata_of(self, row: dict) -> dict[str, Any]:
+        """An episode's metadata from its manifest row (checked: a JSON object)."""
+        try:
+            metadata = parse_json(row["metadata"] or "{}")
+        except ValueError as exc:
+            raise IntegrityError(f"episode '{row['key']}': its metadata {exc}; convert the store again") from exc
+        if not isinstance(metadata, dict):
+            raise IntegrityError(f"episode '{row['key']}': its metadata is not a JSON object")
+        return metadata
+
+    def plan_span(self, index: int, stream: str, start: float, end: float) -> FramePlan:
+        """The segment requests that deliver every frame of camera `stream` stamped in [start, end)."""
+        row = self.manifest.row(index)
+        timestamps = self.timestamps_of(row, stream)
+        wanted = np.flatnonzero((timestamps >= start) & (timestamps < end))
+        spec = self._video_stream(stream)
+        return self._frame_plan(row, spec, wanted, timestamps[wanted], np.zeros(len(wanted), bool))
+
+    def plan_frames(self, index: int, stream: str, times: Sequence[float], tolerance: float | None = None) -> FramePlan:
+        """The segment requests that deliver camera `stream` at `times` (seconds) of episode `index`.
+
+        Each time maps to the frame with the nearest stored timestamp, which must lie within
+        `tolerance` seconds (default: half a frame period); times outside the episode clamp to its
+        first or last frame and are flagged in `is_pad`. Only the segments holding those frames
+        are read, and each frame is decoded once however often it is asked for.
+        """
+        row, spec, indices, timestamps, is_pad = self._frames_wanted(index, stream, times, tolerance)
+        return self._frame_plan(row, spec, indices, timestamps, is_pad)
+
+    def frame_pieces(
+        self, index: int, stream: str, times: Sequence[float], tolerance: float | None = None
+    ) -> list[Piece]:
+        """The stored pieces (segments) `plan_frames` with the same arguments reads, without reading
+        them: what a reader fetches ahead, coalesced, for a whole micro-batch (`PieceReader.prefetch`)."""
+        row, spec, indices, _, _ = self._frames_wanted(index, stream, times, tolerance)
+        table, _, owner = self._segments_holding(row, spec, indices)
+        return [table.pieces[number] for number in np.unique(owner).tolist()]
+
+    def pieces_ahead(self, index: int, streams: dict[str, Sequence[float] | None]) -> list[Piece]:
+        """The pieces reading `streams` of episode `index` likely needs, found from its manifest row alone (no
+        read), for a reader to fetch ahead in one round: each stream's data and timestamps, and for a camera
+        with the `times` wanted, the segments holding them if its frames are evenly spaced (a guess: what
+        `frame_pieces` then finds from the stored timestamps, and the guess missed, is fetched after)."""
+        row = self.manifest.row(index)
+        pieces = []
+        for name, times in streams.items():
+            for column in (f"{name}/timestamps", f"{name}/data"):
+                if row.get(column) is not None:
+                    pieces.append(Piece.from_dict(row[column]))
+            if times is not None and row.get(f"{name}/segments"):
+                spec = self._video_stream(name)
+                count = row[f"{name}/count"]
+                guess = np.rint((np.asarray(times) - row[f"{name}/t_start"]) * spec.fps).astype(np.int64)
+                table, _, owner = self._segments_holding(row, spec, np.clip(guess, 0, max(count - 1, 0)))
+                pieces += [table.pieces[number] for number in np.unique(owner).tolist()]
+        return pieces
+
+    def _frames_wanted(
+        self, index: int, stream: str, times: Sequence[float], tolerance: float | None
+    ) -> tuple[dict, VideoStream, np.ndarray, np.ndarray, np.ndarray]:
+        row = self.manifest.row(index)
+        spec = self._video_stream(stream)
+        timestamps = self.timestamps_of(row, stream)
+        limit = 0.5 / spec.fps if tolerance is None else float(tolerance)
+        indices, is_pad = frame_indices_at(timestamps, np.asarray(times), limit, episode=row["key"], stream=stream)
+        return row, spec, indices, timestamps[indices], is_pad
+
+    def _frame_plan(
+        self, row: dict, spec: VideoStream, indices: np.ndarray, timestamps: np.ndarray, is_pad: np.ndarray
+    ) -> FramePlan:
+        table, unique, owner = self._segments_holding(row, spec, indices)
+        requests = []
+        for number in np.unique(owner).tolist():
+            segment = table.segments[number]
+            requests.append(
+                ClipRequest(
+                    self.pieces.read_bytes(table.pieces[number]),
+                    tuple((unique[owner == number] - segment["first_frame"]).tolist()),
+                    spec.codec,
+                    SegmentRef(row["key"], spec.name, number),
+                    spec.gop,
+                    spec.coded_size,
+                    table.indexes[number],
+                    display_size=None if spec.coded_size == (spec.width, spec.height) else (spec.width, spec.height),
+                )
+            )
+        return FramePlan(requests, np.searchsorted(unique, indices), timestamps, is_pad)
+
+    def _segments_holding(
+        self, row: dict, spec: VideoStream, indices: np.ndarray
+    ) -> tuple[SegmentTable, np.ndarray, np.ndarray]:
+        """The camera's segment table, the distinct frames wanted, and the segment holding each of them."""
+        table = self.cache.get(("segments", row["key"], spec.name), lambda: self.segment_table(row, spec.name))
+        unique = np.unique(indices)
+        return table, unique, np.searchsorted(table.first_frames, unique, side="right") - 1
+
+    @staticmethod
+    def segment_table(row: dict, name: str) -> SegmentTable:
+        """A camera's segments in one episode, with their pieces and parsed packet indexes."""
+        segments = row[f"{name}/segments"]
+        records = row.get(packets_column(name)) or [None] * len(segments)
+        indexes: list[PacketIndex | None] = []
+        for number, (segment, record) in enumerate(zip(segments, records)):
+            try:
+                index = None
+                if is_checked(record):
+                    index = PacketIndex.from_record(record, int(segment["size"]), int(segment["num_frames"]))
+            except DecodeError as exc:
+                raise IntegrityError(f"{SegmentRef(row['key'], name, number)}: {exc}; convert the store again") from exc
+            indexes.append(index)
+        firsts = np.array([segment["first_frame"] for segment in segments], np.int64)
+        return SegmentTable(segments, [Piece.from_dict(s) for s in segments], firsts, indexes)
+
+    def values_at(
+        self, index: int, stream: str, times: Sequence[float], interpolation: Interpolation = "nearest"
+    ) -> StreamData:
+        """Low-dim `stream` at `times`: "nearest", "previous" (zero-order hold) or "linear"; padded at the edges."""
+        timestamps, values = self._lowdim(self.manifest.row(index), stream)
+        times = np.asarray(times, dtype=np.float64)
+        picked, is_pad = values_at(timestamps, values, times, interpolation)
+        return StreamData(picked, times, is_pad)
+
+    def audio_between(
+        self,
+        index: int,
+        stream: str,
+        t0: float,
+        t1: float,
+        sample_rate: int | None = None,
+        mono: bool = False,
+    ) -> StreamData:
+        """Audio samples `[S, C]` as float32 in [-1, 1], with t0 <= t < t1, sample-exact at the stored rate.
+
+        Time outside the recording is silence, flagged in `is_pad`. With `sample_rate` or `mono`
+        the window is resampled / downmixed after it is cut. (`read_episode` gives the stored
+        integer samples as they are.)
+        """
+        clip, t_start = self.audio_track_of(self.manifest.row(index), stream)
+        first, last = sample_range(t_start, clip.sample_rate, t0, t1)
+        inside_first, inside_last = max(first, 0), min(max(last, 0), len(clip.samples))
+        samples = np.zeros((last - first, clip.channels), np.float32)
+        if inside_last > inside_first:
+            samples[inside_first - first : inside_last - first] = as_float(clip.samples[inside_first:inside_last])
+        positions = np.arange(first, last)
+        is_pad = (positions < 0) | (positions >= len(clip.samples))
+        window = resample(AudioClip(samples, clip.sample_rate, t_start + first / clip.sample_rate), sample_rate, mono)
+        if window.sample_rate != clip.sample_rate:
+            times = window.t_start + np.arange(len(window.samples)) / window.sample_rate
+            is_pad = _pad_by_time(times, t_start, len(clip.samples) / clip.sample_rate)
+        else:
+            times = t_start + positions / clip.sample_rate
+        return StreamData(window.samples, times, is_pad)
+
+    def timestamps_of(self, row: dict, name: str) -> np.ndarray:
+        """The stored timestamps of stream `name` in the episode of manifest row `row` (checked, cached)."""
+        piece = Piece.from_dict(row[f"{name}/timestamps"])
+        count = row[f"{name}/count"]
+
+        def load() -> np.ndarray:
+            return self._checked_times(row, name, self.pieces.read_rows(piece, (count,), "float64"))
+
+        return self.cache.get(("timestamps", row["key"], name), load)
+
+    @staticmethod
+    def _checked_times(row: dict, name: str, timestamps: np.ndarray) -> np.ndarray:
+        """Timestamps must increase and lie inside the span the manifest gives the stream."""
+        if len(timestamps) and (
+            not np.isfinite(timestamps).all()
+            or (np.diff(timestamps) <= 0).any()
+            or timestamps[0] < row[f"{name}/t_start"] - 1e-6
+            or timestamps[-1] >= row[f"{name}/t_end"] + 1e-6
+        ):
+            raise IntegrityError(
+                f"episode '{row['key']}', stream '{name}': its timestamps do not increase inside"
+                f" [{row[f'{name}/t_start']:.6f}, {row[f'{name}/t_end']:.6f}) s; convert the store again"
+            )
+        return timestamps
+
+    def _lowdim(self, row: dict, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """(timestamps, values) of a low-dim stream in one episode."""
+        piece = Piece.from_dict(row[f"{name}/data"])
+        spec = self.schema.stream(name)
+        shape = (row[f"{name}/count"], *spec.shape)
+        values = self.cache.get(("values", row["key"], name), lambda: self.pieces.read_rows(piece, shape, spec.dtype))
+        return self.timestamps_of(row, name), values
+
+    def audio_track_of(self, row: dict, name: str) -> tuple[AudioClip, float]:
+        """An episode's whole audio track, decoded within the limits its schema and row set, and the
+        time of its first sample."""
+        piece = Piece.from_dict(row[f"{name}/data"])
+        spec = self.schema.stream(name)
+        count = row[f"{name}/count"]
+        limits = AudioLimits(spec.codec, spec.sample_rate, spec.channels, count + MAX_AUDIO_FRAME_SAMPLES)
+
+        def load() -> AudioClip:
+            try:
+                clip = decode_audio(self.pieces.read_bytes(piece), limits)[0]
+            except DecodeError as exc:
+                raise IntegrityError(f"episode '{row['key']}', audio '{name}': {exc}") from exc
+            if spec.codec == "flac" and len(clip.samples) != count:
+                raise IntegrityError(
+                    f"episode '{row['key']}', audio '{name}': {len(clip.samples)} samples, the manifest says {count}"
+                )
+            return clip
+
+        return self.cache.get(("audio", row["key"], name), load), row[f"{name}/t_start"]
+
+    def _video_stream(self, name: str) -> VideoStream:
+        stream = self.schema.stream(name)
+        if not isinstance(stream, VideoStream):
+            raise StoreError(f"stream '{name}' of '{self.url}' is {stream.kind}, not video")
+        return stream
+
+    def audio_span(self, index: int, name: str, start: float, end: float) -> StreamData:
+        """The stored audio samples of `name` stamped in [start, end), as stored (integers for FLAC)."""
+        row = self.manifest.row(index)
+        clip, t_start = self.audio_track_of(row, name)
+        rate = clip.sample_rate
+        low, high = max(start, t_start), min(end, t_start + len(clip.samples) / rate)
+        first, last = sample_range(t_start, rate, low, high) if high > low else (0, 0)
+        samples = clip.samples[first:last]
+        return StreamData(samples, t_start + np.arange(first, first + len(samples)) / rate)
+
+    def lowdim_span(self, index: int, name: str, start: float, end: float) -> StreamData:
+        """The stored values of low-dim stream `name` stamped in [start, end)."""
+        row = self.manifest.row(index)
+        timestamps, values = self._lowdim(row, name)
+        inside = (timestamps >= start) & (timestamps < end)
+        return StreamData(values[inside], timestamps[inside])
+
+
+def _pad_by_time(times: np.ndarray, t_start: float, duration: float) -> np.ndarray:
+    return (times < t_start - 1e-9) | (times >= t_start + duration - 1e-9)
+
+
+def assemble_frames(plan: FramePlan, decoded: list[Any]) -> StreamData:
+    """The frames of a plan in the order they were asked for, from its decoded requests."""
+    return StreamData(assemble_frames_at(plan.positions, decoded), plan.timestamps, plan.is_pad)
+
+
+def assemble_frames_at(positions: np.ndarray, decoded: list[Any]) -> Any:
+    """`decoded` (numpy arrays or torch tensors) concatenated, then taken at `positions`."""
+    if decoded and not isinstance(decoded[0], np.ndarray):
+        import torch
+
+        return torch.cat(decoded)[torch.as_tensor(positions, device=decoded[0].device)]
+    return np.concatenate(decoded)[positions]
+
+
+def open_store(
+    path_or_url: str,
+    verify: bool = True,
+    cache_bytes: int = 0,
+    read_policy: ReadPolicy = DEFAULT_READ_POLICY,
+) -> Store:
+    """Open a store written by `mmdata convert` (a local folder or an fsspec URL) without a decoder."""
+    return Store(str(path_or_url), verify, cache_bytes, read_policy)
