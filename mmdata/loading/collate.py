@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
-from mmdata.loading.read import MicroBatch
+from mmdata.loading.micro_batch import MicroBatch
 from mmdata.planning.packing.layouts import MaskKind, packed_layout, padded_layout
 
 Layout = Literal["packed", "padded"]

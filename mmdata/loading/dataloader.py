@@ -23,11 +23,12 @@ import torch
 from mmdata.checks import option_int
 from mmdata.codecs.decoders import VideoDecoder, make_video_decoder
 from mmdata.errors import OptionError, StoreError
-from mmdata.loading.collate import LAYOUTS, Layout, collate
-from mmdata.loading.feed import Feed, Item, StepSource, source_counts
+from mmdata.loading.chain import BatchReader
+from mmdata.loading.collate import LAYOUTS, Layout
+from mmdata.loading.feed import Feed, Item, StepSource
 from mmdata.loading.loader_stats import LoaderStats
+from mmdata.loading.micro_batch import MicroBatch, OnError, source_counts
 from mmdata.loading.normalize import attach_normalizers
-from mmdata.loading.read import MicroBatch, OnError, SampleReader, finish_video
 from mmdata.loading.state import LoaderState, fingerprint
 from mmdata.loading.timing import enable_profiler_ranges, timed
 from mmdata.planning.episodes import Episodes
@@ -193,7 +194,7 @@ class DataLoader:
         self._plan_cache: tuple[tuple, EpochPlan] | None = None
         self._stats = LoaderStats()
         self._feed: Feed | None = None
-        self._reader: SampleReader | None = None  # the running feed's; it also settles main-process batches
+        self._reader: BatchReader | None = None  # the running feed's; it also ends main-process batches
 
     def _source_samples(self, source: OpenSource) -> SampleTable:
         """The samples of one source's selected, undamaged episodes; damaged ones are refused or left out."""
@@ -328,17 +329,15 @@ class DataLoader:
         self.close()
         planning = time.perf_counter()
         steps = self.planner.rank_steps(plan, self.rank)
-        reader = self._reader = SampleReader(
-            self.sources, self.spec, self.fillers, self.decoder, self.on_error, self.decode_in_main
-        )
         collate_options = {
             "layout": self.layout,
             "attention_mask": self.attention_mask,
             "pad_to_multiple": self.pad_to_multiple,
         }
-        source = StepSource(
-            reader, self.planner, self._state.seed, self.rank, self.world_size, epoch, steps, collate_options
+        reader = self._reader = BatchReader(
+            self.sources, self.spec, self.fillers, self.decoder, self.on_error, self.decode_in_main, collate_options
         )
+        source = StepSource(reader, self.planner, self._state.seed, self.rank, self.world_size, epoch, steps)
         self._stats.add_main("plan", time.perf_counter() - planning)
         self._feed = Feed(
             source,
@@ -367,11 +366,7 @@ class DataLoader:
         main: dict[str, float] = {}
         if isinstance(output, MicroBatch):
             decoded, delivered = self.decoder.stats.frames_decoded, self.decoder.stats.frames_delivered
-            output.seconds = main
-            finish_video(self.decoder, output, self.on_error)
-            self._reader.settle(output)
-            with timed(main, "collate"):
-                collated = collate(output, self.layout, self.attention_mask, self.pad_to_multiple)
+            collated = self._reader.finish(output, main)
             info["failed"] = dict(output.failed)
             info["borrowed"] = len(output.borrowed)
             info["samples"] = len(output.samples)

@@ -1,4 +1,5 @@
-"""The stream of one rank's batches, from a starting step on, across epochs.
+"""The stream of one rank's batches, from a starting step on, across epochs: how the stages of
+`mmdata.loading.chain` are spread over the worker processes and the main one.
 
 Worker processes read every `num_workers`-th step of the stream; when an epoch's steps run out
 they plan the next epoch themselves (the plan is a pure function) and carry on, so workers are
@@ -28,9 +29,9 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from mmdata.errors import MmdataError
 from mmdata.lifetime import exit_with_parent
-from mmdata.loading.collate import collate
-from mmdata.loading.read import FALLBACK_SAMPLES, MicroBatch, SampleReader
-from mmdata.loading.timing import timed
+from mmdata.loading.chain import BatchReader
+from mmdata.loading.micro_batch import source_counts
+from mmdata.loading.settling import FALLBACK_SAMPLES
 from mmdata.planning.planner import LoaderPlanner, RankSteps
 from mmdata.planning.samples import SampleRef
 from mmdata.store.filesystem import read_retries
@@ -54,19 +55,17 @@ class StepSource(IterableDataset):
 
     def __init__(
         self,
-        reader: SampleReader,
+        reader: BatchReader,
         planner: LoaderPlanner,
         seed: int,
         rank: int,
         world_size: int,
         first_epoch: int,
         first_steps: RankSteps,
-        collate_options: dict[str, Any],
     ):
         self.reader, self.planner = reader, planner
         self.seed, self.rank, self.world_size = seed, rank, world_size
         self.first_epoch, self.first_steps = first_epoch, first_steps
-        self.collate_options = collate_options
 
     def epochs(self) -> Iterator[tuple[int, RankSteps]]:
         yield self.first_epoch, self.first_steps
@@ -97,7 +96,8 @@ class StepSource(IterableDataset):
                         if not isinstance(upcoming, BaseException):
                             fallback += islice(_samples_of(upcoming[1]), FALLBACK_SAMPLES - len(fallback))
                     read_next = steps[index + count][1] if index + count < len(steps) else ()
-                    yield self._read(epoch, step, samples, number, fallback, read_next)
+                    read_after = steps[index + 2 * count][1] if index + 2 * count < len(steps) else ()
+                    yield self._read(epoch, step, samples, number, fallback, read_next, read_after)
                 position += 1
             if isinstance(upcoming, BaseException):
                 raise upcoming
@@ -105,16 +105,22 @@ class StepSource(IterableDataset):
             upcoming = None
 
     def _read(
-        self, epoch: int, step: int, samples, worker: int, fallback: list[SampleRef], read_next: Sequence[SampleRef]
+        self,
+        epoch: int,
+        step: int,
+        samples,
+        worker: int,
+        fallback: list[SampleRef],
+        read_next: Sequence[SampleRef],
+        read_after: Sequence[SampleRef],
     ) -> Item:
         decoder, reader = self.reader.video_decoder.stats, self.reader
         started = time.perf_counter()
         before = (decoder.frames_decoded, decoder.frames_delivered, reader.bytes_read, read_retries())
-        batch = self.reader.read(step, samples, fallback, read_next)
+        batch = self.reader.read(step, samples, fallback, read_next, read_after)
         output: Any = batch
-        if not batch.pending:
-            with timed(batch.seconds, "collate"):
-                output = collate(batch, **self.collate_options)
+        if not reader.defer_video:
+            output = reader.finish(batch)
             if get_worker_info() is not None:
                 output = small_tensors_as_arrays(output)
         info = {
@@ -228,18 +234,6 @@ class Feed:
             except queue.Full:
                 continue
         return False
-
-
-def source_counts(batch: MicroBatch) -> dict[int, list[int]]:
-    """[samples, tokens, failed] per source of a read micro-batch (failed ones as planned)."""
-    counts: dict[int, list[int]] = {}
-    for sample in batch.samples:
-        entry = counts.setdefault(sample.source, [0, 0, 0])
-        entry[0] += 1
-        entry[1] += sample.cost
-    for source in batch.failed_sources.values():
-        counts.setdefault(source, [0, 0, 0])[2] += 1
-    return counts
 
 
 def small_tensors_as_arrays(batch: dict[str, Any]) -> dict[str, Any]:

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-SCHEMA = "mmdata.measure/1"
+SCHEMA = "mmdata.bench/1"
 HIGHER_IS_BETTER = ("samples_per_s", "frames_per_s", "tokens_per_s", "mb_per_s")
 LOWER_IS_BETTER = ("latency_p95_ms",)
 FRACTIONS_LOWER_IS_BETTER = ("stall_fraction",)

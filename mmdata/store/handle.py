@@ -5,6 +5,7 @@ reader's job (`mmdata.store.dataset.Dataset`, or the loader's decode stage)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,6 +55,8 @@ class FramePlan:
     """What decoding a set of frames of one camera takes: the segment requests, and how to reorder.
 
     `positions[i]` is where the i-th requested frame lands in the requests' outputs, concatenated.
+    `pieces[j]` is where request j's segment is stored; an aligned plan (`Store.align_frames`) names
+    them without having read them (its requests' `data` is empty) and `Store.read_segments` reads them.
     Plans of many samples can share one decoder call (one batch for DALI).
     """
 
@@ -61,6 +64,11 @@ class FramePlan:
     positions: np.ndarray
     timestamps: np.ndarray
     is_pad: np.ndarray
+    pieces: list[Piece] = field(default_factory=list)
+
+    @property
+    def is_read(self) -> bool:
+        return all(request.data for request in self.requests)
 
 
 @dataclass
@@ -181,7 +189,7 @@ class Store:
         timestamps = self.timestamps_of(row, stream)
         wanted = np.flatnonzero((timestamps >= start) & (timestamps < end))
         spec = self._video_stream(stream)
-        return self._frame_plan(row, spec, wanted, timestamps[wanted], np.zeros(len(wanted), bool))
+        return self.read_segments(self._frame_plan(row, spec, wanted, timestamps[wanted], np.zeros(len(wanted), bool)))
 
     def plan_frames(self, index: int, stream: str, times: Sequence[float], tolerance: float | None = None) -> FramePlan:
         """The segment requests that deliver camera `stream` at `times` (seconds) of episode `index`.
@@ -191,36 +199,37 @@ class Store:
         first or last frame and are flagged in `is_pad`. Only the segments holding those frames
         are read, and each frame is decoded once however often it is asked for.
         """
+        return self.read_segments(self.align_frames(index, stream, times, tolerance))
+
+    def align_frames(
+        self, index: int, stream: str, times: Sequence[float], tolerance: float | None = None
+    ) -> FramePlan:
+        """`plan_frames` without reading the segments: the frames and the pieces holding them, from the
+        stored timestamps alone. A loader aligns a micro-batch once, fetches the pieces the plans name
+        (coalesced, ahead of time from object storage), then reads them (`read_segments`) to decode."""
         row, spec, indices, timestamps, is_pad = self._frames_wanted(index, stream, times, tolerance)
         return self._frame_plan(row, spec, indices, timestamps, is_pad)
 
-    def frame_pieces(
-        self, index: int, stream: str, times: Sequence[float], tolerance: float | None = None
-    ) -> list[Piece]:
-        """The stored pieces (segments) `plan_frames` with the same arguments reads, without reading
-        them: what a reader fetches ahead, coalesced, for a whole micro-batch (`PieceReader.prefetch`)."""
-        row, spec, indices, _, _ = self._frames_wanted(index, stream, times, tolerance)
-        table, _, owner = self._segments_holding(row, spec, indices)
-        return [table.pieces[number] for number in np.unique(owner).tolist()]
+    def read_segments(self, plan: FramePlan) -> FramePlan:
+        """The plan with its segments' bytes read (from what was fetched ahead, the cache or the store)."""
+        if plan.is_read:
+            return plan
+        requests = [
+            dataclasses.replace(request, data=self.pieces.read_bytes(piece))
+            for request, piece in zip(plan.requests, plan.pieces)
+        ]
+        return dataclasses.replace(plan, requests=requests)
 
-    def pieces_ahead(self, index: int, streams: dict[str, Sequence[float] | None]) -> list[Piece]:
-        """The pieces reading `streams` of episode `index` likely needs, found from its manifest row alone (no
-        read), for a reader to fetch ahead in one round: each stream's data and timestamps, and for a camera
-        with the `times` wanted, the segments holding them if its frames are evenly spaced (a guess: what
-        `frame_pieces` then finds from the stored timestamps, and the guess missed, is fetched after)."""
+    def row_pieces(self, index: int, streams: Sequence[str]) -> list[Piece]:
+        """The pieces the manifest row of episode `index` points to for `streams` (timestamps, low-dim and
+        audio data): what aligning or reading them needs first, found without a read."""
         row = self.manifest.row(index)
-        pieces = []
-        for name, times in streams.items():
-            for column in (f"{name}/timestamps", f"{name}/data"):
-                if row.get(column) is not None:
-                    pieces.append(Piece.from_dict(row[column]))
-            if times is not None and row.get(f"{name}/segments"):
-                spec = self._video_stream(name)
-                count = row[f"{name}/count"]
-                guess = np.rint((np.asarray(times) - row[f"{name}/t_start"]) * spec.fps).astype(np.int64)
-                table, _, owner = self._segments_holding(row, spec, np.clip(guess, 0, max(count - 1, 0)))
-                pieces += [table.pieces[number] for number in np.unique(owner).tolist()]
-        return pieces
+        return [
+            Piece.from_dict(row[column])
+            for name in streams
+            for column in (f"{name}/timestamps", f"{name}/data")
+            if row.get(column) is not None
+        ]
 
     def _frames_wanted(
         self, index: int, stream: str, times: Sequence[float], tolerance: float | None
@@ -236,12 +245,13 @@ class Store:
         self, row: dict, spec: VideoStream, indices: np.ndarray, timestamps: np.ndarray, is_pad: np.ndarray
     ) -> FramePlan:
         table, unique, owner = self._segments_holding(row, spec, indices)
-        requests = []
+        requests, pieces = [], []
         for number in np.unique(owner).tolist():
             segment = table.segments[number]
+            pieces.append(table.pieces[number])
             requests.append(
                 ClipRequest(
-                    self.pieces.read_bytes(table.pieces[number]),
+                    b"",
                     tuple((unique[owner == number] - segment["first_frame"]).tolist()),
                     spec.codec,
                     SegmentRef(row["key"], spec.name, number),
@@ -251,7 +261,7 @@ class Store:
                     display_size=None if spec.coded_size == (spec.width, spec.height) else (spec.width, spec.height),
                 )
             )
-        return FramePlan(requests, np.searchsorted(unique, indices), timestamps, is_pad)
+        return FramePlan(requests, np.searchsorted(unique, indices), timestamps, is_pad, pieces)
 
     def _segments_holding(
         self, row: dict, spec: VideoStream, indices: np.ndarray

@@ -1,0 +1,215 @@
+"""The loading chain, stage by stage, in the order the data flows:
+
+    plan     `mmdata.planning.planner`  manifest -> samples -> order -> packed steps per rank
+                                         (main process; workers plan the epochs after the first)
+    fetch    `loading.fetching`            pieces from object storage, coalesced, ahead of use (worker)
+    align    `loading.aligning`            each stream at the samples' times: frame plans, values, audio (worker)
+    decode   `loading.decoding`           each camera's frames of the micro-batch in one decoder call
+                                         (worker; or prepared in the worker and decoded in the main process)
+    settle   `loading.settling`           substitutes for failed samples (where decoding ran)
+    collate  `loading.collate`          packed or padded tensors (where decoding ran)
+    device   `DataLoader`               pinned host tensors to the GPU (main process)
+
+`BatchReader.read` runs fetch, align and the decoder's preparation for one micro-batch, each once;
+`BatchReader.finish` is the one ending of the chain, decode -> settle -> collate, whichever process
+runs it: the worker when it decodes, the main process when the worker left the video pending.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from mmdata.codecs.decoders import VideoDecoder
+from mmdata.errors import MmdataError, SampleError
+from mmdata.loading.aligning import Aligner
+from mmdata.loading.collate import collate
+from mmdata.loading.decoding import finish_video, prepare_video
+from mmdata.loading.fetching import Fetcher
+from mmdata.loading.micro_batch import MicroBatch, OnError, sample_place
+from mmdata.loading.settling import settle
+from mmdata.loading.timing import timed
+from mmdata.planning.mixture import Filler, OpenSource
+from mmdata.planning.samples import SampleRef
+from mmdata.planning.specs import Audio, Frames, Spec, Values
+from mmdata.store.handle import FramePlan
+
+
+class BatchReader:
+    """Reads micro-batches of a spec from its sources' stores (one per worker process, or the main one).
+
+    `sources` are the open stores (one, or a mixture's) with the stored name of each spec stream
+    they have and their normalizers; `fillers` give each stream's shape for the padding of a
+    source that lacks it. `video_decoder` decodes the cameras; with `defer_video` the reader only
+    prepares them, for the main process to decode (`finish`). `collate_options` are collate's.
+    """
+
+    def __init__(
+        self,
+        sources: Sequence[OpenSource],
+        spec: Spec,
+        fillers: dict[str, Filler],
+        video_decoder: VideoDecoder,
+        on_error: OnError = "raise",
+        defer_video: bool = False,
+        collate_options: dict[str, Any] | None = None,
+    ):
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error is 'raise' or 'skip', not '{on_error}'")
+        self.sources = list(sources)
+        self.spec = spec
+        self.fillers = fillers
+        self.on_error = on_error
+        self.defer_video = defer_video
+        self.video_decoder = video_decoder
+        self.collate_options = collate_options or {}
+        self.align = Aligner(self.sources, spec, fillers)
+        self.fetch = Fetcher(self.sources, self.align.stored_names)
+        self._aligned_ahead: dict[tuple[SampleRef, str], FramePlan] = {}
+
+    @property
+    def bytes_read(self) -> int:
+        return sum(source.store.pieces.bytes_read for source in self.sources)
+
+    def read(
+        self,
+        step: int,
+        samples: Sequence[SampleRef],
+        fallback: Sequence[SampleRef] = (),
+        upcoming: Sequence[SampleRef] = (),
+        after_upcoming: Sequence[SampleRef] = (),
+    ) -> MicroBatch:
+        """Fetch, align and read a micro-batch, its cameras prepared for decoding (pending).
+
+        `upcoming` are the samples this reader reads next, `after_upcoming` the ones after them: from object
+        storage, the next micro-batch's segments and the one after's rows are fetched while this one decodes.
+        """
+        batch = MicroBatch(step, list(samples), [self._task(sample) for sample in samples], fallback=list(fallback))
+        try:
+            self._read(batch, upcoming, after_upcoming)
+        finally:
+            self.fetch.forget()
+        return batch
+
+    def finish(self, batch: MicroBatch, seconds: dict[str, float] | None = None) -> dict[str, Any]:
+        """The end of the chain: decode what is pending, settle failed samples, collate."""
+        if seconds is not None:
+            batch.seconds = seconds
+        finish_video(self.video_decoder, batch, self.on_error)
+        settle(batch, self._read_alone)
+        with timed(batch.seconds, "collate"):
+            return collate(batch, **self.collate_options)
+
+    def _task(self, sample: SampleRef) -> str:
+        return self.sources[sample.source].store.manifest.row(sample.episode)["task"]
+
+    def _read(self, batch: MicroBatch, upcoming: Sequence[SampleRef], after_upcoming: Sequence[SampleRef]) -> None:
+        fetching = self.fetch.fetches_ahead
+        if fetching:
+            with timed(batch.seconds, "read"):
+                self.fetch.now(self.fetch.rows([*batch.samples, *upcoming]))
+        with timed(batch.seconds, "read"):
+            plans = self._align_cameras(batch)
+        if fetching:
+            with timed(batch.seconds, "read"):
+                self.fetch.now(self.fetch.segments(self._live(batch, plans)))
+                ahead = self._align_ahead(upcoming)
+                self.fetch.ahead(self.fetch.rows(upcoming), self.fetch.segments(ahead), self.fetch.rows(after_upcoming))
+        self._read_values(batch)
+        for name, stream in self.spec.streams.items():
+            if isinstance(stream, Frames):
+                with timed(batch.seconds, "read"):
+                    read = [self._read_segments(batch, p, name, plan) for p, plan in enumerate(plans[name])]
+                origins = [sample.source for sample in batch.samples]
+                prepare_video(self.video_decoder, batch, name, read, origins, self.fillers[name], stream.channels_first)
+                if not self.defer_video:
+                    finish_video(self.video_decoder, batch, self.on_error)
+
+    def _align_cameras(self, batch: MicroBatch) -> dict[str, list[FramePlan | None]]:
+        """Each camera's frame plan per sample (None where the sample failed): the ones aligned ahead, else now."""
+        carried, self._aligned_ahead = self._aligned_ahead, {}
+        plans: dict[str, list[FramePlan | None]] = {}
+        for name, stream in self.spec.streams.items():
+            if isinstance(stream, Frames):
+                plans[name] = [
+                    carried.get((sample, name))
+                    or self._attempt(batch, p, name, self.align.frames, sample, name, stream)
+                    for p, sample in enumerate(batch.samples)
+                ]
+        return plans
+
+    def _align_ahead(self, upcoming: Sequence[SampleRef]) -> list[tuple[int, FramePlan]]:
+        """Align the next micro-batch's cameras now, so that what is fetched for it ahead is what it decodes;
+        a sample that fails here is aligned again (and reported) when its micro-batch is read."""
+        ahead = []
+        for sample in upcoming:
+            for name, stream in self.spec.streams.items():
+                if isinstance(stream, Frames):
+                    with contextlib.suppress(MmdataError, OSError):
+                        plan = self.align.frames(sample, name, stream)
+                        self._aligned_ahead[(sample, name)] = plan
+                        ahead.append((sample.source, plan))
+        return ahead
+
+    def _live(self, batch: MicroBatch, plans: dict[str, list[FramePlan | None]]) -> list[tuple[int, FramePlan]]:
+        return [
+            (batch.samples[p].source, plan)
+            for camera in plans.values()
+            for p, plan in enumerate(camera)
+            if plan is not None and p not in batch.failed
+        ]
+
+    def _read_segments(self, batch: MicroBatch, position: int, name: str, plan: FramePlan | None) -> FramePlan | None:
+        if plan is None or position in batch.failed:
+            return None
+        store = self.sources[batch.samples[position].source].store
+        return self._attempt(batch, position, name, store.read_segments, plan)
+
+    def _read_values(self, batch: MicroBatch) -> None:
+        for name, stream in self.spec.streams.items():
+            if isinstance(stream, Frames):
+                continue
+            read = self.align.values if isinstance(stream, Values) else self.align.audio
+            with timed(batch.seconds, "audio" if isinstance(stream, Audio) else "lowdim"):
+                for position, sample in enumerate(batch.samples):
+                    data = self._attempt(batch, position, name, read, sample, name, stream)
+                    values, is_pad = data if data is not None else (None, None)
+                    batch.values.setdefault(name, []).append(values)
+                    batch.is_pad.setdefault(name, []).append(is_pad)
+                    if isinstance(stream, Values) and stream.pad_to is not None:
+                        batch.dim_is_pad.setdefault(name, []).append(self.align.dim_is_pad(sample, name, stream))
+
+    def _read_alone(self, step: int, sample: SampleRef) -> MicroBatch:
+        """One sample read and decoded here, its failure recorded (for `settle` to borrow it)."""
+        on_error, self.on_error = self.on_error, "skip"
+        aligned, self._aligned_ahead = self._aligned_ahead, {}
+        try:
+            alone = self.read(step, [sample])
+            finish_video(self.video_decoder, alone, "skip")
+        finally:
+            self.on_error, self._aligned_ahead = on_error, aligned
+        return alone
+
+    def _attempt(self, batch: MicroBatch, position: int, stream: str, read: Callable[..., Any], *args: Any) -> Any:
+        """`read(*args)`, or None when the sample already failed or fails now (recorded, or raised)."""
+        if position in batch.failed:
+            return None
+        try:
+            return read(*args)
+        except (MmdataError, OSError) as exc:
+            sample = batch.samples[position]
+            source = self.sources[sample.source]
+            where = (
+                sample_place(sample, stream)
+                if len(self.sources) == 1
+                else f"source '{source.name}', " + sample_place(sample, stream)
+            )
+            message = (
+                f"{where}: {exc}; run `mmdata verify {source.store.url}` to list every"
+                " damaged episode, or pass on_error='skip'"
+            )
+            if self.on_error == "raise":
+                raise SampleError(message) from exc
+            batch.failed[position] = message
+            return None

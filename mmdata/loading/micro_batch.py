@@ -1,0 +1,78 @@
+"""The unit every loading stage passes on: one rank's micro-batch, from its planned samples to the
+values collate turns into tensors (see `mmdata.loading.chain` for the stages)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from mmdata.codecs.decoders import ClipRequest
+from mmdata.planning.samples import SampleRef
+from mmdata.store.handle import FramePlan
+
+OnError = Literal["raise", "skip"]
+
+
+@dataclass
+class PendingVideo:
+    """One camera of a micro-batch between aligning and decoding.
+
+    `plans` per sample (None where it failed), the segment requests merged across samples
+    (`merged`, and per plan request its (merged index, frame positions) in `sources`), the
+    decoder's host-side preparation of them when it has one, and the shape of one delivered frame.
+    """
+
+    plans: list[FramePlan | None]
+    merged: list[ClipRequest]
+    sources: list[tuple[int, np.ndarray]]
+    prepared: Any = None
+    frame_shape: tuple[int, ...] = ()
+    channels_first: bool = False
+
+
+@dataclass
+class MicroBatch:
+    """One rank's micro-batch, read: per stream, each sample's values and `is_pad` mask.
+
+    `pending` holds cameras still to decode; `failed` maps a sample's position to what went wrong;
+    `replaced` lists (position, substitute position) pairs; `fallback` is the samples planned after
+    this micro-batch (in plan order), of which `borrowed` maps a position to the one read in its
+    place when every sample failed. `dim_is_pad` holds, per `Values(pad_to=...)` stream, each
+    sample's mask of padded dimensions. `seconds` is the time each stage took on it.
+    """
+
+    step: int
+    samples: list[SampleRef]
+    tasks: list[str]
+    values: dict[str, list[Any]] = field(default_factory=dict)
+    is_pad: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    pending: dict[str, PendingVideo] = field(default_factory=dict)
+    failed: dict[int, str] = field(default_factory=dict)
+    replaced: list[tuple[int, int]] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+    fallback: list[SampleRef] = field(default_factory=list)
+    borrowed: dict[int, SampleRef] = field(default_factory=dict)
+    dim_is_pad: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    failed_sources: dict[int, int] = field(default_factory=dict)
+
+
+def sample_place(sample: SampleRef, stream: str) -> str:
+    """Where a sample lives, for error messages: shard, episode, stream, time."""
+    return (
+        f"shard '{sample.shard}', episode '{sample.key}', stream '{stream}'"
+        f" (sample {sample.index} at t={sample.start:.3f} s)"
+    )
+
+
+def source_counts(batch: MicroBatch) -> dict[int, list[int]]:
+    """[samples, tokens, failed] per source of a read micro-batch (failed ones as planned)."""
+    counts: dict[int, list[int]] = {}
+    for sample in batch.samples:
+        entry = counts.setdefault(sample.source, [0, 0, 0])
+        entry[0] += 1
+        entry[1] += sample.cost
+    for source in batch.failed_sources.values():
+        counts.setdefault(source, [0, 0, 0])[2] += 1
+    return counts
