@@ -47,6 +47,10 @@ _EXPORTS = {
     "Windows": "mmdata.planning.specs",
     "Episodes": "mmdata.planning.episodes",
     "DataLoader": "mmdata.loading.dataloader",
+    "Batching": "mmdata.loading.loader_options",
+    "Reading": "mmdata.loading.loader_options",
+    "Runtime": "mmdata.loading.loader_options",
+    "Shuffling": "mmdata.loading.loader_options",
     "ResumeError": "mmdata.errors",
     "StepTimer": "mmdata.measure.steps",
 }
@@ -54,6 +58,7 @@ __all__ = [
     "AlignmentError",
     "Audio",
     "AudioStream",
+    "Batching",
     "DataLoader",
     "Dataset",
     "DatasetSchema",
@@ -69,11 +74,14 @@ __all__ = [
     "MmdataError",
     "ReadError",
     "ReadPolicy",
+    "Reading",
     "ReadTimeoutError",
     "Resize",
     "ResumeError",
+    "Runtime",
     "SampleError",
     "Sequences",
+    "Shuffling",
     "Source",
     "SourceError",
     "SpecError",
@@ -108,6 +116,7 @@ if TYPE_CHECKING:
         UnsupportedCodecError,
     )
     from mmdata.loading.dataloader import DataLoader
+    from mmdata.loading.loader_options import Batching, Reading, Runtime, Shuffling
     from mmdata.measure.steps import StepTimer
     from mmdata.planning.episodes import Episodes
     from mmdata.planning.mixture import Mixture, Source

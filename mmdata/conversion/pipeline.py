@@ -24,6 +24,7 @@ from fsspec.implementations.local import LocalFileSystem
 from tqdm import tqdm
 
 from mmdata.conversion.completion import complete_store, source_bytes, store_bytes, store_schema
+from mmdata.conversion.convert_options import ConversionReport, ConvertOptions
 from mmdata.conversion.destination import (
     check_converted_sources,
     check_remote_destination,
@@ -34,7 +35,6 @@ from mmdata.conversion.destination import (
 )
 from mmdata.conversion.encode import EncodeOptions, encode_or_error, worker_crashed
 from mmdata.conversion.ledger import ConversionLedger
-from mmdata.conversion.options import ConversionReport, ConvertOptions
 from mmdata.conversion.publish import default_staging, is_remote, publish, remove_staging
 from mmdata.errors import SourceError
 from mmdata.importers.episode import EpisodeSource, source_files

@@ -33,6 +33,7 @@ from tqdm import tqdm
 
 from mmdata.checks import parse_json
 from mmdata.conversion.completion import complete_store, source_bytes, store_bytes, store_schema
+from mmdata.conversion.convert_options import ConversionReport, ConvertOptions
 from mmdata.conversion.destination import (
     destination_failure,
     prepare_destination,
@@ -41,7 +42,6 @@ from mmdata.conversion.destination import (
 )
 from mmdata.conversion.encode import EncodeOptions, encode_or_error, worker_crashed
 from mmdata.conversion.ledger import ConversionLedger
-from mmdata.conversion.options import ConversionReport, ConvertOptions
 from mmdata.errors import DestinationError, MmdataError, SourceError
 from mmdata.importers.episode import EpisodeSource
 from mmdata.moments import Moments

@@ -27,9 +27,11 @@ import numpy as np
 import torch
 
 from mmdata.checks import option_int
-from mmdata.errors import StoreError
+from mmdata.errors import OptionError, StoreError
 from mmdata.lerobot.numbering import EpisodeNumbering
 from mmdata.loading.dataloader import DataLoader
+from mmdata.loading.loader_options import LEGACY_KEYWORDS, Batching, Reading, Runtime, Shuffling
+from mmdata.loading.micro_batch import OnError
 from mmdata.planning.episodes import Episodes
 from mmdata.planning.mixture import Mixture, Source
 from mmdata.planning.specs import MAX_OFFSETS, Frames, SpecError, Values, Windows
@@ -47,10 +49,12 @@ class LeRobotLoader:
     `delta_timestamps` is LeRobot's: stream -> offsets in seconds from each frame. `streams` renames the
     store's streams to the keys the policy expects (`{"cam_high": "observation.images.top"}`, as a
     `Source`'s stream map; unmapped streams keep their names), for stores not converted from LeRobot.
-    `images="uint8"` keeps frames as uint8 (still channels-first). `shuffle` is True / False as in torch, or an mmdata
-    shuffle mode. `episodes` is LeRobot's: a list of its `episode_index` values (or an `mmdata.Episodes` filter).
-    Other keyword arguments go to `mmdata.DataLoader` (`seed`, `rank`, `world_size`, `decoder`, `on_error`, ...);
-    `state_dict()` / `load_state_dict()` resume exactly, as there.
+    `images="uint8"` keeps frames as uint8 (still channels-first). `batch_size`, `shuffle` (True / False as in
+    torch, or an mmdata shuffle mode), `num_workers` and `device` are torch's `DataLoader` arguments, as LeRobot's
+    training scripts pass them; `runtime` (an `mmdata.Runtime`: decoder, ranks, ...) replaces the last two when
+    given. `episodes` is LeRobot's: a list of its `episode_index` values (or an `mmdata.Episodes` filter).
+    `seed`, `reading` and `on_error` are `mmdata.DataLoader`'s; `state_dict()` / `load_state_dict()` resume
+    exactly, as there.
     """
 
     def __init__(
@@ -61,11 +65,15 @@ class LeRobotLoader:
         batch_size: int,
         streams: Mapping[str, str] | None = None,
         shuffle: bool | str = True,
-        num_workers: int = 0,
-        device: str | torch.device = "cpu",
+        num_workers: int | None = None,
+        device: str | torch.device | None = None,
         images: ImageFormat = "float",
         episodes: Sequence[int] | Episodes | None = None,
-        **options: Any,
+        seed: int = 0,
+        runtime: Runtime | None = None,
+        reading: Reading | None = None,
+        on_error: OnError = "raise",
+        **ungrouped: Any,
     ):
         if images not in ("float", "uint8"):
             raise SpecError(f"images is 'float' or 'uint8', not {images!r}")
@@ -104,14 +112,26 @@ class LeRobotLoader:
         source = (
             Mixture([Source(self.dataset, streams=renamed, episodes=selected)]) if renamed or selected else self.dataset
         )
+        if runtime is not None and (num_workers is not None or device is not None):
+            raise OptionError("give num_workers and device inside runtime=, not beside it")
+        ungrouped = dict(ungrouped)
+        batching = Batching(batch_size=batch_size, **_popped(ungrouped, "batching"))
+        shuffling = Shuffling(mode=shuffle, **_popped(ungrouped, "shuffling"))
+        if runtime is None:
+            machine = {"num_workers": num_workers or 0, "device": device or "cpu"}
+            runtime = Runtime(**{**machine, **_popped(ungrouped, "runtime")})
+        if reading is None:
+            reading = Reading(**_popped(ungrouped, "reading"))
         self.loader = DataLoader(
             source,
             spec,
-            batch_size=batch_size,
-            shuffle=shuffle,
-            num_workers=num_workers,
-            device=device,
-            **options,
+            batching=batching,
+            shuffling=shuffling,
+            seed=seed,
+            runtime=runtime,
+            reading=reading,
+            on_error=on_error,
+            **ungrouped,
         )
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -286,3 +306,8 @@ def _frame_rate(streams: dict) -> float:
     if len(rates) != 1:
         raise SpecError(f"LeRobot-style samples need one frame rate; the store's streams have {sorted(rates)}")
     return float(next(iter(rates)))
+
+
+def _popped(keywords: dict[str, Any], group: str) -> dict[str, Any]:
+    """The fields of option `group` given as ungrouped keywords (the form before the groups), taken out."""
+    return {LEGACY_KEYWORDS[k][1]: keywords.pop(k) for k in list(keywords) if LEGACY_KEYWORDS.get(k, ("",))[0] == group}

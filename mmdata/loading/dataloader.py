@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import numbers
 import os
 import time
-from collections.abc import Iterator, Mapping
-from typing import Any, Literal
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -24,8 +23,8 @@ from mmdata.checks import option_int
 from mmdata.codecs.decoders import VideoDecoder, make_video_decoder
 from mmdata.errors import OptionError, StoreError
 from mmdata.loading.chain import BatchReader
-from mmdata.loading.collate import LAYOUTS, Layout
 from mmdata.loading.feed import Feed, Item, StepSource
+from mmdata.loading.loader_options import Batching, Reading, Runtime, Shuffling, grouped_options
 from mmdata.loading.loader_stats import LoaderStats
 from mmdata.loading.micro_batch import MicroBatch, OnError, source_counts
 from mmdata.loading.normalize import attach_normalizers
@@ -43,118 +42,83 @@ from mmdata.planning.mixture import (
     open_sources,
     source_targets,
 )
-from mmdata.planning.order import Shuffle, as_shuffle
-from mmdata.planning.packing.layouts import MaskKind
-from mmdata.planning.planner import Batching, LoaderPlanner
+from mmdata.planning.planner import LoaderPlanner, PlanSettings
 from mmdata.planning.ranks import rank_and_world
 from mmdata.planning.samples import SampleTable, concatenate_samples, enumerate_samples
 from mmdata.planning.specs import Frames, Spec, SpecError
 from mmdata.schema import VideoStream
 from mmdata.store.dataset import Dataset
+from mmdata.store.handle import Store
 
 MAIN_DECODE_AHEAD = 2
 
 
 class DataLoader:
-    """Batches of `spec` samples from the store at `dataset` (a path, a URL, or an open `Dataset`), or
-    from several stores at once: a `Mixture` of weighted sources (see `mmdata.planning.mixture`).
+    """Batches of `spec` samples from the store at `dataset` (a path, a URL, or an open `Store` or
+    `Dataset`), or from several stores at once: a `Mixture` of weighted sources (see
+    `mmdata.planning.mixture`). `episodes` filters a single store's episodes.
 
-    Batching: `batch_tokens` packs samples by token cost (`tokens_per` stream: tokens per frame,
-    per value, per second of audio; 1 by default) into micro-batches of at most that many
-    tokens, balanced across ranks; `batch_size` takes that many samples of similar cost per
-    micro-batch instead. `layout` ("packed" or "padded", see `mmdata.loading.collate`) shapes the
-    tensors. `shuffle`: "locality" (the default, also `True`: shards shuffled, then samples within
-    groups of shards), "global" (one permutation of every sample) or "none" (also `False`).
-    Each rank gets the same number of steps; `len(loader)` is that number for the epoch.
+    The options come in groups (see `mmdata.loading.loader_options`): `batching` (a `Batching`: batch size or
+    token budget, layout, balance across ranks; required), `shuffling` (a `Shuffling`: "locality", the
+    default, "global" or "none"), `runtime` (a `Runtime`: workers, device, decoder and where it decodes,
+    rank and world size) and `reading` (a `Reading`: checksums, memory cache, the `ReadPolicy` of the
+    stores it opens). The keywords of the ungrouped form (`batch_size=`, `num_workers=`, ...) still work
+    and warn. Each rank gets the same number of steps; `len(loader)` is that number for the epoch.
 
-    `decoder="auto"` decodes video on the GPU with DALI in the main process when `device` is a
-    CUDA device and the work suits it, else in the workers on the fastest CPU backend;
-    `decode_in` overrides where ("main": workers send encoded segments, and the main process
-    decodes each micro-batch in one decoder call).
     `on_error="skip"` replaces a sample that fails to read with another of its micro-batch (or,
     when the whole micro-batch fails, with one borrowed from the samples planned after it) and
     counts it in `stats()`, and leaves out of every epoch the episodes whose manifest rows fail
     the store's checks (`stats()["excluded_episodes"]`); "raise" stops with the shard, episode
     and stream named, and refuses such a store when the loader is built.
     `state_dict()` / `load_state_dict()` resume exactly, also with another world size or worker count.
-    `stats()` says where the time went; `profiler_ranges=True` also marks every stage for the PyTorch
-    profiler and Nsight (NVTX).
+    `stats()` says where the time went.
     """
 
     def __init__(
         self,
-        dataset: str | Dataset | Mixture,
+        dataset: str | Store | Dataset | Mixture,
         spec: Spec,
         *,
-        tokens_per: Mapping[str, float] | None = None,
-        batch_tokens: int | None = None,
-        batch_size: int | None = None,
-        layout: Layout | None = None,
         episodes: Episodes | None = None,
+        batching: Batching | None = None,
+        shuffling: Shuffling | None = None,
         seed: int = 0,
-        shuffle: Shuffle | bool = "locality",
-        shuffle_window: int = 8192,
-        shards_per_group: int = 8,
-        balance: Literal["tokens", "attention"] = "tokens",
-        num_workers: int = 0,
-        prefetch_factor: int = 2,
-        device: str | torch.device = "cpu",
-        decoder: str | VideoDecoder = "auto",
-        decode_in: Literal["workers", "main"] | None = None,
-        rank: int | None = None,
-        world_size: int | None = None,
+        runtime: Runtime | None = None,
+        reading: Reading | None = None,
         on_error: OnError = "raise",
-        attention_mask: MaskKind | None = None,
-        pad_to_multiple: int | None = None,
-        verify: bool = True,
-        cache_bytes: int = 256 << 20,
-        profiler_ranges: bool = False,
+        **ungrouped: Any,
     ):
-        if (batch_tokens is None) == (batch_size is None):
-            raise OptionError(
-                "give exactly one of batch_tokens (token-budgeted packing) or batch_size (samples per batch)"
-            )
-        layout = layout or ("packed" if batch_tokens is not None else "padded")
-        if layout not in LAYOUTS:
-            raise OptionError(f"layout is 'packed' or 'padded', not '{layout}'")
-        shuffle = as_shuffle(shuffle)
+        given = {"batching": batching, "shuffling": shuffling, "runtime": runtime, "reading": reading}
+        options = grouped_options(given, ungrouped)
+        batching, shuffling, runtime, reading = (options[g] for g in ("batching", "shuffling", "runtime", "reading"))
         if on_error not in ("raise", "skip"):
             raise OptionError(f"on_error is 'raise' or 'skip', not '{on_error}'")
-        _check_counts(
-            num_workers=(num_workers, 0, 1024),
-            batch_size=(batch_size, 1, 1 << 24),
-            batch_tokens=(batch_tokens, 1, 1 << 40),
-            shuffle_window=(shuffle_window, 1, 1 << 40),
-            shards_per_group=(shards_per_group, 1, 1 << 40),
-            prefetch_factor=(prefetch_factor, 1, 1024),
-            cache_bytes=(cache_bytes, 0, 1 << 50),
-            pad_to_multiple=(pad_to_multiple, 1, 1 << 20),
-            seed=(seed, 0, 1 << 62),
-        )
-        for name, tokens in (tokens_per or {}).items():
-            if isinstance(tokens, bool) or not isinstance(tokens, numbers.Real) or not 0 < tokens < float("inf"):
-                raise OptionError(f"tokens_per['{name}'] is a positive number of tokens, not {tokens!r}")
+        option_int(seed, "seed", 0, 1 << 62)
+        self.batching, self.shuffling, self.runtime, self.reading = batching, shuffling, runtime, reading
+        batch_tokens, batch_size, tokens_per = batching.batch_tokens, batching.batch_size, batching.tokens_per
+        balance, layout = batching.balance, batching.layout
+        shuffle, shuffle_window, shards_per_group = shuffling.mode, shuffling.window, shuffling.shards_per_group
+        num_workers, rank, world_size = runtime.num_workers, runtime.rank, runtime.world_size
         self.rank, self.world_size = rank_and_world(rank, world_size)
-        enable_profiler_ranges(profiler_ranges)
-        self.device = _resolve_device(device)
+        enable_profiler_ranges(runtime.profiler_ranges)
+        self.device = _resolve_device(runtime.device)
         self.spec = spec
         self.layout = layout
         self.num_workers = num_workers
-        self.prefetch_factor = prefetch_factor
+        self.prefetch_factor = runtime.prefetch_factor
         self.on_error = on_error
-        self.attention_mask = attention_mask
-        self.pad_to_multiple = pad_to_multiple
+        self.attention_mask = batching.attention_mask
+        self.pad_to_multiple = batching.pad_to_multiple
 
         if isinstance(dataset, Mixture) and episodes is not None:
             raise OptionError("a mixture filters episodes per source: give Source(..., episodes=...) instead")
         self.mixture = dataset if isinstance(dataset, Mixture) else None
         mixture = self.mixture or Mixture([Source(dataset, episodes=episodes)])
-        self.sources = open_sources(mixture, verify, cache_bytes)
+        self.sources = open_sources(mixture, reading.verify, reading.cache_bytes, reading.policy)
         self.store = self.sources[0].store
         self.fillers = check_sources(spec, self.sources)
-        self.decoder = self._build_decoder(decoder)
-        if decode_in not in (None, "workers", "main"):
-            raise OptionError(f"decode_in is 'workers' or 'main', not '{decode_in}'")
+        self.decoder = self._build_decoder(runtime.decoder)
+        decode_in = runtime.decode_in
         self.decode_in_main = decode_in == "main" if decode_in else self.decoder.device == "gpu"
         self.excluded: dict = {}
         self.samples: SampleTable = concatenate_samples([self._source_samples(s) for s in self.sources])
@@ -166,8 +130,6 @@ class DataLoader:
                 f" {int(self.samples.episode[worst])}) costs {int(self.costs[worst])} tokens; raise batch_tokens"
                 " to at least that, lower tokens_per, or shorten the samples (Sequences(max_seconds=...))"
             )
-        if batch_size is not None and batch_size < 1:
-            raise OptionError(f"batch_size must be at least 1, not {batch_size}")
         counts = np.bincount(self.samples.source, minlength=len(self.sources))
         mean_costs = [float(self.costs[self.samples.source == n].mean()) if c else 0.0 for n, c in enumerate(counts)]
         self.source_targets = source_targets(mixture, counts, mean_costs)
@@ -175,10 +137,10 @@ class DataLoader:
         composition = None
         if self.mixture is not None:
             composition = functools.partial(epoch_composition, self.samples.source, self.source_targets)
-        batching = Batching(batch_tokens, batch_size, balance, shuffle, shuffle_window, shards_per_group)
+        settings_for_plan = PlanSettings(batch_tokens, batch_size, balance, shuffle, shuffle_window, shards_per_group)
         keys = [s.store.table.column("key").to_pylist() for s in self.sources]
         shards = [s.store.table.column("shard").to_pylist() for s in self.sources]
-        self.planner = LoaderPlanner(self.samples, self.costs, keys, shards, batching, composition)
+        self.planner = LoaderPlanner(self.samples, self.costs, keys, shards, settings_for_plan, composition)
         settings = [
             spec.describe(),
             episodes.describe() if episodes is not None else None,
@@ -428,10 +390,3 @@ def _resolve_device(device: str | torch.device) -> torch.device:
     if "LOCAL_RANK" in os.environ:
         return torch.device("cuda", int(os.environ["LOCAL_RANK"]))
     return torch.device("cuda", torch.cuda.current_device() if torch.cuda.is_available() else 0)
-
-
-def _check_counts(**counts: tuple[int | None, int, int]) -> None:
-    """Each keyword's value (skipped when None) is a whole number within its given range."""
-    for name, (value, least, most) in counts.items():
-        if value is not None:
-            option_int(value, name, least, most)

@@ -25,6 +25,7 @@ from mmdata.planning.episodes import Episodes
 from mmdata.planning.specs import Audio, Frames, Spec, SpecError, Values, option_int, option_number
 from mmdata.schema import AudioStream, LowdimStream, VideoStream
 from mmdata.store.dataset import Dataset
+from mmdata.store.filesystem import DEFAULT_READ_POLICY, ReadPolicy
 from mmdata.store.handle import Store
 from mmdata.store.lru import ByteBudgetCache
 
@@ -146,7 +147,9 @@ class Filler:
     rate: float | None = None
 
 
-def open_sources(mixture: Mixture, verify: bool, cache_bytes: int) -> list[OpenSource]:
+def open_sources(
+    mixture: Mixture, verify: bool, cache_bytes: int, read_policy: ReadPolicy = DEFAULT_READ_POLICY
+) -> list[OpenSource]:
     """Open every source's store (no decoder: the loader decodes). A `Store` or `Dataset` given has its store
     copied, and the copy gets a memory cache of its own of `cache_bytes` (unless it was opened with a larger one)."""
     opened = []
@@ -156,7 +159,7 @@ def open_sources(mixture: Mixture, verify: bool, cache_bytes: int) -> list[OpenS
             store = copy.copy(given)
             store.cache = ByteBudgetCache(max(cache_bytes, given.cache.max_bytes))
         else:
-            store = Store(str(given), verify, cache_bytes)
+            store = Store(str(given), verify, cache_bytes, read_policy)
         present = {s.name for s in store.schema.streams}
         unknown = sorted(set(source.streams) - present)
         if unknown:

@@ -24,7 +24,7 @@ Composition = Callable[[int, int], np.ndarray]
 
 
 @dataclass(frozen=True)
-class Batching:
+class PlanSettings:
     """How samples become micro-batches: a token budget (`batch_tokens`) or a sample count (`batch_size`)."""
 
     batch_tokens: int | None
@@ -44,7 +44,7 @@ class LoaderPlanner:
         costs: np.ndarray,
         keys: list[list[str]],
         shards: list[list[str]],
-        batching: Batching,
+        batching: PlanSettings,
         composition: Composition | None = None,
     ):
         self.samples = samples

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mmdata.errors import MmdataError
+from mmdata.loading.loader_options import group_keywords
 from mmdata.measure.presets import PRESETS, default_tokens_per, preset_spec
 from mmdata.measure.report import build_document, compare, format_table, load, parse_fraction
 from mmdata.measure.sweep import label, parse_sweep, plot_sweep
@@ -48,12 +49,15 @@ def add_parser(commands) -> None:
     spec.add_argument("--streams", help="comma-separated streams to read (default: all)")
     spec.add_argument("--anchor-fps", type=float, help="anchors per second (policy 10, clips 5) or sequence fps")
     spec.add_argument("--max-seconds", type=float, default=8.0, help="sequence chunk length (default 8 s)")
-    spec.add_argument("--tokens-per", help="tokens per frame / value / audio second, e.g. cam_high=256,audio=50")
-    loader = parser.add_argument_group("loader options")
-    batch = loader.add_mutually_exclusive_group()
+    batching = parser.add_argument_group("batching (mmdata.Batching)")
+    batch = batching.add_mutually_exclusive_group()
     batch.add_argument("--batch-tokens", type=int, help="token budget per micro-batch (default 16384)")
     batch.add_argument("--batch-size", type=int, help="samples per micro-batch instead of a token budget")
-    loader.add_argument("--layout", choices=("packed", "padded"), help="default: packed with tokens, padded with size")
+    batching.add_argument("--tokens-per", help="tokens per frame / value / audio second, e.g. cam_high=256,audio=50")
+    batching.add_argument(
+        "--layout", choices=("packed", "padded"), help="default: packed with tokens, padded with size"
+    )
+    loader = parser.add_argument_group("runtime (mmdata.Runtime)")
     loader.add_argument("--num-workers", type=int, default=2)
     loader.add_argument("--prefetch-factor", type=int, default=2)
     loader.add_argument(
@@ -64,13 +68,15 @@ def add_parser(commands) -> None:
     )
     loader.add_argument("--decode-in", choices=("workers", "main"), help="where video is decoded")
     loader.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
-    loader.add_argument("--seed", type=int, default=0)
-    loader.add_argument(
+    loader.add_argument("--world-size", type=int, default=1, help="plan for this many ranks (this process is rank 0)")
+    loader.add_argument("--profile-ranges", action="store_true", help="mark stages for torch.profiler and Nsight")
+    spec.add_argument("--seed", type=int, default=0)
+    reading = parser.add_argument_group("reading (mmdata.Reading)")
+    reading.add_argument(
         "--cache-dir",
         help="keep pieces fetched from object storage on local disk here (ReadPolicy.cache_dir): a second run reads"
         " them from disk",
     )
-    loader.add_argument("--world-size", type=int, default=1, help="plan for this many ranks (this process is rank 0)")
     run = parser.add_argument_group("the run")
     run.add_argument("--steps", type=int, default=50, help="measured steps (default 50)")
     run.add_argument(
@@ -80,7 +86,6 @@ def add_parser(commands) -> None:
         " start from a queue the workers filled in advance)",
     )
     run.add_argument("--step-ms", type=float, default=0.0, help="simulate a training step of this many ms")
-    run.add_argument("--profile-ranges", action="store_true", help="mark stages for torch.profiler and Nsight")
     output = parser.add_argument_group("output and comparison")
     output.add_argument("--json", help="write the full result here (schema: docs/bench.schema.json)")
     output.add_argument("--compare", help="an earlier --json result; exit 1 if a headline figure regressed")
@@ -140,12 +145,11 @@ def _measure(args: argparse.Namespace, dataset: str) -> dict[str, Any]:
         "decoder": args.decoder,
         "decode_in": args.decode_in,
         "device": args.device,
-        "seed": args.seed,
         "rank": 0,
         "world_size": args.world_size,
         "profiler_ranges": args.profile_ranges,
     }
-    loader = DataLoader(_source(args, dataset), spec, **options)
+    loader = DataLoader(_source(args, dataset), spec, seed=args.seed, **group_keywords(options))
     warmup = _warmup(args, options)
     measured = run_loader(loader, args.steps, warmup, args.step_ms)
     config = {
@@ -194,7 +198,7 @@ def _sweep(args: argparse.Namespace, dataset: str, spec, options: dict[str, Any]
             overrides["batch_tokens"] = None
         elif "batch_tokens" in overrides:
             overrides["batch_size"] = None
-        loader = DataLoader(_source(args, dataset), spec, **(options | overrides))
+        loader = DataLoader(_source(args, dataset), spec, seed=args.seed, **group_keywords(options | overrides))
         figures = run_loader(loader, args.steps, _warmup(args, options | overrides), args.step_ms)["figures"]
         rows.append({"setting": setting, "decoder": loader.decoder.describe(), "figures": figures})
         print(
