@@ -11,7 +11,7 @@ PINS := .venv-lerobot-pins
 PINS_STAMP := $(PINS)/.installed
 LEROBOT_PINS := "av>=15,<16" "numpy<2.3"
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test test-fast check-aarch64 lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,10 +31,21 @@ $(PINS_STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/mmdata demo
 
-test: $(STAMP) $(PINS_STAMP)
+test: $(STAMP) $(PINS_STAMP) check-aarch64
 	$(BIN)/ruff check mmdata tests benchmarks
+	$(BIN)/ruff format --check mmdata tests benchmarks
 	$(BIN)/python -m pytest -q
 	$(PINS)/bin/python -m pytest -q -p no:cacheprovider tests/test_lerobot_loader.py tests/test_importers.py -k lerobot
+
+# The inner loop: everything but the tests that start subprocesses, S3 servers or Ray clusters (under 3 minutes).
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
+
+# `pip install mmdata` must resolve on aarch64 Linux (Grace Hopper and other ARM GPU nodes) from wheels alone.
+# uv resolves for the target platform, markers included (pip's --platform evaluates markers for this machine).
+check-aarch64: $(STAMP)
+	$(BIN)/uv pip compile pyproject.toml --python-platform aarch64-manylinux_2_28 --python-version 3.11 \
+		--no-build --quiet --output-file /dev/null
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/convert_bench.py

@@ -26,6 +26,7 @@ from torch.utils.data import IterableDataset
 from mmdata.codecs.align import nearest_indices, sample_range
 from mmdata.codecs.audio import as_float, decode_audio
 from mmdata.codecs.lowdim import decode_npy, encode_npy
+from mmdata.errors import MissingDependencyError
 from mmdata.measure.runner import run_for_seconds
 from mmdata.planning.samples import grid_times
 from mmdata.planning.specs import Frames, Sequences, Spec, Values
@@ -36,10 +37,20 @@ from mmdata.store.manifest import Piece
 RECORDER_GOP = 250
 
 
+def _webdataset() -> Any:
+    """The `webdataset` library, which the baseline is written with (the `bench` extra, not the core install)."""
+    try:
+        import webdataset
+    except ImportError as exc:
+        raise MissingDependencyError(
+            "the naive baseline is a webdataset pipeline: pip install 'mmdata[bench]' to run --baseline naive"
+        ) from exc
+    return webdataset
+
+
 def export_naive_shards(dataset: Dataset, destination: Path, episodes_per_shard: int = 1) -> list[str]:
     """The store's episodes as naive WebDataset shards (one tar sample per episode); returns their paths."""
-    import webdataset as wds
-
+    wds = _webdataset()
     destination.mkdir(parents=True, exist_ok=True)
     with wds.ShardWriter(str(destination / "naive-%06d.tar"), maxcount=episodes_per_shard, verbose=0) as sink:
         for index in range(len(dataset)):
@@ -90,8 +101,7 @@ class NaiveSamples(IterableDataset):
         self.decode_once_per_episode = decode_once_per_episode
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        import webdataset as wds
-
+        wds = _webdataset()
         rng = np.random.default_rng(self.seed)
         for episode in wds.WebDataset(self.shards, shardshuffle=False, empty_check=False):
             decoded: dict[str, np.ndarray] = {}

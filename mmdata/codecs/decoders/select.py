@@ -125,7 +125,7 @@ def make_video_decoder(
 
 def _why_unavailable(name: str) -> str:
     if name == "decord":
-        return "decoder 'decord' needs the decord package: pip install decord"
+        return "decoder 'decord' needs the decord package: pip install 'mmdata[decord]' (x86-64 only; no aarch64 wheel)"
     if name == "nvdec":
         if not pynvvideocodec_available():
             return "decoder 'nvdec' needs NVIDIA's PyNvVideoCodec: pip install 'mmdata[nvdec]'"
