@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any, TypeVar
 
 import numpy as np
+from cachetools import LRUCache
 
 T = TypeVar("T")
 
@@ -23,7 +23,8 @@ def size_of(value: Any) -> int:
 
 
 class ByteBudgetCache:
-    """Keeps recently used values while their total size stays within `max_bytes` (0 disables it).
+    """Keeps recently used values while their total size stays within `max_bytes` (0 disables it): a
+    `cachetools.LRUCache` weighed by `size_of`, counting hits and misses.
 
     A loader worker reads many windows of the same episode in a row (the plan keeps them close),
     so an episode's timestamps, low-dim arrays and decoded audio are read once, not per window.
@@ -31,26 +32,25 @@ class ByteBudgetCache:
 
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
-        self.bytes = 0
         self.hits = self.misses = 0
-        self._entries: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
+        self._entries: LRUCache = LRUCache(maxsize=max(max_bytes, 1), getsizeof=size_of)
+
+    @property
+    def bytes(self) -> int:
+        return int(self._entries.currsize)
 
     def get(self, key: Hashable, load: Callable[[], T]) -> T:
-        entry = self._entries.get(key)
-        if entry is not None:
-            self._entries.move_to_end(key)
+        try:
+            value = self._entries[key]
+        except KeyError:
+            self.misses += 1
+        else:
             self.hits += 1
-            return entry[0]
-        self.misses += 1
+            return value
         value = load()
-        size = size_of(value)
-        if size <= self.max_bytes:
-            self._entries[key] = (value, size)
-            self.bytes += size
-            while self.bytes > self.max_bytes:
-                _, (_, dropped) = self._entries.popitem(last=False)
-                self.bytes -= dropped
+        if self.max_bytes and size_of(value) <= self.max_bytes:
+            self._entries[key] = value
         return value
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_entries": OrderedDict(), "bytes": 0}
+        return {**self.__dict__, "_entries": LRUCache(maxsize=max(self.max_bytes, 1), getsizeof=size_of)}

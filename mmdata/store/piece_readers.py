@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import fsspec
 import numpy as np
 from fsspec.implementations.local import LocalFileSystem
+from fsspec.utils import merge_offset_ranges
 
 from mmdata.codecs.lowdim import NpyError, decode_npy
 from mmdata.errors import IntegrityError, MmdataError
@@ -74,18 +75,30 @@ class CoalescedRange:
     end: int
     members: list[Piece] = field(default_factory=list)
 
+    def holds(self, piece: Piece) -> bool:
+        return piece.path == self.path and self.start <= piece.offset and piece.offset + piece.size <= self.end
+
 
 def coalesce(pieces: Iterable[Piece], gap: int = COALESCE_GAP, limit: int = COALESCE_MAX) -> list[CoalescedRange]:
-    """The pieces' byte ranges merged per shard where at most `gap` bytes apart (up to `limit` bytes a request)."""
-    ranges: list[CoalescedRange] = []
-    for piece in sorted(set(pieces), key=lambda p: (p.path, p.offset)):
-        last = ranges[-1] if ranges else None
-        end = piece.offset + piece.size
-        if last and last.path == piece.path and piece.offset - last.end <= gap and end - last.start <= limit:
-            last.end = max(last.end, end)
-            last.members.append(piece)
-        else:
-            ranges.append(CoalescedRange(piece.path, piece.offset, end, [piece]))
+    """The pieces' byte ranges merged per shard where at most `gap` bytes apart (up to `limit` bytes a request,
+    by fsspec's `merge_offset_ranges`), each range with the pieces it holds."""
+    ordered = sorted(set(pieces), key=lambda p: (p.path, p.offset, p.size))
+    if not ordered:
+        return []
+    paths, starts, ends = merge_offset_ranges(
+        [p.path for p in ordered],
+        [p.offset for p in ordered],
+        [p.offset + p.size for p in ordered],
+        max_gap=gap,
+        max_block=limit,
+        sort=False,
+    )
+    ranges = [CoalescedRange(path, start, end) for path, start, end in zip(paths, starts, ends)]
+    current = 0
+    for piece in ordered:  # ranges come in the pieces' order: each piece lies in the first one holding it
+        while not ranges[current].holds(piece):
+            current += 1
+        ranges[current].members.append(piece)
     return ranges
 
 

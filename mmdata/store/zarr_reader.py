@@ -19,11 +19,11 @@ from __future__ import annotations
 import math
 import struct
 import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import fsspec
 import numpy as np
+from cachetools import LRUCache
 
 from mmdata.checks import parse_json
 from mmdata.errors import IntegrityError, ReadError, StoreError
@@ -102,11 +102,16 @@ class ZarrArrays:
         self.policy = policy
         self.held = HeldBytes()
         self._layouts: dict[str, ArrayLayout] = {}
-        self._indexes: OrderedDict[tuple[str, int], np.ndarray] = OrderedDict()
+        self._indexes: LRUCache = LRUCache(maxsize=_SHARD_INDEXES_KEPT)
         self._indexes_lock = threading.Lock()
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_indexes": OrderedDict(), "held": HeldBytes(), "_indexes_lock": None}
+        return {
+            **self.__dict__,
+            "_indexes": LRUCache(maxsize=_SHARD_INDEXES_KEPT),
+            "held": HeldBytes(),
+            "_indexes_lock": None,
+        }
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state, _indexes_lock=threading.Lock())
@@ -151,7 +156,8 @@ class ZarrArrays:
     def rows(self, path: str, start: int, count: int, row_shape: tuple[int, ...], dtype: str) -> np.ndarray:
         """Rows [start, start + count) of a numeric array whose rows are `row_shape` of `dtype`."""
         layout = self.layout(path)
-        if layout.dtype is None or layout.dtype != np.dtype(dtype) or layout.shape[1:] != tuple(row_shape):
+        native = None if layout.dtype is None else layout.dtype.newbyteorder("=")
+        if native is None or native != np.dtype(dtype).newbyteorder("=") or layout.shape[1:] != tuple(row_shape):
             found = "bytes" if layout.dtype is None else f"{layout.dtype} rows of {layout.shape[1:]}"
             raise StoreError(f"Zarr array '{path}' holds {found}; the store's schema says {dtype} rows of {row_shape}")
         if start < 0 or count < 0 or start + count > layout.shape[0]:
@@ -159,12 +165,12 @@ class ZarrArrays:
                 f"Zarr array '{path}': rows {start}..{start + count} lie outside its {layout.shape[0]} rows"
             )
         if count == 0:
-            return np.empty((0, *layout.shape[1:]), layout.dtype)
+            return np.empty((0, *layout.shape[1:]), native)
         first, last = start // layout.chunk_rows, (start + count - 1) // layout.chunk_rows
         parts = [self._chunk(layout, chunk) for chunk in range(first, last + 1)]
         joined = parts[0] if len(parts) == 1 else np.concatenate(parts)
         offset = start - first * layout.chunk_rows
-        return np.array(joined[offset : offset + count])
+        return np.array(joined[offset : offset + count], dtype=native)  # in this machine's byte order
 
     def element(self, path: str, index: int, size: int) -> bytes:
         """Element `index` of a byte array, which the manifest says holds `size` bytes."""
@@ -216,7 +222,6 @@ class ZarrArrays:
         with self._indexes_lock:
             cached = self._indexes.get((layout.path, shard))
             if cached is not None:
-                self._indexes.move_to_end((layout.path, shard))
                 return cached
         key = join(self.root, layout.key(shard))
         index_bytes = layout.chunk_rows * 16 + (4 if layout.index_checksum else 0)
@@ -233,8 +238,6 @@ class ZarrArrays:
             raise IntegrityError(f"{key}: the shard index points past the end of the shard")
         with self._indexes_lock:
             self._indexes[(layout.path, shard)] = index
-            if len(self._indexes) > _SHARD_INDEXES_KEPT:
-                self._indexes.popitem(last=False)
         return index
 
 
