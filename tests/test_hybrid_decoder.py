@@ -121,7 +121,7 @@ def test_the_dataloader_with_a_hybrid_decoder_delivers_the_batches_of_a_single_b
 
 def test_decoder_hybrid_needs_a_gpu_and_says_so_where_there_is_none():
     from mmdata.codecs.decoders import backend_available, make_video_decoder
-    from mmdata.codecs.decoders.dali_decoder import cuda_available
+    from mmdata.codecs.decoders.availability import cuda_available
 
     if cuda_available():
         pytest.skip("a CUDA GPU is visible: the GPU check script covers decoder='hybrid' there")

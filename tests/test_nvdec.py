@@ -214,7 +214,7 @@ def test_a_request_the_segment_cannot_serve_fails_alone_naming_the_segment(segme
 
 
 def test_decoder_nvdec_needs_pynvvideocodec_and_a_gpu_and_says_which_is_missing():
-    from mmdata.codecs.decoders.dali_decoder import cuda_available
+    from mmdata.codecs.decoders.availability import cuda_available
 
     if cuda_available():
         pytest.skip("a CUDA GPU is visible: benchmarks/gpu/nvdec_check.py covers decoder='nvdec' there")
