@@ -182,7 +182,7 @@ def grouped_options(given: dict[str, Any], keywords: dict[str, Any], caller: str
         instead = ", ".join(f"{group}=mmdata.{GROUPS[group].__name__}(...)" for group in groups)
         warnings.warn(
             f"{caller}({', '.join(f'{k}=' for k in keywords)}) is the ungrouped form; pass {instead} instead"
-            " (see docs/loader-options.md)",
+            " (see docs/loading.md, \"The loader's options\")",
             DeprecationWarning,
             stacklevel=3,
         )

@@ -1,6 +1,6 @@
 """Fetch stored pieces by their manifest address: byte ranges of shards, or Zarr elements and rows.
 
-Both layouts read through `sharding/filesystem.py` (deadlines, retries of transient errors only)
+Both layouts read through `store/filesystem.py` (deadlines, retries of transient errors only)
 and, with `verify` (the default), check every piece against the manifest's checksum, so a flipped
 byte is an IntegrityError and never a wrong frame. Numeric rows are checked against the shape
 and dtype the schema declares before anything is allocated for them.

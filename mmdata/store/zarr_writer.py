@@ -42,7 +42,7 @@ def _create_bytes_array(group: zarr.Group, path: str, per_shard: int) -> zarr.Ar
     The elements are encoded media (video segments, FLAC or Opus), which a general-purpose
     compressor cannot shrink: they are stored as they are, so reading one costs no decompression.
     Codecs are named rather than left to zarr's defaults, so the store is exactly the layout
-    `sharding/zarr_reader.py` reads, whatever zarr version wrote it (so are the numeric arrays')."""
+    `store/zarr_reader.py` reads, whatever zarr version wrote it (so are the numeric arrays')."""
     with warnings.catch_warnings():
         # zarr-python's VariableLengthBytes has no v3 spec yet; we read it with zarr-python only.
         warnings.simplefilter("ignore")
