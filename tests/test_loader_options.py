@@ -89,6 +89,7 @@ def test_a_group_of_the_wrong_type_is_refused(stores):
         (lambda: mmdata.Batching(batch_tokens=64, tokens_per={"cam_high": float("nan")}), r"tokens_per\['cam_high'\]"),
         (lambda: mmdata.Batching(batch_size=4, layout="ragged"), "layout is 'packed' or 'padded'"),
         (lambda: mmdata.Batching(batch_size=4, balance="speed"), "balance is 'tokens' or 'attention'"),
+        (lambda: mmdata.Batching(batch_size=4, attention_mask="full"), "attention_mask is None, .causal."),
         (lambda: mmdata.Shuffling(mode="sometimes"), "shuffle is True, False or one of"),
         (lambda: mmdata.Shuffling(window=0), "shuffle_window"),
         (lambda: mmdata.Runtime(num_workers=-1), "num_workers"),

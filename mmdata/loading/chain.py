@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from mmdata.codecs.decoders import VideoDecoder
-from mmdata.errors import MmdataError, SampleError
+from mmdata.errors import MmdataError, OptionError, SampleError
 from mmdata.loading.aligning import Aligner
 from mmdata.loading.collate import collate
 from mmdata.loading.decoding import finish_video, prepare_video
@@ -56,7 +56,7 @@ class BatchReader:
         collate_options: dict[str, Any] | None = None,
     ):
         if on_error not in ("raise", "skip"):
-            raise ValueError(f"on_error is 'raise' or 'skip', not '{on_error}'")
+            raise OptionError(f"on_error is 'raise' or 'skip', not '{on_error}'")
         self.sources = list(sources)
         self.spec = spec
         self.fillers = fillers

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
+from mmdata.errors import OptionError
 from mmdata.loading.micro_batch import MicroBatch
 from mmdata.planning.packing.layouts import MaskKind, packed_layout, padded_layout
 
@@ -36,7 +37,7 @@ def collate(
 ) -> dict[str, Any]:
     """The tensors of one micro-batch in `layout`; see the module docstring for the keys."""
     if layout not in LAYOUTS:
-        raise ValueError(f"layout is 'packed' or 'padded', not '{layout}'")
+        raise OptionError(f"layout is 'packed' or 'padded', not '{layout}'")
     out: dict[str, Any] = {}
     for name, values in batch.values.items():
         tensors = [_tensor(v) for v in values]

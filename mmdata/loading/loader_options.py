@@ -59,6 +59,8 @@ class Batching:
         if layout not in LAYOUTS:
             raise OptionError(f"layout is 'packed' or 'padded', not '{layout}'")
         object.__setattr__(self, "layout", layout)
+        if self.attention_mask not in (None, "causal", "bidirectional"):
+            raise OptionError(f"attention_mask is None, 'causal' or 'bidirectional', not {self.attention_mask!r:.60}")
         if self.balance not in ("tokens", "attention"):
             raise OptionError(f"balance is 'tokens' or 'attention', not {self.balance!r}")
         tokens_per = {} if self.tokens_per is None else self.tokens_per
@@ -182,7 +184,7 @@ def grouped_options(given: dict[str, Any], keywords: dict[str, Any], caller: str
         instead = ", ".join(f"{group}=mmdata.{GROUPS[group].__name__}(...)" for group in groups)
         warnings.warn(
             f"{caller}({', '.join(f'{k}=' for k in keywords)}) is the ungrouped form; pass {instead} instead"
-            " (see docs/loading.md, \"The loader's options\")",
+            ' (see docs/loading.md, "The loader\'s options")',
             DeprecationWarning,
             stacklevel=3,
         )
