@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mmdata.errors import MmdataError
-from mmdata.loading.loader_options import group_keywords
 from mmdata.measure.presets import PRESETS, default_tokens_per, preset_spec
 from mmdata.measure.report import build_document, compare, format_table, load, parse_fraction
 from mmdata.measure.sweep import label, parse_sweep, plot_sweep
@@ -128,6 +127,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
 def _measure(args: argparse.Namespace, dataset: str) -> dict[str, Any]:
     from mmdata.loading.dataloader import DataLoader
+    from mmdata.loading.loader_options import group_keywords
     from mmdata.measure.runner import run_loader
 
     schema = open_store(dataset).schema
@@ -189,6 +189,7 @@ def _source(args: argparse.Namespace, dataset: str) -> str | Store:
 
 def _sweep(args: argparse.Namespace, dataset: str, spec, options: dict[str, Any]) -> list[dict[str, Any]]:
     from mmdata.loading.dataloader import DataLoader
+    from mmdata.loading.loader_options import group_keywords
     from mmdata.measure.runner import run_loader
 
     rows = []
