@@ -35,6 +35,7 @@ def bench_result(stores, tmp_path_factory) -> tuple[Path, str]:
     return output, finished.stdout
 
 
+@pytest.mark.slow
 def test_bench_prints_the_table_and_writes_json_valid_against_the_documented_schema(bench_result):
     output, table = bench_result
     for line in (
@@ -57,6 +58,7 @@ def test_bench_prints_the_table_and_writes_json_valid_against_the_documented_sch
     assert document["versions"]["mmdata"] == mmdata.__version__
 
 
+@pytest.mark.slow
 def test_compare_exits_non_zero_on_a_planted_regression_and_zero_within_the_limit(bench_result, tmp_path):
     output, _ = bench_result
     measured = json.loads(output.read_text())
@@ -130,6 +132,7 @@ def test_step_timer_adds_the_loader_stage_times_when_wrapping_a_loader(stores):
     assert "loader stage seconds" in timer.summary()
 
 
+@pytest.mark.slow
 def test_sweep_runs_every_combination_and_plots_them(stores, tmp_path):
     plot, output = tmp_path / "sweep.png", tmp_path / "sweep.json"
     finished = run_cli(
@@ -165,6 +168,7 @@ def test_bad_sweep_axes_are_refused_with_what_can_be_swept():
         parse_sweep(["num_workers"])
 
 
+@pytest.mark.slow
 def test_naive_baseline_runs_on_the_same_episodes_and_reports_ratios(stores, tmp_path):
     output = tmp_path / "baseline.json"
     finished = run_cli(
@@ -187,6 +191,7 @@ def test_naive_baseline_runs_on_the_same_episodes_and_reports_ratios(stores, tmp
     assert "mmdata / baseline" in finished.stdout
 
 
+@pytest.mark.slow
 def test_bench_without_a_dataset_measures_a_synthetic_demo_store():
     finished = run_cli("bench", "--steps", "10")
     assert finished.returncode == 0, finished.stderr

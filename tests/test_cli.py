@@ -10,6 +10,7 @@ import pytest
 from tests.conftest import run_cli
 
 
+@pytest.mark.slow
 def test_synth_convert_verify_inspect_chain_succeeds_for_both_layouts(tmp_path):
     raw = tmp_path / "raw"
     assert run_cli("synth", str(raw), "--episodes", "3", "--min-seconds", "1", "--max-seconds", "2").returncode == 0
@@ -26,6 +27,7 @@ def test_synth_convert_verify_inspect_chain_succeeds_for_both_layouts(tmp_path):
         assert {s["name"] for s in summary["streams"]} == {"task", "cam_high", "cam_wrist", "audio", "state", "action"}
 
 
+@pytest.mark.slow
 def test_synth_writes_parquet_lowdim_that_converts_with_explicit_timestamps(tmp_path):
     raw = tmp_path / "raw"
     run_cli(
@@ -38,6 +40,7 @@ def test_synth_writes_parquet_lowdim_that_converts_with_explicit_timestamps(tmp_
     assert state["shape"] == [14] and state["rate"] is None
 
 
+@pytest.mark.slow
 def test_verify_exits_non_zero_and_names_the_bad_episode(stores, tmp_path):
     import shutil
 
@@ -54,6 +57,7 @@ def test_verify_exits_non_zero_and_names_the_bad_episode(stores, tmp_path):
     assert re.search(r"episode \d \(episode_000\d\):\n    cam_high segment \d+: " + damage, result.stdout)
 
 
+@pytest.mark.slow
 def test_errors_print_one_line_and_exit_2(tmp_path):
     result = run_cli("convert", str(tmp_path / "missing"), str(tmp_path / "out"))
     assert result.returncode == 2
@@ -63,12 +67,14 @@ def test_errors_print_one_line_and_exit_2(tmp_path):
     assert result.returncode == 2 and "no dataset.json" in result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["synth", "convert", "inspect", "verify", "demo", "bench"])
 def test_every_command_explains_itself_in_help(command):
     result = run_cli(command, "--help")
     assert result.returncode == 0 and "usage: mmdata" in result.stdout
 
 
+@pytest.mark.slow
 def test_demo_runs_end_to_end_and_reports_all_checks_passed(tmp_path):
     result = run_cli("demo", "--output", str(tmp_path / "demo"), "--episodes", "3")
     assert result.returncode == 0, result.stdout + result.stderr

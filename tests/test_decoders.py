@@ -195,6 +195,7 @@ def _run_in_forked_child(decoder, request):
             child.join(10)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("backend", "codec"), [("pyav", "h264"), ("decord", "h264"), ("dali-cpu", "vp9")])
 def test_decoder_built_before_fork_decodes_in_a_forked_worker(backend, codec, segments):
     decoder = make_video_decoder(backend, [codec])
@@ -208,6 +209,7 @@ def _collect_garbage(queue):
     queue.put("collected")
 
 
+@pytest.mark.slow
 def test_a_dali_decoder_dropped_in_the_parent_is_never_destroyed_in_a_forked_child(segments):
     decoder = make_video_decoder("dali-cpu", ["vp9"])
     decoder.decode([ClipRequest(segments["vp9"][0], (0,), "vp9", gop=GOP)])
@@ -227,6 +229,7 @@ def test_a_dali_decoder_dropped_in_the_parent_is_never_destroyed_in_a_forked_chi
     gc.collect()
 
 
+@pytest.mark.slow
 def test_dali_used_before_fork_fails_clearly_in_the_child_instead_of_hanging(segments):
     decoder = make_video_decoder("dali-cpu", ["vp9"])
     request = ClipRequest(segments["vp9"][0], (0,), "vp9", gop=GOP)

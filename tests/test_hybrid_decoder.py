@@ -130,6 +130,7 @@ def test_decoder_hybrid_needs_a_gpu_and_says_so_where_there_is_none():
         make_video_decoder("hybrid", ["h264"])
 
 
+@pytest.mark.slow
 def test_with_main_process_decoding_the_workers_decode_the_tail_and_the_share_follows_the_rates(stores):
     spec = mmdata.Windows(anchor_fps=10, streams={"cam_high": mmdata.Frames(offsets=[-0.1, 0.0])})
 

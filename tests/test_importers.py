@@ -276,6 +276,7 @@ def test_a_video_shorter_than_its_episode_is_named(tmp_path):
         convert_to(source, tmp_path / "out")
 
 
+@pytest.mark.slow
 def test_convert_cli_reads_a_lerobot_dataset_and_reports_skipped_episodes(tmp_path):
     source = write_lerobot_v21(tmp_path / "v21", short_video=0)
     finished = run_cli("convert", str(source), str(tmp_path / "out"), "--from", "lerobot", "--skip-bad")

@@ -10,6 +10,7 @@ import warnings
 import av
 import numpy as np
 import pyarrow.parquet as pq
+import pytest
 import webdataset as wds
 import zarr
 
@@ -32,6 +33,7 @@ def test_webdataset_library_yields_one_sample_per_episode_with_every_member(stor
         assert np.load(io.BytesIO(sample["state.npy"])).shape == (row["state/count"], 14)
 
 
+@pytest.mark.slow
 def test_tar_lists_every_member_of_the_manifest(stores):
     store = stores["wds"]
     listed = []

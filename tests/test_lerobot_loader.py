@@ -53,6 +53,7 @@ def _top_stripe(frame: np.ndarray, height: int = STRIPE) -> float:
     return float(frame[:, 2 : height - 2].mean())
 
 
+@pytest.mark.slow
 def test_batches_equal_lerobots_own_items_key_by_key(store):
     expected = np.load(FIXTURE / "lerobot_items.npz")
     loader = LeRobotLoader(store, RECORDED["delta_timestamps"], batch_size=8, shuffle=True, num_workers=2)
@@ -74,6 +75,7 @@ def test_batches_equal_lerobots_own_items_key_by_key(store):
                 assert got.dtype == want.dtype and np.array_equal(got, want), f"index {index} {key}: {got} != {want}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["wds", "zarr"])
 @pytest.mark.parametrize("fixture", TASK_FIXTURES, ids=lambda path: path.name)
 def test_each_frame_has_its_own_task_and_one_value_features_are_scalars_as_in_lerobot(fixture, layout, tmp_path):

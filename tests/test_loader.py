@@ -184,6 +184,7 @@ def test_windows_hold_the_frames_values_and_audio_at_the_requested_times(stores)
     assert checked_edges == {"start": True, "end": True}
 
 
+@pytest.mark.slow
 def test_sequences_are_chunked_packed_within_budget_and_cover_every_chunk_once(stores):
     spec = mmdata.Sequences(
         fps=10, max_seconds=1.0, streams={"cam_high": mmdata.Frames(), "action": mmdata.Values(rate=50)}
@@ -216,6 +217,7 @@ def test_padded_layout_pads_sequences_to_the_longest_and_flags_the_padding(store
             assert batch["key_padding_mask"][row].sum() == batch["seq_lens"][row]
 
 
+@pytest.mark.slow
 def test_decoding_in_the_main_process_gives_the_same_batches_as_in_workers(stores):
     def build(decode_in):
         return mmdata.DataLoader(
@@ -378,6 +380,7 @@ def test_a_corrupt_shard_met_mid_epoch_stops_the_run_naming_shard_and_episode(da
         run(loader)
 
 
+@pytest.mark.slow
 def test_skipping_corrupt_samples_replaces_them_deterministically_and_keeps_ranks_in_step(damaged_store):
     path, _, _ = damaged_store
 
@@ -413,6 +416,7 @@ def test_the_default_rank_comes_from_torchrun_environment(stores, monkeypatch):
     assert (loader.rank, loader.world_size) == (1, 3)
 
 
+@pytest.mark.slow
 def test_a_corrupt_shard_stops_the_run_when_video_is_decoded_in_the_main_process(damaged_store):
     path, key, shard = damaged_store
     loader = mmdata.DataLoader(
@@ -438,6 +442,7 @@ def test_a_cuda_device_without_index_follows_local_rank(monkeypatch):
     assert _resolve_device("cpu") == torch.device("cpu")
 
 
+@pytest.mark.slow
 def test_workers_carry_on_into_the_next_epoch_with_the_batches_a_fresh_loader_gives(stores):
     def build():
         return mmdata.DataLoader(
@@ -453,6 +458,7 @@ def test_workers_carry_on_into_the_next_epoch_with_the_batches_a_fresh_loader_gi
     assert_same_batches(second_epoch, run(fresh))
 
 
+@pytest.mark.slow
 def test_dropping_a_loader_stops_its_workers(stores):
     import multiprocessing
 
@@ -486,6 +492,7 @@ class _CollectingPyAv(PyAvDecoder):
         return super()._decode_batch(requests, on_error)
 
 
+@pytest.mark.slow
 def test_workers_never_destroy_what_the_parent_left_as_garbage(stores):
     spec = mmdata.Windows(anchor_fps=10, streams={"cam_high": mmdata.Frames(offsets=[0.0])})
     gc.disable()

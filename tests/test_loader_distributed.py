@@ -8,7 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 
+
+@pytest.mark.slow
 def test_torchrun_ranks_train_on_disjoint_samples(stores, tmp_path):
     report = tmp_path / "ranks.json"
     script = Path(__file__).with_name("distributed_train.py")

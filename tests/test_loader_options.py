@@ -38,6 +38,7 @@ def test_the_loader_signature_holds_at_most_twelve_parameters():
     assert len(inspect.signature(mmdata.DataLoader).parameters) <= 12
 
 
+@pytest.mark.slow
 def test_grouped_options_give_the_batches_the_ungrouped_keywords_gave(stores):
     grouped = mmdata.DataLoader(
         str(stores["wds"]),
@@ -57,6 +58,7 @@ def test_grouped_options_give_the_batches_the_ungrouped_keywords_gave(stores):
     assert grouped.state_dict() == ungrouped.state_dict()
 
 
+@pytest.mark.slow
 def test_a_keyword_beside_its_own_group_is_refused(stores):
     with pytest.raises(OptionError, match="give num_workers inside runtime="):
         mmdata.DataLoader(
@@ -107,6 +109,7 @@ def test_each_option_group_checks_its_values_where_it_is_made(make, message):
         make()
 
 
+@pytest.mark.slow
 def test_lerobot_loader_takes_a_runtime_in_place_of_workers_and_device(stores):
     spec = {"state": [0.0]}
     with_runtime = LeRobotLoader(str(stores["wds"]), spec, batch_size=4, runtime=mmdata.Runtime(num_workers=1))

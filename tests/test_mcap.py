@@ -136,6 +136,7 @@ def _convert_and_check(sources, truths: list[LogTruth], tmp_path: Path) -> None:
         _check_episode(dataset, index, truth)
 
 
+@pytest.mark.slow
 def test_the_dataloader_delivers_the_nearest_frame_and_the_last_state_at_each_anchor(tmp_path, logs):
     folder, truths = logs
     convert(discover_episodes(folder, "mcap", topic_map=topic_map_from_dict(TOPIC_MAP)), tmp_path / "out", OPTIONS)

@@ -192,6 +192,7 @@ def test_mixture_spec_is_checked_against_every_source_when_built(three_stores):
         mmdata.DataLoader(_mixture(three_stores), too_dense, batch_size=4)
 
 
+@pytest.mark.slow
 def test_mixture_resumes_exactly_and_elastically(three_stores):
     def build(rank, world, workers=0):
         return mmdata.DataLoader(
@@ -301,6 +302,7 @@ def test_skip_replaces_a_failing_source_sample_and_counts_it(three_stores, tmp_p
     assert stats["sources"]["wide"]["skipped_samples"] == stats["skipped_samples"]
 
 
+@pytest.mark.slow
 def test_pooled_statistics_of_a_mixture_equal_numpy_over_the_weighted_rows(three_stores, tmp_path):
     from tests.conftest import run_cli
 

@@ -53,6 +53,7 @@ def _batches(url: str, workers: int) -> list[dict]:
     return list(mmdata.DataLoader(url, SPEC, batch_size=4, num_workers=workers, seed=3))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("layout", ["wds", "zarr"])
 def test_a_store_in_s3_gives_the_same_batches_as_on_local_disk(stores, s3_stores, layout, workers):
@@ -61,6 +62,7 @@ def test_a_store_in_s3_gives_the_same_batches_as_on_local_disk(stores, s3_stores
     assert_same_batches(remote, local)
 
 
+@pytest.mark.slow
 def test_verify_and_inspect_read_a_store_in_s3(s3_stores):
     verified = run_cli("verify", s3_stores["wds"])
     assert verified.returncode == 0, verified.stdout + verified.stderr
@@ -69,6 +71,7 @@ def test_verify_and_inspect_read_a_store_in_s3(s3_stores):
     assert '"cam_high"' in inspected.stdout
 
 
+@pytest.mark.slow
 def test_a_missing_shard_in_s3_is_named_and_not_retried(stores, s3_endpoint):
     key = f"{BUCKET}/broken/out.wds"
     s3_endpoint.put(str(stores["wds"]), key, recursive=True)
@@ -87,6 +90,7 @@ def test_a_missing_shard_in_s3_is_named_and_not_retried(stores, s3_endpoint):
     assert delivered > 0 and skipping.stats()["skipped_samples"] > 0
 
 
+@pytest.mark.slow
 def test_an_epoch_through_a_faulty_connection_completes_with_identical_batches(
     stores, s3_stores, s3_endpoint, monkeypatch
 ):
@@ -115,6 +119,7 @@ def test_an_epoch_through_a_faulty_connection_completes_with_identical_batches(
         proxy.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["wds", "zarr"])
 def test_convert_straight_into_s3_gives_the_store_a_local_conversion_gives(
     raw_dataset, stores, s3_endpoint, tmp_path, monkeypatch, layout
@@ -138,6 +143,7 @@ def test_convert_straight_into_s3_gives_the_store_a_local_conversion_gives(
     assert again.returncode == 2 and "already a complete store" in again.stderr
 
 
+@pytest.mark.slow
 def test_an_interrupted_upload_resumes_without_sending_again_what_arrived(raw_dataset, s3_endpoint, tmp_path):
     from mmdata.conversion.pipeline import ConvertOptions, convert
     from mmdata.conversion.publish import publish
@@ -172,6 +178,7 @@ def test_an_interrupted_upload_resumes_without_sending_again_what_arrived(raw_da
     assert mmdata.open_dataset(url).schema.num_episodes == 3
 
 
+@pytest.mark.slow
 def test_storage_options_on_the_command_line_reach_the_object_store(s3_stores):
     import json
     import subprocess
@@ -191,6 +198,7 @@ def test_storage_options_on_the_command_line_reach_the_object_store(s3_stores):
     assert wrong.returncode == 2 and "an object of options per protocol" in wrong.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["wds", "zarr"])
 def test_a_micro_batchs_segments_arrive_in_few_coalesced_requests(s3_stores, s3_endpoint, monkeypatch, layout):
     from mmdata.store.piece_readers import WdsPieceReader, ZarrPieceReader
@@ -217,6 +225,7 @@ def test_a_micro_batchs_segments_arrive_in_few_coalesced_requests(s3_stores, s3_
     assert few * 3 <= many, f"{few} requests coalesced against {many} one by one"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["wds", "zarr"])
 def test_a_second_epoch_through_the_disk_cache_downloads_no_piece_again(
     stores, s3_stores, s3_endpoint, tmp_path, monkeypatch, layout
@@ -242,6 +251,7 @@ def test_a_second_epoch_through_the_disk_cache_downloads_no_piece_again(
     assert_same_batches(first, _batches(str(stores[layout]), 0))
 
 
+@pytest.mark.slow
 def test_a_damaged_cache_entry_is_fetched_again_not_delivered(stores, s3_stores, s3_endpoint, tmp_path):
     policy = mmdata.ReadPolicy(cache_dir=str(tmp_path / "cache"))
     list(mmdata.DataLoader(mmdata.open_dataset(s3_stores["wds"], read_policy=policy), SPEC, batch_size=4, seed=3))
@@ -273,6 +283,7 @@ def test_the_disk_cache_keeps_within_its_limit_dropping_the_least_recently_used(
     assert other_store.get(pieces[-1]) is None, "entries are not shared between stores"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["wds", "zarr"])
 def test_the_next_micro_batch_is_fetched_in_the_background_while_this_one_decodes(
     stores, s3_stores, monkeypatch, layout
@@ -325,6 +336,7 @@ def _fill_cache(folder: str, seed: int) -> int:
     return served
 
 
+@pytest.mark.slow
 def test_processes_sharing_a_disk_cache_never_see_partial_entries_and_keep_it_bounded(tmp_path):
     import multiprocessing
 
@@ -337,6 +349,7 @@ def test_processes_sharing_a_disk_cache_never_see_partial_entries_and_keep_it_bo
     assert not [p for p in tmp_path.rglob("*.tmp")], "no temporary file is left behind"
 
 
+@pytest.mark.slow
 def test_a_ray_conversion_of_a_zarr_store_into_object_storage_is_refused_with_the_way_round(raw_dataset, s3_endpoint):
     from mmdata.conversion.pipeline import ConvertOptions, convert
     from mmdata.errors import DestinationError
@@ -348,6 +361,7 @@ def test_a_ray_conversion_of_a_zarr_store_into_object_storage_is_refused_with_th
     assert not s3_endpoint.exists(f"{BUCKET}/refused/out.zarr"), "nothing was written"
 
 
+@pytest.mark.slow
 def test_bench_reads_a_store_in_s3_through_a_disk_cache(s3_stores, tmp_path):
     cache = tmp_path / "cache"
     arguments = ("bench", s3_stores["wds"], "--steps", "3", "--num-workers", "0", "--cache-dir", str(cache))

@@ -52,6 +52,7 @@ def assert_same_store(converted: dict[str, bytes], expected: dict[str, bytes]) -
     assert not differing, f"files differ from the local engine's: {differing}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["wds", "zarr"])
 def test_a_ray_conversion_equals_the_local_one_byte_for_byte(ray_cluster, raw_dataset, stores, tmp_path, layout):
     options = dataclasses.replace(RAY, layout=layout)
@@ -76,6 +77,7 @@ def _kill_first_encoder(killed: list[int], stop: threading.Event) -> None:
         time.sleep(0.005)
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_conversion_still_gives_the_identical_store(ray_cluster, raw_dataset, stores, tmp_path):
     killed: list[int] = []
     stop = threading.Event()
@@ -91,6 +93,7 @@ def test_a_worker_killed_mid_conversion_still_gives_the_identical_store(ray_clus
     assert_same_store(store_files(tmp_path / "out"), store_files(stores["wds"]))
 
 
+@pytest.mark.slow
 def test_a_killed_driver_then_resume_gives_the_identical_store(ray_cluster, raw_dataset, stores, tmp_path):
     destination = tmp_path / "out"
     command = [sys.executable, "-m", "mmdata", "convert", str(raw_dataset), str(destination), "--quiet"]
@@ -110,6 +113,7 @@ def test_a_killed_driver_then_resume_gives_the_identical_store(ray_cluster, raw_
     assert_same_store(store_files(destination), store_files(stores["wds"]))
 
 
+@pytest.mark.slow
 def test_a_ray_conversion_straight_into_s3_equals_the_local_one(ray_cluster, raw_dataset, stores, s3_endpoint):  # noqa: F811
     url = f"s3://{BUCKET}/ray/out.wds"
     report = convert(discover_raw_episodes(raw_dataset), url, RAY)
@@ -120,6 +124,7 @@ def test_a_ray_conversion_straight_into_s3_equals_the_local_one(ray_cluster, raw
     assert verify_dataset(url, progress=False).ok
 
 
+@pytest.mark.slow
 def test_bad_episodes_on_ray_are_reported_or_skipped_like_the_local_engine_does(ray_cluster, raw_copy, tmp_path):
     (raw_copy / "episode_0001" / "audio.wav").write_bytes(b"not audio")
     with pytest.raises(mmdata.SourceError, match="episode_0001"):
@@ -131,6 +136,7 @@ def test_bad_episodes_on_ray_are_reported_or_skipped_like_the_local_engine_does(
     assert_same_store(store_files(tmp_path / "ray"), store_files(tmp_path / "local"))
 
 
+@pytest.mark.slow
 def test_without_ray_installed_the_error_says_how_to_install_it(raw_dataset, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)
     with pytest.raises(mmdata.MmdataError, match=r"pip install 'mmdata\[ray\]'"):

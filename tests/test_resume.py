@@ -36,6 +36,7 @@ def kill_when(command, ready, timeout=120.0):
     process.wait()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["wds", "zarr"])
 def test_killed_conversion_resumes_to_an_identical_store(raw_six, tmp_path, layout):
     reference, resumed = tmp_path / "reference", tmp_path / "resumed"
@@ -101,6 +102,7 @@ def without_video_bytes(row: dict) -> dict:
     return kept
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["wds", "zarr"])
 def test_resume_refuses_when_a_converted_episode_changed_since_the_interrupted_run(raw_six, tmp_path, layout):
     import shutil

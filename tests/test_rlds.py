@@ -205,6 +205,7 @@ def test_a_feature_class_the_importer_does_not_read_is_named(tmp_path):
         discover_episodes(builder, "rlds", fps=10)
 
 
+@pytest.mark.slow
 def test_the_dataloader_delivers_every_rlds_step_with_its_frame_state_and_task(tmp_path):
     import mmdata
     from mmdata.conversion.pipeline import ConvertOptions, convert

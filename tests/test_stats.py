@@ -55,6 +55,7 @@ def test_camera_statistics_sample_the_frames_asked_for_and_repeat_with_the_seed(
     assert all(0.0 < m < 1.0 for m in camera["mean"]) and all(0.0 < s < 0.5 for s in camera["std"])
 
 
+@pytest.mark.slow
 def test_stats_command_writes_stats_json_beside_dataset_json(stores, tmp_path):
     import shutil
 
@@ -101,6 +102,7 @@ def test_a_resumed_conversion_has_the_statistics_of_every_episode(raw_copy, tmp_
     _assert_same_statistics(written, compute_stats(mmdata.open_dataset(str(tmp_path / "out"))))
 
 
+@pytest.mark.slow
 def test_statistics_of_a_lerobot_import_agree_with_lerobots_own_stats_json(tmp_path):
     source = Path(__file__).parent / "fixtures" / "lerobot_small"
     store = tmp_path / "out"
@@ -191,6 +193,7 @@ def test_pooled_normalization_refuses_a_sources_malformed_statistics_by_name(sto
         mmdata.DataLoader(mixture, spec, batch_size=4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("weights", [["nan", "1"], ["inf", "1"], ["-1", "1"], ["0", "0"]])
 def test_stats_weights_that_are_not_finite_shares_are_refused_in_one_line(stores, tmp_path, weights):
     out = str(tmp_path / "pooled.json")
@@ -208,6 +211,7 @@ def test_an_unset_normalization_leaves_the_spec_description_and_resume_fingerpri
     }
 
 
+@pytest.mark.slow
 def test_camera_statistics_of_large_frames_decode_a_bounded_block_at_a_time(tmp_path):
     import tracemalloc
 

@@ -199,8 +199,8 @@ def grouped_options(given: dict[str, Any], keywords: dict[str, Any], caller: str
         grouped[group] = value
     if grouped["batching"] is None:
         raise OptionError(
-            "give batching=mmdata.Batching(batch_size=...) (samples per batch) or Batching(batch_tokens=...)"
-            " (token-budgeted packing)"
+            "give exactly one of batch_tokens (token-budgeted packing) or batch_size (samples per batch):"
+            " batching=mmdata.Batching(batch_size=...)"
         )
     return grouped
 

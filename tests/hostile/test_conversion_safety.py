@@ -37,6 +37,7 @@ def fingerprint(folder: Path) -> dict[str, str]:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "destination",
     [lambda raw: raw, lambda raw: raw.parent, lambda raw: raw / "episode_0001", lambda raw: raw / "new-store"],
@@ -123,6 +124,7 @@ def test_resume_state_is_data_and_a_planted_pickle_runs_nothing(raw_copy, tmp_pa
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_a_killed_conversion_leaves_no_worker_running(tmp_path):
     raw = tmp_path / "raw"
     write_synthetic_dataset(raw, SynthSpec(episodes=8, min_seconds=4, max_seconds=6))
@@ -168,6 +170,7 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+@pytest.mark.slow
 def test_a_worker_that_crashes_is_named_and_the_other_episodes_are_converted(raw_dataset, tmp_path):
     from tests.hostile.crashing import CrashingCamera
 
@@ -199,6 +202,7 @@ def b_frame_recording(folder: Path, key_every: int) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_hevc_conversion_of_a_recording_with_b_frames_succeeds(tmp_path):
     b_frame_recording(tmp_path / "raw" / "episode_0", key_every=250)
     result = run_cli("convert", str(tmp_path / "raw"), str(tmp_path / "out"), "--video-codec", "hevc", "--workers", "1")
@@ -236,6 +240,7 @@ def test_tampered_shard_records_are_a_destination_error_on_resume(raw_copy, tmp_
         convert(discover_raw_episodes(raw_copy), destination, resume)
 
 
+@pytest.mark.slow
 def test_a_second_conversion_into_a_destination_being_written_is_refused_and_the_first_completes(tmp_path):
     raw = tmp_path / "raw"
     write_synthetic_dataset(raw, SynthSpec(episodes=6, min_seconds=2, max_seconds=3))

@@ -47,6 +47,7 @@ KINDS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_a_raw_camera_that_is_no_regular_file_is_named_not_dropped(raw_copy, tmp_path, kind):
     for episode in sorted(p for p in raw_copy.iterdir() if p.is_dir()):
@@ -63,6 +64,7 @@ def test_with_skip_bad_the_episode_with_a_broken_link_is_skipped_and_the_others_
     assert report.converted == len([p for p in raw_copy.iterdir() if p.is_dir()]) - 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["fifo", "link-out"])
 def test_an_rlds_shard_that_is_a_fifo_or_links_out_is_named_without_blocking(tmp_path, kind):
     builder = tmp_path / "robot_small" / "1.0.0"

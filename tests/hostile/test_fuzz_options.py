@@ -6,12 +6,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from tests.hostile.tampering import run_limited
 
 EXAMPLES = int(os.environ.get("MMDATA_FUZZ_EXAMPLES", "30"))
 RLDS = Path(__file__).resolve().parents[1] / "fixtures" / "rlds_small" / "tfds" / "robot_small" / "1.0.0"
 
 
+@pytest.mark.slow
 def test_fuzzed_maps_features_options_and_statistics_are_accepted_or_refused_by_name(stores):
     code = f"""
     from pathlib import Path

@@ -24,6 +24,7 @@ def tiny_raw(tmp_path_factory) -> Path:
     return raw
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["wds", "zarr"])
 def test_mutated_stores_open_verify_and_load_or_raise_mmdata_errors(tiny_raw, tmp_path, layout):
     store = tmp_path / f"tiny.{layout}"

@@ -66,6 +66,7 @@ def write_meta(raw, episode: str, text: str) -> None:
         "not-utf8",
     ],
 )
+@pytest.mark.slow
 def test_hostile_meta_json_is_an_episode_error_that_skip_bad_skips(raw_copy, tmp_path, text, message):
     meta = raw_copy / "episode_0001" / "meta.json"
     if text == "\xff\xfe":
@@ -127,6 +128,7 @@ def edit_episodes_table(root, change) -> None:
     pq.write_table(change(table), path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("change", "message"),
     [

@@ -31,6 +31,7 @@ time.sleep(600)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("death", "decode_in"), [("exit", "main"), ("kill", "main"), ("exit", "workers")])
 def test_loader_workers_end_when_the_training_process_dies(stores, death, decode_in):
     process = subprocess.Popen(

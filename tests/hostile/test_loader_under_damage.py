@@ -54,6 +54,7 @@ def test_micro_batches_whose_samples_all_fail_borrow_and_the_epoch_completes(sto
     assert all(len(batch["sample_index"]) >= 1 for batch in batches)
 
 
+@pytest.mark.slow
 def test_borrowing_is_the_same_on_every_run_and_after_resuming(stores, tmp_path):
     store = damaged_camera(stores["wds"], tmp_path)
     first = [snapshot(b) for b in loader(store)]
@@ -89,6 +90,7 @@ def test_frames_larger_than_declared_are_a_counted_skip_never_a_collate_crash(st
     assert all(batch["cam_high"].shape[-3:] == torch.Size([224, 224, 3]) for batch in batches)
 
 
+@pytest.mark.slow
 def test_import_mmdata_and_reading_a_store_never_load_torch(stores):
     code = (
         "import sys, mmdata\n"

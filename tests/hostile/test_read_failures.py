@@ -126,6 +126,7 @@ def test_throttling_is_retried_with_backoff_then_named(faulty):
     assert time.perf_counter() - started >= 0.05 * (0.5 + 1.0), "waits between tries"
 
 
+@pytest.mark.slow
 def test_a_loader_over_a_stalled_shard_finishes_its_epoch_with_the_samples_skipped(faulty):
     dataset = mmdata.open_dataset(faulty["wds"], read_policy=QUICK)
     shard = dataset.manifest.row(0)["shard"]
@@ -139,6 +140,7 @@ def test_a_loader_over_a_stalled_shard_finishes_its_epoch_with_the_samples_skipp
     assert time.perf_counter() - started < 120
 
 
+@pytest.mark.slow
 def test_a_fifo_in_place_of_a_shard_fails_at_once_instead_of_blocking(stores, tmp_path):
     store = copy_store(stores["wds"], tmp_path / "s.wds")
     shard = store / mmdata.open_dataset(store).manifest.row(0)["shard"]

@@ -76,6 +76,7 @@ def test_zarr_chunk_shape_too_large_to_read_at_once_is_refused_when_opened(store
         mmdata.open_dataset(store)
 
 
+@pytest.mark.slow
 def test_segment_of_4096x4096_frames_in_a_224x224_store_is_refused_before_decoding(stores, tmp_path):
     from mmdata.codecs.video_encode import VideoEncoding, encode_segments
 
@@ -204,6 +205,7 @@ def test_an_image_in_a_format_whose_size_is_not_checked_is_refused_before_decodi
     assert "not a PNG or JPEG with a readable header" in result["outcome"]
 
 
+@pytest.mark.slow
 def test_converting_large_frames_holds_neither_a_segment_nor_a_block_of_them(tmp_path):
     import av
     import h5py

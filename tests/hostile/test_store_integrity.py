@@ -43,6 +43,7 @@ def test_flipped_byte_in_a_wds_piece_is_an_integrity_error(stores, tmp_path, col
         dataset.read_episode(0, streams=[column.split("/")[0]])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "array", ["data/state/c/0/0", "timestamps/cam_high/c/0", "video/cam_high/c/0", "audio/audio/c/0"]
 )
@@ -133,6 +134,7 @@ def test_unparseable_dataset_json_is_a_store_error(damaged, text):
         mmdata.open_dataset(damaged)
 
 
+@pytest.mark.slow
 def test_a_dataset_json_of_200000_streams_is_refused_at_once_by_open_inspect_and_verify(damaged):
     import time
 
@@ -303,6 +305,7 @@ def test_npy_header_declaring_more_rows_than_the_manifest_is_refused_before_allo
         mmdata.open_dataset(store).values_at(0, "state", [0.0])
 
 
+@pytest.mark.slow
 def test_inspect_and_verify_report_a_malformed_store_in_one_line(damaged):
     from tests.conftest import run_cli
 
