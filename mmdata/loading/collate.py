@@ -1,4 +1,5 @@
-"""Collate a read micro-batch into the tensors a training step takes.
+"""Stage 6 of the loading chain, collate (runs where the micro-batch was decoded): a read micro-batch
+into the tensors a training step takes.
 
 Per stream, "packed" concatenates the samples along time (`<stream>` `[sum T_i, ...]`, with
 `<stream>_cu_seqlens`), and "padded" stacks them into `[B, T_max, ...]` (with

@@ -1,7 +1,7 @@
 """`mmdata.DataLoader`: deterministic, rank-aware, resumable batches of windows or sequences.
 
-plan (manifest -> samples -> order -> packed steps per rank) -> read (workers: byte ranges,
-decode, align) -> collate (packed or padded tensors) -> device. The plan of an epoch is a pure
+The loading chain (`loading/chain.py`): plan -> fetch -> align -> decode -> settle -> collate ->
+device; this module builds it, runs its last stage (device) and keeps the state. The plan of an epoch is a pure
 function of (manifest, spec, batching, seed, epoch, world size); each rank iterates its own
 steps with no collective call, and workers take every `num_workers`-th step, so batches come out
 in plan order whatever the worker count. Workers live across epochs (see `loading/feed.py`).

@@ -1,4 +1,5 @@
-"""The plan side of a loader: its samples and their token costs, and how an epoch is composed,
+"""Stage 1 of the loading chain, plan (the main process; workers plan the epochs after the first):
+the plan side of a loader: its samples and their token costs, and how an epoch is composed,
 ordered, packed and split into one rank's steps. A pure function of (seed, epoch, stretches, world
 size), small enough to hand to worker processes, which plan the epochs after the first themselves.
 
