@@ -25,8 +25,9 @@ from mmdata.codecs.decoders import VideoDecoder
 from mmdata.errors import MmdataError, OptionError, SampleError
 from mmdata.loading.aligning import Aligner
 from mmdata.loading.collate import collate
-from mmdata.loading.decoding import finish_video, prepare_video
+from mmdata.loading.decoding import finish_video, prepare_video, segment_key
 from mmdata.loading.fetching import Fetcher
+from mmdata.loading.frame_cache import FrameCache, Upcoming
 from mmdata.loading.micro_batch import MicroBatch, OnError, sample_place
 from mmdata.loading.settling import settle
 from mmdata.loading.timing import timed
@@ -43,6 +44,8 @@ class BatchReader:
     they have and their normalizers; `fillers` give each stream's shape for the padding of a
     source that lacks it. `video_decoder` decodes the cameras; with `defer_video` the reader only
     prepares them, for the main process to decode (`finish`). `collate_options` are collate's.
+    `frame_cache_bytes` bounds the decoded frames kept for the reader's next steps (CPU decoding in this
+    process only; see `mmdata.loading.frame_cache`).
     """
 
     def __init__(
@@ -54,6 +57,7 @@ class BatchReader:
         on_error: OnError = "raise",
         defer_video: bool = False,
         collate_options: dict[str, Any] | None = None,
+        frame_cache_bytes: int = 0,
     ):
         if on_error not in ("raise", "skip"):
             raise OptionError(f"on_error is 'raise' or 'skip', not '{on_error}'")
@@ -67,6 +71,8 @@ class BatchReader:
         self.align = Aligner(self.sources, spec, fillers)
         self.fetch = Fetcher(self.sources, self.align.stored_names)
         self._aligned_ahead: dict[tuple[SampleRef, str], FramePlan] = {}
+        cacheable = not defer_video and video_decoder.device == "cpu" and not hasattr(video_decoder, "prepare")
+        self.frame_cache = FrameCache(frame_cache_bytes if cacheable else 0)
 
     @property
     def bytes_read(self) -> int:
@@ -77,26 +83,34 @@ class BatchReader:
         step: int,
         samples: Sequence[SampleRef],
         fallback: Sequence[SampleRef] = (),
-        upcoming: Sequence[SampleRef] = (),
-        after_upcoming: Sequence[SampleRef] = (),
+        horizon: Sequence[Sequence[SampleRef]] = (),
     ) -> MicroBatch:
         """Fetch, align and read a micro-batch, its cameras prepared for decoding (pending).
 
-        `upcoming` are the samples this reader reads next, `after_upcoming` the ones after them: from object
-        storage, the next micro-batch's segments and the one after's rows are fetched while this one decodes.
+        `horizon` holds the samples of the steps this reader reads next, in order: from object storage the
+        next micro-batch's segments and the one after's rows are fetched while this one decodes, and the
+        frame cache keeps the decoded frames those steps need (from object storage, the next step's only).
         """
         batch = MicroBatch(step, list(samples), [self._task(sample) for sample in samples], fallback=list(fallback))
+        upcoming = horizon[0] if len(horizon) > 0 else ()
+        after_upcoming = horizon[1] if len(horizon) > 1 else ()
         try:
-            self._read(batch, upcoming, after_upcoming)
+            plans = self._read(batch, upcoming, after_upcoming)
+            if self.frame_cache.enabled:
+                with timed(batch.seconds, "read"):
+                    later = horizon[:1] if self.fetch.fetches_ahead else horizon
+                    self.frame_cache.plan(self._upcoming_frames(batch, plans, later))
         finally:
             self.fetch.forget()
+        if not self.defer_video:
+            finish_video(self.video_decoder, batch, self.on_error, self.frame_cache)
         return batch
 
     def finish(self, batch: MicroBatch, seconds: dict[str, float] | None = None) -> dict[str, Any]:
         """The end of the chain: decode what is pending, settle failed samples, collate."""
         if seconds is not None:
             batch.seconds = seconds
-        finish_video(self.video_decoder, batch, self.on_error)
+        finish_video(self.video_decoder, batch, self.on_error, self.frame_cache)
         settle(batch, self._read_alone)
         with timed(batch.seconds, "collate"):
             return collate(batch, **self.collate_options)
@@ -104,7 +118,9 @@ class BatchReader:
     def _task(self, sample: SampleRef) -> str:
         return self.sources[sample.source].store.manifest.row(sample.episode)["task"]
 
-    def _read(self, batch: MicroBatch, upcoming: Sequence[SampleRef], after_upcoming: Sequence[SampleRef]) -> None:
+    def _read(
+        self, batch: MicroBatch, upcoming: Sequence[SampleRef], after_upcoming: Sequence[SampleRef]
+    ) -> dict[str, list[FramePlan | None]]:
         fetching = self.fetch.fetches_ahead
         if fetching:
             with timed(batch.seconds, "read"):
@@ -123,12 +139,41 @@ class BatchReader:
                     read = [self._read_segments(batch, p, name, plan) for p, plan in enumerate(plans[name])]
                 origins = [sample.source for sample in batch.samples]
                 prepare_video(self.video_decoder, batch, name, read, origins, self.fillers[name], stream.channels_first)
-                if not self.defer_video:
-                    finish_video(self.video_decoder, batch, self.on_error)
+        return plans
+
+    def _upcoming_frames(
+        self, batch: MicroBatch, plans: dict[str, list[FramePlan | None]], horizon: Sequence[Sequence[SampleRef]]
+    ) -> Upcoming:
+        """Per segment key, the frames this step (0) and the next steps' samples need and the first of those steps;
+        each sample is aligned once, when it first enters the horizon, and its plans kept until its step is read."""
+        upcoming = Upcoming()
+        for camera in plans.values():
+            for sample, plan in zip(batch.samples, camera):
+                for request in plan.requests if plan is not None else ():
+                    if request.where is not None:
+                        upcoming.add(segment_key(sample.source, request), request.frames, 0)
+        cameras = [(name, stream) for name, stream in self.spec.streams.items() if isinstance(stream, Frames)]
+        kept: dict[tuple[SampleRef, str], FramePlan] = {}
+        for step, samples in enumerate(horizon, 1):
+            for sample in samples:
+                for name, stream in cameras:
+                    plan = self._aligned_ahead.get((sample, name))
+                    if plan is None:
+                        try:
+                            plan = self.align.frames(sample, name, stream)
+                        except (MmdataError, OSError):
+                            continue  # aligned again, and reported, when its step is read
+                    kept[(sample, name)] = plan
+                    for request in plan.requests:
+                        if request.where is not None:
+                            upcoming.add(segment_key(sample.source, request), request.frames, step)
+        self._aligned_ahead = kept
+        return upcoming
 
     def _align_cameras(self, batch: MicroBatch) -> dict[str, list[FramePlan | None]]:
         """Each camera's frame plan per sample (None where the sample failed): the ones aligned ahead, else now."""
-        carried, self._aligned_ahead = self._aligned_ahead, {}
+        carried, reading = self._aligned_ahead, set(batch.samples)
+        self._aligned_ahead = {key: plan for key, plan in carried.items() if key[0] not in reading}
         plans: dict[str, list[FramePlan | None]] = {}
         for name, stream in self.spec.streams.items():
             if isinstance(stream, Frames):
@@ -182,13 +227,18 @@ class BatchReader:
 
     def _read_alone(self, step: int, sample: SampleRef) -> MicroBatch:
         """One sample read and decoded here, its failure recorded (for `settle` to borrow it)."""
-        on_error, self.on_error = self.on_error, "skip"
-        aligned, self._aligned_ahead = self._aligned_ahead, {}
+        on_error, defer_video, self.on_error, self.defer_video = self.on_error, self.defer_video, "skip", False
+        aligned, cache, self._aligned_ahead = self._aligned_ahead, self.frame_cache, {}
+        self.frame_cache = FrameCache(0)
         try:
             alone = self.read(step, [sample])
-            finish_video(self.video_decoder, alone, "skip")
         finally:
-            self.on_error, self._aligned_ahead = on_error, aligned
+            self.on_error, self.defer_video, self._aligned_ahead, self.frame_cache = (
+                on_error,
+                defer_video,
+                aligned,
+                cache,
+            )
         return alone
 
     def _attempt(self, batch: MicroBatch, position: int, stream: str, read: Callable[..., Any], *args: Any) -> Any:

@@ -297,7 +297,14 @@ class DataLoader:
             "pad_to_multiple": self.pad_to_multiple,
         }
         reader = self._reader = BatchReader(
-            self.sources, self.spec, self.fillers, self.decoder, self.on_error, self.decode_in_main, collate_options
+            self.sources,
+            self.spec,
+            self.fillers,
+            self.decoder,
+            self.on_error,
+            self.decode_in_main,
+            collate_options,
+            self.reading.frame_cache_bytes,
         )
         source = StepSource(reader, self.planner, self._state.seed, self.rank, self.world_size, epoch, steps)
         self._stats.add_main("plan", time.perf_counter() - planning)

@@ -10,13 +10,14 @@ from the outputs in the order it asked for them.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import numpy as np
 
 from mmdata.codecs.decoders import ClipRequest, VideoDecoder
 from mmdata.errors import DecodeError, SampleError
+from mmdata.loading.frame_cache import FrameCache
 from mmdata.loading.micro_batch import MicroBatch, OnError, PendingVideo
 from mmdata.loading.timing import timed
 from mmdata.planning.mixture import Filler
@@ -36,28 +37,47 @@ def prepare_video(
     preparation; the camera is then pending in `batch` until `finish_video`."""
     with timed(batch.seconds, "video_prepare"):
         live = [p for p, plan in enumerate(plans) if plan is not None and p not in batch.failed]
-        merged, located = merge_requests(
-            [request for p in live for request in plans[p].requests],
-            [sources[p] for p in live for _ in plans[p].requests],
-        )
+        requests = [request for p in live for request in plans[p].requests]
+        scopes = [sources[p] for p in live for _ in plans[p].requests]
+        merged, located = merge_requests(requests, scopes)
+        keys: list[Hashable | None] = [None] * len(merged)
+        for (m, _), scope, request in zip(located, scopes, requests):
+            if request.where is not None:
+                keys[m] = segment_key(scope, request)
         prepare = getattr(decoder, "prepare", None)
         prepared = prepare(merged) if prepare is not None else None
         kept = [plans[p] if p in live else None for p in range(len(plans))]
-        batch.pending[name] = PendingVideo(kept, merged, located, prepared, frame.shape, channels_first)
+        batch.pending[name] = PendingVideo(kept, merged, located, prepared, frame.shape, channels_first, keys)
 
 
-def finish_video(decoder: VideoDecoder, batch: MicroBatch, on_error: OnError) -> None:
-    """Decode every pending camera of the micro-batch (one decoder call each) and fill in its values."""
+def segment_key(source: int, request: ClipRequest) -> Hashable:
+    """What identifies a request's decoded frames: its source, segment and delivered geometry."""
+    return (source, request.where, request.geometry)
+
+
+def finish_video(decoder: VideoDecoder, batch: MicroBatch, on_error: OnError, cache: FrameCache | None = None) -> None:
+    """Decode every pending camera of the micro-batch (one decoder call each) and fill in its values;
+    with a `cache`, frames kept from earlier micro-batches are taken from it and the frames the next
+    steps need are decoded in the same pass and kept (see `mmdata.loading.frame_cache`)."""
     for name, pending in list(batch.pending.items()):
         with timed(batch.seconds, "video"):
-            _finish_camera(decoder, batch, name, pending, on_error)
+            _finish_camera(decoder, batch, name, pending, on_error, cache)
         del batch.pending[name]
 
 
-def _finish_camera(decoder: VideoDecoder, batch: MicroBatch, name: str, pending: PendingVideo, on_error: OnError):
+def _finish_camera(
+    decoder: VideoDecoder,
+    batch: MicroBatch,
+    name: str,
+    pending: PendingVideo,
+    on_error: OnError,
+    cache: FrameCache | None,
+):
     try:
         if pending.prepared is not None:
             outputs = decoder.decode_prepared(pending.merged, *pending.prepared, on_error)
+        elif cache is not None and cache.enabled:
+            outputs = decode_with_cache(decoder, pending.merged, pending.keys, cache, on_error)
         else:
             outputs = decoder.decode(pending.merged, on_error)
     except DecodeError as exc:
@@ -83,6 +103,38 @@ def _finish_camera(decoder: VideoDecoder, batch: MicroBatch, name: str, pending:
         values[p] = gather_frames(outputs, sources, plan.positions, pending.channels_first)
         masks[p] = plan.is_pad
     batch.values[name], batch.is_pad[name] = values, masks
+
+
+def decode_with_cache(
+    decoder: VideoDecoder,
+    requests: list[ClipRequest],
+    keys: list[Hashable | None],
+    cache: FrameCache,
+    on_error: OnError,
+) -> list[Any]:
+    """Each request's frames: from the cache when every one of them is kept, else decoded, together with
+    the frames of the same segment the next steps need (kept for them)."""
+    outputs: list[Any] = [None] * len(requests)
+    decode, owners = [], []
+    for m, (request, key) in enumerate(zip(requests, keys)):
+        kept = cache.cached(key) if key is not None else {}
+        if key is not None and all(frame in kept for frame in request.frames):
+            outputs[m] = np.stack([kept[frame] for frame in request.frames])
+            cache.stats.served += len(request.frames)
+            continue
+        ahead = cache.wanted_ahead(key) - set(request.frames) if key is not None else set()
+        decode.append(dataclasses.replace(request, frames=tuple(sorted({*request.frames, *ahead}))))
+        owners.append((m, len(ahead)))
+    for (m, ahead), request, frames in zip(owners, decode, decoder.decode(decode, on_error)):
+        if frames is None:
+            continue
+        row_of = {frame: row for row, frame in enumerate(request.frames)}
+        if keys[m] is not None:
+            for frame, row in row_of.items():
+                cache.keep(keys[m], frame, frames[row])
+        cache.stats.ahead += ahead
+        outputs[m] = frames if ahead == 0 else frames[[row_of[frame] for frame in requests[m].frames]]
+    return outputs
 
 
 def _blank_frames(count: int, shape: tuple[int, ...], like: Any) -> Any:

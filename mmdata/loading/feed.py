@@ -30,6 +30,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from mmdata.errors import MmdataError
 from mmdata.lifetime import exit_with_parent
 from mmdata.loading.chain import BatchReader
+from mmdata.loading.frame_cache import HORIZON
 from mmdata.loading.micro_batch import source_counts
 from mmdata.loading.settling import FALLBACK_SAMPLES
 from mmdata.planning.planner import LoaderPlanner, RankSteps
@@ -95,9 +96,8 @@ class StepSource(IterableDataset):
                         upcoming = upcoming or _next_or_error(epochs)
                         if not isinstance(upcoming, BaseException):
                             fallback += islice(_samples_of(upcoming[1]), FALLBACK_SAMPLES - len(fallback))
-                    read_next = steps[index + count][1] if index + count < len(steps) else ()
-                    read_after = steps[index + 2 * count][1] if index + 2 * count < len(steps) else ()
-                    yield self._read(epoch, step, samples, number, fallback, read_next, read_after)
+                    later = range(index + count, min(len(steps), index + count * (HORIZON + 1)), count)
+                    yield self._read(epoch, step, samples, number, fallback, [steps[k][1] for k in later])
                 position += 1
             if isinstance(upcoming, BaseException):
                 raise upcoming
@@ -111,13 +111,20 @@ class StepSource(IterableDataset):
         samples,
         worker: int,
         fallback: list[SampleRef],
-        read_next: Sequence[SampleRef],
-        read_after: Sequence[SampleRef],
+        horizon: Sequence[Sequence[SampleRef]],
     ) -> Item:
         decoder, reader = self.reader.video_decoder.stats, self.reader
         started = time.perf_counter()
-        before = (decoder.frames_decoded, decoder.frames_delivered, reader.bytes_read, read_retries())
-        batch = self.reader.read(step, samples, fallback, read_next, read_after)
+        cache = reader.frame_cache.stats
+        before = (
+            decoder.frames_decoded,
+            decoder.frames_delivered,
+            reader.bytes_read,
+            read_retries(),
+            cache.served,
+            cache.ahead,
+        )
+        batch = self.reader.read(step, samples, fallback, horizon)
         output: Any = batch
         if not reader.defer_video:
             output = reader.finish(batch)
@@ -136,7 +143,9 @@ class StepSource(IterableDataset):
             "bytes": reader.bytes_read - before[2],
             "read_retries": read_retries() - before[3],
             "decoded": decoder.frames_decoded - before[0],
-            "delivered": decoder.frames_delivered - before[1],
+            # frames decoded for a later step count as delivered when that step takes them from the cache
+            "delivered": decoder.frames_delivered - before[1] - (cache.ahead - before[5]) + (cache.served - before[4]),
+            "frame_cache_bytes": reader.frame_cache.bytes,
             "peak_rss": peak_rss_bytes(),
         }
         return epoch, step, output, info

@@ -123,18 +123,22 @@ class Runtime:
 @dataclass(frozen=True)
 class Reading:
     """How stores are read: `verify` checks every piece against the manifest's checksum; `cache_bytes` of
-    memory per process keep recently read timestamps, low-dim arrays and audio; `policy` sets the timeout,
-    retries, concurrency and disk cache of the stores the loader opens from a path or URL (a `Store`
-    passed in keeps its own)."""
+    memory per process keep recently read timestamps, low-dim arrays and audio; `frame_cache_bytes` per
+    worker keep the decoded frames its next steps need, so a segment is decoded once for all of them (0
+    turns it off; see `mmdata.loading.frame_cache`); `policy` sets the timeout, retries, concurrency and
+    disk cache of the stores the loader opens from a path or URL (a `Store` passed in keeps its own)."""
 
     verify: bool = True
     cache_bytes: int = 256 << 20
+    frame_cache_bytes: int = 256 << 20
     policy: ReadPolicy = DEFAULT_READ_POLICY
 
     def __post_init__(self):
         if not isinstance(self.verify, bool):
             raise OptionError(f"verify is True or False, not {self.verify!r:.60}")
-        _check_counts(cache_bytes=(self.cache_bytes, 0, 1 << 50))
+        _check_counts(
+            cache_bytes=(self.cache_bytes, 0, 1 << 50), frame_cache_bytes=(self.frame_cache_bytes, 0, 1 << 50)
+        )
         if not isinstance(self.policy, ReadPolicy):
             raise OptionError(f"policy is a ReadPolicy, not {self.policy!r:.60}")
 
@@ -161,6 +165,7 @@ LEGACY_KEYWORDS: dict[str, tuple[str, str]] = {
     "profiler_ranges": ("runtime", "profiler_ranges"),
     "verify": ("reading", "verify"),
     "cache_bytes": ("reading", "cache_bytes"),
+    "frame_cache_bytes": ("reading", "frame_cache_bytes"),
 }
 GROUPS = {"batching": Batching, "shuffling": Shuffling, "runtime": Runtime, "reading": Reading}
 

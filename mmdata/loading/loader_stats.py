@@ -21,6 +21,7 @@ class LoaderStats:
         self.bytes_read = 0
         self.read_retries = 0
         self.frames_decoded = self.frames_delivered = 0
+        self.frame_cache_peak_bytes = 0
         self.data_wait = 0.0
         self.ready_when_asked = 0
         self.waits: deque[float] = deque(maxlen=RECENT_STEPS)
@@ -47,6 +48,7 @@ class LoaderStats:
         self.read_retries += info.get("read_retries", 0)
         self.frames_decoded += info["decoded"]
         self.frames_delivered += info["delivered"]
+        self.frame_cache_peak_bytes = max(self.frame_cache_peak_bytes, info.get("frame_cache_bytes", 0))
         self.data_wait += waited
         self.waits.append(waited)
         self.ready_when_asked += waited < READY_WAIT_SECONDS
@@ -101,6 +103,7 @@ class LoaderStats:
             "worker_busy_seconds": {k: round(v, 6) for k, v in self.worker_busy.items()},
             "frames_decoded": self.frames_decoded,
             "frames_delivered": self.frames_delivered,
+            "frame_cache_peak_bytes": self.frame_cache_peak_bytes,
             "decode_waste": round(self.frames_decoded / self.frames_delivered, 4) if self.frames_delivered else 0.0,
             "peak_rss_bytes_per_worker": dict(self.peak_rss),
             "worker_pids": sorted(self.worker_pids),

@@ -21,7 +21,8 @@ class PendingVideo:
 
     `plans` per sample (None where it failed), the segment requests merged across samples
     (`merged`, and per plan request its (merged index, frame positions) in `sources`), the
-    decoder's host-side preparation of them when it has one, and the shape of one delivered frame.
+    decoder's host-side preparation of them when it has one, the shape of one delivered frame, and per
+    merged request the key of its decoded frames in a frame cache (None: not cacheable).
     """
 
     plans: list[FramePlan | None]
@@ -30,6 +31,7 @@ class PendingVideo:
     prepared: Any = None
     frame_shape: tuple[int, ...] = ()
     channels_first: bool = False
+    keys: list[Any] = field(default_factory=list)
 
 
 @dataclass

@@ -1,0 +1,138 @@
+"""The decoded-frame cache changes how often a segment is decoded, never what a batch holds: batches are
+bit-identical with it on and off (workers or not, both layouts, windows and sequences, across exact and
+elastic resumes, and with a bound smaller than one segment), it stays within its byte bound, and on a
+plan whose steps share segments it serves frames instead of decoding them again."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import mmdata
+from mmdata.loading.frame_cache import FrameCache, Upcoming
+
+WINDOWS = mmdata.Windows(
+    anchor_fps=15,
+    streams={"cam_high": mmdata.Frames(offsets=[-0.1, 0.0]), "cam_wrist": mmdata.Frames(offsets=[0.0])},
+)
+SEQUENCES = mmdata.Sequences(fps=10, max_seconds=0.6, streams={"cam_high": mmdata.Frames(), "state": mmdata.Values()})
+SPECS = {"windows": (WINDOWS, mmdata.Batching(batch_size=4)), "sequences": (SEQUENCES, mmdata.Batching(batch_size=2))}
+
+
+def loader(store, kind: str, cache_bytes: int, workers: int = 0, shuffle="global", **options) -> mmdata.DataLoader:
+    spec, batching = SPECS[kind]
+    return mmdata.DataLoader(
+        str(store),
+        spec,
+        batching=batching,
+        shuffling=mmdata.Shuffling(mode=shuffle),
+        seed=5,
+        runtime=mmdata.Runtime(num_workers=workers, decoder="pyav", **options),
+        reading=mmdata.Reading(frame_cache_bytes=cache_bytes),
+    )
+
+
+def tensors(batches) -> list[dict]:
+    return [{k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in batch.items()} for batch in batches]
+
+
+def assert_identical(first: list[dict], second: list[dict]) -> None:
+    assert len(first) == len(second)
+    for a, b in zip(first, second):
+        assert a.keys() == b.keys()
+        for key in a:
+            if isinstance(a[key], torch.Tensor):
+                assert torch.equal(a[key], b[key]), key
+            else:
+                assert a[key] == b[key], key
+
+
+@pytest.mark.parametrize("kind", sorted(SPECS))
+@pytest.mark.parametrize("layout", ["wds", "zarr"])
+def test_batches_are_identical_with_the_cache_on_and_off_in_one_process(stores, layout, kind):
+    for shuffle in ("none", "global"):
+        off = tensors(loader(stores[layout], kind, 0, shuffle=shuffle))
+        on = loader(stores[layout], kind, 64 << 20, shuffle=shuffle)
+        assert_identical(tensors(on), off)
+        if shuffle == "none":
+            assert on.stats()["frames_decoded"] < loader_stats_of(stores[layout], kind)["frames_decoded"]
+
+
+def loader_stats_of(store, kind: str) -> dict:
+    run = loader(store, kind, 0, shuffle="none")
+    list(run)
+    return run.stats()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", sorted(SPECS))
+@pytest.mark.parametrize("layout", ["wds", "zarr"])
+def test_batches_are_identical_with_the_cache_on_and_off_with_two_workers(stores, layout, kind):
+    off = tensors(loader(stores[layout], kind, 0, workers=2))
+    assert_identical(tensors(loader(stores[layout], kind, 64 << 20, workers=2)), off)
+
+
+def test_a_cache_smaller_than_one_segment_still_gives_identical_batches(stores):
+    off = tensors(loader(stores["wds"], "windows", 0, shuffle="none"))
+    tiny = loader(stores["wds"], "windows", 1000, shuffle="none")  # less than one 224x224 frame
+    assert_identical(tensors(tiny), off)
+    assert tiny.stats()["frame_cache_peak_bytes"] <= 1000
+
+
+def test_the_cache_never_holds_more_than_its_bound(stores):
+    bound = 3 * 224 * 224 * 3 + 100  # three frames of cam_high
+    run = loader(stores["wds"], "windows", bound, shuffle="none")
+    list(run)
+    assert 0 < run.stats()["frame_cache_peak_bytes"] <= bound
+
+
+@pytest.mark.parametrize("kind", sorted(SPECS))
+def test_an_exact_resume_with_the_cache_gives_the_uninterrupted_batches(stores, kind):
+    whole = tensors(loader(stores["zarr"], kind, 64 << 20))
+    first = loader(stores["zarr"], kind, 64 << 20)
+    k = len(whole) // 2
+    for step, _ in enumerate(first):
+        if step + 1 == k:
+            break
+    resumed = loader(stores["zarr"], kind, 64 << 20)
+    resumed.load_state_dict(first.state_dict())
+    assert_identical(tensors(resumed), whole[k:])
+
+
+def test_an_elastic_resume_with_the_cache_gives_the_batches_it_gives_without(stores):
+    def resumed_at(world: int, cache_bytes: int) -> list[list[dict]]:
+        first = [loader(stores["wds"], "windows", cache_bytes, rank=rank, world_size=2) for rank in range(2)]
+        for run in first:
+            for step, _ in enumerate(run):
+                if step + 1 == 3:
+                    break
+        second = [loader(stores["wds"], "windows", cache_bytes, rank=rank, world_size=world) for rank in range(world)]
+        for run in second:
+            run.load_state_dict(first[0].state_dict())
+        return [tensors(run) for run in second]
+
+    for with_cache, without in zip(resumed_at(3, 64 << 20), resumed_at(3, 0)):
+        assert_identical(with_cache, without)
+
+
+def test_frames_no_planned_step_needs_are_dropped_and_the_furthest_use_goes_first():
+    cache = FrameCache(max_bytes=3 * 100)
+    upcoming = Upcoming()
+    upcoming.add("near", [0, 1], step=1)
+    upcoming.add("far", [0], step=9)
+    cache.plan(upcoming)
+    frame = np.zeros(100, np.uint8)
+    cache.keep("near", 0, frame)
+    cache.keep("near", 1, frame)
+    cache.keep("unplanned", 0, frame)  # no planned step needs it: not kept
+    cache.keep("far", 0, frame)
+    assert cache.bytes == 300 and set(cache.cached("near")) == {0, 1}
+    upcoming.add("nearest", [5], step=1)
+    cache.plan(upcoming)
+    cache.keep("nearest", 5, frame)  # over the bound: "far" (needed last) is dropped
+    assert cache.bytes == 300 and not cache.cached("far") and cache.stats.evicted == 1
+    later = Upcoming()
+    later.add("near", [1], step=1)
+    cache.plan(later)  # frame 0 of "near" and all of "nearest" are needed by no planned step any more
+    assert set(cache.cached("near")) == {1} and cache.bytes == 100
