@@ -10,7 +10,9 @@ import pytest
 import torch
 
 import mmdata
+from mmdata.errors import OptionError
 from mmdata.loading.frame_cache import FrameCache, Upcoming
+from mmdata.planning.order import segment_order
 
 WINDOWS = mmdata.Windows(
     anchor_fps=15,
@@ -26,7 +28,7 @@ def loader(store, kind: str, cache_bytes: int, workers: int = 0, shuffle="global
         str(store),
         spec,
         batching=batching,
-        shuffling=mmdata.Shuffling(mode=shuffle),
+        shuffling=mmdata.Shuffling(mode=shuffle, lanes=2 if shuffle == "segments" else None),
         seed=5,
         runtime=mmdata.Runtime(num_workers=workers, decoder="pyav", **options),
         reading=mmdata.Reading(frame_cache_bytes=cache_bytes),
@@ -136,3 +138,60 @@ def test_frames_no_planned_step_needs_are_dropped_and_the_furthest_use_goes_firs
     later.add("near", [1], step=1)
     cache.plan(later)  # frame 0 of "near" and all of "nearest" are needed by no planned step any more
     assert set(cache.cached("near")) == {1} and cache.bytes == 100
+
+
+def test_the_segments_order_is_a_permutation_drawn_from_seed_and_epoch():
+    blocks = np.repeat(np.arange(37), np.arange(37) % 9 + 1)
+    first = segment_order(blocks, 3, 0, lanes=2, open_blocks=8, step_samples=8)
+    assert sorted(first.tolist()) == list(range(len(blocks)))
+    assert np.array_equal(first, segment_order(blocks, 3, 0, lanes=2, open_blocks=8, step_samples=8))
+    assert not np.array_equal(first, segment_order(blocks, 3, 1, lanes=2, open_blocks=8, step_samples=8))
+
+
+def test_a_segments_samples_stay_in_one_lane_and_each_step_mixes_the_open_segments():
+    blocks = np.repeat(np.arange(40), 30)
+    order = segment_order(blocks, 0, 0, lanes=2, open_blocks=8, step_samples=8)
+    steps = blocks[order].reshape(-1, 8)
+    lane_of_block = {}
+    for number, step in enumerate(steps):
+        for block in step.tolist():
+            assert lane_of_block.setdefault(block, number % 2) == number % 2
+    mixed = [len(set(step.tolist())) for step in steps]
+    assert np.mean(mixed) >= 7
+
+
+def test_the_segments_order_needs_samples_per_batch(stores):
+    with pytest.raises(OptionError, match="Batching\\(batch_size=...\\) with Shuffling\\(mode='segments'\\)"):
+        mmdata.DataLoader(
+            str(stores["wds"]),
+            WINDOWS,
+            batching=mmdata.Batching(batch_tokens=64),
+            shuffling=mmdata.Shuffling(mode="segments"),
+        )
+
+
+@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])
+def test_the_segments_order_delivers_each_sample_once_and_the_cache_decodes_less(stores, workers):
+    def run(mode, cache_bytes):
+        loader_ = loader(stores["wds"], "windows", cache_bytes, workers=workers, shuffle=mode)
+        batches = tensors(loader_)
+        return loader_, batches
+
+    segments, with_cache = run("segments", 64 << 20)
+    ids = [i for batch in with_cache for i in batch["sample_index"].tolist()]
+    assert sorted(ids) == sorted(set(ids)) and len(ids) == len(segments.samples) - len(segments.epoch_plan().left_out)
+    _, without_cache = run("segments", 0)
+    assert_identical(with_cache, without_cache)
+    global_, _ = run("global", 64 << 20)
+    assert segments.stats()["frames_decoded"] <= global_.stats()["frames_decoded"]
+
+
+def test_a_resume_in_the_segments_order_gives_the_uninterrupted_batches(stores):
+    whole = tensors(loader(stores["zarr"], "windows", 64 << 20, shuffle="segments"))
+    first = loader(stores["zarr"], "windows", 64 << 20, shuffle="segments")
+    for step, _ in enumerate(first):
+        if step + 1 == 3:
+            break
+    resumed = loader(stores["zarr"], "windows", 64 << 20, shuffle="segments")
+    resumed.load_state_dict(first.state_dict())
+    assert_identical(tensors(resumed), whole[3:])

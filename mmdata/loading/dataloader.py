@@ -45,6 +45,7 @@ from mmdata.planning.mixture import (
 from mmdata.planning.planner import LoaderPlanner, PlanSettings
 from mmdata.planning.ranks import rank_and_world
 from mmdata.planning.samples import SampleTable, concatenate_samples, enumerate_samples
+from mmdata.planning.segments import segment_blocks
 from mmdata.planning.specs import Frames, Spec, SpecError
 from mmdata.schema import VideoStream
 from mmdata.store.dataset import Dataset
@@ -137,16 +138,31 @@ class DataLoader:
         composition = None
         if self.mixture is not None:
             composition = functools.partial(epoch_composition, self.samples.source, self.source_targets)
-        settings_for_plan = PlanSettings(batch_tokens, batch_size, balance, shuffle, shuffle_window, shards_per_group)
+        lanes = shuffling.lanes or max(1, num_workers)
+        settings_for_plan = PlanSettings(
+            batch_tokens, batch_size, balance, shuffle, shuffle_window, shards_per_group, lanes, shuffling.open_segments
+        )
+        blocks = None
+        if shuffle == "segments":
+            if batch_tokens is not None:
+                raise OptionError(
+                    "the 'segments' order keeps its steps in order, which token-budgeted packing does not:"
+                    " give Batching(batch_size=...) with Shuffling(mode='segments')"
+                )
+            cameras = [name for name, stream in spec.streams.items() if isinstance(stream, Frames)]
+            stored = [s.streams.get(cameras[0]) if cameras else None for s in self.sources]
+            blocks = segment_blocks(self.samples, [s.store for s in self.sources], stored)
         keys = [s.store.table.column("key").to_pylist() for s in self.sources]
         shards = [s.store.table.column("shard").to_pylist() for s in self.sources]
-        self.planner = LoaderPlanner(self.samples, self.costs, keys, shards, settings_for_plan, composition)
+        self.planner = LoaderPlanner(self.samples, self.costs, keys, shards, settings_for_plan, composition, blocks)
         settings = [
             spec.describe(),
             episodes.describe() if episodes is not None else None,
             dict(tokens_per or {}),
             [batch_tokens, batch_size, balance, shuffle, shuffle_window, shards_per_group],
         ]
+        if shuffle == "segments":  # (the other orders' states stay as they were before it existed)
+            settings.append([lanes, shuffling.open_segments])
         if self.mixture is None:
             table = self.store.table
             self._fingerprint = fingerprint(keys[0], table.column("duration").to_pylist(), *settings)

@@ -75,16 +75,26 @@ class Batching:
 @dataclass(frozen=True)
 class Shuffling:
     """The order of an epoch's samples: `mode` "locality" (shards shuffled, then samples within groups of
-    `shards_per_group` shards), "global" (one permutation of every sample) or "none"; `True` / `False` are
+    `shards_per_group` shards), "global" (one permutation of every sample), "none", or "segments" (the samples
+    that read one stored segment close together in one lane of steps, `open_segments` segments mixed in each
+    step, `lanes` lanes taking turns: None gives one lane per loader worker, so that each worker's frame
+    cache serves a segment's samples from one decode; with `Batching(batch_size=...)`). `True` / `False` are
     torch's (the default "locality" / "none"). `window` bounds the samples the packer looks over at once."""
 
     mode: Shuffle | bool = "locality"
     window: int = 8192
     shards_per_group: int = 8
+    open_segments: int = 8
+    lanes: int | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "mode", as_shuffle(self.mode))
-        _check_counts(shuffle_window=(self.window, 1, 1 << 40), shards_per_group=(self.shards_per_group, 1, 1 << 40))
+        _check_counts(
+            shuffle_window=(self.window, 1, 1 << 40),
+            shards_per_group=(self.shards_per_group, 1, 1 << 40),
+            open_segments=(self.open_segments, 1, 1 << 20),
+            lanes=(self.lanes, 1, 1024),
+        )
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,9 @@
 
 "locality" shuffles the shards, takes them `shards_per_group` at a time and shuffles the samples
 of each group together (as WebDataset's shard shuffle plus sample buffer does, but exactly
-reproducible); "global" is one permutation of every sample; "none" keeps manifest order.
+reproducible); "global" is one permutation of every sample; "none" keeps manifest order;
+"segments" (`segment_order`) keeps the samples that read one stored video segment close together
+in one lane of steps, so a worker's decoded-frame cache serves them from one decode.
 """
 
 from __future__ import annotations
@@ -13,8 +15,8 @@ import numpy as np
 
 from mmdata.errors import OptionError
 
-Shuffle = Literal["locality", "global", "none"]
-SHUFFLES = ("locality", "global", "none")
+Shuffle = Literal["locality", "global", "none", "segments"]
+SHUFFLES = ("locality", "global", "none", "segments")
 _ORDER_STREAM = 0x5A3D
 
 
@@ -35,6 +37,8 @@ def sample_order(
         raise OptionError(f"shuffle is one of {', '.join(SHUFFLES)}, not '{shuffle}'")
     if shards_per_group < 1:
         raise OptionError(f"shards_per_group must be at least 1, not {shards_per_group}")
+    if shuffle == "segments":
+        raise OptionError("the 'segments' order is made by segment_order, from the samples' segments")
     count = len(shards)
     if shuffle == "none":
         return np.arange(count, dtype=np.int64)
@@ -47,6 +51,42 @@ def sample_order(
     group = group_of_shard[shards]
     tiebreak = rng.random(count)
     return np.lexsort((tiebreak, group)).astype(np.int64)
+
+
+def segment_order(
+    blocks: np.ndarray, seed: int, epoch: int, lanes: int, open_blocks: int, step_samples: int
+) -> np.ndarray:
+    """A permutation of the samples in which the samples of one segment (`blocks`: a number per sample, the
+    same for the samples that read the same stored segment) lie close together in one lane, from (seed,
+    epoch) alone.
+
+    The segments are shuffled and dealt to `lanes` lanes in turn; each lane keeps `open_blocks` segments
+    open and draws one sample from each in turn (a segment's samples in a random order), opening the lane's
+    next segment in a slot whose segment is used up; the lanes then take turns, `step_samples` samples (one
+    step) at a time. With as many lanes as loader workers, a worker reads one lane, and a segment's
+    samples come to it within about size x `open_blocks` / `step_samples` of its steps (what its frame
+    cache plans for), while each step mixes `open_blocks` segments (episodes). More open segments mix more
+    and keep more decoded frames alive.
+    """
+    if lanes < 1 or open_blocks < 1 or step_samples < 1:
+        raise OptionError("lanes, open segments and samples per step must each be at least 1")
+    count = len(blocks)
+    if count == 0:
+        return np.empty(0, np.int64)
+    rng = np.random.default_rng([seed, epoch, _ORDER_STREAM, 1])
+    ids, block = np.unique(np.asarray(blocks, dtype=np.int64), return_inverse=True)
+    rank = rng.permutation(len(ids))[block]  # each sample's segment's place in the shuffled list
+    lane, slot = rank % lanes, (rank // lanes) % open_blocks
+    within = rng.random(count)
+    grouped = np.lexsort((within, rank, slot, lane))  # per (lane, slot): its segments in turn
+    keys = lane[grouped] * open_blocks + slot[grouped]
+    starts = np.concatenate([[0], np.flatnonzero(np.diff(keys)) + 1])
+    run = np.arange(count) - np.repeat(starts, np.diff(np.concatenate([starts, [count]])))
+    drawn = grouped[np.lexsort((slot[grouped], run, lane[grouped]))]  # per lane: one from each slot in turn
+    lane_of = lane[drawn]
+    lane_starts = np.searchsorted(lane_of, np.arange(lanes))
+    position = np.arange(count) - lane_starts[lane_of]
+    return drawn[np.lexsort((position, lane_of, position // step_samples))].astype(np.int64)
 
 
 def _distinct(values: np.ndarray) -> np.ndarray:

@@ -16,7 +16,7 @@ from typing import Literal
 import numpy as np
 
 from mmdata.planning.epoch_plan import EpochPlan, Stretch, plan_epoch
-from mmdata.planning.order import Shuffle, sample_order
+from mmdata.planning.order import Shuffle, sample_order, segment_order
 from mmdata.planning.packing import PackingConfig, plan_packing, plan_padded
 from mmdata.planning.samples import SampleRef, SampleTable
 
@@ -34,6 +34,8 @@ class PlanSettings:
     shuffle: Shuffle = "locality"
     shuffle_window: int = 8192
     shards_per_group: int = 8
+    lanes: int = 1
+    open_segments: int = 8
 
 
 class LoaderPlanner:
@@ -47,6 +49,7 @@ class LoaderPlanner:
         shards: list[list[str]],
         batching: PlanSettings,
         composition: Composition | None = None,
+        blocks: np.ndarray | None = None,
     ):
         self.samples = samples
         self.costs = costs
@@ -54,6 +57,7 @@ class LoaderPlanner:
         self.shards = shards
         self.batching = batching
         self.composition = composition
+        self.blocks = blocks  # per sample, its segment (the "segments" order)
 
     def slots(self, seed: int, epoch: int) -> np.ndarray:
         """The sample in each slot of the epoch."""
@@ -67,7 +71,11 @@ class LoaderPlanner:
         b = self.batching
         slots = self.slots(seed, epoch)
         costs = self.costs[slots]
-        order = sample_order(self.samples.shard[slots], seed, epoch, b.shuffle, b.shards_per_group)
+        if b.shuffle == "segments":
+            step_samples = (b.batch_size or 1) * world_size
+            order = segment_order(self.blocks[slots], seed, epoch, b.lanes, b.open_segments, step_samples)
+        else:
+            order = sample_order(self.samples.shard[slots], seed, epoch, b.shuffle, b.shards_per_group)
         plan = plan_epoch(
             order,
             lambda rows, ranks, stretch: self._pack(costs, rows, ranks, stretch, seed, epoch),
@@ -113,7 +121,16 @@ class LoaderPlanner:
         boundaries = np.unique(np.ceil(np.quantile(self.costs, np.linspace(0, 1, 9)[1:]))).astype(np.int64)
         max_len = int(self.costs.max())
         return plan_padded(
-            costs, b.batch_size, boundaries, ranks, seed, epoch, b.shuffle_window, max_len, order, b.shuffle == "none"
+            costs,
+            b.batch_size,
+            boundaries,
+            ranks,
+            seed,
+            epoch,
+            b.shuffle_window,
+            max_len,
+            order,
+            b.shuffle in ("none", "segments"),
         )
 
 

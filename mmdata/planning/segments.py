@@ -1,0 +1,39 @@
+"""Which stored video segment each sample starts in: what the "segments" order groups samples by.
+
+Found from the manifest alone: a sample's start time maps to a frame of the spec's first camera (its
+rate and first timestamp), and that frame to the segment holding it (the segments' first frames).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mmdata.planning.samples import SampleTable
+from mmdata.schema import VideoStream
+from mmdata.store.handle import Store
+
+
+def segment_blocks(table: SampleTable, stores: list[Store], cameras: list[str | None]) -> np.ndarray:
+    """A number per sample, the same for the samples that start in the same segment of the same episode
+    of the same source (`cameras[source]`: the stored camera to go by; None: every episode is one block)."""
+    blocks = np.zeros(len(table), np.int64)
+    offset = 0
+    for source, (store, camera) in enumerate(zip(stores, cameras)):
+        mine = np.flatnonzero(table.source == source)
+        spec = store.schema.stream(camera) if camera is not None else None
+        episodes = table.episode[mine]
+        if not isinstance(spec, VideoStream):
+            blocks[mine] = offset + episodes
+            offset += int(episodes.max(initial=-1)) + 1
+            continue
+        segment = np.zeros(len(mine), np.int64)
+        for episode in np.unique(episodes).tolist():
+            here = episodes == episode
+            row = store.manifest.row(int(episode))
+            firsts = np.asarray([s["first_frame"] for s in row[f"{camera}/segments"]], np.int64)
+            frames = np.rint((table.start[mine][here] - row[f"{camera}/t_start"]) * spec.fps).astype(np.int64)
+            segment[here] = np.searchsorted(firsts, frames, side="right") - 1
+        widest = int(segment.max(initial=0)) + 1
+        blocks[mine] = offset + episodes * widest + np.maximum(segment, 0)
+        offset += (int(episodes.max(initial=-1)) + 1) * widest
+    return blocks
