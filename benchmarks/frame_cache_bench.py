@@ -3,7 +3,7 @@
 lerobot_bench.py's mmdata workload (`cam_high` at t-0.1 s and t, `cam_wrist` at t, state, 16 actions at
 30 Hz, every frame an anchor, batch 8, 2 workers) on 24 synthetic episodes of 4.4-6 s (two cameras at
 30 fps) converted with the defaults (gop 8), with `Reading(frame_cache_bytes=0)` and with the default
-bound, for the "locality" and "global" orders; each run in a fresh interpreter, the configurations
+bound, for the "locality", "global" and "segments" orders; each run in a fresh interpreter, the configurations
 alternating by round. Reports samples/s, samples per CPU-second, decode waste (frames decoded per frame
 delivered) and the cache's peak bytes per worker. Writes benchmarks/results/frame_cache_cpu.json.
 
@@ -41,10 +41,17 @@ loader = mmdata.DataLoader(
     {store!r}, spec, batching=mmdata.Batching(batch_size=8), shuffling=mmdata.Shuffling(mode={mode!r}),
     runtime=mmdata.Runtime(num_workers=2), reading=mmdata.Reading(frame_cache_bytes={cache}),
 )
-figures = measure(lambda: iter(loader), lambda batch: len(batch["sample_index"]), {seconds})
+episodes = []
+
+def count(batch):
+    episodes.append(len(set(batch["episode_index"].tolist())))
+    return len(batch["sample_index"])
+
+figures = measure(lambda: iter(loader), count, {seconds})
 stats = loader.stats()
 figures["decode_waste"] = stats["decode_waste"]
 figures["frame_cache_peak_bytes"] = stats["frame_cache_peak_bytes"]
+figures["episodes_per_batch"] = sum(episodes) / len(episodes) if episodes else 0.0
 print("RESULT " + json.dumps(figures))
 """
 
@@ -54,7 +61,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=8.0)
     args = parser.parse_args()
-    configurations = [(mode, cache) for mode in ("locality", "global") for cache in (0, 256 << 20)]
+    configurations = [(mode, cache) for mode in ("locality", "global", "segments") for cache in (0, 256 << 20)]
     runs: dict[str, list[dict]] = {f"{mode}, cache {cache >> 20} MiB": [] for mode, cache in configurations}
     with tempfile.TemporaryDirectory(prefix="mmdata-frame-cache-bench-") as folder:
         root = Path(folder)
@@ -70,7 +77,7 @@ def main() -> None:
                 result = run(HERE.parent, code)
                 runs[f"{mode}, cache {cache >> 20} MiB"].append(result)
                 print(number, mode, cache >> 20, json.dumps(result), flush=True)
-    keys = ("samples_per_s", "samples_per_cpu_s", "decode_waste", "frame_cache_peak_bytes")
+    keys = ("samples_per_s", "samples_per_cpu_s", "decode_waste", "frame_cache_peak_bytes", "episodes_per_batch")
     medians = {
         name: {key: statistics.median(r[key] for r in results) for key in keys} for name, results in runs.items()
     }
