@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import jsonschema
+import numpy as np
 import pytest
 
 import mmdata
@@ -198,3 +199,17 @@ def test_bench_without_a_dataset_measures_a_synthetic_demo_store():
     assert finished.returncode == 0, finished.stderr
     assert "made a synthetic demo store" in finished.stdout
     assert "samples/s" in finished.stdout
+
+
+def test_mixing_figures_count_distinct_episodes_and_what_consecutive_batches_share():
+    from mmdata.measure.runner import mixing_figures
+
+    same = mixing_figures([np.array([1, 2, 3, 3]), np.array([1, 2, 3, 3]), np.array([1, 2, 3, 3])])
+    assert same["episodes_per_batch"] == 3 and same["episodes_shared_with_previous"] == 1.0
+    apart = mixing_figures([np.array([0, 1]), np.array([10, 11]), np.array([20, 21]), np.array([30, 31])])
+    assert apart["episodes_shared_with_previous"] == 0.0 and apart["episode_lag1_correlation"] > 0.9
+    assert mixing_figures([]) == {
+        "episodes_per_batch": 0.0,
+        "episodes_shared_with_previous": 0.0,
+        "episode_lag1_correlation": 0.0,
+    }

@@ -131,6 +131,14 @@ def format_table(document: dict[str, Any]) -> str:
         _row("decode waste", f"{f['decode_waste']:.2f} frames decoded per frame delivered"),
         _row("peak RSS per worker", ", ".join(f"{v:,.0f}" for v in f["peak_rss_mb_per_worker"].values()) + " MB"),
     ]
+    if "episodes_per_batch" in f:  # (results written before the mixing figures existed have none)
+        lines.append(
+            _row(
+                "mixing",
+                f"{f['episodes_per_batch']:.2f} episodes per batch, {f['episodes_shared_with_previous']:.0%} shared"
+                f" with the batch before, lag-1 correlation {f['episode_lag1_correlation']:+.2f}",
+            )
+        )
     if "instrumentation_share" in f:
         lines.append(_row("stage timers' cost", f"{f['instrumentation_share']:.4%} of a step"))
     if "gpu_memory_mb" in f:

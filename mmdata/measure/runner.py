@@ -63,9 +63,11 @@ def run_loader(loader: DataLoader, steps: int, warmup: int = 3, step_ms: float =
     step = simulated_step(step_ms, loader.device)
     timer = StepTimer(islice(batches, steps), synchronize=False)
     samples = frames = 0
+    episodes: list[np.ndarray] = []
     for batch in timer:
         samples += len(batch["sample_index"])
         frames += _frames_in(loader, batch)
+        episodes.append(_episodes_in(batch))
         step()
     loader.close()
     stats = loader.stats()
@@ -82,6 +84,7 @@ def run_loader(loader: DataLoader, steps: int, warmup: int = 3, step_ms: float =
         "stall_fraction": stall["stall_fraction"],
         "mean_stall_ms": stall["mean_stall_ms"],
         "decode_waste": stats["decode_waste"],
+        **mixing_figures(episodes),
         "peak_rss_mb_per_worker": {str(k): round(v / 2**20, 1) for k, v in stats["peak_rss_bytes_per_worker"].items()},
         **plan_figures(loader),
     }
@@ -93,6 +96,32 @@ def run_loader(loader: DataLoader, steps: int, warmup: int = 3, step_ms: float =
         "figures": figures,
         "stages": stage_breakdown(stats, wall, stall["compute_seconds"], loader.num_workers),
         "loader_stats": stats,
+    }
+
+
+def _episodes_in(batch: dict[str, Any]) -> np.ndarray:
+    """The (source, episode) of each sample of a batch, as one number each."""
+    episode = np.asarray(batch["episode_index"], dtype=np.int64)
+    source = np.asarray(batch.get("source", np.zeros_like(episode)), dtype=np.int64)
+    return source * (1 << 40) + episode
+
+
+def mixing_figures(episodes: list[np.ndarray]) -> dict[str, float]:
+    """How well batches mix: distinct episodes per batch, the share of a batch's episodes the batch before
+    it also held, and the correlation of the mean episode number of consecutive batches (near 0 when
+    consecutive batches are unrelated)."""
+    if not episodes:
+        return {"episodes_per_batch": 0.0, "episodes_shared_with_previous": 0.0, "episode_lag1_correlation": 0.0}
+    distinct = [set(batch.tolist()) for batch in episodes]
+    shared = [len(now & before) / len(now) for before, now in zip(distinct, distinct[1:]) if now]
+    means = np.asarray([batch.mean() for batch in episodes], np.float64)
+    correlation = 0.0
+    if len(means) > 2 and means[:-1].std() > 0 and means[1:].std() > 0:
+        correlation = float(np.corrcoef(means[:-1], means[1:])[0, 1])
+    return {
+        "episodes_per_batch": round(float(np.mean([len(d) for d in distinct])), 3),
+        "episodes_shared_with_previous": round(float(np.mean(shared)) if shared else 0.0, 3),
+        "episode_lag1_correlation": round(correlation, 3),
     }
 
 
