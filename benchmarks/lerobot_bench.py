@@ -63,6 +63,52 @@ figures["decode_waste"] = stats.get("decode_waste")
 print("RESULT " + json.dumps(figures))
 """
 
+# The same windows in the "segments" order, with the decoded-frame cache (issue 29); the mixing it costs.
+SEGMENTS_LOADER = """
+import json, sys
+sys.path.insert(0, {bench!r})
+from process_time import measure
+import mmdata
+spec = mmdata.Windows(anchor_fps=30, streams={{
+    "observation.images.cam_high": mmdata.Frames(offsets=[-0.1, 0.0]),
+    "observation.images.cam_wrist": mmdata.Frames(offsets=[0.0]),
+    "observation.state": mmdata.Values(offsets=[-0.1, 0.0]),
+    "action": mmdata.Values(offsets=[i / 30 for i in range(16)]),
+}})
+loader = mmdata.DataLoader({store!r}, spec, batching=mmdata.Batching(batch_size=8),
+                           shuffling=mmdata.Shuffling(mode="segments"), runtime=mmdata.Runtime(num_workers={workers}))
+episodes = []
+
+def count(batch):
+    episodes.append(len(set(batch["episode_index"].tolist())))
+    return len(batch["sample_index"])
+
+figures = measure(lambda: iter(loader), count, {seconds})
+stats = loader.stats()
+figures["stages"] = stats.get("worker_stage_seconds")
+figures["decode_waste"] = stats.get("decode_waste")
+figures["frame_cache_peak_bytes"] = stats.get("frame_cache_peak_bytes")
+figures["episodes_per_batch"] = sum(episodes) / max(1, len(episodes))
+print("RESULT " + json.dumps(figures))
+"""
+
+SEGMENTS_COMPATIBLE_LOADER = """
+import json, sys
+sys.path.insert(0, {bench!r})
+from process_time import measure
+from mmdata.lerobot import LeRobotLoader
+delta_timestamps = {{
+    "observation.images.cam_high": [-0.1, 0.0],
+    "observation.state": [-0.1, 0.0],
+    "action": [i / 30 for i in range(16)],
+}}
+loader = LeRobotLoader({store!r}, delta_timestamps, batch_size=8, num_workers={workers}, shuffle="segments")
+figures = measure(lambda: iter(loader), lambda batch: len(batch["index"]), {seconds})
+stats = loader.stats()
+figures["decode_waste"] = stats.get("decode_waste")
+print("RESULT " + json.dumps(figures))
+"""
+
 COMPATIBLE_LOADER = """
 import json, sys
 sys.path.insert(0, {bench!r})
@@ -117,6 +163,10 @@ def convert(tree: Path, source: Path, destination: Path, layout: str, *options: 
     command = [sys.executable, "-m", "mmdata", "convert", str(source), str(destination), "--from", "lerobot"]
     command += ["--to", layout, "--quiet", "--overwrite", *options]
     subprocess.run(command, check=True, env={**os.environ, "PYTHONPATH": str(tree)}, cwd=tree)
+
+
+def folder_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
 def check_equal(python: Path, source: Path, stores: dict[str, Path], count: int) -> dict:
@@ -191,6 +241,12 @@ def main() -> None:
     default_store = args.workdir / "store-both.wds"
     convert(tree, source, default_store, "wds")
     configurations["mmdata wds --access both w2"] = lambda: mmdata_run(tree, default_store, 2, args.seconds)
+    configurations["mmdata wds --access both segments+cache w2"] = lambda: mmdata_run(
+        tree, default_store, 2, args.seconds, SEGMENTS_LOADER
+    )
+    configurations["mmdata lerobot-compatible --access both segments+cache w2"] = lambda: mmdata_run(
+        tree, default_store, 2, args.seconds, SEGMENTS_COMPATIBLE_LOADER
+    )
     if args.baseline_tree:
         for layout in ("wds", "zarr"):
             old_store = args.workdir / f"store-baseline.{layout}"
@@ -225,6 +281,8 @@ def main() -> None:
             "runs": [r["samples_per_s"] for r in good],
             "stages": good[-1].get("stages"),
             "decode_waste": good[-1].get("decode_waste"),
+            "episodes_per_batch": good[-1].get("episodes_per_batch"),
+            "frame_cache_peak_bytes": good[-1].get("frame_cache_peak_bytes"),
         }
     lerobot = {n: s for n, s in summary.items() if n.startswith("lerobot") and "samples_per_s" in s}
     best_rate = max(lerobot.items(), key=lambda item: item[1]["samples_per_s"])
@@ -255,8 +313,13 @@ def main() -> None:
             " per CPU-second"
         )
     print(f"equality on {args.check_samples} samples: {equality}")
+    sizes = {
+        name: folder_bytes(path) for name, path in {"lerobot": source, "default_wds": default_store, **stores}.items()
+    }
+    print(f"store sizes against LeRobot's: { {n: round(b / sizes['lerobot'], 2) for n, b in sizes.items()} }")
     record = {
         "benchmark": "lerobot_bench",
+        "store_bytes": sizes,
         "machine": machine_name(),
         "lerobot_version": args.lerobot_version,
         "dataset": {"episodes": args.episodes, "episode_seconds": args.episode_seconds, "cameras": "2 x 224x224 AV1"},
