@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 import mmdata
 from mmdata.errors import OptionError
 from mmdata.loading.frame_cache import FrameCache, Upcoming
 from mmdata.planning.order import segment_order
+from tests.test_loader import assert_same_batches
 
 WINDOWS = mmdata.Windows(
     anchor_fps=15,
@@ -35,28 +35,13 @@ def loader(store, kind: str, cache_bytes: int, workers: int = 0, shuffle="global
     )
 
 
-def tensors(batches) -> list[dict]:
-    return [{k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in batch.items()} for batch in batches]
-
-
-def assert_identical(first: list[dict], second: list[dict]) -> None:
-    assert len(first) == len(second)
-    for a, b in zip(first, second):
-        assert a.keys() == b.keys()
-        for key in a:
-            if isinstance(a[key], torch.Tensor):
-                assert torch.equal(a[key], b[key]), key
-            else:
-                assert a[key] == b[key], key
-
-
 @pytest.mark.parametrize("kind", sorted(SPECS))
 @pytest.mark.parametrize("layout", ["wds", "zarr"])
 def test_batches_are_identical_with_the_cache_on_and_off_in_one_process(stores, layout, kind):
     for shuffle in ("none", "global"):
-        off = tensors(loader(stores[layout], kind, 0, shuffle=shuffle))
+        off = list(loader(stores[layout], kind, 0, shuffle=shuffle))
         on = loader(stores[layout], kind, 64 << 20, shuffle=shuffle)
-        assert_identical(tensors(on), off)
+        assert_same_batches(list(on), off)
         if shuffle == "none":
             assert on.stats()["frames_decoded"] < loader_stats_of(stores[layout], kind)["frames_decoded"]
 
@@ -71,14 +56,14 @@ def loader_stats_of(store, kind: str) -> dict:
 @pytest.mark.parametrize("kind", sorted(SPECS))
 @pytest.mark.parametrize("layout", ["wds", "zarr"])
 def test_batches_are_identical_with_the_cache_on_and_off_with_two_workers(stores, layout, kind):
-    off = tensors(loader(stores[layout], kind, 0, workers=2))
-    assert_identical(tensors(loader(stores[layout], kind, 64 << 20, workers=2)), off)
+    off = list(loader(stores[layout], kind, 0, workers=2))
+    assert_same_batches(list(loader(stores[layout], kind, 64 << 20, workers=2)), off)
 
 
 def test_a_cache_smaller_than_one_segment_still_gives_identical_batches(stores):
-    off = tensors(loader(stores["wds"], "windows", 0, shuffle="none"))
+    off = list(loader(stores["wds"], "windows", 0, shuffle="none"))
     tiny = loader(stores["wds"], "windows", 1000, shuffle="none")  # less than one 224x224 frame
-    assert_identical(tensors(tiny), off)
+    assert_same_batches(list(tiny), off)
     assert tiny.stats()["frame_cache_peak_bytes"] <= 1000
 
 
@@ -91,7 +76,7 @@ def test_the_cache_never_holds_more_than_its_bound(stores):
 
 @pytest.mark.parametrize("kind", sorted(SPECS))
 def test_an_exact_resume_with_the_cache_gives_the_uninterrupted_batches(stores, kind):
-    whole = tensors(loader(stores["zarr"], kind, 64 << 20))
+    whole = list(loader(stores["zarr"], kind, 64 << 20))
     first = loader(stores["zarr"], kind, 64 << 20)
     k = len(whole) // 2
     for step, _ in enumerate(first):
@@ -99,7 +84,7 @@ def test_an_exact_resume_with_the_cache_gives_the_uninterrupted_batches(stores, 
             break
     resumed = loader(stores["zarr"], kind, 64 << 20)
     resumed.load_state_dict(first.state_dict())
-    assert_identical(tensors(resumed), whole[k:])
+    assert_same_batches(list(resumed), whole[k:])
 
 
 def test_an_elastic_resume_with_the_cache_gives_the_batches_it_gives_without(stores):
@@ -112,10 +97,10 @@ def test_an_elastic_resume_with_the_cache_gives_the_batches_it_gives_without(sto
         second = [loader(stores["wds"], "windows", cache_bytes, rank=rank, world_size=world) for rank in range(world)]
         for run in second:
             run.load_state_dict(first[0].state_dict())
-        return [tensors(run) for run in second]
+        return [list(run) for run in second]
 
     for with_cache, without in zip(resumed_at(3, 64 << 20), resumed_at(3, 0)):
-        assert_identical(with_cache, without)
+        assert_same_batches(with_cache, without)
 
 
 def test_frames_no_planned_step_needs_are_dropped_and_the_furthest_use_goes_first():
@@ -174,24 +159,24 @@ def test_the_segments_order_needs_samples_per_batch(stores):
 def test_the_segments_order_delivers_each_sample_once_and_the_cache_decodes_less(stores, workers):
     def run(mode, cache_bytes):
         loader_ = loader(stores["wds"], "windows", cache_bytes, workers=workers, shuffle=mode)
-        batches = tensors(loader_)
+        batches = list(loader_)
         return loader_, batches
 
     segments, with_cache = run("segments", 64 << 20)
     ids = [i for batch in with_cache for i in batch["sample_index"].tolist()]
     assert sorted(ids) == sorted(set(ids)) and len(ids) == len(segments.samples) - len(segments.epoch_plan().left_out)
     _, without_cache = run("segments", 0)
-    assert_identical(with_cache, without_cache)
+    assert_same_batches(with_cache, without_cache)
     global_, _ = run("global", 64 << 20)
     assert segments.stats()["frames_decoded"] <= global_.stats()["frames_decoded"]
 
 
 def test_a_resume_in_the_segments_order_gives_the_uninterrupted_batches(stores):
-    whole = tensors(loader(stores["zarr"], "windows", 64 << 20, shuffle="segments"))
+    whole = list(loader(stores["zarr"], "windows", 64 << 20, shuffle="segments"))
     first = loader(stores["zarr"], "windows", 64 << 20, shuffle="segments")
     for step, _ in enumerate(first):
         if step + 1 == 3:
             break
     resumed = loader(stores["zarr"], "windows", 64 << 20, shuffle="segments")
     resumed.load_state_dict(first.state_dict())
-    assert_identical(tensors(resumed), whole[3:])
+    assert_same_batches(list(resumed), whole[3:])

@@ -6,32 +6,13 @@ from __future__ import annotations
 import inspect
 
 import pytest
-import torch
 
 import mmdata
 from mmdata.errors import OptionError
 from mmdata.lerobot import LeRobotLoader
+from tests.test_loader import assert_same_batches
 
 SPEC = mmdata.Windows(anchor_fps=10, streams={"cam_high": mmdata.Frames(offsets=[-0.1, 0.0]), "state": mmdata.Values()})
-
-
-def batches(loader) -> list[dict]:
-    return [{k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in batch.items()} for batch in loader]
-
-
-def same(first: list[dict], second: list[dict]) -> bool:
-    if len(first) != len(second):
-        return False
-    for a, b in zip(first, second):
-        if a.keys() != b.keys():
-            return False
-        for key in a:
-            if isinstance(a[key], torch.Tensor):
-                if not torch.equal(a[key], b[key]):
-                    return False
-            elif a[key] != b[key]:
-                return False
-    return True
 
 
 def test_the_loader_signature_holds_at_most_twelve_parameters():
@@ -54,7 +35,7 @@ def test_grouped_options_give_the_batches_the_ungrouped_keywords_gave(stores):
             str(stores["wds"]), SPEC, batch_size=4, shuffle="global", seed=3, num_workers=1, decoder="pyav",
             cache_bytes=1 << 20,
         )  # fmt: skip
-    assert same(batches(grouped), batches(ungrouped))
+    assert_same_batches(list(grouped), list(ungrouped))
     assert grouped.state_dict() == ungrouped.state_dict()
 
 
@@ -114,6 +95,6 @@ def test_lerobot_loader_takes_a_runtime_in_place_of_workers_and_device(stores):
     spec = {"state": [0.0]}
     with_runtime = LeRobotLoader(str(stores["wds"]), spec, batch_size=4, runtime=mmdata.Runtime(num_workers=1))
     torch_style = LeRobotLoader(str(stores["wds"]), spec, batch_size=4, num_workers=1)
-    assert same(batches(with_runtime), batches(torch_style))
+    assert_same_batches(list(with_runtime), list(torch_style))
     with pytest.raises(OptionError, match="inside runtime="):
         LeRobotLoader(str(stores["wds"]), spec, batch_size=4, num_workers=1, runtime=mmdata.Runtime())
