@@ -21,22 +21,18 @@ import tempfile
 from pathlib import Path
 
 from convert_bench import machine_name
+from redesign_cost_bench import POLICY_WINDOWS
 from verify_cost_bench import run
 
 from mmdata.synthetic import SynthSpec, write_synthetic_dataset
 
 HERE = Path(__file__).resolve().parent
-CODE = """
-import json, sys
+CODE = (
+    POLICY_WINDOWS
+    + """
+import sys
 sys.path.insert(0, {bench!r})
 from process_time import measure
-import mmdata
-spec = mmdata.Windows(anchor_fps=30, streams={{
-    "cam_high": mmdata.Frames(offsets=[-0.1, 0.0]),
-    "cam_wrist": mmdata.Frames(offsets=[0.0]),
-    "state": mmdata.Values(offsets=[-0.1, 0.0]),
-    "action": mmdata.Values(offsets=[i / 30 for i in range(16)]),
-}})
 loader = mmdata.DataLoader(
     {store!r}, spec, batching=mmdata.Batching(batch_size=8), shuffling=mmdata.Shuffling(mode={mode!r}),
     runtime=mmdata.Runtime(num_workers=2), reading=mmdata.Reading(frame_cache_bytes={cache}),
@@ -54,6 +50,7 @@ figures["frame_cache_peak_bytes"] = stats["frame_cache_peak_bytes"]
 figures["episodes_per_batch"] = sum(episodes) / len(episodes) if episodes else 0.0
 print("RESULT " + json.dumps(figures))
 """
+)
 
 
 def main() -> None:

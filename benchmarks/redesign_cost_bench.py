@@ -31,35 +31,24 @@ import tempfile
 from pathlib import Path
 
 from convert_bench import machine_name
-from verify_cost_bench import run
+from verify_cost_bench import BUILD_LOADER, run
 
 from mmdata.synthetic import SynthSpec, write_synthetic_dataset
 
 HERE = Path(__file__).resolve().parent
 
-# Written with the loader's ungrouped keywords, which both trees take (this one with a DeprecationWarning).
-LOADER = """
-import json, sys, warnings
-warnings.simplefilter("ignore", DeprecationWarning)
+MEASURE = """
+import sys
 sys.path.insert(0, {bench!r})
 from process_time import measure
-import mmdata
-spec = mmdata.Windows(anchor_fps=10, streams={{
-    "cam_high": mmdata.Frames(offsets=[-0.1, 0.0]),
-    "state": mmdata.Values(offsets=[-0.1, 0.0]),
-    "action": mmdata.Values(offsets=[i / 50 for i in range(50)]),
-    "audio": mmdata.Audio(window=(-1.0, 0.0), sample_rate=16000),
-}})
-tokens = {{"cam_high": 256, "action": 1, "state": 1, "audio": 50}}
-loader = mmdata.DataLoader({store!r}, spec, tokens_per=tokens, batch_tokens=16384, num_workers=2)
 print("RESULT " + json.dumps(measure(lambda: iter(loader), lambda b: len(b["sample_index"]), {seconds})))
 """
+# Both trees take the loader's ungrouped keywords (this one with a DeprecationWarning, on stderr).
+LOADER = BUILD_LOADER + MEASURE
 
-WINDOWS = """
-import json, sys, warnings
-warnings.simplefilter("ignore", DeprecationWarning)
-sys.path.insert(0, {bench!r})
-from process_time import measure
+# lerobot_bench.py's window on the synthetic recordings' stream names; the loader is built after it.
+POLICY_WINDOWS = """
+import json
 import mmdata
 spec = mmdata.Windows(anchor_fps=30, streams={{
     "cam_high": mmdata.Frames(offsets=[-0.1, 0.0]),
@@ -67,13 +56,17 @@ spec = mmdata.Windows(anchor_fps=30, streams={{
     "state": mmdata.Values(offsets=[-0.1, 0.0]),
     "action": mmdata.Values(offsets=[i / 30 for i in range(16)]),
 }})
-loader = mmdata.DataLoader({store!r}, spec, batch_size=8, num_workers=2, shuffle="global")
-print("RESULT " + json.dumps(measure(lambda: iter(loader), lambda b: len(b["sample_index"]), {seconds})))
 """
+WINDOWS = (
+    POLICY_WINDOWS
+    + """
+loader = mmdata.DataLoader({store!r}, spec, batch_size=8, num_workers=2, shuffle="global")
+"""
+    + MEASURE
+)
 
 LEROBOT_LOADER = """
-import json, sys, warnings
-warnings.simplefilter("ignore", DeprecationWarning)
+import json, sys
 sys.path.insert(0, {bench!r})
 from process_time import measure
 from mmdata.lerobot import LeRobotLoader
@@ -112,9 +105,10 @@ def main() -> None:
         cpu: dict = {tree: {name: [] for name in configurations} for tree in trees}
         for number in range(args.rounds):
             order = list(trees.items()) if number % 2 == 0 else list(trees.items())[::-1]
-            for name, (code, store) in configurations.items():
+            for name, (template, store) in configurations.items():
+                code = template.format(bench=str(HERE), store=str(store), seconds=args.seconds, workers=2, verify=True)
                 for tree_name, tree in order:
-                    result = run(tree, code.format(bench=str(HERE), store=str(store), seconds=args.seconds))
+                    result = run(tree, code)
                     figures[tree_name][name].append(result["samples_per_s"])
                     cpu[tree_name][name].append(result["samples_per_cpu_s"])
             latest = {tree: {name: round(values[-1], 1) for name, values in by.items()} for tree, by in figures.items()}

@@ -28,7 +28,10 @@ HERE = Path(__file__).resolve().parent
 CONVERT = """
 import json, resource, shutil, time
 from mmdata.conversion.pipeline import ConvertOptions, convert
-from mmdata.importers.raw import discover_raw_episodes
+try:
+    from mmdata.importers.raw import discover_raw_episodes
+except ImportError:  # trees before the issue-28 package names
+    from mmdata.sources.raw import discover_raw_episodes
 shutil.rmtree({store!r}, ignore_errors=True)
 started, cpu = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
 convert(discover_raw_episodes({raw!r}), {store!r}, ConvertOptions(layout="wds", workers=2, progress=False))

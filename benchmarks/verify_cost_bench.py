@@ -54,7 +54,10 @@ loader = mmdata.DataLoader(
 LOADER = (
     BUILD_LOADER
     + """
-from mmdata.measure.runner import run_for_seconds
+try:
+    from mmdata.measure.runner import run_for_seconds
+except ImportError:  # trees before the issue-28 package names
+    from mmdata.bench.runner import run_for_seconds
 figures = run_for_seconds(loader, {seconds}, lambda b: (len(b["sample_index"]), 2 * len(b["sample_index"])), warmup=4)
 print("RESULT " + json.dumps(figures))
 """
