@@ -17,7 +17,6 @@ runs it: the worker when it decodes, the main process when the worker left the v
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -69,6 +68,7 @@ class BatchReader:
         self.video_decoder = video_decoder
         self.collate_options = collate_options or {}
         self.align = Aligner(self.sources, spec, fillers)
+        self.cameras = [(name, stream) for name, stream in spec.streams.items() if isinstance(stream, Frames)]
         self.fetch = Fetcher(self.sources, self.align.stored_names)
         self._aligned_ahead: dict[tuple[SampleRef, str], FramePlan] = {}
         cacheable = not defer_video and video_decoder.device == "cpu" and not hasattr(video_decoder, "prepare")
@@ -130,15 +130,14 @@ class BatchReader:
         if fetching:
             with timed(batch.seconds, "read"):
                 self.fetch.now(self.fetch.segments(self._live(batch, plans)))
-                ahead = self._align_ahead(upcoming)
+                ahead = [(key[0].source, plan) for key, plan in self._plans_ahead(upcoming)]
                 self.fetch.ahead(self.fetch.rows(upcoming), self.fetch.segments(ahead), self.fetch.rows(after_upcoming))
         self._read_values(batch)
-        for name, stream in self.spec.streams.items():
-            if isinstance(stream, Frames):
-                with timed(batch.seconds, "read"):
-                    read = [self._read_segments(batch, p, name, plan) for p, plan in enumerate(plans[name])]
-                origins = [sample.source for sample in batch.samples]
-                prepare_video(self.video_decoder, batch, name, read, origins, self.fillers[name], stream.channels_first)
+        origins = [sample.source for sample in batch.samples]
+        for name, stream in self.cameras:
+            with timed(batch.seconds, "read"):
+                read = [self._read_segments(batch, p, name, plan) for p, plan in enumerate(plans[name])]
+            prepare_video(self.video_decoder, batch, name, read, origins, self.fillers[name], stream.channels_first)
         return plans
 
     def _upcoming_frames(
@@ -149,53 +148,43 @@ class BatchReader:
         upcoming = Upcoming()
         for camera in plans.values():
             for sample, plan in zip(batch.samples, camera):
-                for request in plan.requests if plan is not None else ():
-                    if request.where is not None:
-                        upcoming.add(segment_key(sample.source, request), request.frames, 0)
-        cameras = [(name, stream) for name, stream in self.spec.streams.items() if isinstance(stream, Frames)]
-        kept: dict[tuple[SampleRef, str], FramePlan] = {}
+                if plan is not None:
+                    _add_requests(upcoming, sample.source, plan, 0)
+        kept = {}
         for step, samples in enumerate(horizon, 1):
-            for sample in samples:
-                for name, stream in cameras:
-                    plan = self._aligned_ahead.get((sample, name))
-                    if plan is None:
-                        try:
-                            plan = self.align.frames(sample, name, stream)
-                        except (MmdataError, OSError):
-                            continue  # aligned again, and reported, when its step is read
-                    kept[(sample, name)] = plan
-                    for request in plan.requests:
-                        if request.where is not None:
-                            upcoming.add(segment_key(sample.source, request), request.frames, step)
+            for key, plan in self._plans_ahead(samples):
+                kept[key] = plan
+                _add_requests(upcoming, key[0].source, plan, step)
         self._aligned_ahead = kept
         return upcoming
+
+    def _plans_ahead(self, samples: Sequence[SampleRef]) -> list[tuple[tuple[SampleRef, str], FramePlan]]:
+        """The cameras' frame plans of samples read later: those already aligned, else aligned now and kept. A
+        sample that fails here is left out, and aligned again (and reported) when its micro-batch is read."""
+        found = []
+        for sample in samples:
+            for name, stream in self.cameras:
+                key = (sample, name)
+                plan = self._aligned_ahead.get(key)
+                if plan is None:
+                    try:
+                        plan = self._aligned_ahead[key] = self.align.frames(sample, name, stream)
+                    except (MmdataError, OSError):
+                        continue
+                found.append((key, plan))
+        return found
 
     def _align_cameras(self, batch: MicroBatch) -> dict[str, list[FramePlan | None]]:
         """Each camera's frame plan per sample (None where the sample failed): the ones aligned ahead, else now."""
         carried, reading = self._aligned_ahead, set(batch.samples)
         self._aligned_ahead = {key: plan for key, plan in carried.items() if key[0] not in reading}
-        plans: dict[str, list[FramePlan | None]] = {}
-        for name, stream in self.spec.streams.items():
-            if isinstance(stream, Frames):
-                plans[name] = [
-                    carried.get((sample, name))
-                    or self._attempt(batch, p, name, self.align.frames, sample, name, stream)
-                    for p, sample in enumerate(batch.samples)
-                ]
-        return plans
-
-    def _align_ahead(self, upcoming: Sequence[SampleRef]) -> list[tuple[int, FramePlan]]:
-        """Align the next micro-batch's cameras now, so that what is fetched for it ahead is what it decodes;
-        a sample that fails here is aligned again (and reported) when its micro-batch is read."""
-        ahead = []
-        for sample in upcoming:
-            for name, stream in self.spec.streams.items():
-                if isinstance(stream, Frames):
-                    with contextlib.suppress(MmdataError, OSError):
-                        plan = self.align.frames(sample, name, stream)
-                        self._aligned_ahead[(sample, name)] = plan
-                        ahead.append((sample.source, plan))
-        return ahead
+        return {
+            name: [
+                carried.get((sample, name)) or self._attempt(batch, p, name, self.align.frames, sample, name, stream)
+                for p, sample in enumerate(batch.samples)
+            ]
+            for name, stream in self.cameras
+        }
 
     def _live(self, batch: MicroBatch, plans: dict[str, list[FramePlan | None]]) -> list[tuple[int, FramePlan]]:
         return [
@@ -263,3 +252,9 @@ class BatchReader:
                 raise SampleError(message) from exc
             batch.failed[position] = message
             return None
+
+
+def _add_requests(upcoming: Upcoming, source: int, plan: FramePlan, step: int) -> None:
+    for request in plan.requests:
+        if request.where is not None:
+            upcoming.add(segment_key(source, request), request.frames, step)
