@@ -27,11 +27,13 @@ def segment_blocks(table: SampleTable, stores: list[Store], cameras: list[str | 
             offset += int(episodes.max(initial=-1)) + 1
             continue
         segment = np.zeros(len(mine), np.int64)
-        for episode in np.unique(episodes).tolist():
-            here = episodes == episode
-            row = store.manifest.row(int(episode))
+        starts = table.start[mine]
+        by_episode = np.argsort(episodes, kind="stable")  # one pass per episode, not a mask over all samples each
+        bounds = np.flatnonzero(np.diff(episodes[by_episode])) + 1
+        for here in np.split(by_episode, bounds) if len(mine) else ():
+            row = store.manifest.row(int(episodes[here[0]]))
             firsts = np.asarray([s["first_frame"] for s in row[f"{camera}/segments"]], np.int64)
-            frames = np.rint((table.start[mine][here] - row[f"{camera}/t_start"]) * spec.fps).astype(np.int64)
+            frames = np.rint((starts[here] - row[f"{camera}/t_start"]) * spec.fps).astype(np.int64)
             segment[here] = np.searchsorted(firsts, frames, side="right") - 1
         widest = int(segment.max(initial=0)) + 1
         blocks[mine] = offset + episodes * widest + np.maximum(segment, 0)
