@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import tempfile
 import time
@@ -15,7 +16,7 @@ from mmdata.measure.report import build_document, compare, format_table, load, p
 from mmdata.measure.sweep import label, parse_sweep, plot_sweep
 from mmdata.store.dataset import open_dataset
 from mmdata.store.filesystem import ReadPolicy
-from mmdata.store.handle import Store, open_store
+from mmdata.store.handle import open_store
 from mmdata.tools.storage import add_storage_options
 
 if TYPE_CHECKING:
@@ -127,7 +128,6 @@ def run_bench(args: argparse.Namespace) -> int:
 
 def _measure(args: argparse.Namespace, dataset: str) -> dict[str, Any]:
     from mmdata.loading.dataloader import DataLoader
-    from mmdata.loading.loader_options import group_keywords
     from mmdata.measure.runner import run_loader
 
     schema = open_store(dataset).schema
@@ -149,7 +149,7 @@ def _measure(args: argparse.Namespace, dataset: str) -> dict[str, Any]:
         "world_size": args.world_size,
         "profiler_ranges": args.profile_ranges,
     }
-    loader = DataLoader(_source(args, dataset), spec, seed=args.seed, **group_keywords(options))
+    loader = DataLoader(dataset, spec, seed=args.seed, **_groups(args, options))
     warmup = _warmup(args, options)
     measured = run_loader(loader, args.steps, warmup, args.step_ms)
     config = {
@@ -180,16 +180,18 @@ def _measure(args: argparse.Namespace, dataset: str) -> dict[str, Any]:
     return build_document(config, measured)
 
 
-def _source(args: argparse.Namespace, dataset: str) -> str | Store:
-    """The store the loaders read: its URL, or with `--cache-dir` the store opened with that disk cache."""
-    if not args.cache_dir:
-        return dataset
-    return open_store(dataset, read_policy=ReadPolicy(cache_dir=args.cache_dir))
+def _groups(args: argparse.Namespace, options: dict[str, Any]) -> dict[str, Any]:
+    """The loader's option groups from the options set by name, reading through `--cache-dir` when given."""
+    from mmdata.loading.loader_options import group_keywords
+
+    groups = group_keywords(options)
+    if args.cache_dir:
+        groups["reading"] = dataclasses.replace(groups["reading"], policy=ReadPolicy(cache_dir=args.cache_dir))
+    return groups
 
 
 def _sweep(args: argparse.Namespace, dataset: str, spec, options: dict[str, Any]) -> list[dict[str, Any]]:
     from mmdata.loading.dataloader import DataLoader
-    from mmdata.loading.loader_options import group_keywords
     from mmdata.measure.runner import run_loader
 
     rows = []
@@ -199,7 +201,7 @@ def _sweep(args: argparse.Namespace, dataset: str, spec, options: dict[str, Any]
             overrides["batch_tokens"] = None
         elif "batch_tokens" in overrides:
             overrides["batch_size"] = None
-        loader = DataLoader(_source(args, dataset), spec, seed=args.seed, **group_keywords(options | overrides))
+        loader = DataLoader(dataset, spec, seed=args.seed, **_groups(args, options | overrides))
         figures = run_loader(loader, args.steps, _warmup(args, options | overrides), args.step_ms)["figures"]
         rows.append({"setting": setting, "decoder": loader.decoder.describe(), "figures": figures})
         print(
