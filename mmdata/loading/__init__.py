@@ -1,4 +1,5 @@
-"""Loading for training: sampling specs, the DataLoader, and the read / collate stages it runs.
+"""Loading for training: the DataLoader, its option groups and the loading chain it runs (see `chain.py`);
+the sampling specs, re-exported from `mmdata.planning`.
 
 The specs are plain values and import without torch; `DataLoader` (which needs torch) is
 imported when first used.
