@@ -83,23 +83,6 @@ delta_timestamps = {{
     "observation.state": [-0.1, 0.0],
     "action": [i / 30 for i in range(16)],
 }}
-loader = LeRobotLoader({store!r}, delta_timestamps, batch_size=8, num_workers={workers}, shuffle="segments")
-figures = measure(lambda: iter(loader), lambda batch: len(batch["index"]), {seconds})
-stats = loader.stats()
-figures["decode_waste"] = stats.get("decode_waste")
-print("RESULT " + json.dumps(figures))
-"""
-
-COMPATIBLE_LOADER = """
-import json, sys
-sys.path.insert(0, {bench!r})
-from process_time import measure
-from mmdata.lerobot import LeRobotLoader
-delta_timestamps = {{
-    "observation.images.cam_high": [-0.1, 0.0],
-    "observation.state": [-0.1, 0.0],
-    "action": [i / 30 for i in range(16)],
-}}
 loader = LeRobotLoader({store!r}, delta_timestamps, batch_size=8, num_workers={workers}, shuffle={shuffle!r})
 figures = measure(lambda: iter(loader), lambda batch: len(batch["index"]), {seconds})
 stats = loader.stats()
