@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 
 from convert_bench import machine_name
+from lerobot_bench import MEASURE_WITH_MIXING
 from redesign_cost_bench import POLICY_WINDOWS
 from verify_cost_bench import run
 
@@ -30,26 +31,12 @@ HERE = Path(__file__).resolve().parent
 CODE = (
     POLICY_WINDOWS
     + """
-import sys
-sys.path.insert(0, {bench!r})
-from process_time import measure
 loader = mmdata.DataLoader(
     {store!r}, spec, batching=mmdata.Batching(batch_size=8), shuffling=mmdata.Shuffling(mode={mode!r}),
     runtime=mmdata.Runtime(num_workers=2), reading=mmdata.Reading(frame_cache_bytes={cache}),
 )
-episodes = []
-
-def count(batch):
-    episodes.append(len(set(batch["episode_index"].tolist())))
-    return len(batch["sample_index"])
-
-figures = measure(lambda: iter(loader), count, {seconds})
-stats = loader.stats()
-figures["decode_waste"] = stats["decode_waste"]
-figures["frame_cache_peak_bytes"] = stats["frame_cache_peak_bytes"]
-figures["episodes_per_batch"] = sum(episodes) / len(episodes) if episodes else 0.0
-print("RESULT " + json.dumps(figures))
 """
+    + MEASURE_WITH_MIXING
 )
 
 

@@ -44,20 +44,12 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 CAMERAS = ("observation.images.cam_high", "observation.images.cam_wrist")
 
-# Written with the loader's ungrouped keywords, which a baseline tree takes too. With shuffle="segments" (issue 29)
-# the decoded-frame cache, on by default, serves a segment's samples from one decode; the mixing it costs is kept.
-MMDATA_LOADER = """
+# After a `loader` is built: samples/s and per CPU-second for `seconds`, the decode waste, the frame cache's peak
+# and the distinct episodes per batch (what an order costs in mixing); `stats.get`: a baseline tree has fewer figures.
+MEASURE_WITH_MIXING = """
 import json, sys
 sys.path.insert(0, {bench!r})
 from process_time import measure
-import mmdata
-spec = mmdata.Windows(anchor_fps=30, streams={{
-    "observation.images.cam_high": mmdata.Frames(offsets=[-0.1, 0.0]),
-    "observation.images.cam_wrist": mmdata.Frames(offsets=[0.0]),
-    "observation.state": mmdata.Values(offsets=[-0.1, 0.0]),
-    "action": mmdata.Values(offsets=[i / 30 for i in range(16)]),
-}})
-loader = mmdata.DataLoader({store!r}, spec, batch_size=8, num_workers={workers}, shuffle={shuffle!r})
 episodes = []
 
 def count(batch):
@@ -72,6 +64,22 @@ figures["frame_cache_peak_bytes"] = stats.get("frame_cache_peak_bytes")
 figures["episodes_per_batch"] = sum(episodes) / max(1, len(episodes))
 print("RESULT " + json.dumps(figures))
 """
+
+# Written with the loader's ungrouped keywords, which a baseline tree takes too. With shuffle="segments" (issue 29)
+# the decoded-frame cache, on by default, serves a segment's samples from one decode.
+MMDATA_LOADER = (
+    """
+import mmdata
+spec = mmdata.Windows(anchor_fps=30, streams={{
+    "observation.images.cam_high": mmdata.Frames(offsets=[-0.1, 0.0]),
+    "observation.images.cam_wrist": mmdata.Frames(offsets=[0.0]),
+    "observation.state": mmdata.Values(offsets=[-0.1, 0.0]),
+    "action": mmdata.Values(offsets=[i / 30 for i in range(16)]),
+}})
+loader = mmdata.DataLoader({store!r}, spec, batch_size=8, num_workers={workers}, shuffle={shuffle!r})
+"""
+    + MEASURE_WITH_MIXING
+)
 
 COMPATIBLE_LOADER = """
 import json, sys
