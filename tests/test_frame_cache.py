@@ -10,7 +10,7 @@ import pytest
 
 import mmdata
 from mmdata.errors import OptionError
-from mmdata.loading.frame_cache import FrameCache, Upcoming
+from mmdata.loading.frame_cache import FrameCache
 from mmdata.planning.order import segment_order
 from tests.test_loader import assert_same_batches
 
@@ -103,26 +103,38 @@ def test_an_elastic_resume_with_the_cache_gives_the_batches_it_gives_without(sto
         assert_same_batches(with_cache, without)
 
 
-def test_frames_no_planned_step_needs_are_dropped_and_the_furthest_use_goes_first():
+def test_frames_no_planned_read_needs_are_dropped_and_the_furthest_use_goes_first():
     cache = FrameCache(max_bytes=3 * 100)
-    upcoming = Upcoming()
-    upcoming.add("near", [0, 1], step=1)
-    upcoming.add("far", [0], step=9)
-    cache.plan(upcoming)
+    now = cache.start_read()
+    cache.expect(now + 1, [("near", (0, 1))])
+    cache.expect(now + 2, [("near", (1,))])
+    cache.expect(now + 9, [("far", (0,))])
     frame = np.zeros(100, np.uint8)
     cache.keep("near", 0, frame)
     cache.keep("near", 1, frame)
-    cache.keep("unplanned", 0, frame)  # no planned step needs it: not kept
+    cache.keep("unplanned", 0, frame)  # no planned read needs it: not kept
     cache.keep("far", 0, frame)
     assert cache.bytes == 300 and set(cache.cached("near")) == {0, 1}
-    upcoming.add("nearest", [5], step=1)
-    cache.plan(upcoming)
+    cache.expect(now + 1, [("nearest", (5,))])
     cache.keep("nearest", 5, frame)  # over the bound: "far" (needed last) is dropped
     assert cache.bytes == 300 and not cache.cached("far") and cache.stats.evicted == 1
-    later = Upcoming()
-    later.add("near", [1], step=1)
-    cache.plan(later)  # frame 0 of "near" and all of "nearest" are needed by no planned step any more
+    cache.start_read()
+    cache.start_read()  # read 1 is done: frame 0 of "near" and all of "nearest" are needed by no planned read
     assert set(cache.cached("near")) == {1} and cache.bytes == 100
+
+
+def test_a_frame_only_the_read_in_progress_needs_is_not_kept():
+    cache = FrameCache(max_bytes=1000)
+    now = cache.start_read()
+    cache.expect(now, [("segment", (0, 1))])
+    cache.expect(now + 1, [("segment", (1, 2))])
+    assert cache.wanted_ahead("segment") == {1, 2}
+    for frame in (0, 1, 2):
+        cache.keep("segment", frame, np.zeros(10, np.uint8))
+    assert set(cache.cached("segment")) == {1, 2}
+    assert cache.start_read() == now + 1 and set(cache.cached("segment")) == {1, 2}
+    cache.start_read()
+    assert not cache.cached("segment") and cache.bytes == 0
 
 
 def test_the_segments_order_is_a_permutation_drawn_from_seed_and_epoch():

@@ -17,7 +17,7 @@ runs it: the worker when it decodes, the main process when the worker left the v
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from mmdata.codecs.decoders import VideoDecoder
@@ -26,7 +26,7 @@ from mmdata.loading.aligning import Aligner
 from mmdata.loading.collate import collate
 from mmdata.loading.decoding import finish_video, prepare_video, segment_key
 from mmdata.loading.fetching import Fetcher
-from mmdata.loading.frame_cache import FrameCache, Upcoming
+from mmdata.loading.frame_cache import FrameCache, Needs
 from mmdata.loading.micro_batch import MicroBatch, OnError, sample_place
 from mmdata.loading.settling import settle
 from mmdata.loading.timing import timed
@@ -98,8 +98,7 @@ class BatchReader:
             plans = self._read(batch, upcoming, after_upcoming)
             if self.frame_cache.enabled:
                 with timed(batch.seconds, "read"):
-                    later = horizon[:1] if self.fetch.fetches_ahead else horizon
-                    self.frame_cache.plan(self._upcoming_frames(batch, plans, later))
+                    self._plan_cache(batch, plans, horizon[:1] if self.fetch.fetches_ahead else horizon)
         finally:
             self.fetch.forget()
         if not self.defer_video:
@@ -140,23 +139,20 @@ class BatchReader:
             prepare_video(self.video_decoder, batch, name, read, origins, self.fillers[name], stream.channels_first)
         return plans
 
-    def _upcoming_frames(
+    def _plan_cache(
         self, batch: MicroBatch, plans: dict[str, list[FramePlan | None]], horizon: Sequence[Sequence[SampleRef]]
-    ) -> Upcoming:
-        """Per segment key, the frames this step (0) and the next steps' samples need and the first of those steps;
-        each sample is aligned once, when it first enters the horizon, and its plans kept until its step is read."""
-        upcoming = Upcoming()
-        for camera in plans.values():
-            for sample, plan in zip(batch.samples, camera):
-                if plan is not None:
-                    _add_requests(upcoming, sample.source, plan, 0)
-        kept = {}
-        for step, samples in enumerate(horizon, 1):
-            for key, plan in self._plans_ahead(samples):
-                kept[key] = plan
-                _add_requests(upcoming, key[0].source, plan, step)
-        self._aligned_ahead = kept
-        return upcoming
+    ) -> None:
+        """Tell the frame cache what this read and the next ones (`horizon`, in order) need. A read's needs are
+        added once, when it first enters the horizon; its samples are aligned then and the plans kept until
+        it is read."""
+        cache = self.frame_cache
+        now = cache.start_read()
+        if not cache.knows(now):
+            live = ((sample.source, plan) for camera in plans.values() for sample, plan in zip(batch.samples, camera))
+            cache.expect(now, _needs(live))
+        for offset, samples in enumerate(horizon, 1):
+            if not cache.knows(now + offset):
+                cache.expect(now + offset, _needs((key[0].source, plan) for key, plan in self._plans_ahead(samples)))
 
     def _plans_ahead(self, samples: Sequence[SampleRef]) -> list[tuple[tuple[SampleRef, str], FramePlan]]:
         """The cameras' frame plans of samples read later: those already aligned, else aligned now and kept. A
@@ -176,11 +172,11 @@ class BatchReader:
 
     def _align_cameras(self, batch: MicroBatch) -> dict[str, list[FramePlan | None]]:
         """Each camera's frame plan per sample (None where the sample failed): the ones aligned ahead, else now."""
-        carried, reading = self._aligned_ahead, set(batch.samples)
-        self._aligned_ahead = {key: plan for key, plan in carried.items() if key[0] not in reading}
+        carried = self._aligned_ahead
         return {
             name: [
-                carried.get((sample, name)) or self._attempt(batch, p, name, self.align.frames, sample, name, stream)
+                carried.pop((sample, name), None)
+                or self._attempt(batch, p, name, self.align.frames, sample, name, stream)
                 for p, sample in enumerate(batch.samples)
             ]
             for name, stream in self.cameras
@@ -254,7 +250,12 @@ class BatchReader:
             return None
 
 
-def _add_requests(upcoming: Upcoming, source: int, plan: FramePlan, step: int) -> None:
-    for request in plan.requests:
-        if request.where is not None:
-            upcoming.add(segment_key(source, request), request.frames, step)
+def _needs(plans: Iterable[tuple[int, FramePlan | None]]) -> Needs:
+    """The frames per segment key that the (source, frame plan) pairs read."""
+    return [
+        (segment_key(source, request), request.frames)
+        for source, plan in plans
+        if plan is not None
+        for request in plan.requests
+        if request.where is not None
+    ]

@@ -1,13 +1,16 @@
 """Decoded frames a worker keeps for the micro-batches it reads next, evicted by the plan.
 
-The plan says, before anything is read, which samples each of a worker's next steps holds, and the
+The plan says, before anything is read, which samples each of a worker's next reads holds, and the
 align stage says which frames of which segments each of them needs. So when a segment is decoded for
-this micro-batch, the frames of it that the next `HORIZON` steps will ask for are decoded in the same
+this micro-batch, the frames of it that the next `HORIZON` reads will ask for are decoded in the same
 pass and kept; a later micro-batch takes them instead of decoding the segment again. A frame is kept
-only while a planned sample still needs it, and when the bound is reached the segment needed last is
+only while a planned read still needs it, and when the bound is reached the segment needed last is
 dropped first (the furthest next use: what the plan knows, not a guess). A frame dropped early is
 decoded again, never served wrong: the cache holds exact copies of what the decoder produced for
 that segment, frame and geometry.
+
+A read's needs enter the cache's plan once, when the read first comes into the horizon, and leave it
+once the read is done, so planning costs the same per read however long the horizon is.
 
 Used by the decode stage on the CPU backends in the worker; GPU decoding in the main process does not
 use it.
@@ -16,26 +19,15 @@ use it.
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-# How many of a worker's own next steps the cache plans for.
+# How many of a worker's own next reads the cache plans for.
 HORIZON = 32
 
 SegmentKey = Hashable  # (source, SegmentRef, FrameGeometry): one segment delivered at one geometry
-
-
-@dataclass
-class Upcoming:
-    """What a worker's next steps need: per segment key, the frames, and the first step (1 = the next) that uses it."""
-
-    frames: dict[SegmentKey, set[int]] = field(default_factory=dict)
-    first_use: dict[SegmentKey, int] = field(default_factory=dict)
-
-    def add(self, key: SegmentKey, frames: Iterable[int], step: int) -> None:
-        self.frames.setdefault(key, set()).update(frames)
-        self.first_use[key] = min(self.first_use.get(key, step), step)
+Needs = list[tuple[SegmentKey, tuple[int, ...]]]  # one read's frames, per segment key
 
 
 @dataclass
@@ -50,42 +42,67 @@ class FrameCacheStats:
 
 
 class FrameCache:
-    """Frames of segments, at most `max_bytes` of them, kept for the upcoming steps (0 disables it)."""
+    """Frames of segments, at most `max_bytes` of them, kept for the reads planned next (0 disables it).
+
+    The reader numbers its reads: `start_read` begins the next one, `expect` says what a read (this one
+    or a later one) needs, `keep` offers a decoded frame and `cached` serves the kept ones.
+    """
 
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
         self.bytes = 0
         self.stats = FrameCacheStats()
-        self.upcoming = Upcoming()
         self._frames: dict[SegmentKey, dict[int, np.ndarray]] = {}
+        self._read = -1  # the read in progress
+        self._needs: dict[int, Needs] = {}  # per planned read
+        self._wanted: dict[SegmentKey, dict[int, int]] = {}  # per key, frame -> planned needs of it
+        self._users: dict[SegmentKey, dict[int, int]] = {}  # per key, planned read -> needs of the key
+        self._now: dict[SegmentKey, dict[int, int]] = {}  # the needs of the read in progress
 
     @property
     def enabled(self) -> bool:
         return self.max_bytes > 0
 
-    def plan(self, upcoming: Upcoming) -> None:
-        """What the next steps need; frames no longer needed are dropped now."""
-        self.upcoming = upcoming
-        for key in list(self._frames):
-            needed = upcoming.frames.get(key, set())
-            kept = self._frames[key]
-            for frame in [f for f in kept if f not in needed]:
-                self.bytes -= kept.pop(frame).nbytes
-            if not kept:
-                del self._frames[key]
+    def start_read(self) -> int:
+        """Begin the next read and return its number; what the reads before it needed leaves the plan, and
+        frames no planned read needs any more are dropped."""
+        self._read += 1
+        for number in [number for number in self._needs if number < self._read]:
+            for key, frames in self._needs.pop(number):
+                self._forget(number, key, frames)
+        self._now = {}
+        for key, frames in self._needs.get(self._read, ()):
+            self._count(self._now.setdefault(key, {}), frames)
+        return self._read
+
+    def knows(self, read: int) -> bool:
+        return read in self._needs
+
+    def expect(self, read: int, needs: Needs) -> None:
+        """Add what `read` (the one in progress or a later one) needs to the plan."""
+        if read < self._read:
+            return
+        self._needs.setdefault(read, []).extend(needs)
+        for key, frames in needs:
+            self._count(self._wanted.setdefault(key, {}), frames)
+            users = self._users.setdefault(key, {})
+            users[read] = users.get(read, 0) + 1
+            if read == self._read:
+                self._count(self._now.setdefault(key, {}), frames)
 
     def cached(self, key: SegmentKey) -> Mapping[int, np.ndarray]:
         return self._frames.get(key, {})
 
     def wanted_ahead(self, key: SegmentKey) -> set[int]:
-        """The frames of `key` the next steps need that are not kept: worth decoding with this step's."""
+        """The frames of `key` the later reads need that are not kept: worth decoding with this read's."""
         if not self.enabled:
             return set()
-        return self.upcoming.frames.get(key, set()) - set(self.cached(key))
+        kept, now = self.cached(key), self._now.get(key, {})
+        return {frame for frame, count in self._wanted.get(key, {}).items() if count > now.get(frame, 0)} - set(kept)
 
     def keep(self, key: SegmentKey, frame: int, pixels: np.ndarray) -> None:
-        """Keep a copy of a decoded frame the next steps need, within the bound."""
-        if not self.enabled or frame not in self.upcoming.frames.get(key, ()):
+        """Keep a copy of a decoded frame a later read needs, within the bound."""
+        if not self.enabled or self._wanted.get(key, {}).get(frame, 0) <= self._now.get(key, {}).get(frame, 0):
             return
         kept = self._frames.setdefault(key, {})
         if frame in kept:
@@ -96,12 +113,33 @@ class FrameCache:
         self._within_bound()
         self.stats.peak_bytes = max(self.stats.peak_bytes, self.bytes)
 
+    @staticmethod
+    def _count(counts: dict[int, int], frames: Iterable[int]) -> None:
+        for frame in frames:
+            counts[frame] = counts.get(frame, 0) + 1
+
+    def _forget(self, read: int, key: SegmentKey, frames: tuple[int, ...]) -> None:
+        users = self._users[key]
+        users[read] -= 1
+        if not users[read]:
+            del users[read]
+        wanted, kept = self._wanted[key], self._frames.get(key, {})
+        for frame in frames:
+            wanted[frame] -= 1
+            if not wanted[frame]:
+                del wanted[frame]
+                if frame in kept:
+                    self.bytes -= kept.pop(frame).nbytes
+        if not users:
+            del self._users[key], self._wanted[key]
+        if key in self._frames and not kept:
+            del self._frames[key]
+
     def _within_bound(self) -> None:
         """Drop whole segments, the one needed last first, until the frames fit."""
         if self.bytes <= self.max_bytes:
             return
-        never = len(self.upcoming.first_use) + HORIZON + 1
-        by_last_use = sorted(self._frames, key=lambda k: self.upcoming.first_use.get(k, never), reverse=True)
+        by_last_use = sorted(self._frames, key=lambda k: min(self._users.get(k, {}), default=self._read), reverse=True)
         for key in by_last_use:
             if self.bytes <= self.max_bytes:
                 break
