@@ -17,7 +17,7 @@ runs it: the worker when it decodes, the main process when the worker left the v
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any
 
 from mmdata.codecs.decoders import VideoDecoder
@@ -34,6 +34,7 @@ from mmdata.planning.mixture import Filler, OpenSource
 from mmdata.planning.samples import SampleRef
 from mmdata.planning.specs import Audio, Frames, Spec, Values
 from mmdata.store.handle import FramePlan
+from mmdata.store.manifest import Piece
 
 
 class BatchReader:
@@ -95,10 +96,7 @@ class BatchReader:
         upcoming = horizon[0] if len(horizon) > 0 else ()
         after_upcoming = horizon[1] if len(horizon) > 1 else ()
         try:
-            plans = self._read(batch, upcoming, after_upcoming)
-            if self.frame_cache.enabled:
-                with timed(batch.seconds, "read"):
-                    self._plan_cache(batch, plans, horizon[:1] if self.fetch.fetches_ahead else horizon)
+            self._read(batch, upcoming, after_upcoming, horizon[:1] if self.fetch.fetches_ahead else horizon)
         finally:
             self.fetch.forget()
         if not self.defer_video:
@@ -118,8 +116,12 @@ class BatchReader:
         return self.sources[sample.source].store.manifest.row(sample.episode)["task"]
 
     def _read(
-        self, batch: MicroBatch, upcoming: Sequence[SampleRef], after_upcoming: Sequence[SampleRef]
-    ) -> dict[str, list[FramePlan | None]]:
+        self,
+        batch: MicroBatch,
+        upcoming: Sequence[SampleRef],
+        after_upcoming: Sequence[SampleRef],
+        horizon: Sequence[Sequence[SampleRef]],
+    ) -> None:
         fetching = self.fetch.fetches_ahead
         if fetching:
             with timed(batch.seconds, "read"):
@@ -131,13 +133,17 @@ class BatchReader:
                 self.fetch.now(self.fetch.segments(self._live(batch, plans)))
                 ahead = [(key[0].source, plan) for key, plan in self._plans_ahead(upcoming)]
                 self.fetch.ahead(self.fetch.rows(upcoming), self.fetch.segments(ahead), self.fetch.rows(after_upcoming))
+        if self.frame_cache.enabled:
+            with timed(batch.seconds, "read"):
+                self._plan_cache(batch, plans, horizon)
         self._read_values(batch)
         origins = [sample.source for sample in batch.samples]
         for name, stream in self.cameras:
             with timed(batch.seconds, "read"):
-                read = [self._read_segments(batch, p, name, plan) for p, plan in enumerate(plans[name])]
-            prepare_video(self.video_decoder, batch, name, read, origins, self.fillers[name], stream.channels_first)
-        return plans
+                data = self._segment_bytes(batch, name, plans[name])
+            prepare_video(
+                self.video_decoder, batch, name, plans[name], origins, self.fillers[name], stream.channels_first, data
+            )
 
     def _plan_cache(
         self, batch: MicroBatch, plans: dict[str, list[FramePlan | None]], horizon: Sequence[Sequence[SampleRef]]
@@ -190,11 +196,33 @@ class BatchReader:
             if plan is not None and p not in batch.failed
         ]
 
-    def _read_segments(self, batch: MicroBatch, position: int, name: str, plan: FramePlan | None) -> FramePlan | None:
-        if plan is None or position in batch.failed:
-            return None
-        store = self.sources[batch.samples[position].source].store
-        return self._attempt(batch, position, name, store.read_segments, plan)
+    def _segment_bytes(self, batch: MicroBatch, name: str, plans: list[FramePlan | None]) -> dict[Hashable, bytes]:
+        """Per segment key, the bytes of each segment the camera's live plans name, read once however many samples
+        share it; a segment the frame cache serves whole is not read. A segment that fails to read fails every
+        sample that needs it (recorded, or raised)."""
+        users: dict[Hashable, list[int]] = {}
+        wanted: dict[Hashable, tuple[Piece, set[int]]] = {}
+        for p, plan in enumerate(plans):
+            if plan is None or p in batch.failed:
+                continue
+            for request, piece in zip(plan.requests, plan.pieces):
+                key = segment_key(batch.samples[p].source, request)
+                users.setdefault(key, []).append(p)
+                wanted.setdefault(key, (piece, set()))[1].update(request.frames)
+        data = {}
+        for key, (piece, frames) in wanted.items():
+            if self.frame_cache.serves(key, frames):
+                continue
+            first, *others = [p for p in users[key] if p not in batch.failed] or [None]
+            if first is None:
+                continue
+            store = self.sources[batch.samples[first].source].store
+            read = self._attempt(batch, first, name, store.segment_bytes, piece)
+            if read is None:
+                batch.failed.update({p: batch.failed[first] for p in others})
+            else:
+                data[key] = read
+        return data
 
     def _read_values(self, batch: MicroBatch) -> None:
         for name, stream in self.spec.streams.items():

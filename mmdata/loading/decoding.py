@@ -10,7 +10,7 @@ from the outputs in the order it asked for them.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -32,14 +32,17 @@ def prepare_video(
     sources: Sequence[int],
     frame: Filler,
     channels_first: bool = False,
+    segment_data: Mapping[Hashable, bytes] | None = None,
 ) -> None:
-    """Merge a camera's requests (segments read) across the micro-batch and do the decoder's host-side
-    preparation; the camera is then pending in `batch` until `finish_video`."""
+    """Merge a camera's requests across the micro-batch and do the decoder's host-side preparation; the
+    camera is then pending in `batch` until `finish_video`. `segment_data` gives the bytes of the merged
+    segments per `segment_key` where the plans' requests do not hold them (a segment the frame cache
+    serves needs none)."""
     with timed(batch.seconds, "video_prepare"):
         live = [p for p, plan in enumerate(plans) if plan is not None and p not in batch.failed]
         requests = [request for p in live for request in plans[p].requests]
         scopes = [sources[p] for p in live for _ in plans[p].requests]
-        merged, located = merge_requests(requests, scopes)
+        merged, located = merge_requests(requests, scopes, segment_data)
         keys: list[Hashable | None] = [None] * len(merged)
         for (m, _), scope, request in zip(located, scopes, requests):
             if request.where is not None:
@@ -168,7 +171,9 @@ def gather_frames(
 
 
 def merge_requests(
-    requests: Sequence[ClipRequest], scopes: Sequence[int] | None = None
+    requests: Sequence[ClipRequest],
+    scopes: Sequence[int] | None = None,
+    segment_data: Mapping[Hashable, bytes] | None = None,
 ) -> tuple[list[ClipRequest], list[tuple[int, np.ndarray]]]:
     """One request per segment (of one source, `scopes`, and one delivered geometry), for the union of
     the frames the samples ask of it.
@@ -180,25 +185,22 @@ def merge_requests(
     scopes = scopes if scopes is not None else [0] * len(requests)
 
     def key_of(request: ClipRequest, scope: int) -> Any:
-        return (scope, request.where, request.geometry) if request.where is not None else id(request)
+        return segment_key(scope, request) if request.where is not None else id(request)
 
-    index_of: dict[Any, int] = {}
-    members: list[list[ClipRequest]] = []
-    for request, scope in zip(requests, scopes):
-        key = key_of(request, scope)
-        if key not in index_of:
-            index_of[key] = len(members)
-            members.append([])
-        members[index_of[key]].append(request)
-    merged = []
-    unions = []
-    for group in members:
-        union = np.unique(np.concatenate([np.asarray(r.frames, dtype=np.int64) for r in group]))
+    keys = [key_of(request, scope) for request, scope in zip(requests, scopes)]
+    groups: dict[Any, list[ClipRequest]] = {}
+    for request, key in zip(requests, keys):
+        groups.setdefault(key, []).append(request)
+    data = segment_data or {}
+    merged, rows_of = [], []
+    for key, group in groups.items():
+        union = sorted({frame for request in group for frame in request.frames})
         first = group[0]
-        merged.append(dataclasses.replace(first, frames=tuple(union.tolist())))
-        unions.append(union)
+        merged.append(dataclasses.replace(first, frames=tuple(union), data=first.data or data.get(key, b"")))
+        rows_of.append({frame: row for row, frame in enumerate(union)})
+    index_of = {key: m for m, key in enumerate(groups)}
     located = []
-    for request, scope in zip(requests, scopes):
-        m = index_of[key_of(request, scope)]
-        located.append((m, np.searchsorted(unions[m], np.asarray(request.frames, dtype=np.int64))))
+    for request, key in zip(requests, keys):
+        m = index_of[key]
+        located.append((m, np.array([rows_of[m][frame] for frame in request.frames], np.int64)))
     return merged, located

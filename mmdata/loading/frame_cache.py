@@ -58,6 +58,7 @@ class FrameCache:
         self._wanted: dict[SegmentKey, dict[int, int]] = {}  # per key, frame -> planned needs of it
         self._users: dict[SegmentKey, dict[int, int]] = {}  # per key, planned read -> needs of the key
         self._now: dict[SegmentKey, dict[int, int]] = {}  # the needs of the read in progress
+        self._pinned: set[SegmentKey] = set()  # segments the read in progress takes from the cache unread
 
     @property
     def enabled(self) -> bool:
@@ -70,7 +71,7 @@ class FrameCache:
         for number in [number for number in self._needs if number < self._read]:
             for key, frames in self._needs.pop(number):
                 self._forget(number, key, frames)
-        self._now = {}
+        self._now, self._pinned = {}, set()
         for key, frames in self._needs.get(self._read, ()):
             self._count(self._now.setdefault(key, {}), frames)
         return self._read
@@ -92,6 +93,15 @@ class FrameCache:
 
     def cached(self, key: SegmentKey) -> Mapping[int, np.ndarray]:
         return self._frames.get(key, {})
+
+    def serves(self, key: SegmentKey, frames: Iterable[int]) -> bool:
+        """Whether the read in progress takes all of `frames` of `key` from the cache (then it need not read the
+        segment); they stay kept until the read is done."""
+        kept = self._frames.get(key, {})
+        if key not in self._now or not all(frame in kept for frame in frames):
+            return False
+        self._pinned.add(key)
+        return True
 
     def wanted_ahead(self, key: SegmentKey) -> set[int]:
         """The frames of `key` the later reads need that are not kept: worth decoding with this read's."""
@@ -136,11 +146,13 @@ class FrameCache:
             del self._frames[key]
 
     def _within_bound(self) -> None:
-        """Drop whole segments, the one needed last first, until the frames fit."""
+        """Drop whole segments, the one needed last first, until the frames fit; a segment the read in progress
+        takes from the cache unread is not dropped (the frame just kept is, when nothing else can be)."""
         if self.bytes <= self.max_bytes:
             return
-        by_last_use = sorted(self._frames, key=lambda k: min(self._users.get(k, {}), default=self._read), reverse=True)
-        for key in by_last_use:
+        droppable = [key for key in self._frames if key not in self._pinned]
+        droppable.sort(key=lambda k: min(self._users.get(k, {}), default=self._read), reverse=True)
+        for key in droppable:
             if self.bytes <= self.max_bytes:
                 break
             dropped = self._frames.pop(key)

@@ -215,10 +215,15 @@ class Store:
         if plan.is_read:
             return plan
         requests = [
-            dataclasses.replace(request, data=self.pieces.read_bytes(piece))
+            dataclasses.replace(request, data=self.segment_bytes(piece))
             for request, piece in zip(plan.requests, plan.pieces)
         ]
         return dataclasses.replace(plan, requests=requests)
+
+    def segment_bytes(self, piece: Piece) -> bytes:
+        """One stored segment's encoded bytes: a piece an aligned plan names (read from what was fetched
+        ahead, the cache or the store)."""
+        return self.pieces.read_bytes(piece)
 
     def row_pieces(self, index: int, streams: Sequence[str]) -> list[Piece]:
         """The pieces the manifest row of episode `index` points to for `streams` (timestamps, low-dim and
