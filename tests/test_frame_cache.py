@@ -60,6 +60,16 @@ def test_batches_are_identical_with_the_cache_on_and_off_with_two_workers(stores
     assert_same_batches(list(loader(stores[layout], kind, 64 << 20, workers=2)), off)
 
 
+def test_a_segment_the_cache_serves_whole_is_not_read_again(stores):
+    def bytes_read(cache_bytes: int) -> int:
+        run = loader(stores["wds"], "windows", cache_bytes, shuffle="none")
+        list(run)
+        return run.stats()["bytes_read"]
+
+    with_cache, without = bytes_read(64 << 20), bytes_read(0)
+    assert with_cache < 0.5 * without  # 0.22 on this store
+
+
 def test_a_cache_smaller_than_one_segment_still_gives_identical_batches(stores):
     off = list(loader(stores["wds"], "windows", 0, shuffle="none"))
     tiny = loader(stores["wds"], "windows", 1000, shuffle="none")  # less than one 224x224 frame

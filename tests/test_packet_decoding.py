@@ -135,12 +135,13 @@ def test_a_damaged_packet_index_makes_its_episode_damaged_or_fails_naming_the_se
         dataset.frames_at(2, "cam_high", [0.0])
 
 
-def test_windows_access_stores_every_frame_as_a_key_frame_tuned_for_decoding():
+def test_windows_access_stores_every_frame_as_a_key_frame_and_both_access_tunes_gop_8_for_decoding():
     windows = encoding_for_access("windows")
     assert (windows.gop, windows.fast_decode) == (1, True)
     assert windows.encoder_options()["tune"] == "fastdecode"
     assert encoding_for_access("windows", gop=2).gop == 2, "an explicit --gop wins"
-    assert encoding_for_access("both") == VideoEncoding()
+    assert encoding_for_access("clips") == VideoEncoding()
+    assert encoding_for_access("both") == VideoEncoding(fast_decode=True)
 
 
 def test_colour_kernel_agrees_with_ffmpegs_exact_conversion_within_one_level():

@@ -104,11 +104,13 @@ class VideoEncoding:
 # - windows: a few frames per camera per sample (policies). Every frame a key frame, tuned for
 #   decoding speed: each frame decodes alone, at ~2.5x the bytes of the clips setting.
 # - clips: runs of consecutive frames (world models). A key frame every 8 frames.
-# - both: the clips setting, which serves windows at about half the windows setting's rate.
+# - both (the default): a key frame every 8 frames, tuned for decoding speed: with the loader's
+#   "segments" order and frame cache it serves windows faster than the windows setting, at ~1.2x the
+#   bytes of clips (LeRobot's 100 episodes: 29.2 MB against LeRobot's 30.5 MB; 25.0 MB untuned).
 ACCESS_PATTERNS = {
     "windows": {"gop": 1, "fast_decode": True},
     "clips": {"gop": 8, "fast_decode": False},
-    "both": {"gop": 8, "fast_decode": False},
+    "both": {"gop": 8, "fast_decode": True},
 }
 
 

@@ -14,15 +14,14 @@ names its samples: `sample_index`, `episode_index` (the manifest row in its sour
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
 import torch
-from torch.utils.data import get_worker_info
 
 from mmdata.errors import OptionError
+from mmdata.loading.host_memory import shared_output
 from mmdata.loading.micro_batch import MicroBatch
 from mmdata.planning.packing.layouts import MaskKind, packed_layout, padded_layout
 
@@ -41,15 +40,21 @@ def collate(
         raise OptionError(f"layout is 'packed' or 'padded', not '{layout}'")
     out: dict[str, Any] = {}
     for name, values in batch.values.items():
+        whole = _filled_buffer(batch.frame_buffers.get(name), values)
         tensors = [_tensor(v) for v in values]
         masks = [_tensor(m).to(torch.bool) for m in batch.is_pad[name]]
         lengths = [len(t) for t in tensors]
         if layout == "packed":
-            out[name] = torch.cat(tensors, out=_shared_output(tensors[0], (sum(lengths),)))
+            if whole is None:
+                whole = torch.cat(tensors, out=shared_output(tensors[0], (sum(lengths),)))
+            out[name] = whole
             out[f"{name}_is_pad"] = torch.cat(masks)
             out[f"{name}_cu_seqlens"] = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32)
         else:
-            out[name], out[f"{name}_is_pad"] = _stack_padded(tensors, masks)
+            if whole is not None and len(set(lengths)) == 1:
+                out[name], out[f"{name}_is_pad"] = whole.view(len(tensors), *tensors[0].shape), torch.stack(masks)
+            else:
+                out[name], out[f"{name}_is_pad"] = _stack_padded(tensors, masks)
             out[f"{name}_lengths"] = torch.tensor(lengths, dtype=torch.int64)
     for name, masks in batch.dim_is_pad.items():
         out[f"{name}_dim_is_pad"] = torch.from_numpy(np.stack(masks))
@@ -83,6 +88,19 @@ def collate(
     return out
 
 
+def _filled_buffer(buffer: torch.Tensor | None, values: Sequence[Any]) -> torch.Tensor | None:
+    """`buffer` when the samples' values are, in order, the views of it that fill it exactly (the decode
+    stage wrote them there; no sample was replaced since): the collated stream, without a copy."""
+    if buffer is None or not all(isinstance(v, np.ndarray) for v in values):
+        return None
+    address, row_bytes = buffer.data_ptr(), buffer[0].nbytes if len(buffer) else 0
+    for v in values:
+        if v.ctypes.data != address or not v.flags.c_contiguous or v.shape[1:] != tuple(buffer.shape[1:]):
+            return None
+        address += len(v) * row_bytes
+    return buffer if address == buffer.data_ptr() + len(buffer) * row_bytes else None
+
+
 def _tensor(value: Any) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
         return value
@@ -92,7 +110,7 @@ def _tensor(value: Any) -> torch.Tensor:
 def _stack_padded(tensors: Sequence[torch.Tensor], masks: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     longest = max(len(t) for t in tensors)
     if all(len(t) == longest for t in tensors):
-        stacked = torch.stack(list(tensors), out=_shared_output(tensors[0], (len(tensors), longest)))
+        stacked = torch.stack(list(tensors), out=shared_output(tensors[0], (len(tensors), longest)))
         return stacked, torch.stack(list(masks))
     first = tensors[0]
     stacked = first.new_zeros((len(tensors), longest, *first.shape[1:]))
@@ -101,14 +119,3 @@ def _stack_padded(tensors: Sequence[torch.Tensor], masks: Sequence[torch.Tensor]
         stacked[row, : len(values)] = values
         is_pad[row, : len(mask)] = mask
     return stacked, is_pad
-
-
-def _shared_output(like: torch.Tensor, leading: tuple[int, ...]) -> torch.Tensor | None:
-    """In a DataLoader worker, an output of shape `leading + like.shape[1:]` allocated in shared
-    memory, as torch's own collate does: the batch then crosses to the main process without
-    another copy. None elsewhere (torch allocates as usual)."""
-    if like.device.type != "cpu" or get_worker_info() is None:
-        return None
-    shape = (*leading, *like.shape[1:])
-    storage = like._typed_storage()._new_shared(math.prod(shape), device=like.device)
-    return like.new(storage).resize_(shape)

@@ -18,6 +18,7 @@ import numpy as np
 from mmdata.codecs.decoders import ClipRequest, VideoDecoder
 from mmdata.errors import DecodeError, SampleError
 from mmdata.loading.frame_cache import FrameCache
+from mmdata.loading.host_memory import host_frames
 from mmdata.loading.micro_batch import MicroBatch, OnError, PendingVideo
 from mmdata.loading.timing import timed
 from mmdata.planning.mixture import Filler
@@ -90,22 +91,45 @@ def _finish_camera(
     values: list[Any] = [None] * len(pending.plans)
     masks: list[Any] = [None] * len(pending.plans)
     like = next((out for out in outputs if out is not None), None)
-    cursor = 0
+    buffer = _host_buffer(pending, outputs)
+    if buffer is not None:
+        batch.frame_buffers[name] = buffer
+        buffer = buffer.numpy()
+    cursor, row = 0, 0
     for p, plan in enumerate(pending.plans):
         if plan is None:
             continue
         sources = pending.sources[cursor : cursor + len(plan.requests)]
         cursor += len(plan.requests)
+        into = buffer[row : row + len(plan.positions)] if buffer is not None else None
+        row += len(plan.positions)
         if not plan.requests:  # the sample's source has no such camera
-            values[p], masks[p] = _blank_frames(len(plan.positions), pending.frame_shape, like), plan.is_pad
+            values[p], masks[p] = _blank_frames(len(plan.positions), pending.frame_shape, like, into), plan.is_pad
             continue
         if any(outputs[m] is None for m, _ in sources):
             where = ", ".join(str(r.where) for r, (m, _) in zip(plan.requests, sources) if outputs[m] is None)
             batch.failed[p] = f"shard '{batch.samples[p].shard}', {where}: video does not decode"
             continue
-        values[p] = gather_frames(outputs, sources, plan.positions, pending.channels_first)
+        values[p] = gather_frames(outputs, sources, plan.positions, pending.channels_first, into)
         masks[p] = plan.is_pad
     batch.values[name], batch.is_pad[name] = values, masks
+
+
+def _host_buffer(pending: PendingVideo, outputs: list[Any]) -> Any:
+    """One uint8 tensor for the camera's frames of every live sample, in order, when they are decoded on the
+    host at the shape the stream delivers (else None: each sample's frames are gathered on their own)."""
+    host = [out for out in outputs if out is not None]
+    if not host or not all(isinstance(out, (np.ndarray, list)) for out in host):
+        return None
+    shape = tuple(pending.frame_shape)
+    for out in host:
+        frame = out[0] if len(out) else None
+        if frame is None or frame.dtype != np.uint8:
+            return None
+        delivered = (frame.shape[2], *frame.shape[:2]) if pending.channels_first else frame.shape
+        if tuple(delivered) != shape:
+            return None
+    return host_frames(sum(len(plan.positions) for plan in pending.plans if plan is not None), shape)
 
 
 def decode_with_cache(
@@ -115,14 +139,15 @@ def decode_with_cache(
     cache: FrameCache,
     on_error: OnError,
 ) -> list[Any]:
-    """Each request's frames: from the cache when every one of them is kept, else decoded, together with
-    the frames of the same segment the next steps need (kept for them)."""
+    """Each request's frames (an array, or a list of frames where they come from the cache or from a
+    larger decode): from the cache when every one of them is kept, else decoded, together with the frames
+    of the same segment the next steps need (kept for them)."""
     outputs: list[Any] = [None] * len(requests)
     decode, owners = [], []
     for m, (request, key) in enumerate(zip(requests, keys)):
         kept = cache.cached(key) if key is not None else {}
         if key is not None and all(frame in kept for frame in request.frames):
-            outputs[m] = np.stack([kept[frame] for frame in request.frames])
+            outputs[m] = [kept[frame] for frame in request.frames]
             cache.stats.served += len(request.frames)
             continue
         ahead = cache.wanted_ahead(key) - set(request.frames) if key is not None else set()
@@ -136,37 +161,41 @@ def decode_with_cache(
             for frame, row in row_of.items():
                 cache.keep(keys[m], frame, frames[row])
         cache.stats.ahead += ahead
-        outputs[m] = frames if ahead == 0 else frames[[row_of[frame] for frame in requests[m].frames]]
+        outputs[m] = frames if ahead == 0 else [frames[row_of[frame]] for frame in requests[m].frames]
     return outputs
 
 
-def _blank_frames(count: int, shape: tuple[int, ...], like: Any) -> Any:
+def _blank_frames(count: int, shape: tuple[int, ...], like: Any, into: np.ndarray | None = None) -> Any:
     """Black frames standing in for a camera a source lacks, where the decoded frames live."""
-    if like is None or isinstance(like, np.ndarray):
+    if into is not None:
+        into[...] = 0
+        return into
+    if like is None or isinstance(like, (np.ndarray, list)):
         return np.zeros((count, *shape), np.uint8)
     return like.new_zeros((count, *shape))
 
 
 def gather_frames(
-    outputs: list[Any], sources: list[tuple[int, np.ndarray]], positions: np.ndarray, channels_first: bool = False
+    outputs: list[Any],
+    sources: list[tuple[int, np.ndarray]],
+    positions: np.ndarray,
+    channels_first: bool = False,
+    into: np.ndarray | None = None,
 ) -> Any:
     """One sample's frames, in the order it asked for them, from the micro-batch's merged decoder
     outputs: its requests' frames are `outputs[m][picks]` for each (m, picks) of `sources`,
-    concatenated, then taken at `positions`. Host frames are copied once, straight into place
-    (transposed to `[T, 3, H, W]` on the way with `channels_first`)."""
+    concatenated, then taken at `positions`. Host frames (arrays or lists of frames) are copied once,
+    straight into place (`into` when given; transposed to `[T, 3, H, W]` on the way with `channels_first`)."""
     first = outputs[sources[0][0]]
-    if not isinstance(first, np.ndarray):
+    if not isinstance(first, (np.ndarray, list)):
         frames = assemble_frames_at(positions, [outputs[m][picks] for m, picks in sources])
         return frames.permute(0, 3, 1, 2).contiguous() if channels_first else frames
-    ends = np.cumsum([len(picks) for _, picks in sources])
-    height, width, channels = first.shape[1:]
+    picked = [outputs[m][pick] for m, picks in sources for pick in picks.tolist()]
+    height, width, channels = picked[0].shape
     shape = (channels, height, width) if channels_first else (height, width, channels)
-    frames = np.empty((len(positions), *shape), first.dtype)
+    frames = into if into is not None else np.empty((len(positions), *shape), picked[0].dtype)
     for row, position in enumerate(positions.tolist()):
-        part = int(np.searchsorted(ends, position, side="right"))
-        m, picks = sources[part]
-        frame = outputs[m][picks[position - (ends[part] - len(picks))]]
-        frames[row] = frame.transpose(2, 0, 1) if channels_first else frame
+        frames[row] = picked[position].transpose(2, 0, 1) if channels_first else picked[position]
     return frames
 
 

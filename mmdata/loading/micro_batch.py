@@ -42,7 +42,9 @@ class MicroBatch:
     `replaced` lists (position, substitute position) pairs; `fallback` is the samples planned after
     this micro-batch (in plan order), of which `borrowed` maps a position to the one read in its
     place when every sample failed. `dim_is_pad` holds, per `Values(pad_to=...)` stream, each
-    sample's mask of padded dimensions. `seconds` is the time each stage took on it.
+    sample's mask of padded dimensions. `seconds` is the time each stage took on it. `frame_buffers` holds,
+    per camera decoded on the host, the tensor its samples' frames were written into (their values are views
+    of it, in order), which collate hands on as it is when no sample was replaced.
     """
 
     step: int
@@ -58,6 +60,7 @@ class MicroBatch:
     borrowed: dict[int, SampleRef] = field(default_factory=dict)
     dim_is_pad: dict[str, list[np.ndarray]] = field(default_factory=dict)
     failed_sources: dict[int, int] = field(default_factory=dict)
+    frame_buffers: dict[str, Any] = field(default_factory=dict)
 
 
 def sample_place(sample: SampleRef, stream: str) -> str:
