@@ -31,6 +31,7 @@ from mmdata.errors import MmdataError
 from mmdata.lifetime import exit_with_parent
 from mmdata.loading.chain import BatchReader
 from mmdata.loading.frame_cache import HORIZON
+from mmdata.loading.host_memory import ARENA_BYTES_PER_WORKER, ArenaSpan, FrameArena, use_arena
 from mmdata.loading.micro_batch import source_counts
 from mmdata.loading.settling import FALLBACK_SAMPLES
 from mmdata.planning.planner import LoaderPlanner, RankSteps
@@ -67,6 +68,7 @@ class StepSource(IterableDataset):
         self.reader, self.planner = reader, planner
         self.seed, self.rank, self.world_size = seed, rank, world_size
         self.first_epoch, self.first_steps = first_epoch, first_steps
+        self.arena: FrameArena | None = None  # set by the Feed that starts workers on it
 
     def epochs(self) -> Iterator[tuple[int, RankSteps]]:
         yield self.first_epoch, self.first_steps
@@ -82,6 +84,8 @@ class StepSource(IterableDataset):
     def __iter__(self) -> Iterator[Item]:
         worker = get_worker_info()
         number, count = (worker.id, worker.num_workers) if worker is not None else (0, 1)
+        if worker is not None:
+            use_arena(self.arena, number)
         position = 0
         epochs = self.epochs()
         epoch, steps = next(epochs)
@@ -130,6 +134,8 @@ class StepSource(IterableDataset):
             output = reader.finish(batch)
             if get_worker_info() is not None:
                 output = small_tensors_as_arrays(output)
+                if self.arena is not None:
+                    output = self.arena.spans_of(output)
         info = {
             "worker": worker,
             "pid": os.getpid(),
@@ -171,7 +177,10 @@ class Feed:
         ahead: int = 2,
     ):
         self._finish = weakref.WeakMethod(finish)
+        self._pin_memory = pin_memory
+        self._arena: FrameArena | None = None
         if num_workers > 0:
+            self._arena = source.arena = FrameArena(num_workers, ARENA_BYTES_PER_WORKER)
             loader = torch.utils.data.DataLoader(
                 source,
                 batch_size=None,
@@ -233,6 +242,11 @@ class Feed:
         epoch, step, output, info = item
         if isinstance(output, dict):
             output = arrays_as_tensors(output)
+            if self._arena is not None:
+                output = {
+                    name: self._arena.take(value, self._pin_memory) if isinstance(value, ArenaSpan) else value
+                    for name, value in output.items()
+                }
         return finish((epoch, step, output, info))
 
     def _offer(self, item: Any) -> bool:

@@ -1,13 +1,29 @@
-"""Where a batch's host tensors are allocated: in shared memory inside a DataLoader worker, as torch's
-own collate does, so the batch crosses to the main process without another copy; as usual elsewhere."""
+"""Where a batch's host tensors are allocated, and how a worker's decoded frames reach the main process.
+
+A camera's frames of a micro-batch are written straight into the memory they will leave the worker in.
+Inside a DataLoader worker that is the worker's ring in a `FrameArena`: shared memory the main process
+mapped once, before the workers started, so a batch costs neither a new shared-memory file, a file
+descriptor passed over a socket, nor the page faults of fresh pages on both sides (together about as
+much as decoding the frames). The main process copies each batch out of the ring as it receives it and
+releases that span. A batch the ring has no room for, and every other tensor, goes through torch's
+shared memory as usual (`shared_output`).
+"""
 
 from __future__ import annotations
 
 import math
+import mmap
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import get_worker_info
+
+# Shared memory per worker for frames in flight: a few micro-batches of policy windows (8 samples of three
+# 224x224 frames take 3.6 MB); a larger batch goes through torch's own shared memory.
+ARENA_BYTES_PER_WORKER = 64 << 20
+_ALIGNMENT = 64
 
 
 def shared_output(like: torch.Tensor, leading: tuple[int, ...]) -> torch.Tensor | None:
@@ -20,9 +36,96 @@ def shared_output(like: torch.Tensor, leading: tuple[int, ...]) -> torch.Tensor 
     return like.new(storage).resize_(shape)
 
 
+@dataclass(frozen=True)
+class ArenaSpan:
+    """Frames a worker left in its ring: where, their shape, and the ring position releasing them frees up to."""
+
+    worker: int
+    start: int
+    shape: tuple[int, ...]
+    end: int
+
+
+class FrameArena:
+    """One ring of shared memory per worker for decoded frames on their way to the main process.
+
+    Made by the main process before it forks the workers, which inherit the mapping (a worker started
+    another way gets a copy without rings and uses torch's shared memory). A worker allocates spans of its
+    ring in order and sends `ArenaSpan`s in place of the tensors; the main process copies each out (`take`),
+    in the order it receives them, and so releases the ring up to it. A worker never waits for room: a
+    batch that does not fit gets shared memory of its own.
+    """
+
+    def __init__(self, workers: int, bytes_per_worker: int = ARENA_BYTES_PER_WORKER):
+        self.workers, self.capacity = workers, bytes_per_worker
+        memory = mmap.mmap(-1, workers * (bytes_per_worker + 16), flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
+        whole = np.frombuffer(memory, np.uint8)
+        self._memory: mmap.mmap | None = memory
+        self._rings: np.ndarray | None = whole[: workers * bytes_per_worker].reshape(workers, bytes_per_worker)
+        # per worker: bytes allocated, bytes released (both only grow; their difference is in flight)
+        self._positions: np.ndarray | None = whole[workers * bytes_per_worker :].view(np.int64).reshape(workers, 2)
+        self._recent: dict[int, ArenaSpan] = {}  # in a worker: spans allocated since the last `spans_of`
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"workers": self.workers, "capacity": self.capacity, "_memory": None, "_rings": None,
+                "_positions": None, "_recent": {}}  # fmt: skip
+
+    def allocate(self, worker: int, shape: tuple[int, ...]) -> np.ndarray | None:
+        """Room for uint8 `shape` in `worker`'s ring (None when there is none free, or no ring here)."""
+        if self._rings is None or self._positions is None:
+            return None
+        size = math.prod(shape)
+        padded = -(-size // _ALIGNMENT) * _ALIGNMENT
+        allocated, released = (int(value) for value in self._positions[worker])
+        start = allocated % self.capacity
+        if start + padded > self.capacity:  # it does not fit before the end: start over at the beginning
+            allocated += self.capacity - start
+            start = 0
+        if padded > self.capacity or allocated + padded - released > self.capacity:
+            return None
+        self._positions[worker, 0] = allocated + padded
+        view = self._rings[worker, start : start + size].reshape(shape)
+        self._recent[view.ctypes.data] = ArenaSpan(worker, start, tuple(shape), allocated + padded)
+        return view
+
+    def spans_of(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """In a worker: `batch` with each tensor that fills a span of the ring replaced by that span."""
+        recent, self._recent = self._recent, {}
+        spans = {}
+        for name, value in batch.items():
+            span = recent.get(value.data_ptr()) if isinstance(value, torch.Tensor) else None
+            if span is not None and value.numel() == math.prod(span.shape) and value.is_contiguous():
+                spans[name] = ArenaSpan(span.worker, span.start, tuple(value.shape), span.end)
+        return {**batch, **spans}
+
+    def take(self, span: ArenaSpan, pin_memory: bool = False) -> torch.Tensor:
+        """In the main process: the span's frames copied out, and the ring released up to it."""
+        if self._rings is None or self._positions is None:
+            raise RuntimeError("a frame arena span reached a process without the arena's memory")
+        size = math.prod(span.shape)
+        frames = torch.empty(span.shape, dtype=torch.uint8, pin_memory=pin_memory)
+        frames.numpy().reshape(-1)[...] = self._rings[span.worker, span.start : span.start + size]
+        self._positions[span.worker, 1] = max(int(self._positions[span.worker, 1]), span.end)
+        return frames
+
+
+_worker_arena: tuple[FrameArena, int] | None = None
+
+
+def use_arena(arena: FrameArena | None, worker: int) -> None:
+    """Make `host_frames` in this (worker) process allocate from `worker`'s ring of `arena`."""
+    global _worker_arena
+    _worker_arena = (arena, worker) if arena is not None else None
+
+
 def host_frames(count: int, frame_shape: tuple[int, ...]) -> torch.Tensor:
     """Room for `count` uint8 frames of `frame_shape`, uninitialised: a batch's camera, decoded samples
-    written straight into it (in shared memory inside a worker)."""
-    like = torch.empty((0, *frame_shape), dtype=torch.uint8)
-    shared = shared_output(like, (count,))
-    return shared if shared is not None else torch.from_numpy(np.empty((count, *frame_shape), np.uint8))
+    written straight into it (in a worker: its ring of the frame arena, else torch's shared memory)."""
+    shape = (count, *frame_shape)
+    if _worker_arena is not None and get_worker_info() is not None:
+        arena, worker = _worker_arena
+        view = arena.allocate(worker, shape)
+        if view is not None:
+            return torch.from_numpy(view)
+    shared = shared_output(torch.empty((0, *frame_shape), dtype=torch.uint8), (count,))
+    return shared if shared is not None else torch.from_numpy(np.empty(shape, np.uint8))

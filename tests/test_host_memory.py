@@ -1,0 +1,79 @@
+"""A worker's decoded frames reach the main process through its ring of shared memory: spans are handed out
+in order, wrap around, are refused (never waited for) when the ring is full, and come back out exactly;
+batches are the same whether they travel through the ring or, when it has no room, torch's shared memory."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+import mmdata
+import mmdata.loading.feed as feed
+from mmdata.loading.host_memory import ArenaSpan, FrameArena
+from tests.test_frame_cache import WINDOWS
+from tests.test_loader import assert_same_batches
+
+
+def test_spans_come_back_exactly_and_the_ring_refuses_rather_than_overwrites():
+    arena = FrameArena(workers=2, bytes_per_worker=1000)
+    first = arena.allocate(1, (4, 100))
+    first[...] = np.arange(400).reshape(4, 100) % 251
+    span = arena.spans_of({"cam": torch.from_numpy(first)})["cam"]
+    assert isinstance(span, ArenaSpan) and span.worker == 1 and span.shape == (4, 100)
+    assert arena.allocate(1, (7, 100)) is None, "400 + 700 bytes do not fit in 1000 while the first is in flight"
+    second = arena.allocate(1, (5, 100))
+    second[...] = 7
+    taken = arena.take(span)
+    assert torch.equal(taken, torch.from_numpy(np.arange(400).reshape(4, 100) % 251))
+    wrapped = arena.allocate(1, (4, 100))  # released up to the first: the ring starts over at its beginning
+    assert wrapped is not None and wrapped.ctypes.data == first.ctypes.data
+    assert (second == 7).all(), "the span still in flight is untouched"
+    assert arena.allocate(0, (11, 100)) is None, "larger than the ring"
+
+
+def test_an_arena_that_reaches_a_process_without_its_memory_gives_no_room():
+    arena = pickle.loads(pickle.dumps(FrameArena(workers=1, bytes_per_worker=1000)))
+    assert arena.allocate(0, (10,)) is None
+
+
+def test_a_worker_tensor_that_is_not_a_whole_span_travels_as_a_tensor():
+    arena = FrameArena(workers=1, bytes_per_worker=1000)
+    view = arena.allocate(0, (10, 10))
+    part = torch.from_numpy(view)[5:]
+    assert isinstance(arena.spans_of({"cam": part})["cam"], torch.Tensor)
+
+
+def loader_batches(store, workers: int) -> list[dict]:
+    return list(
+        mmdata.DataLoader(
+            str(store),
+            WINDOWS,
+            batching=mmdata.Batching(batch_size=4),
+            seed=3,
+            runtime=mmdata.Runtime(num_workers=workers, decoder="pyav"),
+        )
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ring_bytes", [64 << 20, 1000], ids=["through-the-ring", "ring-too-small"])
+def test_batches_from_workers_are_the_in_process_batches_through_the_ring_or_without_it(
+    stores, monkeypatch, ring_bytes
+):
+    taken = []
+    original = FrameArena.take
+
+    def counted(self, span, pin_memory=False):
+        taken.append(span)
+        return original(self, span, pin_memory)
+
+    monkeypatch.setattr(feed, "ARENA_BYTES_PER_WORKER", ring_bytes)
+    monkeypatch.setattr(FrameArena, "take", counted)
+    assert_same_batches(loader_batches(stores["wds"], 2), loader_batches(stores["wds"], 0))
+    if ring_bytes > 1000:
+        assert len(taken) >= 2 * 4, "both cameras of every batch came through the rings"
+    else:
+        assert not taken
