@@ -6,14 +6,16 @@
    torchcodec needs FFmpeg's shared libraries (Debian: `apt-get install libavutil57 libavcodec59
    libavformat59 libavdevice59 libavfilter8 libswscale6 libswresample4`); without them its rows fail
    and are reported, the pyav rows still run.
-2. It is converted with `mmdata convert --from lerobot --access windows` into a WebDataset and a
-   Zarr store, and with the default access pattern (`both`) into a WebDataset store.
+2. It is converted with `mmdata convert --from lerobot` (the default: gop 8 tuned for decoding) into a
+   WebDataset store, and with `--access windows` (every frame a key frame) into a WebDataset and a Zarr store.
 3. Policy windows (cam_high at t-0.1 s and t, cam_wrist at t, state at t-0.1 s and t, 16 actions at
    30 Hz; every frame an anchor), batch 8, shuffled, are drawn for `--seconds` by each loader in a
    fresh interpreter, in `--rounds` rounds whose order rotates: LeRobotDataset + torch DataLoader
-   (torchcodec and pyav, 0 and 2 workers), mmdata.DataLoader (both stores, 0 and 2 workers) and
-   mmdata.lerobot.LeRobotLoader (LeRobot's batches: float CHW frames, its keys and index fields; 2
-   workers, WebDataset), reported against the native loader on the same store.
+   (torchcodec and pyav, 0 and 2 workers), mmdata.DataLoader in its default order (the segment order
+   with the frame cache) on each store, and on the default store in the global and locality orders (what
+   an order costs in mixing: distinct episodes per batch), and mmdata.lerobot.LeRobotLoader (LeRobot's
+   batches: float CHW frames, its keys and index fields; 2 workers), reported against the native loader
+   on the same store.
    With `--baseline-tree` (an export of an earlier mmdata) that tree also runs, on stores it
    converted with its own defaults: the before/after of the same run.
 4. 200 random samples are checked equal on both sides: each frame's identity by its pixel stripe,
@@ -204,24 +206,30 @@ def main() -> None:
             configurations[f"lerobot {backend} w{workers}"] = lambda b=backend, w=workers: lerobot_run(
                 python, "load", str(source), "--backend", b, "--workers", str(w), "--seconds", str(args.seconds)
             )
-    for layout, store in stores.items():
-        for workers in (0, 2):
-            configurations[f"mmdata {layout} w{workers}"] = lambda s=store, w=workers: mmdata_run(
-                tree, s, w, args.seconds
-            )
-    # LeRobot's batches (float CHW frames, LeRobot's keys and index fields) from the same store
-    configurations["mmdata lerobot-compatible wds w2"] = lambda: mmdata_run(
-        tree, stores["wds"], 2, args.seconds, COMPATIBLE_LOADER
-    )
-    # the same loader on a store converted with the default access pattern (gop 8, no tuning)
-    default_store = args.workdir / "store-both.wds"
+    # the store `mmdata convert` makes by default (gop 8 tuned for decoding), in the default order ("auto": the
+    # segment order with the frame cache), and in the orders that were the defaults before, for their mixing
+    default_store = args.workdir / "store-default.wds"
     convert(tree, source, default_store, "wds")
-    configurations["mmdata wds --access both w2"] = lambda: mmdata_run(tree, default_store, 2, args.seconds)
-    configurations["mmdata wds --access both segments+cache w2"] = lambda: mmdata_run(
-        tree, default_store, 2, args.seconds, shuffle="segments"
+    for workers in (0, 2):
+        configurations[f"mmdata default store w{workers}"] = lambda w=workers: mmdata_run(
+            tree, default_store, w, args.seconds, shuffle="auto"
+        )
+    for order in ("global", "locality"):
+        configurations[f"mmdata default store, {order} order w2"] = lambda o=order: mmdata_run(
+            tree, default_store, 2, args.seconds, shuffle=o
+        )
+    # LeRobot's batches (float CHW frames, LeRobot's keys and index fields) from the same store
+    configurations["mmdata lerobot-compatible default store w2"] = lambda: mmdata_run(
+        tree, default_store, 2, args.seconds, COMPATIBLE_LOADER, "auto"
     )
-    configurations["mmdata lerobot-compatible --access both segments+cache w2"] = lambda: mmdata_run(
-        tree, default_store, 2, args.seconds, COMPATIBLE_LOADER, "segments"
+    # every frame a key frame (--access windows), in the default order
+    for layout, store in stores.items():
+        for workers in (0, 2) if layout == "wds" else (2,):
+            configurations[f"mmdata windows store {layout} w{workers}"] = lambda s=store, w=workers: mmdata_run(
+                tree, s, w, args.seconds, shuffle="auto"
+            )
+    configurations["mmdata lerobot-compatible windows store wds w2"] = lambda: mmdata_run(
+        tree, stores["wds"], 2, args.seconds, COMPATIBLE_LOADER, "auto"
     )
     if args.baseline_tree:
         for layout in ("wds", "zarr"):
@@ -270,10 +278,14 @@ def main() -> None:
                 "vs_best_lerobot_samples_per_s": round(figures["samples_per_s"] / best_rate[1]["samples_per_s"], 2),
                 "vs_best_lerobot_per_cpu_s": round(figures["samples_per_cpu_s"] / best_cpu[1]["samples_per_cpu_s"], 2),
             }
-    native, compatible = summary.get("mmdata wds w2", {}), summary.get("mmdata lerobot-compatible wds w2", {})
-    if "samples_per_s" in native and "samples_per_s" in compatible:
-        ratios["lerobot-compatible vs native mmdata"] = round(compatible["samples_per_s"] / native["samples_per_s"], 3)
-    equality = check_equal(python, source, stores, args.check_samples)
+    for store_name in ("default store", "windows store wds"):
+        native = summary.get(f"mmdata {store_name} w2", {})
+        compatible = summary.get(f"mmdata lerobot-compatible {store_name} w2", {})
+        if "samples_per_s" in native and "samples_per_s" in compatible:
+            ratios[f"lerobot-compatible vs native mmdata, {store_name}"] = round(
+                compatible["samples_per_s"] / native["samples_per_s"], 3
+            )
+    equality = check_equal(python, source, {**stores, "default_wds": default_store}, args.check_samples)
     for name, figures in summary.items():
         print(
             f"{name:28s} {figures.get('samples_per_s', 'failed')} samples/s, {figures.get('samples_per_cpu_s', '')}"
@@ -299,7 +311,8 @@ def main() -> None:
         "machine": machine_name(),
         "lerobot_version": args.lerobot_version,
         "dataset": {"episodes": args.episodes, "episode_seconds": args.episode_seconds, "cameras": "2 x 224x224 AV1"},
-        "convert_options": "--from lerobot --access windows",
+        "convert_options": {"default": "--from lerobot", "windows": "--from lerobot --access windows"},
+        "default_store_video": json.loads((default_store / "dataset.json").read_text())["created"]["video"],
         "rounds": args.rounds,
         "seconds_per_run": args.seconds,
         "results": summary,

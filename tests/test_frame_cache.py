@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import mmdata
-from mmdata.errors import OptionError
+from mmdata.errors import OptionError, ResumeError
 from mmdata.loading.frame_cache import FrameCache
 from mmdata.planning.order import segment_order
 from tests.test_loader import assert_same_batches
@@ -165,6 +165,51 @@ def test_a_segments_samples_stay_in_one_lane_and_each_step_mixes_the_open_segmen
             assert lane_of_block.setdefault(block, number % 2) == number % 2
     mixed = [len(set(step.tolist())) for step in steps]
     assert np.mean(mixed) >= 7
+
+
+def test_a_segments_samples_come_in_time_order():
+    blocks = np.repeat(np.arange(20), 12)
+    order = segment_order(blocks, 4, 0, lanes=3, open_blocks=4, step_samples=8)
+    for block in range(20):
+        mine = order[blocks[order] == block]
+        assert np.array_equal(mine, np.sort(mine))
+
+
+def test_the_default_order_is_segments_for_counted_batches_of_video_and_locality_for_token_budgets(stores):
+    def shuffle_of(batching, spec=WINDOWS) -> str:
+        return mmdata.DataLoader(str(stores["wds"]), spec, batching=batching).shuffle
+
+    assert shuffle_of(mmdata.Batching(batch_size=4)) == "segments"
+    assert shuffle_of(mmdata.Batching(batch_tokens=64)) == "locality"
+    lowdim = mmdata.Windows(anchor_fps=15, streams={"state": mmdata.Values(offsets=[0.0])})
+    assert shuffle_of(mmdata.Batching(batch_size=4), lowdim) == "locality"
+
+
+def test_the_default_order_does_not_depend_on_the_worker_count(stores):
+    def batches(workers: int) -> list[dict]:
+        return list(
+            mmdata.DataLoader(
+                str(stores["wds"]),
+                WINDOWS,
+                batching=mmdata.Batching(batch_size=4),
+                runtime=mmdata.Runtime(num_workers=workers, decoder="pyav"),
+            )
+        )
+
+    assert_same_batches(batches(3), batches(0))
+
+
+def test_a_state_saved_in_the_former_default_order_is_refused_with_the_option_that_resumes_it(stores):
+    def build(**shuffling) -> mmdata.DataLoader:
+        return mmdata.DataLoader(
+            str(stores["wds"]), WINDOWS, batching=mmdata.Batching(batch_size=4), shuffling=mmdata.Shuffling(**shuffling)
+        )
+
+    saved = build(mode="locality")
+    next(iter(saved))
+    with pytest.raises(ResumeError, match=r"pass shuffling=mmdata.Shuffling\(mode='locality'\) to resume it"):
+        build().load_state_dict(saved.state_dict())
+    build(mode="locality").load_state_dict(saved.state_dict())
 
 
 def test_the_segments_order_needs_samples_per_batch(stores):

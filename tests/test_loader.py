@@ -546,9 +546,9 @@ def test_shuffle_true_and_false_mean_the_default_shuffle_and_none_as_in_torch(st
         loader = mmdata.DataLoader(stores["wds"], POLICY_WINDOWS, batch_size=4, shuffle=shuffle, seed=1)
         return [(e, t) for b in loader for e, t in zip(b["episode_index"].tolist(), b["time"].tolist())]
 
-    assert order(True) == order("locality") != order(False) == order("none")
+    assert order(True) == order("auto") == order("segments") != order(False) == order("none")
     with pytest.raises(
-        ValueError, match="shuffle is True, False or one of locality, global, none, segments, not 'yes'"
+        ValueError, match="shuffle is True, False or one of auto, locality, global, none, segments, not 'yes'"
     ):
         mmdata.DataLoader(stores["wds"], POLICY_WINDOWS, batch_size=4, shuffle="yes")
 

@@ -42,6 +42,7 @@ from mmdata.planning.mixture import (
     open_sources,
     source_targets,
 )
+from mmdata.planning.order import resolve_shuffle
 from mmdata.planning.planner import LoaderPlanner, PlanSettings
 from mmdata.planning.ranks import rank_and_world
 from mmdata.planning.samples import SampleTable, concatenate_samples, enumerate_samples
@@ -60,9 +61,9 @@ class DataLoader:
     `mmdata.planning.mixture`). `episodes` filters a single store's episodes.
 
     The options come in groups (see `mmdata.loading.loader_options`): `batching` (a `Batching`: batch size or
-    token budget, layout, balance across ranks; required), `shuffling` (a `Shuffling`: "locality", the
-    default, "global" or "none"), `runtime` (a `Runtime`: workers, device, decoder and where it decodes,
-    rank and world size) and `reading` (a `Reading`: checksums, memory cache, the `ReadPolicy` of the
+    token budget, layout, balance across ranks; required), `shuffling` (a `Shuffling`: "auto", the default,
+    "segments", "locality", "global" or "none"), `runtime` (a `Runtime`: workers, device, decoder and where it
+    decodes, rank and world size) and `reading` (a `Reading`: checksums, memory cache, the `ReadPolicy` of the
     stores it opens). The keywords of the ungrouped form (`batch_size=`, `num_workers=`, ...) still work
     and warn. Each rank gets the same number of steps; `len(loader)` is that number for the epoch.
 
@@ -138,6 +139,9 @@ class DataLoader:
         composition = None
         if self.mixture is not None:
             composition = functools.partial(epoch_composition, self.samples.source, self.source_targets)
+        cameras = [name for name, stream in spec.streams.items() if isinstance(stream, Frames)]
+        shuffle = resolve_shuffle(shuffle, batch_size is not None, bool(cameras))
+        self.shuffle = shuffle
         lanes = shuffling.lanes or max(1, num_workers)
         settings_for_plan = PlanSettings(
             batch_tokens, batch_size, balance, shuffle, shuffle_window, shards_per_group, lanes, shuffling.open_segments
@@ -149,7 +153,6 @@ class DataLoader:
                     "the 'segments' order keeps its steps in order, which token-budgeted packing does not:"
                     " give Batching(batch_size=...) with Shuffling(mode='segments')"
                 )
-            cameras = [name for name, stream in spec.streams.items() if isinstance(stream, Frames)]
             stored = [s.streams.get(cameras[0]) if cameras else None for s in self.sources]
             blocks = segment_blocks(self.samples, [s.store for s in self.sources], stored)
         keys = [s.store.table.column("key").to_pylist() for s in self.sources]
@@ -162,12 +165,14 @@ class DataLoader:
             [batch_tokens, batch_size, balance, shuffle, shuffle_window, shards_per_group],
         ]
         if shuffle == "segments":  # (the other orders' states stay as they were before it existed)
-            settings.append([lanes, shuffling.open_segments])
+            settings.append([lanes, shuffling.open_segments, "time order"])
         if self.mixture is None:
-            table = self.store.table
-            self._fingerprint = fingerprint(keys[0], table.column("duration").to_pylist(), *settings)
+            data = [keys[0], self.store.table.column("duration").to_pylist()]
         else:
-            self._fingerprint = fingerprint(describe_sources(self.sources), self.mixture.describe(), *settings)
+            data = [describe_sources(self.sources), self.mixture.describe()]
+        self._fingerprint = fingerprint(*data, *settings)
+        # what a state saved by the loader before "auto" became the default carries ("locality" was)
+        self._locality_fingerprint = fingerprint(*data, *settings[:3], [*settings[3][:3], "locality", *settings[3][4:]])
         self._state = LoaderState(seed, 0, self._fingerprint)
         self._plan_cache: tuple[tuple, EpochPlan] | None = None
         self._stats = LoaderStats()
@@ -261,6 +266,12 @@ class DataLoader:
         """Continue from `state`: the same batches as the run that saved it, or, at another world size,
         the rest of its epoch with no sample repeated or left out."""
         loaded = LoaderState.from_dict(state)
+        if loaded.fingerprint != self._fingerprint and loaded.fingerprint == self._locality_fingerprint:
+            raise ResumeError(
+                f"the saved loader state was made in the 'locality' order, the default before this loader's"
+                f" '{self.shuffle}' (the \"auto\" default since the segment order and frame cache); pass"
+                " shuffling=mmdata.Shuffling(mode='locality') to resume it"
+            )
         if loaded.fingerprint != self._fingerprint:
             raise ResumeError(
                 "the saved loader state was made for other data or other sampling/batching settings"

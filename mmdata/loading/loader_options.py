@@ -75,17 +75,19 @@ class Batching:
 @dataclass(frozen=True)
 class Shuffling:
     """The order of an epoch's samples: `mode` "locality" (shards shuffled, then samples within groups of
-    `shards_per_group` shards), "global" (one permutation of every sample), "none", or "segments" (the samples
-    that read one stored segment close together in one lane of steps, `open_segments` segments mixed in each
-    step, `lanes` lanes taking turns: None gives one lane per loader worker, so that each worker's frame
-    cache serves a segment's samples from one decode; with `Batching(batch_size=...)`). `True` / `False` are
-    torch's (the default "locality" / "none"). `window` bounds the samples the packer looks over at once."""
+    `shards_per_group` shards), "global" (one permutation of every sample), "none", "segments" (the samples
+    that read one stored segment close together in one lane of steps, in time order, `open_segments` segments
+    mixed in each step, `lanes` lanes taking turns; with `Batching(batch_size=...)`. A lane's steps go to one
+    worker when `lanes` is a multiple of `num_workers`, so that its frame cache decodes each frame about once;
+    None gives one lane per worker, an order that then depends on the worker count), or "auto" (the
+    default: "segments" with `Batching(batch_size=...)` and a camera in the spec, else "locality"). `True` /
+    `False` are torch's ("auto" / "none"). `window` bounds the samples the packer looks over at once."""
 
-    mode: Shuffle | bool = "locality"
+    mode: Shuffle | bool = "auto"
     window: int = 8192
     shards_per_group: int = 8
     open_segments: int = 8
-    lanes: int | None = None
+    lanes: int | None = 8
 
     def __post_init__(self):
         object.__setattr__(self, "mode", as_shuffle(self.mode))

@@ -4,7 +4,8 @@
 of each group together (as WebDataset's shard shuffle plus sample buffer does, but exactly
 reproducible); "global" is one permutation of every sample; "none" keeps manifest order;
 "segments" (`segment_order`) keeps the samples that read one stored video segment close together
-in one lane of steps, so a worker's decoded-frame cache serves them from one decode.
+in one lane of steps, so a worker's decoded-frame cache serves them from one decode. "auto", a
+loader's default, is "segments" where it applies and "locality" elsewhere (`resolve_shuffle`).
 """
 
 from __future__ import annotations
@@ -15,18 +16,27 @@ import numpy as np
 
 from mmdata.errors import OptionError
 
-Shuffle = Literal["locality", "global", "none", "segments"]
-SHUFFLES = ("locality", "global", "none", "segments")
+Shuffle = Literal["auto", "locality", "global", "none", "segments"]
+SHUFFLES = ("locality", "global", "none", "segments")  # the orders an epoch is made in
+SHUFFLE_MODES = ("auto", *SHUFFLES)  # what a loader takes: "auto" is resolved by `resolve_shuffle`
 _ORDER_STREAM = 0x5A3D
 
 
 def as_shuffle(value: Shuffle | bool) -> Shuffle:
-    """A shuffle mode from torch's `shuffle=True/False` (the default "locality" / "none") or by name."""
+    """A shuffle mode from torch's `shuffle=True/False` (the default "auto" / "none") or by name."""
     if isinstance(value, (bool, np.bool_)):
-        return "locality" if value else "none"
-    if value not in SHUFFLES:
-        raise OptionError(f"shuffle is True, False or one of {', '.join(SHUFFLES)}, not {value!r}")
+        return "auto" if value else "none"
+    if value not in SHUFFLE_MODES:
+        raise OptionError(f"shuffle is True, False or one of {', '.join(SHUFFLE_MODES)}, not {value!r}")
     return value
+
+
+def resolve_shuffle(mode: Shuffle, counts_samples: bool, reads_video: bool) -> Shuffle:
+    """The order "auto" stands for: "segments" where batches count samples and the samples read a camera (its
+    frame cache then decodes each frame about once per epoch), else "locality". Other modes are themselves."""
+    if mode != "auto":
+        return mode
+    return "segments" if counts_samples and reads_video else "locality"
 
 
 def sample_order(
@@ -61,12 +71,12 @@ def segment_order(
     epoch) alone.
 
     The segments are shuffled and dealt to `lanes` lanes in turn; each lane keeps `open_blocks` segments
-    open and draws one sample from each in turn (a segment's samples in a random order), opening the lane's
-    next segment in a slot whose segment is used up; the lanes then take turns, `step_samples` samples (one
-    step) at a time. With as many lanes as loader workers, a worker reads one lane, and a segment's
-    samples come to it within about size x `open_blocks` / `step_samples` of its steps (what its frame
-    cache plans for), while each step mixes `open_blocks` segments (episodes). More open segments mix more
-    and keep more decoded frames alive.
+    open and draws one sample from each in turn (a segment's samples in time order; `samples` numbers them
+    so), opening the lane's next segment in a slot whose segment is used up; the lanes then take turns,
+    `step_samples` samples (one step) at a time. With a multiple of the loader's workers as lanes, each lane
+    goes to one worker, whose frame cache decodes a segment's next frames once for its next samples, while
+    each step mixes `open_blocks` segments (episodes) and consecutive steps come from different lanes. More
+    open segments mix more and keep more decoded frames alive.
     """
     if lanes < 1 or open_blocks < 1 or step_samples < 1:
         raise OptionError("lanes, open segments and samples per step must each be at least 1")
@@ -77,7 +87,7 @@ def segment_order(
     ids, block = np.unique(np.asarray(blocks, dtype=np.int64), return_inverse=True)
     rank = rng.permutation(len(ids))[block]  # each sample's segment's place in the shuffled list
     lane, slot = rank % lanes, (rank // lanes) % open_blocks
-    within = rng.random(count)
+    within = np.arange(count)  # a segment's samples in time order: a worker's next reads need its next frames
     grouped = np.lexsort((within, rank, slot, lane))  # per (lane, slot): its segments in turn
     keys = lane[grouped] * open_blocks + slot[grouped]
     starts = np.concatenate([[0], np.flatnonzero(np.diff(keys)) + 1])
