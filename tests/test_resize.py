@@ -105,6 +105,22 @@ def test_channels_first_is_the_same_frames_transposed(store):
     assert unresized.shape[-3:] == (3, 224, 224)
 
 
+@pytest.mark.parametrize("delivery", ["full", "pad", "display_size"])
+def test_pyav_converts_channels_first_frames_straight_into_their_layout(stores, delivery):
+    dataset = mmdata.open_dataset(str(stores["wds"]))
+    plan = dataset.plan_frames(0, "cam_high", [0.0, 0.5, 1.0])
+    options = {
+        "full": {},
+        "pad": {"geometry": frame_geometry(224, 224, SIZE, "pad")},
+        "display_size": {"display_size": (200, 180)},
+    }[delivery]
+    requests = [dataclasses.replace(r, **options) for r in plan.requests]
+    interleaved = PyAvDecoder().decode(requests)
+    planar = PyAvDecoder().decode([dataclasses.replace(r, channels_first=True) for r in requests])
+    for a, b in zip(interleaved, planar):
+        assert b.shape == a.transpose(0, 3, 1, 2).shape and np.array_equal(b, a.transpose(0, 3, 1, 2))
+
+
 def _random_crop_spec() -> mmdata.Windows:
     resize = mmdata.Resize(SIZE, mode="stretch", crop="random", scale=(0.2, 0.5))
     return mmdata.Windows(anchor_fps=8, streams={"cam_high": mmdata.Frames(offsets=[-0.1, 0.0], resize=resize)})

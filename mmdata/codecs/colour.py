@@ -43,7 +43,8 @@ def to_rgb(frame: av.VideoFrame, reformatter: VideoReformatter | None = None) ->
 
 
 def rgb_into(frame: av.VideoFrame, out: np.ndarray, reformatter: VideoReformatter | None = None) -> None:
-    """Convert `frame` to RGB into `out` (uint8 `[H, W, 3]`, e.g. one row of a batch array)."""
+    """Convert `frame` to RGB into `out` (uint8 `[H, W, 3]`, e.g. one row of a batch array, or the `[H, W, 3]`
+    view of a channels-first frame, `chw.transpose(1, 2, 0)`)."""
     if _kernel_converts(frame):
         width, height = frame.width, frame.height
         luma, blue, red = (
@@ -52,7 +53,13 @@ def rgb_into(frame: av.VideoFrame, out: np.ndarray, reformatter: VideoReformatte
                 frame.planes, (height, height // 2, height // 2), (width, width // 2, width // 2)
             )
         )
-        _yuv420_to_rgb(luma, blue, red, out)
+        planar = out.transpose(2, 0, 1)  # a channels-first frame's memory, seen as [H, W, 3]: written plane by plane
+        if out.flags.c_contiguous or planar.flags.c_contiguous:
+            _yuv420_to_rgb(luma, blue, red, out if out.flags.c_contiguous else planar, not out.flags.c_contiguous)
+        else:
+            interleaved = np.empty(out.shape, np.uint8)
+            _yuv420_to_rgb(luma, blue, red, interleaved, False)
+            out[...] = interleaved
         return
     converter = reformatter or VideoReformatter()
     out[...] = converter.reformat(frame, format="rgb24", interpolation=RGB_CONVERSION, **ONE_THREAD).to_ndarray()
@@ -120,7 +127,8 @@ def _kernel_converts(frame: av.VideoFrame) -> bool:
 
 
 @numba.njit(cache=True, nogil=True)
-def _yuv420_to_rgb(luma: np.ndarray, blue: np.ndarray, red: np.ndarray, out: np.ndarray) -> None:
+def _yuv420_to_rgb(luma: np.ndarray, blue: np.ndarray, red: np.ndarray, out: np.ndarray, planar: bool) -> None:
+    """Into `out` `[H, W, 3]`, or `[3, H, W]` when `planar`."""
     height, width = luma.shape
     chroma_rows, chroma_columns = blue.shape
     # rows of chroma interpolated vertically (x4), padded by one column each side; then horizontally (x16)
@@ -152,6 +160,12 @@ def _yuv420_to_rgb(luma: np.ndarray, blue: np.ndarray, red: np.ndarray, out: np.
             r[j] = min(max(y + np.float32(1.596026786) * v, np.float32(0)), np.float32(255))
             g[j] = min(max(green, np.float32(0)), np.float32(255))
             b[j] = min(max(y + np.float32(2.017232143) * u, np.float32(0)), np.float32(255))
+        if planar:
+            for j in range(width):
+                out[0, i, j] = np.uint8(np.int32(r[j]))
+                out[1, i, j] = np.uint8(np.int32(g[j]))
+                out[2, i, j] = np.uint8(np.int32(b[j]))
+            continue
         row = out[i].reshape(3 * width)
         for j in range(width):
             row[3 * j] = np.uint8(np.int32(r[j]))

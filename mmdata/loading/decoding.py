@@ -43,7 +43,8 @@ def prepare_video(
         live = [p for p, plan in enumerate(plans) if plan is not None and p not in batch.failed]
         requests = [request for p in live for request in plans[p].requests]
         scopes = [sources[p] for p in live for _ in plans[p].requests]
-        merged, located = merge_requests(requests, scopes, segment_data)
+        converts = channels_first and decoder.writes_channels_first
+        merged, located = merge_requests(requests, scopes, segment_data, converts)
         keys: list[Hashable | None] = [None] * len(merged)
         for (m, _), scope, request in zip(located, scopes, requests):
             if request.where is not None:
@@ -51,7 +52,9 @@ def prepare_video(
         prepare = getattr(decoder, "prepare", None)
         prepared = prepare(merged) if prepare is not None else None
         kept = [plans[p] if p in live else None for p in range(len(plans))]
-        batch.pending[name] = PendingVideo(kept, merged, located, prepared, frame.shape, channels_first, keys)
+        batch.pending[name] = PendingVideo(
+            kept, merged, located, prepared, frame.shape, channels_first, keys, decoded_channels_first=converts
+        )
 
 
 def segment_key(source: int, request: ClipRequest) -> Hashable:
@@ -110,7 +113,8 @@ def _finish_camera(
             where = ", ".join(str(r.where) for r, (m, _) in zip(plan.requests, sources) if outputs[m] is None)
             batch.failed[p] = f"shard '{batch.samples[p].shard}', {where}: video does not decode"
             continue
-        values[p] = gather_frames(outputs, sources, plan.positions, pending.channels_first, into)
+        transpose = pending.channels_first and not pending.decoded_channels_first
+        values[p] = gather_frames(outputs, sources, plan.positions, transpose, into)
         masks[p] = plan.is_pad
     batch.values[name], batch.is_pad[name] = values, masks
 
@@ -126,7 +130,8 @@ def _host_buffer(pending: PendingVideo, outputs: list[Any]) -> Any:
         frame = out[0] if len(out) else None
         if frame is None or frame.dtype != np.uint8:
             return None
-        delivered = (frame.shape[2], *frame.shape[:2]) if pending.channels_first else frame.shape
+        transposed = pending.channels_first and not pending.decoded_channels_first
+        delivered = (frame.shape[2], *frame.shape[:2]) if transposed else frame.shape
         if tuple(delivered) != shape:
             return None
     return host_frames(sum(len(plan.positions) for plan in pending.plans if plan is not None), shape)
@@ -179,23 +184,23 @@ def gather_frames(
     outputs: list[Any],
     sources: list[tuple[int, np.ndarray]],
     positions: np.ndarray,
-    channels_first: bool = False,
+    transpose: bool = False,
     into: np.ndarray | None = None,
 ) -> Any:
     """One sample's frames, in the order it asked for them, from the micro-batch's merged decoder
     outputs: its requests' frames are `outputs[m][picks]` for each (m, picks) of `sources`,
     concatenated, then taken at `positions`. Host frames (arrays or lists of frames) are copied once,
-    straight into place (`into` when given; transposed to `[T, 3, H, W]` on the way with `channels_first`)."""
+    straight into place (`into` when given; with `transpose`, from `[H, W, 3]` to `[3, H, W]` on the way)."""
     first = outputs[sources[0][0]]
     if not isinstance(first, (np.ndarray, list)):
         frames = assemble_frames_at(positions, [outputs[m][picks] for m, picks in sources])
-        return frames.permute(0, 3, 1, 2).contiguous() if channels_first else frames
+        return frames.permute(0, 3, 1, 2).contiguous() if transpose else frames
     picked = [outputs[m][pick] for m, picks in sources for pick in picks.tolist()]
-    height, width, channels = picked[0].shape
-    shape = (channels, height, width) if channels_first else (height, width, channels)
+    shape = picked[0].shape
+    shape = (shape[2], shape[0], shape[1]) if transpose else shape
     frames = into if into is not None else np.empty((len(positions), *shape), picked[0].dtype)
     for row, position in enumerate(positions.tolist()):
-        frames[row] = picked[position].transpose(2, 0, 1) if channels_first else picked[position]
+        frames[row] = picked[position].transpose(2, 0, 1) if transpose else picked[position]
     return frames
 
 
@@ -203,9 +208,11 @@ def merge_requests(
     requests: Sequence[ClipRequest],
     scopes: Sequence[int] | None = None,
     segment_data: Mapping[Hashable, bytes] | None = None,
+    channels_first: bool = False,
 ) -> tuple[list[ClipRequest], list[tuple[int, np.ndarray]]]:
     """One request per segment (of one source, `scopes`, and one delivered geometry), for the union of
-    the frames the samples ask of it.
+    the frames the samples ask of it, with its bytes from `segment_data` where the request has none, asking
+    for `channels_first` frames.
 
     Windows of a shuffled micro-batch often share a segment (a 32-frame segment holds 3.2 s of
     10 Hz anchors); decoding it once serves them all. Returns the merged requests and, per
@@ -225,7 +232,11 @@ def merge_requests(
     for key, group in groups.items():
         union = sorted({frame for request in group for frame in request.frames})
         first = group[0]
-        merged.append(dataclasses.replace(first, frames=tuple(union), data=first.data or data.get(key, b"")))
+        merged.append(
+            dataclasses.replace(
+                first, frames=tuple(union), data=first.data or data.get(key, b""), channels_first=channels_first
+            )
+        )
         rows_of.append({frame: row for row, frame in enumerate(union)})
     index_of = {key: m for m, key in enumerate(groups)}
     located = []

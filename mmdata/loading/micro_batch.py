@@ -21,8 +21,9 @@ class PendingVideo:
 
     `plans` per sample (None where it failed), the segment requests merged across samples
     (`merged`, and per plan request its (merged index, frame positions) in `sources`), the
-    decoder's host-side preparation of them when it has one, the shape of one delivered frame, and per
-    merged request the key of its decoded frames in a frame cache (None: not cacheable).
+    decoder's host-side preparation of them when it has one, the shape of one delivered frame, per
+    merged request the key of its decoded frames in a frame cache (None: not cacheable), and whether the
+    decoder delivers them channels-first already (else they are transposed when gathered).
     """
 
     plans: list[FramePlan | None]
@@ -32,6 +33,7 @@ class PendingVideo:
     frame_shape: tuple[int, ...] = ()
     channels_first: bool = False
     keys: list[Any] = field(default_factory=list)
+    decoded_channels_first: bool = False
 
 
 @dataclass

@@ -28,6 +28,8 @@ class VideoDecoder(ABC):
     codecs: frozenset[str] = frozenset()
     # Whether the backend delivers requests' `geometry` itself (else frames are fitted after decoding).
     fits_geometry: bool = False
+    # Whether it converts frames straight into `[F, 3, H, W]` when a request asks (`ClipRequest.channels_first`).
+    writes_channels_first: bool = False
 
     def __init__(self) -> None:
         self.stats = DecodeStats()
@@ -63,6 +65,8 @@ class VideoDecoder(ABC):
             return frames if self.fits_geometry else fit_frames(frames, request.geometry)
         if request.display_size is not None:
             width, height = request.display_size
+            if request.channels_first and self.writes_channels_first:
+                return frames[:, :, :height, :width]
             return frames[:, :height, :width]
         return frames
 

@@ -87,6 +87,7 @@ class PyAvDecoder(SequentialDecoder):
     name = "pyav"
     codecs = PYAV_CODECS
     fits_geometry = True
+    writes_channels_first = True
 
     def __init__(self, threads: int = 1):
         super().__init__()
@@ -144,8 +145,8 @@ def diagnosis(request: ClipRequest, failure: Exception) -> DecodeError:
 def decode_runs(
     context: av.CodecContext, packets: SegmentPackets, request: ClipRequest, reformatter: VideoReformatter
 ) -> tuple[np.ndarray, int]:
-    """Frames `request.frames` of a segment as uint8 `[F, H, W, 3]` (at `request.geometry` when set),
-    and how many frames were decoded.
+    """Frames `request.frames` of a segment as uint8 `[F, H, W, 3]` (`[F, 3, H, W]` with
+    `request.channels_first`; at `request.geometry` when set), and how many frames were decoded.
 
     Each run of wanted frames is decoded from the key frame before it, the context flushed first;
     a run ends as soon as its last wanted frame is out.
@@ -173,13 +174,15 @@ def decode_runs(
                 check_frame(frame, request)
                 if out is None:
                     first_size = (frame.height, frame.width)
-                    out = np.empty((len(wanted), *(geometry.size if geometry else first_size), 3), np.uint8)
+                    size = geometry.size if geometry else first_size
+                    out = np.empty((len(wanted), *((3, *size) if request.channels_first else (*size, 3))), np.uint8)
                 elif first_size != (frame.height, frame.width):
                     raise DecodeError(f"a frame is {frame.width}x{frame.height}, the segment's first is another size")
+                target = out[row].transpose(1, 2, 0) if request.channels_first else out[row]  # [H, W, 3] either way
                 if geometry is None:
-                    rgb_into(frame, out[row], reformatter)
+                    rgb_into(frame, target, reformatter)
                 else:
-                    fitted_rgb_into(frame, out[row], geometry, reformatter)
+                    fitted_rgb_into(frame, target, geometry, reformatter)
                 done[row] = True
             if done[row_of[last]]:
                 break

@@ -32,7 +32,9 @@ class ClipRequest:
     store has it, indexes the segment's packets so that a decoder can start without demuxing.
     `geometry`, when set, is the crop and size the frames are delivered at (see `mmdata.codecs.geometry`).
     `display_size` (width, height), when set, is the camera's own size where `frame_size` is larger (a camera
-    of odd sides is stored padded to even ones): frames are delivered cut to it.
+    of odd sides is stored padded to even ones): frames are delivered cut to it. `channels_first` asks a
+    decoder that `writes_channels_first` for `[F, 3, H, W]` frames, converted straight into that layout
+    (others ignore it and deliver `[F, H, W, 3]`).
     """
 
     data: bytes
@@ -44,6 +46,7 @@ class ClipRequest:
     packets: PacketIndex | None = None
     geometry: FrameGeometry | None = None
     display_size: tuple[int, int] | None = None
+    channels_first: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "frames", tuple(int(i) for i in self.frames))
