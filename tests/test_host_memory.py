@@ -28,10 +28,27 @@ def test_spans_come_back_exactly_and_the_ring_refuses_rather_than_overwrites():
     second[...] = 7
     taken = arena.take(span)
     assert torch.equal(taken, torch.from_numpy(np.arange(400).reshape(4, 100) % 251))
-    wrapped = arena.allocate(1, (4, 100))  # released up to the first: the ring starts over at its beginning
+    assert arena.allocate(1, (4, 100)) is None, "the first is still in use by the tensor taken from it"
+    del taken  # the last tensor on the first span is gone: the ring is free up to its end
+    wrapped = arena.allocate(1, (4, 100))
     assert wrapped is not None and wrapped.ctypes.data == first.ctypes.data
     assert (second == 7).all(), "the span still in flight is untouched"
     assert arena.allocate(0, (11, 100)) is None, "larger than the ring"
+
+
+def test_a_span_released_before_an_earlier_one_frees_nothing_until_the_earlier_one_is_released_too():
+    arena = FrameArena(workers=1, bytes_per_worker=512)
+    spans = []
+    for number in range(3):
+        view = arena.allocate(0, (2, 64))
+        view[...] = number
+        spans.append(arena.spans_of({"cam": torch.from_numpy(view)})["cam"])
+    held = [arena.take(span) for span in spans]
+    del held[1]  # the middle batch is dropped first
+    assert arena.allocate(0, (4, 64)) is None, "128 bytes left at the end; the start is still in use"
+    del held[0]  # now the first two are free: 256 bytes at the start
+    assert arena.allocate(0, (4, 64)) is not None
+    assert (held[0].numpy() == 2).all(), "the batch still held is untouched"
 
 
 def test_an_arena_that_reaches_a_process_without_its_memory_gives_no_room():
@@ -44,6 +61,12 @@ def test_a_worker_tensor_that_is_not_a_whole_span_travels_as_a_tensor():
     view = arena.allocate(0, (10, 10))
     part = torch.from_numpy(view)[5:]
     assert isinstance(arena.spans_of({"cam": part})["cam"], torch.Tensor)
+
+
+def test_a_workers_ring_holds_the_batches_it_may_have_in_flight_within_its_bounds():
+    assert feed.ring_bytes(None, 2, 2) == feed.ARENA_BYTES_PER_WORKER
+    assert feed.ring_bytes(20 << 20, 2, 2) == 6 * (20 << 20)
+    assert feed.ring_bytes(1 << 30, 2, 2) == feed.MAX_ARENA_BYTES_PER_WORKER
 
 
 def loader_batches(store, workers: int) -> list[dict]:
@@ -70,7 +93,7 @@ def test_batches_from_workers_are_the_in_process_batches_through_the_ring_or_wit
         taken.append(span)
         return original(self, span, pin_memory)
 
-    monkeypatch.setattr(feed, "ARENA_BYTES_PER_WORKER", ring_bytes)
+    monkeypatch.setattr(feed, "ring_bytes", lambda frame_bytes, prefetch_factor, ahead: ring_bytes)
     monkeypatch.setattr(FrameArena, "take", counted)
     assert_same_batches(loader_batches(stores["wds"], 2), loader_batches(stores["wds"], 0))
     if ring_bytes > 1000:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 import time
 from collections.abc import Iterator
@@ -47,7 +48,7 @@ from mmdata.planning.planner import LoaderPlanner, PlanSettings
 from mmdata.planning.ranks import rank_and_world
 from mmdata.planning.samples import SampleTable, concatenate_samples, enumerate_samples
 from mmdata.planning.segments import segment_blocks
-from mmdata.planning.specs import Frames, Spec, SpecError
+from mmdata.planning.specs import Frames, Spec, SpecError, Windows
 from mmdata.schema import VideoStream
 from mmdata.store.dataset import Dataset
 from mmdata.store.handle import Store
@@ -343,8 +344,28 @@ class DataLoader:
             pin_memory=self.device.type == "cuda",
             background=self.decode_in_main,
             ahead=MAIN_DECODE_AHEAD,
+            frame_bytes=self._frame_bytes_per_batch(),
         )
         return self._feed
+
+    def _frame_bytes_per_batch(self) -> int | None:
+        """About what a batch's decoded frames take: frames per sample x frame bytes x samples, for windows and
+        bounded sequences in batches of a size (None otherwise)."""
+        batch_size = self.batching.batch_size
+        if batch_size is None:
+            return None
+        total = 0
+        for name, stream in self.spec.streams.items():
+            if not isinstance(stream, Frames):
+                continue
+            if isinstance(self.spec, Windows):
+                count = len(stream.offsets)
+            elif self.spec.max_seconds is not None:
+                count = math.ceil(self.spec.max_seconds * self.spec.rate_of(name)) + 1
+            else:
+                return None
+            total += count * math.prod(self.fillers[name].shape)
+        return total * batch_size
 
     def close(self) -> None:
         """Stop the workers and the receiving thread (they otherwise stay up between epochs)."""

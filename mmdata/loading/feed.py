@@ -31,7 +31,13 @@ from mmdata.errors import MmdataError
 from mmdata.lifetime import exit_with_parent
 from mmdata.loading.chain import BatchReader
 from mmdata.loading.frame_cache import HORIZON
-from mmdata.loading.host_memory import ARENA_BYTES_PER_WORKER, ArenaSpan, FrameArena, use_arena
+from mmdata.loading.host_memory import (
+    ARENA_BYTES_PER_WORKER,
+    MAX_ARENA_BYTES_PER_WORKER,
+    ArenaSpan,
+    FrameArena,
+    use_arena,
+)
 from mmdata.loading.micro_batch import source_counts
 from mmdata.loading.settling import FALLBACK_SAMPLES
 from mmdata.planning.planner import LoaderPlanner, RankSteps
@@ -163,7 +169,8 @@ class Feed:
     `finish` completes an item in the main process (pending video, collate, device copy). With
     workers, or when `background` is set, a thread receives and finishes items up to `ahead`
     batches in advance; an error raised there is raised from `next()`. The feed holds `finish`
-    weakly, so a loader that is dropped is collected and closes its feed.
+    weakly, so a loader that is dropped is collected and closes its feed. `frame_bytes`, about what a
+    batch's decoded frames take (None: unknown), sizes the workers' frame rings.
     """
 
     def __init__(
@@ -175,12 +182,13 @@ class Feed:
         pin_memory: bool,
         background: bool,
         ahead: int = 2,
+        frame_bytes: int | None = None,
     ):
         self._finish = weakref.WeakMethod(finish)
         self._pin_memory = pin_memory
         self._arena: FrameArena | None = None
         if num_workers > 0:
-            self._arena = source.arena = FrameArena(num_workers, ARENA_BYTES_PER_WORKER)
+            self._arena = source.arena = FrameArena(num_workers, ring_bytes(frame_bytes, prefetch_factor, ahead))
             loader = torch.utils.data.DataLoader(
                 source,
                 batch_size=None,
@@ -257,6 +265,14 @@ class Feed:
             except queue.Full:
                 continue
         return False
+
+
+def ring_bytes(frame_bytes: int | None, prefetch_factor: int, ahead: int) -> int:
+    """A worker's frame ring: room for the batches it may have in flight (its prefetched ones, the feed's
+    finished ones and the training loop's current one, with one to spare), within the module's bounds."""
+    if frame_bytes is None:
+        return ARENA_BYTES_PER_WORKER
+    return min(max(ARENA_BYTES_PER_WORKER, (prefetch_factor + ahead + 2) * frame_bytes), MAX_ARENA_BYTES_PER_WORKER)
 
 
 def small_tensors_as_arrays(batch: dict[str, Any]) -> dict[str, Any]:

@@ -4,15 +4,17 @@ A camera's frames of a micro-batch are written straight into the memory they wil
 Inside a DataLoader worker that is the worker's ring in a `FrameArena`: shared memory the main process
 mapped once, before the workers started, so a batch costs neither a new shared-memory file, a file
 descriptor passed over a socket, nor the page faults of fresh pages on both sides (together about as
-much as decoding the frames). The main process copies each batch out of the ring as it receives it and
-releases that span. A batch the ring has no room for, and every other tensor, goes through torch's
-shared memory as usual (`shared_output`).
+much as decoding the frames). The main process hands the frames on as tensors on the ring itself and
+releases a span when the last tensor viewing it is gone. A batch the ring has no room for, and every
+other tensor, goes through torch's shared memory as usual (`shared_output`).
 """
 
 from __future__ import annotations
 
 import math
 import mmap
+import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,9 +22,10 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
-# Shared memory per worker for frames in flight: a few micro-batches of policy windows (8 samples of three
-# 224x224 frames take 3.6 MB); a larger batch goes through torch's own shared memory.
+# Shared memory per worker for frames in flight, at least (a few batches of 8 policy windows: three 224x224
+# frames each take 3.6 MB) and at most (sized from the batch; a larger batch goes through torch's own).
 ARENA_BYTES_PER_WORKER = 64 << 20
+MAX_ARENA_BYTES_PER_WORKER = 1 << 30
 _ALIGNMENT = 64
 
 
@@ -51,9 +54,10 @@ class FrameArena:
 
     Made by the main process before it forks the workers, which inherit the mapping (a worker started
     another way gets a copy without rings and uses torch's shared memory). A worker allocates spans of its
-    ring in order and sends `ArenaSpan`s in place of the tensors; the main process copies each out (`take`),
-    in the order it receives them, and so releases the ring up to it. A worker never waits for room: a
-    batch that does not fit gets shared memory of its own.
+    ring in order and sends `ArenaSpan`s in place of the tensors; the main process makes each a tensor on
+    the ring (`take`), and the ring is free again up to the first span still in use. A worker never waits
+    for room: a batch that does not fit (the training loop holds many batches) gets shared memory of its
+    own.
     """
 
     def __init__(self, workers: int, bytes_per_worker: int = ARENA_BYTES_PER_WORKER):
@@ -65,10 +69,16 @@ class FrameArena:
         # per worker: bytes allocated, bytes released (both only grow; their difference is in flight)
         self._positions: np.ndarray | None = whole[workers * bytes_per_worker :].view(np.int64).reshape(workers, 2)
         self._recent: dict[int, ArenaSpan] = {}  # in a worker: spans allocated since the last `spans_of`
+        self._lock = threading.Lock()
+        # in the main process, per worker: the spans handed out, by end, in order, and whether they are done
+        self._in_use: list[dict[int, bool]] = [{} for _ in range(workers)]
 
     def __getstate__(self) -> dict[str, Any]:
         return {"workers": self.workers, "capacity": self.capacity, "_memory": None, "_rings": None,
-                "_positions": None, "_recent": {}}  # fmt: skip
+                "_positions": None, "_recent": {}, "_in_use": []}  # fmt: skip
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _lock=threading.Lock())
 
     def allocate(self, worker: int, shape: tuple[int, ...]) -> np.ndarray | None:
         """Room for uint8 `shape` in `worker`'s ring (None when there is none free, or no ring here)."""
@@ -99,14 +109,32 @@ class FrameArena:
         return {**batch, **spans}
 
     def take(self, span: ArenaSpan, pin_memory: bool = False) -> torch.Tensor:
-        """In the main process: the span's frames copied out, and the ring released up to it."""
+        """In the main process: the span's frames as a tensor on the ring itself, its span released when the
+        last tensor viewing it is gone (with `pin_memory`, copied into pinned memory and released now)."""
         if self._rings is None or self._positions is None:
             raise RuntimeError("a frame arena span reached a process without the arena's memory")
-        size = math.prod(span.shape)
-        frames = torch.empty(span.shape, dtype=torch.uint8, pin_memory=pin_memory)
-        frames.numpy().reshape(-1)[...] = self._rings[span.worker, span.start : span.start + size]
-        self._positions[span.worker, 1] = max(int(self._positions[span.worker, 1]), span.end)
-        return frames
+        view = self._rings[span.worker, span.start : span.start + math.prod(span.shape)].reshape(span.shape)
+        with self._lock:
+            self._in_use[span.worker][span.end] = False
+        if pin_memory:
+            frames = torch.empty(span.shape, dtype=torch.uint8, pin_memory=True)
+            frames.numpy()[...] = view
+            self._release(span.worker, span.end)
+            return frames
+        weakref.finalize(view, self._release, span.worker, span.end)
+        return torch.from_numpy(view)
+
+    def _release(self, worker: int, end: int) -> None:
+        """A span is no longer used: the ring is free up to the end of the spans before it that are not either."""
+        assert self._positions is not None
+        with self._lock:
+            in_use = self._in_use[worker]
+            in_use[end] = True
+            released = int(self._positions[worker, 1])
+            while in_use and in_use[first := next(iter(in_use))]:  # received, hence allocated, in order
+                del in_use[first]
+                released = max(released, first)
+            self._positions[worker, 1] = released
 
 
 _worker_arena: tuple[FrameArena, int] | None = None
