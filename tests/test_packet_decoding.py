@@ -140,8 +140,8 @@ def test_windows_access_stores_every_frame_as_a_key_frame_and_both_access_tunes_
     assert (windows.gop, windows.fast_decode) == (1, True)
     assert windows.encoder_options()["tune"] == "fastdecode"
     assert encoding_for_access("windows", gop=2).gop == 2, "an explicit --gop wins"
-    assert encoding_for_access("clips") == VideoEncoding()
-    assert encoding_for_access("both") == VideoEncoding(fast_decode=True)
+    assert encoding_for_access("clips") == VideoEncoding(fast_decode=False)
+    assert encoding_for_access("both") == VideoEncoding(), "the default access is the default encoding"
 
 
 def test_colour_kernel_agrees_with_ffmpegs_exact_conversion_within_one_level():

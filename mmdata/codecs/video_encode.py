@@ -46,7 +46,8 @@ class VideoEncoding:
     """How cameras are stored: codec, frames per segment, key-frame interval, quality.
 
     `fast_decode` tunes H.264/HEVC for decoding speed (x264/x265 `tune=fastdecode`: CAVLC instead
-    of CABAC, no deblocking or weighted prediction): about half the decode time for ~25% more bytes.
+    of CABAC, no deblocking or weighted prediction): about half the decode time for ~20% more bytes
+    (on by default: `mmdata convert --access both`; see ACCESS_PATTERNS).
     """
 
     codec: str = "h264"
@@ -54,7 +55,7 @@ class VideoEncoding:
     gop: int = 8
     crf: int = 20
     preset: str = "fast"
-    fast_decode: bool = False
+    fast_decode: bool = True
 
     def __post_init__(self):
         if self.codec not in VIDEO_CODECS:
