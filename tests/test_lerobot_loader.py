@@ -279,3 +279,11 @@ def test_a_stream_map_gives_the_keys_a_policy_expects(store):
         assert np.array_equal(samples[index]["state"], plain[index]["observation.state"])
         assert np.array_equal(samples[index]["observation.image"], plain[index]["observation.images.cam_high"])
         assert samples[index]["episode_index"] == plain[index]["episode_index"]
+
+
+def test_float_frames_are_every_uint8_value_divided_as_lerobot_divides_them():
+    from mmdata.lerobot.loader import to_unit_float
+
+    frames = torch.arange(256, dtype=torch.uint8).repeat(6).reshape(2, 3, 16, 16)
+    assert torch.equal(to_unit_float(frames), frames.to(torch.float32) / 255)
+    assert torch.equal(to_unit_float(frames.permute(0, 2, 3, 1)), frames.permute(0, 2, 3, 1).to(torch.float32) / 255)
