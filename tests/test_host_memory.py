@@ -69,6 +69,18 @@ def test_a_workers_ring_holds_the_batches_it_may_have_in_flight_within_its_bound
     assert feed.ring_bytes(1 << 30, 2, 2) == feed.MAX_ARENA_BYTES_PER_WORKER
 
 
+def test_the_rings_stay_within_their_total_and_a_refused_mapping_means_no_rings(monkeypatch):
+    monkeypatch.setattr(feed, "MAX_ARENA_BYTES", 32 << 20)
+    arena = feed.frame_arena(16, feed.MAX_ARENA_BYTES_PER_WORKER)
+    assert arena is not None and arena.capacity * 16 <= 32 << 20
+
+    def refused(*args, **kwargs):
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr("mmdata.loading.host_memory.mmap.mmap", refused)
+    assert feed.frame_arena(2, 1 << 20) is None
+
+
 def loader_batches(store, workers: int) -> list[dict]:
     return list(
         mmdata.DataLoader(

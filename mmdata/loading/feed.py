@@ -33,6 +33,7 @@ from mmdata.loading.chain import BatchReader
 from mmdata.loading.frame_cache import HORIZON
 from mmdata.loading.host_memory import (
     ARENA_BYTES_PER_WORKER,
+    MAX_ARENA_BYTES,
     MAX_ARENA_BYTES_PER_WORKER,
     ArenaSpan,
     FrameArena,
@@ -188,7 +189,7 @@ class Feed:
         self._pin_memory = pin_memory
         self._arena: FrameArena | None = None
         if num_workers > 0:
-            self._arena = source.arena = FrameArena(num_workers, ring_bytes(frame_bytes, prefetch_factor, ahead))
+            self._arena = source.arena = frame_arena(num_workers, ring_bytes(frame_bytes, prefetch_factor, ahead))
             loader = torch.utils.data.DataLoader(
                 source,
                 batch_size=None,
@@ -265,6 +266,20 @@ class Feed:
             except queue.Full:
                 continue
         return False
+
+
+def frame_arena(workers: int, bytes_per_worker: int) -> FrameArena | None:
+    """The workers' frame rings, in all at most MAX_ARENA_BYTES and a quarter of the machine's memory; None
+    where the system refuses the mapping (frames then cross through torch's shared memory, as before)."""
+    try:
+        physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        physical = MAX_ARENA_BYTES * 4
+    total = min(MAX_ARENA_BYTES, physical // 4)
+    try:
+        return FrameArena(workers, min(bytes_per_worker, max(total // workers, 1 << 20)))
+    except (OSError, ValueError, OverflowError):
+        return None
 
 
 def ring_bytes(frame_bytes: int | None, prefetch_factor: int, ahead: int) -> int:

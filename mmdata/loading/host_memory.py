@@ -26,6 +26,7 @@ from torch.utils.data import get_worker_info
 # frames each take 3.6 MB) and at most (sized from the batch; a larger batch goes through torch's own).
 ARENA_BYTES_PER_WORKER = 64 << 20
 MAX_ARENA_BYTES_PER_WORKER = 1 << 30
+MAX_ARENA_BYTES = 8 << 30  # all workers' rings together
 _ALIGNMENT = 64
 
 
