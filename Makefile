@@ -11,7 +11,10 @@ PINS := .venv-lerobot-pins
 PINS_STAMP := $(PINS)/.installed
 LEROBOT_PINS := "av>=15,<16" "numpy<2.3"
 
-.PHONY: demo test test-fast check-aarch64 lint bench clean
+.PHONY: demo test test-fast check-aarch64 browser lint bench clean
+
+# The viewer's browser test drives Debian's Chromium (Playwright cannot download its own browsers offline).
+CHROMIUM ?= /usr/bin/chromium
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,11 +34,14 @@ $(PINS_STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/mmdata demo
 
-test: $(STAMP) $(PINS_STAMP) check-aarch64
+test: $(STAMP) $(PINS_STAMP) check-aarch64 browser
 	$(BIN)/ruff check mmdata tests benchmarks
 	$(BIN)/ruff format --check mmdata tests benchmarks
 	$(BIN)/python -m pytest -q
 	$(PINS)/bin/python -m pytest -q -p no:cacheprovider tests/test_lerobot_loader.py tests/test_importers.py -k lerobot
+
+browser:
+	@test -x $(CHROMIUM) || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
 
 # The inner loop: everything but the tests that start subprocesses, S3 servers or Ray clusters (under 3 minutes).
 test-fast: $(STAMP)

@@ -28,6 +28,7 @@ STAGES = (
     ("importers", ("mmdata.importers",)),
     ("conversion", ("mmdata.conversion",)),
     ("measure", ("mmdata.measure",)),
+    ("viewer", ("mmdata.viewer",)),
     ("tools", ("mmdata.tools", "mmdata.__main__")),
     ("public names", ("mmdata",)),
 )  # fmt: skip

@@ -1,0 +1,229 @@
+"""The viewer's static pages: one for the store, one per episode asked for, with their videos beside them.
+
+The store page reads only the manifest's columns it shows (never a shard), so it opens for a store of any
+size; an episode page reads that episode alone. Each page carries its data as JSON inside the page and
+the folder holds everything it loads (`static/`: the viewer's script and style; `media/`: the remuxed
+videos), so it works from a file:// URL, behind `mmdata view --serve`, or copied to a machine offline.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mmdata.errors import MmdataError
+from mmdata.schema import AudioStream, LowdimStream, VideoStream
+from mmdata.store.handle import Store
+from mmdata.store.statistics import read_stats
+from mmdata.viewer.remux import write_episode_video
+
+STATIC = Path(__file__).resolve().parent / "static"
+WAVEFORM_BUCKETS = 2000
+COLUMNS = ("index", "key", "duration", "task", "frames", "damaged")
+
+
+def episode_page_name(index: int) -> str:
+    return f"episode_{index:06d}.html"
+
+
+def write_site(store: Store, out: Path, episodes: Iterable[int] = (), link_all: bool = False) -> Path:
+    """The store page (`index.html`) and the page of each of `episodes` into folder `out`; returns the
+    store page's path. The store page links the episodes whose pages exist, or, with `link_all` (a server
+    that makes them when asked), every intact episode."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "static").mkdir(exist_ok=True)
+    for name in ("viewer.js", "viewer.css"):
+        shutil.copyfile(STATIC / name, out / "static" / name)
+    written = {index: write_episode_page(store, index, out) for index in episodes}
+    page = out / "index.html"
+    pages = {index: path.name for index, path in written.items()}
+    if link_all:
+        pages = {index: episode_page_name(index) for index in range(store.table.num_rows) if index not in store.damaged}
+    data = store_data(store, pages, out)
+    _write_page(page, f"mmdata view: {store.url}", _store_body(store, data), data)
+    return page
+
+
+def store_data(store: Store, pages: dict[int, str], out: Path | None = None) -> dict[str, Any]:
+    """What the store page shows, from the manifest's columns: a row per episode, totals, statistics.
+    An episode links to its page where `pages` names one (or, with `out`, where one was written before)."""
+    table = store.table
+    keys = table.column("key").to_pylist()
+    durations = table.column("duration").to_pylist()
+    tasks = table.column("task").to_pylist()
+    cameras = [s.name for s in store.schema.streams if isinstance(s, VideoStream)]
+    counts = {name: table.column(f"{name}/count").to_pylist() for name in cameras}
+    episodes = []
+    for index, (key, duration) in enumerate(zip(keys, durations)):
+        page = pages.get(index) or (
+            episode_page_name(index) if out is not None and (out / episode_page_name(index)).exists() else None
+        )
+        episodes.append(
+            {
+                "index": index,
+                "key": key,
+                "duration": round(float(duration), 3),
+                "task": tasks[index],
+                "frames": ", ".join(f"{name}: {counts[name][index]}" for name in cameras),
+                "damaged": store.damaged.get(index),
+                "page": page,
+            }
+        )
+    totals = {"episodes": len(keys), "hours": round(sum(durations) / 3600, 4)}
+    for stream in store.schema.streams:
+        if stream.kind == "text":
+            continue
+        column = f"{stream.name}/segments" if isinstance(stream, VideoStream) else f"{stream.name}/data"
+        pieces = table.column(column).to_pylist()
+        size = sum(p["size"] for row in pieces for p in (row if isinstance(row, list) else [row]) if p)
+        totals[stream.name] = {"count": int(sum(table.column(f"{stream.name}/count").to_pylist())), "bytes": size}
+    try:
+        stats = read_stats(store).get("lowdim", {})
+    except MmdataError:
+        stats = {}
+    return {"page": "store", "columns": list(COLUMNS), "episodes": episodes, "totals": totals, "stats": stats}
+
+
+def write_episode_page(store: Store, index: int, out: Path) -> Path:
+    """Episode `index`'s page and its remuxed videos into `out`; returns the page's path."""
+    if not 0 <= index < store.table.num_rows:
+        count = store.table.num_rows
+        raise MmdataError(f"episode {index} is not in the store: it has {count} (0 to {count - 1})")
+    if index in store.damaged:
+        raise MmdataError(f"episode {index} is damaged: {store.damaged[index]}; run `mmdata verify {store.url}`")
+    row = store.manifest.row(index)
+    media = out / "media" / f"episode_{index:06d}"
+    media.mkdir(parents=True, exist_ok=True)
+    cameras, series, audio = [], [], None
+    for stream in store.schema.streams:
+        if isinstance(stream, VideoStream):
+            video = write_episode_video(store, index, stream.name, media / stream.name.replace("/", "_"))
+            times = store.timestamps_of(row, stream.name)
+            cameras.append(
+                {
+                    "name": stream.name,
+                    "src": video.path.relative_to(out).as_posix(),
+                    "mime": video.mime,
+                    "frames": video.frames,
+                    "fps": stream.fps,
+                    "times": [round(float(t), 6) for t in times],
+                }
+            )
+        elif isinstance(stream, LowdimStream):
+            span = store.lowdim_span(index, stream.name, -math.inf, math.inf)
+            values = np.asarray(span.values, np.float64).reshape(len(span.values), -1)
+            series.append({"name": stream.name, "times": _rounded(span.timestamps), "values": _rounded(values)})
+        elif isinstance(stream, AudioStream) and audio is None:
+            span = store.audio_span(index, stream.name, -math.inf, math.inf)
+            audio = _waveform(np.asarray(span.values, np.float64), np.asarray(span.timestamps))
+    if not cameras:
+        raise MmdataError(f"store {store.url} has no camera: the episode page shows cameras")
+    first = cameras[0]
+    t0 = min([first["times"][0], *(s["times"][0] for s in series if s["times"])])
+    t1 = max([first["times"][-1] + 1 / first["fps"], *(s["times"][-1] for s in series if s["times"])])
+    data = {
+        "page": "episode",
+        "index": index,
+        "key": row["key"],
+        "task": row["task"],
+        "duration": float(row["duration"]),
+        "metadata": store.metadata_of(row),
+        "cameras": cameras,
+        "fps": first["fps"],
+        "frame_times": first["times"],
+        "series": series,
+        "audio": audio,
+        "t0": t0,
+        "t1": t1,
+    }
+    page = out / episode_page_name(index)
+    _write_page(page, f"episode {index} ({row['key']})", _episode_body(data), data)
+    return page
+
+
+def _rounded(values: np.ndarray) -> list:
+    return np.round(np.asarray(values, np.float64), 6).tolist()
+
+
+def _waveform(samples: np.ndarray, times: np.ndarray) -> dict[str, Any] | None:
+    """Peaks of the first channel in WAVEFORM_BUCKETS buckets, in [0, 1]."""
+    if not len(samples):
+        return None
+    channel = np.abs(samples.reshape(len(samples), -1)[:, 0])
+    peak = channel.max() or 1.0
+    buckets = np.array_split(channel, min(WAVEFORM_BUCKETS, len(channel)))
+    duration = float(times[-1] - times[0]) if len(times) > 1 else 0.0
+    return {"t0": float(times[0]), "duration": duration, "peaks": [round(float(b.max() / peak), 4) for b in buckets]}
+
+
+def _store_body(store: Store, data: dict[str, Any]) -> str:
+    totals = data["totals"]
+    streams = "".join(
+        f"<span>{html.escape(name)}: {figures['count']:,} items, {figures['bytes'] / 1e6:.1f} MB</span>"
+        for name, figures in totals.items()
+        if isinstance(figures, dict)
+    )
+    stats = "".join(
+        f"<tr><td>{html.escape(name)}</td><td>{html.escape(_ranges(figures))}</td></tr>"
+        for name, figures in data["stats"].items()
+    )
+    headers = "".join(f'<th data-column="{c}">{c}</th>' for c in COLUMNS)
+    return f"""<h1>{html.escape(store.url)}</h1>
+<p class="totals"><span id="episode-count">{totals["episodes"]} episodes</span>
+<span>{totals["hours"]:.3f} hours</span>{streams}</p>
+<p><input id="filter" placeholder="filter by key or task">
+<label><input type="checkbox" id="damaged-only"> damaged only</label>
+<span id="shown"></span> <span class="help">(click a column to sort; an episode's link opens its page)</span></p>
+<table id="episodes"><thead><tr>{headers}</tr></thead><tbody></tbody></table>
+<h2>Statistics (stats.json)</h2>
+<table id="stats">{stats or "<tr><td>no stats.json: run mmdata stats</td></tr>"}</table>"""
+
+
+def _ranges(figures: dict[str, Any]) -> str:
+    """Per dimension: min .. max (mean ± std)."""
+    lows, highs = figures.get("min", []), figures.get("max", [])
+    means, stds = figures.get("mean", []), figures.get("std", [])
+    return "; ".join(
+        f"[{i}] {lo:.3g} .. {hi:.3g} ({m:.3g} ± {s:.3g})"
+        for i, (lo, hi, m, s) in enumerate(zip(lows, highs, means, stds))
+    )
+
+
+def _episode_body(data: dict[str, Any]) -> str:
+    videos = "".join(
+        f"""<div class="camera"><b>{html.escape(c["name"])}</b>
+<video muted preload="auto" data-camera="{html.escape(c["name"])}" data-frames="{c["frames"]}">
+<source src="{c["src"]}" type="{c["mime"]}"></video></div>"""
+        for c in data["cameras"]
+    )
+    metadata = html.escape(json.dumps(data["metadata"], indent=1, default=str))
+    wave = '<h2>Audio</h2><canvas id="waveform" class="plot" width="900" height="80"></canvas>' if data["audio"] else ""
+    return f"""<p><a href="index.html">all episodes</a></p>
+<h1>Episode {data["index"]}: {html.escape(data["key"])}</h1>
+<p>Task: <b id="task">{html.escape(data["task"])}</b>, {data["duration"]:.3f} s</p>
+<p><button id="play">play / pause</button> frame <b id="frame">0</b>
+<span class="help">(space: play or pause; left / right arrow: one frame; click a plot to go to that time)</span></p>
+<div class="cameras">{videos}</div>
+<h2>Low-dim streams</h2><div id="plots"></div>{wave}
+<h2>Metadata</h2><pre>{metadata}</pre>"""
+
+
+def _write_page(path: Path, title: str, body: str, data: dict[str, Any]) -> None:
+    payload = json.dumps(data, default=str).replace("</", "<\\/")
+    text = f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<link rel="stylesheet" href="static/viewer.css"></head>
+<body>{body}
+<script id="data" type="application/json">{payload}</script>
+<script src="static/viewer.js"></script></body></html>
+"""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text, encoding="utf-8")
+    partial.replace(path)

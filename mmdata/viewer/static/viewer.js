@@ -1,0 +1,147 @@
+// mmdata view: the store page (a sortable, filterable episode table, totals, statistics) and an episode
+// page (cameras playing in sync, low-dim plots with a cursor that follows and seeks the videos, the audio's
+// waveform). Everything it shows is in the page's <script id="data"> block: no request leaves the folder.
+"use strict";
+const DATA = JSON.parse(document.getElementById("data").textContent);
+
+function element(tag, attributes = {}, text = null) {
+  const made = document.createElement(tag);
+  for (const [name, value] of Object.entries(attributes)) made.setAttribute(name, value);
+  if (text !== null) made.textContent = text;
+  return made;
+}
+
+function storePage() {
+  const table = document.getElementById("episodes");
+  const filter = document.getElementById("filter");
+  const damagedOnly = document.getElementById("damaged-only");
+  const columns = DATA.columns;
+  let sortKey = "index", ascending = true;
+  function render() {
+    const words = filter.value.toLowerCase();
+    const rows = DATA.episodes
+      .filter((e) => (!damagedOnly.checked || e.damaged) && (!words || `${e.key} ${e.task}`.toLowerCase().includes(words)))
+      .sort((a, b) => (a[sortKey] < b[sortKey] ? -1 : a[sortKey] > b[sortKey] ? 1 : 0) * (ascending ? 1 : -1));
+    const body = table.querySelector("tbody");
+    body.replaceChildren();
+    for (const episode of rows) {
+      const row = element("tr", { "data-index": episode.index, class: episode.damaged ? "damaged" : "" });
+      for (const column of columns) {
+        const cell = element("td", { "data-column": column });
+        if (column === "key" && episode.page) cell.append(element("a", { href: episode.page }, episode.key));
+        else if (column === "damaged") cell.append(element("span", { class: "flag", title: episode.damaged || "" }, episode.damaged ? "damaged" : ""));
+        else cell.textContent = episode[column];
+        row.append(cell);
+      }
+      body.append(row);
+    }
+    document.getElementById("shown").textContent = `${rows.length} of ${DATA.episodes.length} episodes`;
+  }
+  table.querySelectorAll("th").forEach((header) =>
+    header.addEventListener("click", () => {
+      const key = header.dataset.column;
+      ascending = key === sortKey ? !ascending : true;
+      sortKey = key;
+      render();
+    }));
+  filter.addEventListener("input", render);
+  damagedOnly.addEventListener("change", render);
+  render();
+}
+
+function episodePage() {
+  const videos = [...document.querySelectorAll("video")];
+  const main = videos[0];
+  const fps = DATA.fps;
+  const times = DATA.frame_times;  // the stored time of each frame of the first camera
+  const frameLabel = document.getElementById("frame");
+  const frameAt = (seconds) => Math.min(times.length - 1, Math.max(0, Math.floor(seconds * fps + 1e-3)));
+  function seekFrame(frame) {
+    frame = Math.min(times.length - 1, Math.max(0, frame));
+    for (const video of videos) video.currentTime = (frame + 0.5) / fps;
+    draw();
+  }
+  function nearestFrame(time) {
+    let best = 0;
+    for (let i = 1; i < times.length; i++) if (Math.abs(times[i] - time) < Math.abs(times[best] - time)) best = i;
+    return best;
+  }
+  const plots = DATA.series.map((series) => {
+    const canvas = element("canvas", { class: "plot", width: 900, height: 160, "data-stream": series.name });
+    document.getElementById("plots").append(element("h3", {}, `${series.name} (${series.values[0] ? series.values[0].length : 0} dims)`), canvas);
+    canvas.addEventListener("click", (event) => {
+      const box = canvas.getBoundingClientRect();
+      const time = DATA.t0 + ((event.clientX - box.left) / box.width) * (DATA.t1 - DATA.t0);
+      for (const video of videos) video.pause();
+      seekFrame(nearestFrame(time));
+    });
+    return { series, canvas };
+  });
+  const wave = document.getElementById("waveform");
+  function x(canvas, time) { return ((time - DATA.t0) / (DATA.t1 - DATA.t0)) * canvas.width; }
+  function drawSeries({ series, canvas }, cursor) {
+    const context = canvas.getContext("2d");
+    context.clearRect(0, 0, canvas.width, canvas.height);
+    const flat = series.values.flat().filter(Number.isFinite);
+    const low = Math.min(...flat), high = Math.max(...flat), span = high - low || 1;
+    const dims = series.values[0] ? series.values[0].length : 0;
+    for (let d = 0; d < dims; d++) {
+      context.strokeStyle = `hsl(${(d * 47) % 360}, 60%, 45%)`;
+      context.beginPath();
+      series.times.forEach((time, i) => {
+        const y = canvas.height - 4 - ((series.values[i][d] - low) / span) * (canvas.height - 8);
+        i ? context.lineTo(x(canvas, time), y) : context.moveTo(x(canvas, time), y);
+      });
+      context.stroke();
+    }
+    context.strokeStyle = "#d00";
+    context.beginPath();
+    context.moveTo(x(canvas, cursor), 0);
+    context.lineTo(x(canvas, cursor), canvas.height);
+    context.stroke();
+  }
+  function drawWave(cursor) {
+    if (!wave || !DATA.audio) return;
+    const context = wave.getContext("2d");
+    context.clearRect(0, 0, wave.width, wave.height);
+    context.fillStyle = "#58a";
+    const peaks = DATA.audio.peaks, middle = wave.height / 2;
+    peaks.forEach((peak, i) => {
+      const left = x(wave, DATA.audio.t0 + (i / peaks.length) * DATA.audio.duration);
+      context.fillRect(left, middle - peak * middle, Math.max(1, wave.width / peaks.length), 2 * peak * middle);
+    });
+    context.fillStyle = "#d00";
+    context.fillRect(x(wave, cursor), 0, 1, wave.height);
+  }
+  function draw() {
+    const frame = frameAt(main.currentTime);
+    frameLabel.textContent = frame;
+    for (const plot of plots) drawSeries(plot, times[frame]);
+    drawWave(times[frame]);
+  }
+  main.addEventListener("timeupdate", () => {
+    for (const video of videos.slice(1))
+      if (Math.abs(video.currentTime - main.currentTime) > 0.5 / fps) video.currentTime = main.currentTime;
+    draw();
+  });
+  main.addEventListener("seeked", draw);
+  main.addEventListener("pause", draw);
+  function toggle() {
+    if (main.paused) videos.forEach((video) => video.play());
+    else videos.forEach((video) => video.pause());
+  }
+  document.addEventListener("keydown", (event) => {
+    if (event.key === " ") { event.preventDefault(); toggle(); }
+    else if (event.key === "ArrowRight" || event.key === "ArrowLeft") {
+      event.preventDefault();
+      videos.forEach((video) => video.pause());
+      seekFrame(frameAt(main.currentTime) + (event.key === "ArrowRight" ? 1 : -1));
+    }
+  });
+  document.getElementById("play").addEventListener("click", toggle);
+  const tick = () => { if (!main.paused) draw(); requestAnimationFrame(tick); };
+  requestAnimationFrame(tick);
+  draw();
+}
+
+if (DATA.page === "store") storePage(); else episodePage();

@@ -1,0 +1,175 @@
+"""`mmdata view`: a camera's stored segments remuxed into one playable file without re-encoding; a store page
+listing every episode from the manifest, damaged ones flagged; episode pages with everything they load in their
+folder; and both pages driven in a real browser (Debian's Chromium through Playwright) with outside requests
+blocked."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import threading
+
+import av
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+import mmdata
+from mmdata.codecs.colour import to_rgb
+from mmdata.store.manifest import packets_column
+from mmdata.synthetic import read_index_stripe
+from mmdata.tools.cli import main
+from mmdata.tools.view import view_server
+from mmdata.viewer.pages import write_episode_page, write_site
+from mmdata.viewer.remux import write_episode_video
+from tests.test_packet_decoding import store_with_manifest
+
+CHROMIUM = os.environ.get("MMDATA_CHROMIUM", "/usr/bin/chromium")
+
+
+def page_data(path) -> dict:
+    found = re.search(r'<script id="data" type="application/json">(.*?)</script>', path.read_text(), re.S)
+    return json.loads(found.group(1).replace("<\\/", "</"))
+
+
+@pytest.fixture
+def damaged_store(stores, tmp_path):
+    """The test store with episode 1's packet index cut short: a row the store's checks flag."""
+    table = pq.read_table(stores["wds"] / "episodes.parquet")
+    rows = table.to_pylist()
+    column = packets_column("cam_high")
+    rows[1][column][0] = {**rows[1][column][0], "packets": rows[1][column][0]["packets"][:-16]}
+    manifest = type(table).from_pylist(rows, schema=table.schema)
+    copy = store_with_manifest(stores["wds"], tmp_path / "store.wds", manifest)
+    shutil.copyfile(stores["wds"] / "stats.json", copy / "stats.json")
+    return copy
+
+
+@pytest.mark.parametrize("layout", ["wds", "zarr"])
+def test_a_camera_is_remuxed_without_re_encoding_into_every_frame_of_its_episode(stores, layout, tmp_path):
+    store = mmdata.open_store(str(stores[layout]))
+    video = write_episode_video(store, 2, "cam_high", tmp_path / "cam_high")
+    with av.open(str(video.path)) as container:
+        frames = np.stack([to_rgb(frame) for frame in container.decode(video=0)])
+    stored = mmdata.open_dataset(str(stores[layout])).read_episode(2, ["cam_high"])["cam_high"].values
+    assert video.mime == "video/mp4" and video.frames == len(stored)
+    assert np.array_equal(frames, stored), "the very frames the store decodes to: no re-encoding"
+    assert not list(tmp_path.glob("*.partial.*"))
+
+
+def test_the_store_page_lists_every_episode_from_the_manifest_and_flags_the_damaged(damaged_store, tmp_path):
+    store = mmdata.open_store(str(damaged_store))
+    page = write_site(store, tmp_path / "view", [0])
+    data = page_data(page)
+    durations = store.table.column("duration").to_pylist()
+    assert [e["index"] for e in data["episodes"]] == list(range(len(durations)))
+    assert [e["duration"] for e in data["episodes"]] == [round(d, 3) for d in durations]
+    assert data["episodes"][1]["damaged"] and not data["episodes"][0]["damaged"]
+    assert data["episodes"][0]["page"] == "episode_000000.html" and data["episodes"][2]["page"] is None
+    assert set(data["stats"]) == {"state", "action"}
+
+
+def test_an_episode_page_holds_its_streams_and_loads_nothing_from_outside_its_folder(stores, tmp_path):
+    store = mmdata.open_store(str(stores["wds"]))
+    page = write_episode_page(store, 0, tmp_path)
+    data = page_data(page)
+    assert [c["name"] for c in data["cameras"]] == ["cam_high", "cam_wrist"]
+    assert {s["name"] for s in data["series"]} == {"state", "action"} and data["audio"]["peaks"]
+    for camera in data["cameras"]:
+        assert (tmp_path / camera["src"]).exists() and len(camera["times"]) == camera["frames"]
+    for text in (
+        [page.read_text(), *(p.read_text() for p in (tmp_path / "static").glob("*"))]
+        if (tmp_path / "static").exists()
+        else [page.read_text()]
+    ):
+        assert not re.search(r"(src|href)=\"(https?:)?//", text), "no request leaves the folder"
+
+
+def test_an_episode_outside_the_store_or_damaged_is_refused_naming_it(damaged_store, tmp_path):
+    store = mmdata.open_store(str(damaged_store))
+    with pytest.raises(mmdata.MmdataError, match="episode 99 is not in the store: it has 3"):
+        write_episode_page(store, 99, tmp_path)
+    with pytest.raises(mmdata.MmdataError, match="episode 1 is damaged: .*mmdata verify"):
+        write_episode_page(store, 1, tmp_path)
+
+
+def test_mmdata_view_writes_the_pages_it_is_asked_for(stores, tmp_path, capsys):
+    assert main(["view", str(stores["zarr"]), "--episode", "1", "--out", str(tmp_path)]) == 0
+    assert "file://" in capsys.readouterr().out
+    assert (tmp_path / "index.html").exists() and (tmp_path / "episode_000001.html").exists()
+    assert main(["view", str(stores["zarr"]), "--episode", "7", "--out", str(tmp_path)]) == 2
+
+
+@pytest.mark.slow
+def test_both_pages_in_a_real_browser_offline(damaged_store, tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    store = mmdata.open_store(str(damaged_store))
+    write_site(store, tmp_path, link_all=True)  # the server makes an episode's page when it is first opened
+    server = view_server(store, tmp_path, 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    origin = f"http://127.0.0.1:{server.server_address[1]}"
+    row = store.manifest.row(0)
+    fps = store.schema.stream("cam_high").fps
+    outside = []
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page()
+        page.route(
+            re.compile(rf"^(?!{re.escape(origin)}/).*"),
+            lambda route: (outside.append(route.request.url), route.abort()),
+        )
+        page.goto(f"{origin}/index.html")
+        cells = page.locator("#episodes tbody tr td[data-column=duration]").all_text_contents()
+        assert [float(c) for c in cells] == [round(d, 3) for d in store.table.column("duration").to_pylist()]
+        assert "damaged" in page.locator("#episodes tbody tr[data-index='1']").get_attribute("class")
+        page.locator("th[data-column=duration]").click()
+        ordered = [float(c) for c in page.locator("#episodes tbody td[data-column=duration]").all_text_contents()]
+        assert ordered == sorted(ordered)
+
+        page.locator("#episodes tbody tr[data-index='0'] a").click()
+        page.wait_for_url(f"{origin}/episode_000000.html")
+        page.wait_for_function("[...document.querySelectorAll('video')].every(v => v.readyState >= 2)")
+        durations = page.evaluate("[...document.querySelectorAll('video')].map(v => v.duration)")
+        assert len(durations) == 2 and all(abs(d - row["duration"]) <= 1 / fps for d in durations)
+
+        def drawn_frame() -> int:
+            pixels = page.evaluate(
+                """() => { const v = document.querySelector('video'); const c = document.createElement('canvas');
+                c.width = v.videoWidth; c.height = v.videoHeight; const x = c.getContext('2d');
+                x.drawImage(v, 0, 0); return Array.from(x.getImageData(0, 0, c.width, c.height).data); }"""
+            )
+            rgba = np.asarray(pixels, np.uint8).reshape(224, 224, 4)
+            return read_index_stripe(rgba[:, :, :3])
+
+        page.keyboard.press(" ")
+        page.wait_for_function("document.querySelector('video').currentTime > 0.2")
+        page.keyboard.press(" ")
+        page.wait_for_function(
+            f"""() => {{ const v = document.querySelector('video');
+            const frame = Math.floor(v.currentTime * {fps} + 1e-3);
+            return v.paused && document.getElementById('frame').textContent == frame; }}"""
+        )
+        before = int(page.locator("#frame").text_content())
+        assert drawn_frame() == before
+        page.keyboard.press("ArrowRight")
+        page.wait_for_function(f"document.getElementById('frame').textContent == '{before + 1}'")
+        page.wait_for_function("!document.querySelector('video').seeking")
+        assert drawn_frame() == before + 1
+
+        plot = page.locator("canvas.plot").first
+        box = plot.bounding_box()
+        data = page_data(tmp_path / "episode_000000.html")
+        target = data["t0"] + 0.5 * (data["t1"] - data["t0"])
+        plot.click(position={"x": box["width"] * 0.5, "y": box["height"] / 2})
+        page.wait_for_function("!document.querySelector('video').seeking")
+        times = page.evaluate("[...document.querySelectorAll('video')].map(v => v.currentTime)")
+        assert all(abs(t - (target - data["t0"])) <= 1 / fps + 1e-6 for t in times), (times, target)
+        assert drawn_frame() == int(page.locator("#frame").text_content())
+
+        shot = page.screenshot(path=str(tmp_path / "episode.png"), full_page=True)
+        browser.close()
+    server.shutdown()
+    assert len(shot) > 10_000 and not outside, outside
