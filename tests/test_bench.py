@@ -213,3 +213,18 @@ def test_mixing_figures_count_distinct_episodes_and_what_consecutive_batches_sha
         "episodes_shared_with_previous": 0.0,
         "episode_lag1_correlation": 0.0,
     }
+
+
+def test_a_runs_plot_shows_where_the_time_went(tmp_path):
+    from mmdata.measure.plots import plot_stages
+
+    shares = {"data_wait": {"seconds": 1.0, "share": 0.8}, "step": {"seconds": 0.25, "share": 0.2}}
+    stages = {"video": {"seconds": 3, "share": 0.7}, "read": {"seconds": 1, "share": 0.3}}
+    workers = {"utilization": 0.9, "stages": stages}
+    document = {
+        "stages": {"main_thread": shares, "workers": workers},
+        "figures": {"samples_per_s": 123.4, "stall_fraction": 0.8},
+    }
+    plot_stages(document, tmp_path / "plot.png", "mmdata bench policy")
+    image = (tmp_path / "plot.png").read_bytes()
+    assert image.startswith(b"\x89PNG") and len(image) > 5_000

@@ -102,6 +102,33 @@ def test_mmdata_view_writes_the_pages_it_is_asked_for(stores, tmp_path, capsys):
     assert main(["view", str(stores["zarr"]), "--episode", "7", "--out", str(tmp_path)]) == 2
 
 
+def test_an_episode_as_a_rerun_recording_read_back_with_rerun(stores, tmp_path):
+    from rerun.chunk import RrdReader
+
+    path = tmp_path / "episode.rrd"
+    assert main(["view", str(stores["wds"]), "--episode", "1", "--rerun", str(path)]) == 0
+    chunks = RrdReader(path).store().stream().to_chunks()
+    rows: dict[str, int] = {}
+    for chunk in chunks:
+        if not chunk.is_static:
+            rows[str(chunk.entity_path)] = rows.get(str(chunk.entity_path), 0) + chunk.num_rows
+    store = mmdata.open_store(str(stores["wds"]))
+    row = store.manifest.row(1)
+    assert rows == {
+        "/cam_high": row["cam_high/count"],
+        "/cam_wrist": row["cam_wrist/count"],
+        "/state": row["state/count"],
+        "/action": row["action/count"],
+    }
+    static = {str(c.entity_path) for c in chunks if c.is_static}
+    assert {"/cam_high", "/cam_wrist", "/task"} <= static
+    state = next(c for c in chunks if str(c.entity_path) == "/state").to_record_batch()
+    logged = np.asarray(state.column("Scalars:scalars").to_pylist(), np.float64)
+    stored = store.lowdim_span(1, "state", -np.inf, np.inf).values
+    assert np.array_equal(logged, np.asarray(stored, np.float64).reshape(len(stored), -1))
+    assert not list(tmp_path.glob("*.partial"))
+
+
 @pytest.mark.slow
 def test_both_pages_in_a_real_browser_offline(damaged_store, tmp_path):
     from playwright.sync_api import sync_playwright

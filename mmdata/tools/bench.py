@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mmdata.errors import MmdataError
+from mmdata.measure.plots import plot_stages, plot_sweep
 from mmdata.measure.presets import PRESETS, default_tokens_per, preset_spec
 from mmdata.measure.report import build_document, compare, format_table, load, parse_fraction
-from mmdata.measure.sweep import label, parse_sweep, plot_sweep
+from mmdata.measure.sweep import label, parse_sweep
 from mmdata.store.dataset import open_dataset
 from mmdata.store.filesystem import ReadPolicy
 from mmdata.store.handle import open_store
@@ -94,7 +95,11 @@ def add_parser(commands) -> None:
     output.add_argument("--baseline", choices=("naive",), help="also run the naive webdataset + PyAV loader")
     output.add_argument("--baseline-seconds", type=float, default=20.0, help="how long to run the baseline")
     output.add_argument("--sweep", nargs="+", metavar="NAME=V1,V2", help="run every combination of these settings")
-    output.add_argument("--plot", help="PNG of the sweep (needs matplotlib: pip install 'mmdata[bench]')")
+    output.add_argument(
+        "--plot",
+        help="PNG chart: where the time went and the input stall, or with --sweep samples/s per setting (needs"
+        " matplotlib: pip install 'mmdata[bench]')",
+    )
     add_storage_options(parser)
     parser.set_defaults(run=run_bench)
 
@@ -112,6 +117,9 @@ def run_bench(args: argparse.Namespace) -> int:
         with tempfile.TemporaryDirectory(prefix="mmdata-bench-") as folder:
             document = _measure(args, _demo_store(Path(folder)))
     print(format_table(document))
+    if args.plot and not args.sweep:
+        plot_stages(document, Path(args.plot), f"mmdata bench {document['config'].get('spec_name', '')}".strip())
+        print(f"plot written to {args.plot}")
     if args.json and not args.from_json:
         Path(args.json).write_text(json.dumps(document, indent=1) + "\n")
         print(f"\nwritten {args.json}")

@@ -16,6 +16,7 @@ from mmdata.errors import MmdataError
 from mmdata.store.handle import Store
 from mmdata.tools.storage import add_storage_options
 from mmdata.viewer.pages import write_episode_page, write_site
+from mmdata.viewer.rerun_export import write_rerun_recording
 
 EPISODE_PAGE = re.compile(r"^/episode_(\d{6})\.html$")
 RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
@@ -36,7 +37,8 @@ def add_parser(commands) -> None:
             100,
         ),
         epilog="examples:\n  mmdata view /data/robot.wds --episode 3 --out /tmp/robot-view\n"
-        "  mmdata view s3://bucket/robot.wds --serve --port 8000",
+        "  mmdata view s3://bucket/robot.wds --serve --port 8000\n"
+        "  mmdata view /data/robot.wds --episode 3 --rerun episode3.rrd",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("path", help="store folder or fsspec URL")
@@ -49,6 +51,13 @@ def add_parser(commands) -> None:
         "--serve", action="store_true", help="serve the pages on 127.0.0.1 (episode pages made when first opened)"
     )
     parser.add_argument("--port", type=int, default=8000, help="port for --serve (default 8000; 0: any free one)")
+    parser.add_argument(
+        "--rerun",
+        type=Path,
+        metavar="OUT.rrd",
+        help="instead of pages, write the one --episode as a Rerun recording (cameras, low-dim streams as scalar"
+        " series and the task on the episode's timeline; needs pip install 'mmdata[view]')",
+    )
     add_storage_options(parser)
     parser.set_defaults(run=run)
 
@@ -57,6 +66,11 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise MmdataError(f"--port is 0 to 65535, not {args.port}")
     store = Store(args.path)
+    if args.rerun is not None:
+        if len(args.episode) != 1 or args.serve or args.out is not None:
+            raise MmdataError("--rerun writes one episode: give exactly one --episode, without --out or --serve")
+        print(f"written {write_rerun_recording(store, args.episode[0], args.rerun)}")
+        return 0
     out = args.out if args.out is not None else Path(tempfile.mkdtemp(prefix="mmdata-view-"))
     page = write_site(store, out, args.episode, link_all=args.serve)
     if not args.serve:
