@@ -183,6 +183,8 @@ def _store_body(store: Store, data: dict[str, Any]) -> str:
 <span id="shown"></span> <span class="help">(click a column to sort; an episode's link opens its page)</span></p>
 <table id="episodes"><thead><tr>{headers}</tr></thead><tbody></tbody></table>
 <h2>Statistics (stats.json)</h2>
+<p class="help">per dimension: min .. max (line), 1st .. 99th percentile (box), mean (dot) ± std (bar)</p>
+<div id="stat-plots"></div>
 <table id="stats">{stats or "<tr><td>no stats.json: run mmdata stats</td></tr>"}</table>"""
 
 

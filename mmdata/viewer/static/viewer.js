@@ -47,6 +47,41 @@ function storePage() {
   filter.addEventListener("input", render);
   damagedOnly.addEventListener("change", render);
   render();
+  drawStatistics();
+}
+
+// Per stream, a row per dimension: its min .. max as a line, q01 .. q99 as a box, the mean as a dot and
+// mean ± std as a bar, each dimension on its own scale (the figures are printed beside it).
+function drawStatistics() {
+  const holder = document.getElementById("stat-plots");
+  for (const [name, figures] of Object.entries(DATA.stats)) {
+    const dims = (figures.mean || []).length;
+    if (!dims) continue;
+    const row = 18, canvas = element("canvas", { class: "stats", width: 900, height: dims * row + 6, "data-stream": name });
+    holder.append(element("h3", {}, `${name} (${figures.count} values)`), canvas);
+    const context = canvas.getContext("2d");
+    const left = 60, width = 520;
+    for (let d = 0; d < dims; d++) {
+      const low = figures.min[d], high = figures.max[d], span = high - low || 1;
+      const at = (value) => left + ((value - low) / span) * width;
+      const y = 4 + d * row + row / 2;
+      context.fillStyle = "#222";
+      context.font = "11px sans-serif";
+      context.fillText(`[${d}]`, 4, y + 4);
+      context.strokeStyle = "#999";
+      context.beginPath(); context.moveTo(at(low), y); context.lineTo(at(high), y); context.stroke();
+      if (figures.q01 && figures.q99) {
+        context.fillStyle = "#cfe0ee";
+        context.fillRect(at(figures.q01[d]), y - 5, Math.max(1, at(figures.q99[d]) - at(figures.q01[d])), 10);
+      }
+      context.fillStyle = "#3b75af";
+      context.fillRect(at(figures.mean[d] - figures.std[d]), y - 2, Math.max(1, 2 * figures.std[d] / span * width), 4);
+      context.beginPath(); context.arc(at(figures.mean[d]), y, 3, 0, 2 * Math.PI); context.fill();
+      context.fillStyle = "#222";
+      const text = `${low.toPrecision(3)} .. ${high.toPrecision(3)}  mean ${figures.mean[d].toPrecision(3)} ± ${figures.std[d].toPrecision(3)}`;
+      context.fillText(text, left + width + 12, y + 4);
+    }
+  }
 }
 
 function episodePage() {
