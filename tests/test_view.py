@@ -178,7 +178,7 @@ def test_both_pages_in_a_real_browser_offline(damaged_store, tmp_path):
         page.wait_for_function(
             f"""() => {{ const v = document.querySelector('video');
             const frame = Math.floor(v.currentTime * {fps} + 1e-3);
-            return v.paused && document.getElementById('frame').textContent == frame; }}"""
+            return v.paused && !v.seeking && document.getElementById('frame').textContent == frame; }}"""
         )
         before = int(page.locator("#frame").text_content())
         assert drawn_frame() == before

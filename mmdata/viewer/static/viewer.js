@@ -160,7 +160,8 @@ function episodePage() {
     draw();
   });
   main.addEventListener("seeked", draw);
-  main.addEventListener("pause", draw);
+  // paused, the videos rest in the middle of the frame the label names (a pause lands between frames)
+  main.addEventListener("pause", () => seekFrame(frameAt(main.currentTime)));
   function toggle() {
     if (main.paused) videos.forEach((video) => video.play());
     else videos.forEach((video) => video.pause());
