@@ -104,7 +104,8 @@ def write_episode_page(store: Store, index: int, out: Path) -> Path:
     cameras, series, audio = [], [], None
     for stream in store.schema.streams:
         if isinstance(stream, VideoStream):
-            video = write_episode_video(store, index, stream.name, media / stream.name.replace("/", "_"))
+            stem = media / stream.name.replace("/", "_")
+            video = write_episode_video(store, index, stream.name, stem, playable_in_browsers=True)
             times = store.timestamps_of(row, stream.name)
             cameras.append(
                 {
