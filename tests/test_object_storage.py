@@ -381,3 +381,17 @@ def test_bench_reads_a_store_in_s3_through_a_disk_cache(s3_stores, tmp_path):
     import json
 
     assert json.loads((tmp_path / "bench.json").read_text())["config"]["cache_dir"] == str(cache)
+
+
+@pytest.mark.slow
+def test_mmdata_view_shows_a_store_on_s3_as_it_shows_the_local_one(s3_stores, stores, tmp_path):
+    from mmdata.tools.cli import main
+    from tests.test_view import page_data
+
+    assert main(["view", s3_stores["wds"], "--episode", "0", "--out", str(tmp_path / "s3")]) == 0
+    assert main(["view", str(stores["wds"]), "--episode", "0", "--out", str(tmp_path / "local")]) == 0
+    remote, local = (page_data(tmp_path / side / "index.html") for side in ("s3", "local"))
+    assert remote["episodes"] == local["episodes"] and remote["totals"] == local["totals"]
+    for camera in ("cam_high", "cam_wrist"):
+        media = f"media/episode_000000/{camera}.mp4"
+        assert (tmp_path / "s3" / media).read_bytes() == (tmp_path / "local" / media).read_bytes()
