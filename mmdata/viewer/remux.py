@@ -11,15 +11,18 @@ before the whole file has arrived), VP9 into WebM. HEVC is remuxed into MP4 for 
 from __future__ import annotations
 
 import io
+from collections.abc import Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
 import av
 
+from mmdata.codecs.video_encode import VideoEncoding, encode_segments
 from mmdata.errors import DecodeError
 from mmdata.schema import VideoStream
 from mmdata.store.handle import Store
+from mmdata.store.manifest import Piece
 
 CONTAINERS = {"h264": ("mp4", "video/mp4"), "hevc": ("mp4", "video/mp4"), "vp9": ("webm", "video/webm")}
 BROWSER_CODECS = ("h264", "vp9")
@@ -77,23 +80,26 @@ def write_episode_video(
 
 
 def _reencoded(store: Store, index: int, stream: VideoStream, stem: Path) -> EpisodeVideo:
-    """The camera's frames, decoded and encoded again as H.264 in MP4 at the stream's rate (near-lossless)."""
+    """The camera's frames, decoded and encoded again as one H.264 MP4 by the store's own encoder (crf 18)."""
     row = store.manifest.row(index)
+    count = max(1, int(row[f"{stream.name}/count"]))
+    encoding = VideoEncoding("h264", segment_frames=count, gop=min(8, count), crf=18)
+    pieces = store.segment_table(row, stream.name).pieces
+    frames = (frame for piece in pieces for frame in _decoded(store, piece))
+    width, height = stream.coded_size
+    files = list(encode_segments(frames, Fraction(stream.fps).limit_denominator(1001), width, height, encoding))
+    if len(files) != 1:
+        raise DecodeError(
+            f"episode '{row['key']}', camera '{stream.name}': its segments hold more frames than the manifest's"
+            f" {count}; run `mmdata verify {store.url}`"
+        )
+    ((written, data),) = files
     path, partial = stem.with_name(f"{stem.name}.mp4"), stem.with_name(f"{stem.name}.partial.mp4")
-    table = store.segment_table(row, stream.name)
-    frames = 0
-    with av.open(str(partial), "w", format="mp4", options={"movflags": "+faststart"}) as output:
-        target = output.add_stream("libx264", rate=Fraction(stream.fps).limit_denominator(1001))
-        target.width, target.height, target.pix_fmt = stream.coded_size[0], stream.coded_size[1], "yuv420p"
-        target.options = {"crf": "18", "preset": "veryfast"}
-        for piece in table.pieces:
-            with av.open(io.BytesIO(store.segment_bytes(piece))) as source:
-                for frame in source.decode(video=0):
-                    frame.pts = None
-                    for packet in target.encode(frame.reformat(format="yuv420p")):
-                        output.mux(packet)
-                    frames += 1
-        for packet in target.encode(None):
-            output.mux(packet)
+    partial.write_bytes(data)
     partial.replace(path)
-    return EpisodeVideo(path, "video/mp4", frames)
+    return EpisodeVideo(path, "video/mp4", written)
+
+
+def _decoded(store: Store, piece: Piece) -> Iterator[av.VideoFrame]:
+    with av.open(io.BytesIO(store.segment_bytes(piece))) as source:
+        yield from source.decode(video=0)
