@@ -159,21 +159,25 @@ class DataLoader:
         keys = [s.store.table.column("key").to_pylist() for s in self.sources]
         shards = [s.store.table.column("shard").to_pylist() for s in self.sources]
         self.planner = LoaderPlanner(self.samples, self.costs, keys, shards, settings_for_plan, composition, blocks)
-        settings = [
-            spec.describe(),
-            episodes.describe() if episodes is not None else None,
-            dict(tokens_per or {}),
-            [batch_tokens, batch_size, balance, shuffle, shuffle_window, shards_per_group],
-        ]
-        if shuffle == "segments":  # (the other orders' states stay as they were before it existed)
-            settings.append([lanes, shuffling.open_segments, "time order"])
         if self.mixture is None:
             data = [keys[0], self.store.table.column("duration").to_pylist()]
         else:
             data = [describe_sources(self.sources), self.mixture.describe()]
-        self._fingerprint = fingerprint(*data, *settings)
+
+        def fingerprint_in(order: str) -> str:
+            settings = [
+                spec.describe(),
+                episodes.describe() if episodes is not None else None,
+                dict(tokens_per or {}),
+                [batch_tokens, batch_size, balance, order, shuffle_window, shards_per_group],
+            ]
+            if order == "segments":  # (the other orders' states stay as they were before it existed)
+                settings.append([lanes, shuffling.open_segments, "time order"])
+            return fingerprint(*data, *settings)
+
+        self._fingerprint = fingerprint_in(shuffle)
         # what a state saved by the loader before "auto" became the default carries ("locality" was)
-        self._locality_fingerprint = fingerprint(*data, *settings[:3], [*settings[3][:3], "locality", *settings[3][4:]])
+        self._locality_fingerprint = fingerprint_in("locality")
         self._state = LoaderState(seed, 0, self._fingerprint)
         self._plan_cache: tuple[tuple, EpochPlan] | None = None
         self._stats = LoaderStats()

@@ -113,8 +113,7 @@ def _finish_camera(
             where = ", ".join(str(r.where) for r, (m, _) in zip(plan.requests, sources) if outputs[m] is None)
             batch.failed[p] = f"shard '{batch.samples[p].shard}', {where}: video does not decode"
             continue
-        transpose = pending.channels_first and not pending.decoded_channels_first
-        values[p] = gather_frames(outputs, sources, plan.positions, transpose, into)
+        values[p] = gather_frames(outputs, sources, plan.positions, pending.transposes, into)
         masks[p] = plan.is_pad
     batch.values[name], batch.is_pad[name] = values, masks
 
@@ -130,8 +129,7 @@ def _host_buffer(pending: PendingVideo, outputs: list[Any]) -> Any:
         frame = out[0] if len(out) else None
         if frame is None or frame.dtype != np.uint8:
             return None
-        transposed = pending.channels_first and not pending.decoded_channels_first
-        delivered = (frame.shape[2], *frame.shape[:2]) if transposed else frame.shape
+        delivered = (frame.shape[2], *frame.shape[:2]) if pending.transposes else frame.shape
         if tuple(delivered) != shape:
             return None
     return host_frames(sum(len(plan.positions) for plan in pending.plans if plan is not None), shape)

@@ -107,12 +107,12 @@ class FrameCache:
         """The frames of `key` the later reads need that are not kept: worth decoding with this read's."""
         if not self.enabled:
             return set()
-        kept, now = self.cached(key), self._now.get(key, {})
-        return {frame for frame, count in self._wanted.get(key, {}).items() if count > now.get(frame, 0)} - set(kept)
+        kept = self.cached(key)
+        return {frame for frame in self._wanted.get(key, {}) if frame not in kept and self._needed_later(key, frame)}
 
     def keep(self, key: SegmentKey, frame: int, pixels: np.ndarray) -> None:
         """Keep a copy of a decoded frame a later read needs, within the bound."""
-        if not self.enabled or self._wanted.get(key, {}).get(frame, 0) <= self._now.get(key, {}).get(frame, 0):
+        if not self.enabled or not self._needed_later(key, frame):
             return
         kept = self._frames.setdefault(key, {})
         if frame in kept:
@@ -122,6 +122,10 @@ class FrameCache:
         self.bytes += copy.nbytes
         self._within_bound()
         self.stats.peak_bytes = max(self.stats.peak_bytes, self.bytes)
+
+    def _needed_later(self, key: SegmentKey, frame: int) -> bool:
+        """Whether a read after the one in progress needs `frame` of `key` (more planned needs than this read's)."""
+        return self._wanted.get(key, {}).get(frame, 0) > self._now.get(key, {}).get(frame, 0)
 
     @staticmethod
     def _count(counts: dict[int, int], frames: Iterable[int]) -> None:

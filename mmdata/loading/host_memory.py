@@ -64,8 +64,7 @@ class FrameArena:
     def __init__(self, workers: int, bytes_per_worker: int = ARENA_BYTES_PER_WORKER):
         self.workers, self.capacity = workers, bytes_per_worker
         memory = mmap.mmap(-1, workers * (bytes_per_worker + 16), flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
-        whole = np.frombuffer(memory, np.uint8)
-        self._memory: mmap.mmap | None = memory
+        whole = np.frombuffer(memory, np.uint8)  # holds the mapping for as long as a view of it lives
         self._rings: np.ndarray | None = whole[: workers * bytes_per_worker].reshape(workers, bytes_per_worker)
         # per worker: bytes allocated, bytes released (both only grow; their difference is in flight)
         self._positions: np.ndarray | None = whole[workers * bytes_per_worker :].view(np.int64).reshape(workers, 2)
@@ -75,7 +74,7 @@ class FrameArena:
         self._in_use: list[dict[int, bool]] = [{} for _ in range(workers)]
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"workers": self.workers, "capacity": self.capacity, "_memory": None, "_rings": None,
+        return {"workers": self.workers, "capacity": self.capacity, "_rings": None,
                 "_positions": None, "_recent": {}, "_in_use": []}  # fmt: skip
 
     def __setstate__(self, state: dict[str, Any]) -> None:

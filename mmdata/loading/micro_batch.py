@@ -35,6 +35,11 @@ class PendingVideo:
     keys: list[Any] = field(default_factory=list)
     decoded_channels_first: bool = False
 
+    @property
+    def transposes(self) -> bool:
+        """Whether gathering turns the decoded `[H, W, 3]` frames into the `[3, H, W]` the stream delivers."""
+        return self.channels_first and not self.decoded_channels_first
+
 
 @dataclass
 class MicroBatch:

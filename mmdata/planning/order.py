@@ -71,8 +71,8 @@ def segment_order(
     epoch) alone.
 
     The segments are shuffled and dealt to `lanes` lanes in turn; each lane keeps `open_blocks` segments
-    open and draws one sample from each in turn (a segment's samples in time order; `samples` numbers them
-    so), opening the lane's next segment in a slot whose segment is used up; the lanes then take turns,
+    open and draws one sample from each in turn (a segment's samples in the order they are numbered, their
+    time order), opening the lane's next segment in a slot whose segment is used up; the lanes then take turns,
     `step_samples` samples (one step) at a time. With a multiple of the loader's workers as lanes, each lane
     goes to one worker, whose frame cache decodes a segment's next frames once for its next samples, while
     each step mixes `open_blocks` segments (episodes) and consecutive steps come from different lanes. More
@@ -87,8 +87,9 @@ def segment_order(
     ids, block = np.unique(np.asarray(blocks, dtype=np.int64), return_inverse=True)
     rank = rng.permutation(len(ids))[block]  # each sample's segment's place in the shuffled list
     lane, slot = rank % lanes, (rank // lanes) % open_blocks
-    within = np.arange(count)  # a segment's samples in time order: a worker's next reads need its next frames
-    grouped = np.lexsort((within, rank, slot, lane))  # per (lane, slot): its segments in turn
+    # per (lane, slot): its segments in turn, a segment's samples in number (time) order, as the sort is stable:
+    # a worker's next reads need a segment's next frames
+    grouped = np.lexsort((rank, slot, lane))
     keys = lane[grouped] * open_blocks + slot[grouped]
     starts = np.concatenate([[0], np.flatnonzero(np.diff(keys)) + 1])
     run = np.arange(count) - np.repeat(starts, np.diff(np.concatenate([starts, [count]])))

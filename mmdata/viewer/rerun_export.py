@@ -37,7 +37,7 @@ def write_rerun_recording(store: Store, index: int, path: Path) -> Path:
     recording.save(str(partial))
     with tempfile.TemporaryDirectory(prefix="mmdata-rerun-") as scratch:
         for stream in store.schema.streams:
-            entity = f"{stream.name}"
+            entity = stream.name
             if isinstance(stream, VideoStream):
                 times = store.timestamps_of(row, stream.name)
                 if stream.codec in ("h264", "hevc"):
