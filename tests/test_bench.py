@@ -215,6 +215,22 @@ def test_mixing_figures_count_distinct_episodes_and_what_consecutive_batches_sha
     }
 
 
+def test_mixing_reads_episode_numbers_from_tensors_as_a_device_batch_holds_them():
+    import torch
+
+    from mmdata.measure.runner import _episodes_in
+
+    batch = {"episode_index": torch.tensor([3, 4]), "source": torch.tensor([0, 1])}
+    assert _episodes_in(batch).tolist() == [3, (1 << 40) + 4]
+    assert _episodes_in({"episode_index": np.array([5])}).tolist() == [5]
+
+
+def test_the_simulated_step_takes_the_time_asked_and_the_figures_say_so(stores):
+    loader = mmdata.DataLoader(stores["wds"], POLICY, batch_size=2, num_workers=0)
+    figures = run_loader(loader, steps=3, warmup=1, step_ms=30.0)["figures"]
+    assert 25.0 <= figures["step_ms_measured"] <= 60.0
+
+
 def test_a_runs_plot_shows_where_the_time_went(tmp_path):
     from mmdata.measure.plots import plot_stages
 

@@ -23,12 +23,14 @@ step() {  # NAME SECONDS COMMAND...: one step, its output in NAME.log; a failure
   tail -n 12 "$W/$name.log"
   pack
 }
+if [ -z "${ONLY_BENCH:-}" ]; then  # ONLY_BENCH=1: the loader figures only (the hardware facts are known)
 step nvdec_probe 60 python3 benchmarks/gpu/nvdec_probe.py "$D/loader_store.wds" "$W/nvdec_probe.json"
 step nvdec_check 120 python3 benchmarks/gpu/nvdec_check.py "$D/loader_store.wds" "$W/nvdec_check.json"
 export CURVE_SECONDS="${CURVE_SECONDS:-0.5}"
 step nvdec_curve 170 python3 benchmarks/gpu/nvdec_curve.py "$D/curve.pkl" \
   "$W/nvdec_curve.json"
 step hybrid_check 75 python3 benchmarks/gpu/hybrid_check.py "$D/loader_store.wds" "$W/hybrid_check.json"
+fi
 bench() {  # NAME ARGS...: mmdata bench on the carried store at a 100 ms simulated step
   local name=$1
   shift
@@ -41,5 +43,6 @@ bench clips64_pyav --spec clips --batch-size 64 --decoder pyav --num-workers 15 
 bench clips64_hybrid --spec clips --batch-size 64 --decoder hybrid --num-workers 8 --steps 20
 bench policy256_auto --spec policy --batch-size 256 --decoder auto --num-workers 15 --steps 30
 bench policy256_nvdec --spec policy --batch-size 256 --decoder nvdec --num-workers 8 --steps 30
+bench policy256_hybrid --spec policy --batch-size 256 --decoder hybrid --num-workers 8 --steps 30
 log "done"
 pack

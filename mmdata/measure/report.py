@@ -127,7 +127,11 @@ def format_table(document: dict[str, Any]) -> str:
         _row(
             "batch latency p50/p95/p99", "/".join(f"{latency.get(q, 0.0):.1f}" for q in ("p50", "p95", "p99")) + " ms"
         ),
-        _row("input stall", f"{f['stall_fraction']:.1%} of steps, mean {f['mean_stall_ms']:.1f} ms"),
+        _row(
+            "input stall",
+            f"{f['stall_fraction']:.1%} of steps, mean {f['mean_stall_ms']:.1f} ms"
+            + (f" (a step took {f['step_ms_measured']:.1f} ms)" if f.get("step_ms_measured") else ""),
+        ),
         _row("decode waste", f"{f['decode_waste']:.2f} frames decoded per frame delivered"),
         _row("peak RSS per worker", ", ".join(f"{v:,.0f}" for v in f["peak_rss_mb_per_worker"].values()) + " MB"),
     ]
