@@ -8,7 +8,8 @@ cd "$(dirname "$0")/../.."
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/all"
-cp .gpu/p*/* .whl/av-*.whl "$work/all/"
+cp .gpu/p*/* "$work/all/"
+find .whl -type f -name "*.whl" ! -name "pynvvideocodec-*" -exec cp {} "$work/all/" \;
 for wheel in .whl/pynvvideocodec-*.whl; do
   cp "$wheel" "$work/all/"
   zip -q -d "$work/all/$(basename "$wheel")" 'pynvvideocodec-*.data/*' 'samples/*' 'benchmarks/*' \
