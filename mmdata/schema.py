@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections import Counter
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, Literal
@@ -37,6 +38,11 @@ MAX_LOWDIM_ELEMENTS = 1 << 20
 # Streams per store: far above any robot's sensors, low enough that every per-stream pass over a store's
 # metadata (and the manifest's columns, three or more per stream) stays quick.
 MAX_STREAMS = 4096
+DEFAULT_MANIFEST_FILE = "episodes.parquet"
+DEFAULT_STATS_FILE = "stats.json"
+# A version's files: the defaults, or the names an append gives them (no folders: a name cannot point outside)
+_VERSION_FILE = re.compile(r"(episodes|stats)(-\d{6})?\.(parquet|json)")
+MAX_HISTORY = 100_000
 
 
 @dataclass(frozen=True)
@@ -106,13 +112,23 @@ _KINDS = {"video": VideoStream, "audio": AudioStream, "lowdim": LowdimStream, "t
 
 @dataclass
 class DatasetSchema:
-    """What `dataset.json` holds: the layout, the streams and how the store was made."""
+    """What `dataset.json` holds: the layout, the streams, how the store was made, and which manifest and
+    statistics files are this version's (an append writes new ones under new names, then replaces
+    `dataset.json`, so a reader sees one version whole; `history` lists the appends)."""
 
     layout: Layout
     streams: list[Stream]
     num_episodes: int = 0
     created: dict[str, Any] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
+    manifest_file: str = DEFAULT_MANIFEST_FILE
+    stats_file: str = DEFAULT_STATS_FILE
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def version(self) -> int:
+        """How many appends made this version of the store (0: as converted)."""
+        return len(self.history)
 
     def stream(self, name: str) -> Stream:
         for stream in self.streams:
@@ -133,6 +149,8 @@ class DatasetSchema:
             "streams": [stream_to_dict(s) for s in self.streams],
             "created": self.created,
         }
+        if self.history:  # (a store never appended to keeps the dataset.json it always had)
+            document.update(manifest=self.manifest_file, stats=self.stats_file, history=self.history)
         return json.dumps(document, indent=2, sort_keys=False) + "\n"
 
     @classmethod
@@ -168,9 +186,47 @@ class DatasetSchema:
             if not isinstance(created, dict):
                 raise ValueError("'created' is not an object")
             num_episodes = as_int(document.get("num_episodes"), "num_episodes", 0)
+            manifest_file = _version_file(document.get("manifest", DEFAULT_MANIFEST_FILE), "manifest", ".parquet")
+            stats_file = _version_file(document.get("stats", DEFAULT_STATS_FILE), "stats", ".json")
+            history = _checked_history(document.get("history", []))
         except ValueError as exc:
             raise StoreError(f"{where}: {exc}; restore it or convert the store again") from exc
-        return cls(layout=layout, streams=streams, num_episodes=num_episodes, created=created, format_version=version)
+        return cls(
+            layout=layout,
+            streams=streams,
+            num_episodes=num_episodes,
+            created=created,
+            format_version=version,
+            manifest_file=manifest_file,
+            stats_file=stats_file,
+            history=history,
+        )
+
+
+def version_file_name(stem: str, version: int) -> str:
+    """The manifest ("episodes") or statistics ("stats") file of store version `version`."""
+    suffix = ".parquet" if stem == "episodes" else ".json"
+    return f"{stem}{suffix}" if version == 0 else f"{stem}-{version:06d}{suffix}"
+
+
+def _version_file(name: Any, field_name: str, suffix: str) -> str:
+    if not isinstance(name, str) or not _VERSION_FILE.fullmatch(name) or not name.endswith(suffix):
+        raise ValueError(f"'{field_name}' is {name!r}, not a file name of the form a store version uses")
+    return name
+
+
+def _checked_history(history: Any) -> list[dict[str, Any]]:
+    """The appends `dataset.json` lists: each with its time, episode count, first episode and source."""
+    if not isinstance(history, list) or len(history) > MAX_HISTORY:
+        raise ValueError(f"'history' is not a list of at most {MAX_HISTORY} entries")
+    for entry in history:
+        if not isinstance(entry, dict):
+            raise ValueError("a 'history' entry is not an object")
+        as_int(entry.get("episodes"), "a history entry's episodes", 0)
+        as_int(entry.get("first_episode"), "a history entry's first_episode", 0)
+        if not isinstance(entry.get("time"), str) or not isinstance(entry.get("source"), str):
+            raise ValueError("a 'history' entry lacks its time or source text")
+    return history
 
 
 def stream_to_dict(stream: Stream) -> dict[str, Any]:

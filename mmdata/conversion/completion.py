@@ -1,5 +1,6 @@
-"""The last steps of every conversion, whatever engine encoded it: the manifest, then `dataset.json`
-(from then on the store is complete), then the partial folder removed, then `stats.json`."""
+"""The last steps of every conversion and append, whatever engine encoded it: the manifest, then the
+statistics (read through the new version before it is published), then `dataset.json`, which publishes
+the version in one rename, then the partial folder removed."""
 
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ from mmdata.errors import DestinationError, MmdataError, SourceError
 from mmdata.importers.episode import EpisodeSource
 from mmdata.moments import Moments
 from mmdata.schema import DatasetSchema, Layout, Stream, TextStream
-from mmdata.store.dataset import open_dataset
+from mmdata.store.dataset import Dataset
 from mmdata.store.filesystem import join, write_text_atomically
-from mmdata.store.layout import DATASET_FILE, MANIFEST_FILE, PARTIAL_DIR
+from mmdata.store.handle import Store
+from mmdata.store.layout import DATASET_FILE, PARTIAL_DIR
 from mmdata.store.manifest import write_manifest
 from mmdata.store.statistics import compute_stats, write_stats
 
@@ -30,24 +32,26 @@ def complete_store(
     moments: dict[str, Moments],
     source_stats: dict[str, Any] | None,
 ) -> str | None:
-    """Write the manifest and `dataset.json` of the store at `root` on `fs` (`url` to name it), remove
-    its partial folder, then write its statistics; returns why the statistics were not written, if so."""
+    """Write the manifest and statistics files `schema` names into the store at `root` on `fs` (`url` to name
+    it), then its `dataset.json`, then remove its partial folder; returns why the statistics were not
+    written, if so. Until `dataset.json` is replaced a reader sees the version before, whole."""
     try:
-        write_manifest(rows, schema.streams, join(root, MANIFEST_FILE), fs)
+        write_manifest(rows, schema.streams, join(root, schema.manifest_file), fs)
     except (pa.ArrowException, TypeError, ValueError) as exc:
         raise DestinationError(
             f"'{url}': the manifest rows saved by the interrupted run are malformed ({exc}); convert again with"
             " --overwrite"
         ) from exc
-    write_text_atomically(join(root, DATASET_FILE), schema.to_json(), fs)
-    fs.rm(join(root, PARTIAL_DIR), recursive=True)
+    stats_problem = None
     try:
-        dataset = open_dataset(url)
+        dataset = Dataset(Store(url, schema=schema))
         write_stats(dataset, {**compute_stats(dataset, moments=moments), **(source_stats or {})})
     except (MmdataError, OSError, ValueError, MemoryError) as exc:
         why = str(exc) or type(exc).__name__
-        return f"normalization statistics were not written ({why}); run `mmdata stats {url}` to compute them"
-    return None
+        stats_problem = f"normalization statistics were not written ({why}); run `mmdata stats {url}` to compute them"
+    write_text_atomically(join(root, DATASET_FILE), schema.to_json(), fs)
+    fs.rm(join(root, PARTIAL_DIR), recursive=True)
+    return stats_problem
 
 
 def store_schema(

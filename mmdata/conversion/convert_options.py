@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from mmdata.conversion.completion import creation_info
 from mmdata.conversion.encode import EncodeOptions
+from mmdata.errors import OptionError
 from mmdata.importers.episode import EpisodeSource
 from mmdata.schema import Layout
 
@@ -18,7 +19,9 @@ Engine = Literal["local", "ray"]
 class ConvertOptions:
     """Everything that shapes the output; `skip_bad`, `workers`, `progress`, `staging` (the local
     folder a conversion into object storage is made in), `engine` ("local": a process pool on this
-    machine; "ray": a Ray cluster, see `mmdata.conversion.ray_engine`) and `ray_address` do not."""
+    machine; "ray": a Ray cluster, see `mmdata.conversion.ray_engine`) and `ray_address` do not.
+    `append` adds the episodes to the complete store at the destination (see `mmdata.conversion.append`):
+    they are then encoded as its own were, into its layout."""
 
     layout: Layout = "wds"
     encode: EncodeOptions = EncodeOptions()
@@ -31,6 +34,13 @@ class ConvertOptions:
     staging: str | None = None
     engine: Engine = "local"
     ray_address: str | None = None
+    append: bool = False
+
+    def __post_init__(self) -> None:
+        if self.append and self.overwrite:
+            raise OptionError("--append adds to the store at the destination; --overwrite replaces it: give one")
+        if self.append and self.engine != "local":
+            raise OptionError("--append runs on the local engine; drop --engine ray")
 
     def fingerprint(self, sources: list[EpisodeSource]) -> dict[str, Any]:
         return {
@@ -55,3 +65,5 @@ class ConversionReport:
     output_bytes: int = 0
     resumed_at: int = 0
     stats_problem: str | None = None
+    first_episode: int = 0  # an append's: the number its first new episode got
+    stats_file: str = "stats.json"  # (an append's version has its own)

@@ -115,6 +115,22 @@ def prepare_destination(root: Path, fingerprint: dict[str, Any], resume: bool, o
     write_text_atomically(str(options_path), json.dumps(fingerprint, indent=1))
 
 
+def prepare_append(root: Path, fingerprint: dict[str, Any], resume: bool) -> None:
+    """Make a complete store ready for an append: a new one's partial folder, or with `resume` the
+    interrupted one's, made with the same `fingerprint` (source, options and store version)."""
+    options_path = root / PARTIAL_DIR / OPTIONS_FILE
+    if options_path.exists():
+        if not resume:
+            raise DestinationError(
+                f"an append into '{root}' was interrupted; pass --resume to finish it, or delete"
+                f" '{root / PARTIAL_DIR}' to give it up (the store is as it was before it)"
+            )
+        _check_same_options(str(root), str(options_path), options_path.read_bytes(), fingerprint)
+        return
+    (root / PARTIAL_DIR).mkdir(exist_ok=True)
+    write_text_atomically(str(options_path), json.dumps(fingerprint, indent=1))
+
+
 def prepare_remote_destination(
     fs: fsspec.AbstractFileSystem, root: str, url: str, fingerprint: dict[str, Any], resume: bool, overwrite: bool
 ) -> None:

@@ -11,6 +11,7 @@ from mmdata.checks import as_int
 from mmdata.conversion.registry import EpisodeStreams, StreamRegistry
 from mmdata.errors import DestinationError, SourceError
 from mmdata.moments import Moments
+from mmdata.schema import Stream, stream_to_dict
 
 
 class EncodedOutline(EpisodeStreams, Protocol):
@@ -23,10 +24,12 @@ class EncodedOutline(EpisodeStreams, Protocol):
 class ConversionLedger:
     """Accepts each episode's outcome in source order; numbers kept episodes, records skipped ones."""
 
-    def __init__(self, checkpoint: Any, sources: int, root: str | Path):
-        """Restore the account from a saved checkpoint (None: a new conversion), checking each field:
-        the resume state is data someone else may have written."""
-        checkpoint = checkpoint or {"next_position": 0, "next_index": 0, "skipped": [], "streams": []}
+    def __init__(self, checkpoint: Any, sources: int, root: str | Path, streams: list[Stream] | None = None):
+        """Restore the account from a saved checkpoint (None: a new conversion, whose episodes must have
+        `streams` when given: an append's), checking each field: the resume state is data someone else may
+        have written."""
+        known = [stream_to_dict(s) for s in streams or []]
+        checkpoint = checkpoint or {"next_position": 0, "next_index": 0, "skipped": [], "streams": known}
         try:
             if not isinstance(checkpoint, dict):
                 raise ValueError("it is not an object")

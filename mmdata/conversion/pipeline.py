@@ -23,6 +23,15 @@ from typing import Any, Protocol
 from fsspec.implementations.local import LocalFileSystem
 from tqdm import tqdm
 
+from mmdata.conversion.append import (
+    append_options,
+    append_state,
+    appended_schema,
+    check_declared_streams,
+    merged_moments,
+    open_base,
+    remove_superseded,
+)
 from mmdata.conversion.completion import complete_store, source_bytes, store_bytes, store_schema
 from mmdata.conversion.convert_options import ConversionReport, ConvertOptions
 from mmdata.conversion.destination import (
@@ -30,6 +39,7 @@ from mmdata.conversion.destination import (
     check_remote_destination,
     destination_failure,
     destination_lock,
+    prepare_append,
     prepare_destination,
     refuse_overlap,
 )
@@ -87,7 +97,7 @@ def convert(
     root = Path(destination)
     refuse_overlap(root, sources, source_root)
     try:
-        return _convert(sources, root, options, source_stats)
+        return _convert(sources, root, options, source_stats, source_root)
     except OSError as exc:
         raise destination_failure(root, exc) from exc
 
@@ -116,9 +126,15 @@ def _convert_to_object_storage(
 
 
 def _convert(
-    sources: list[EpisodeSource], root: Path, options: ConvertOptions, source_stats: dict[str, Any] | None
+    sources: list[EpisodeSource],
+    root: Path,
+    options: ConvertOptions,
+    source_stats: dict[str, Any] | None,
+    source_root: str | os.PathLike | None = None,
 ) -> ConversionReport:
     with destination_lock(root):
+        if options.append and (root / DATASET_FILE).exists():
+            return _append_locked(sources, root, options, str(source_root or ""))
         return _convert_locked(sources, root, options, source_stats)
 
 
@@ -128,26 +144,7 @@ def _convert_locked(
     started = time.perf_counter()
     prepare_destination(root, options.fingerprint(sources), options.resume, options.overwrite)
     writer = _store_writer(options.layout, root, options.shard_bytes)
-    ledger = ConversionLedger(writer.restore(), len(sources), root)
-    check_converted_sources(root, [s.name for s in sources], [source_files(s) for s in sources], ledger.resumed_at)
-
-    positions = range(ledger.resumed_at, len(sources))
-    jobs = ((sources[p], p, options.encode) for p in positions)
-    progress = tqdm(
-        total=len(sources),
-        initial=ledger.resumed_at,
-        unit="episode",
-        desc=f"convert -> {options.layout}",
-        disable=not options.progress,
-        dynamic_ncols=True,
-    )
-    with progress:
-        for position, outcome in _ordered(_encode_job, jobs, _worker_count(options.workers)):
-            index = ledger.accept(position, sources[position].name, outcome, options.skip_bad)
-            if index is not None:
-                writer.add(outcome, index, ledger.checkpoint())
-            progress.update(1)
-
+    ledger = _run_episodes(sources, root, options, writer, ConversionLedger(writer.restore(), len(sources), root))
     rows = writer.finish(ledger.checkpoint(), ledger.registry.streams)
     created = options.creation_info(sources, ledger.skipped)
     schema = store_schema(options.layout, ledger.registry.streams, rows, created, str(root))
@@ -164,6 +161,76 @@ def _convert_locked(
         resumed_at=ledger.resumed_at,
         stats_problem=stats_problem,
     )
+
+
+def _append_locked(sources: list[EpisodeSource], root: Path, options: ConvertOptions, source: str) -> ConversionReport:
+    """Add `sources` to the complete store at `root` (see `mmdata.conversion.append`)."""
+    started = time.perf_counter()
+    base = open_base(str(root))
+    if not options.skip_bad:
+        check_declared_streams(base, sources)
+    options = append_options(options, base)
+    fingerprint = {**options.fingerprint(sources), "append_to": base.fingerprint()}
+    prepare_append(root, fingerprint, options.resume)
+    fs = LocalFileSystem()
+    layout = base.schema.layout
+    state = append_state(fs, str(root), options.resume, lambda: _array_lengths(layout, root, base.streams))
+    if layout == "wds":
+        writer: StoreWriter = _store_writer(layout, root, options.shard_bytes, first_shard=base.first_shard)
+    else:
+        writer = _store_writer(layout, root, options.shard_bytes, base.rows, state["array_lengths"])
+    ledger = ConversionLedger(writer.restore(), len(sources), root, base.streams)
+    ledger = _run_episodes(sources, root, options, writer, ledger, base.first_episode)
+    rows = writer.finish(ledger.checkpoint(), ledger.registry.streams)
+    if not rows:
+        store_schema(layout, ledger.registry.streams, rows, options.creation_info(sources, ledger.skipped), str(root))
+    schema = appended_schema(base, ledger.registry.streams, len(rows), source, state["time"])
+    moments = merged_moments(base, ledger.moments)
+    stats_problem = complete_store(fs, str(root), str(root), [*base.rows, *rows], schema, moments, None)
+    remove_superseded(fs, str(root), schema)
+    return ConversionReport(
+        destination=str(root),
+        layout=layout,
+        converted=len(rows),
+        skipped=ledger.skipped,
+        seconds=time.perf_counter() - started,
+        input_bytes=source_bytes(sources),
+        output_bytes=store_bytes(fs, str(root)),
+        resumed_at=ledger.resumed_at,
+        stats_problem=stats_problem,
+        first_episode=base.first_episode,
+        stats_file=schema.stats_file,
+    )
+
+
+def _run_episodes(
+    sources: list[EpisodeSource],
+    root: Path,
+    options: ConvertOptions,
+    writer: StoreWriter,
+    ledger: ConversionLedger,
+    first_episode: int = 0,
+) -> ConversionLedger:
+    """Encode the episodes the ledger has not accounted for, in parallel, and write them in source order,
+    numbered from `first_episode`."""
+    check_converted_sources(root, [s.name for s in sources], [source_files(s) for s in sources], ledger.resumed_at)
+    positions = range(ledger.resumed_at, len(sources))
+    jobs = ((sources[p], p, options.encode) for p in positions)
+    progress = tqdm(
+        total=len(sources),
+        initial=ledger.resumed_at,
+        unit="episode",
+        desc=f"{'append' if options.append else 'convert'} -> {options.layout}",
+        disable=not options.progress,
+        dynamic_ncols=True,
+    )
+    with progress:
+        for position, outcome in _ordered(_encode_job, jobs, _worker_count(options.workers)):
+            index = ledger.accept(position, sources[position].name, outcome, options.skip_bad)
+            if index is not None:
+                writer.add(outcome, first_episode + index, ledger.checkpoint())
+            progress.update(1)
+    return ledger
 
 
 def _encode_job(job: tuple[EpisodeSource, int, EncodeOptions]) -> EncodedEpisode | SourceError:
@@ -233,12 +300,28 @@ def _worker_count(requested: int | None) -> int:
     return requested if requested else (os.cpu_count() or 1)
 
 
-def _store_writer(layout: str, root, shard_bytes: int) -> StoreWriter:
-    """The writer of a layout, imported when used: a WebDataset conversion does not need zarr installed."""
+def _store_writer(
+    layout: str,
+    root,
+    shard_bytes: int,
+    earlier_rows: list[dict[str, Any]] | None = None,
+    array_lengths: dict[str, int] | None = None,
+    first_shard: int = 0,
+) -> StoreWriter:
+    """The writer of a layout (an append's, given what the store holds), imported when used: a WebDataset
+    conversion does not need zarr installed."""
     if layout == "wds":
         from mmdata.store.wds_writer import WdsWriter
 
-        return WdsWriter(root, shard_bytes)
+        return WdsWriter(root, shard_bytes, first_shard)
     from mmdata.store.zarr_writer import ZarrWriter
 
-    return ZarrWriter(root)
+    return ZarrWriter(root, earlier_rows, array_lengths)
+
+
+def _array_lengths(layout: str, root: Path, streams: list[Stream]) -> dict[str, int]:
+    if layout == "wds":
+        return {}
+    from mmdata.store.zarr_writer import existing_lengths
+
+    return existing_lengths(root, streams)

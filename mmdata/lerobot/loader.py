@@ -160,7 +160,7 @@ class LeRobotLoader:
         low-dim streams, per channel as [3, 1, 1] in [0, 1] for cameras. Keys follow `streams=`."""
         stats = read_stats(self.dataset)
         rename = self._renamed
-        where = f"{self.dataset.url}/stats.json"
+        where = f"{self.dataset.url}/{self.dataset.schema.stats_file}"
         shipped = stats.get("lerobot")
         if isinstance(shipped, dict):
             return {

@@ -265,7 +265,11 @@ class DataLoader:
         state = self._state.to_dict()
         if not self._state.stretches:
             state["world_size"] = self.world_size
+        state["episodes"] = self._episode_counts()  # to say why a state no longer fits (an append)
         return state
+
+    def _episode_counts(self) -> list[int]:
+        return [len(source.store) for source in self.sources]
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from `state`: the same batches as the run that saved it, or, at another world size,
@@ -276,6 +280,20 @@ class DataLoader:
                 f"the saved loader state was made in the 'locality' order, the default before this loader's"
                 f" '{self.shuffle}' (the \"auto\" default since the segment order and frame cache); pass"
                 " shuffling=mmdata.Shuffling(mode='locality') to resume it"
+            )
+        saved_counts = state.get("episodes")
+        if loaded.fingerprint != self._fingerprint and saved_counts not in (None, self._episode_counts()):
+            grown = [
+                f"'{source.store.url}' held {then} episodes then and holds {len(source.store)} now"
+                for source, then in zip(self.sources, saved_counts)
+                if then != len(source.store)
+            ]
+            raise ResumeError(
+                f"the saved loader state was made over other episodes ({'; '.join(grown) or saved_counts}: episodes"
+                " were appended or the store replaced); its epoch was planned over the episodes of then and cannot"
+                " go on over others. To go on with every episode from the next epoch, build the loader and call"
+                f" loader.set_epoch({loaded.epoch + 1}) instead of load_state_dict; to finish that epoch exactly,"
+                " resume on the store as it was (a copy made before the append)"
             )
         if loaded.fingerprint != self._fingerprint:
             raise ResumeError(

@@ -16,7 +16,7 @@ import numpy as np
 from mmdata.moments import mixture_figures
 from mmdata.planning.mixture import NormalizeWith, OpenSource
 from mmdata.planning.specs import Spec, SpecError, Values
-from mmdata.store.statistics import STATS_FILE, normalizer, read_stats, stream_figures
+from mmdata.store.statistics import normalizer, read_stats, stream_figures
 
 
 def attach_normalizers(
@@ -38,19 +38,21 @@ def attach_normalizers(
         for source, _ in having:
             stored = source.streams[name]
             width = int(np.prod(source.store.schema.stream(stored).shape))
-            source.normalizers[name] = normalizer(stats[id(source)], stored, stream.normalize, width, source.store.url)
+            source.normalizers[name] = normalizer(
+                stats[id(source)], stored, stream.normalize, width, _stats_path(source)
+            )
 
 
 def _pooled(name: str, stream: Values, having: list[tuple[dict, OpenSource, float]]) -> tuple[np.ndarray, np.ndarray]:
     if stream.normalize == "quantile":
         raise SpecError(
-            f"stream '{name}': pooled percentiles need each source's whole distribution, which {STATS_FILE} does"
+            f"stream '{name}': pooled percentiles need each source's whole distribution, which stats.json does"
             " not keep; normalize with each source's own statistics (normalize_with='source') or pool"
             " 'mean_std' or 'min_max'"
         )
     figures = []
     for stats, source, share in having:
-        where = f"{source.store.url}/{STATS_FILE}"
+        where = _stats_path(source)
         stored = stream_figures(stats, source.streams[name], ("mean", "std", "min", "max"), where)
         figures.append(stored | {"share": share})
     widths = {len(f["mean"]) for f in figures}
@@ -61,4 +63,8 @@ def _pooled(name: str, stream: Values, having: list[tuple[dict, OpenSource, floa
         [f["share"] / total for f in figures], *([f[k] for f in figures] for k in ("mean", "std", "min", "max"))
     )
     pooled = {"lowdim": {name: {"mean": mean, "std": std, "min": low, "max": high}}}
-    return normalizer(pooled, name, stream.normalize, len(mean), "the mixture")
+    return normalizer(pooled, name, stream.normalize, len(mean), "the mixture's pooled statistics")
+
+
+def _stats_path(source: OpenSource) -> str:
+    return f"{source.store.url}/{source.store.schema.stats_file}"

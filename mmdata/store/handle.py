@@ -22,7 +22,7 @@ from mmdata.codecs.packet_index import PacketIndex, is_checked
 from mmdata.errors import DecodeError, IntegrityError, ReadError, StoreError
 from mmdata.schema import DatasetSchema, VideoStream
 from mmdata.store.filesystem import DEFAULT_READ_POLICY, ReadPolicy, join, read_file, resolve
-from mmdata.store.layout import DATASET_FILE, MANIFEST_FILE, PARTIAL_DIR
+from mmdata.store.layout import DATASET_FILE, PARTIAL_DIR
 from mmdata.store.lru import ByteBudgetCache
 from mmdata.store.manifest import Manifest, Piece, packets_column
 from mmdata.store.manifest_checks import check_manifest
@@ -99,7 +99,8 @@ class Store:
     `verify` (on by default) checks every piece read against the manifest's checksum, so a damaged
     byte raises IntegrityError instead of returning wrong data; `cache_bytes` keeps that much of
     recently read timestamps, low-dim arrays, decoded audio and segment tables for the next request;
-    `read_policy` sets the timeout and retries of every read.
+    `read_policy` sets the timeout and retries of every read. `schema` opens the store as that schema
+    describes it instead of as its `dataset.json` does: an appended version before it is published.
 
     Opening checks `dataset.json` and the manifest (see `store/manifest_checks.py`): a store whose
     structure is wrong raises StoreError here; an episode whose manifest row is inconsistent is
@@ -112,17 +113,18 @@ class Store:
         verify: bool = True,
         cache_bytes: int = 0,
         read_policy: ReadPolicy = DEFAULT_READ_POLICY,
+        schema: DatasetSchema | None = None,
     ):
         self.url = url
         self.read_policy = read_policy
         self.fs, self.root = resolve(url)
-        self.schema = self._read_schema()
+        self.schema = schema if schema is not None else self._read_schema()
         table = self._read_manifest()
-        where = f"{self.url}/{MANIFEST_FILE}"
+        where = f"{self.url}/{self.schema.manifest_file}"
         self.manifest = Manifest(table, check_manifest(table, self.schema, where))
         self.pieces: PieceReader = piece_reader(self.schema.layout, self.fs, self.root, verify, read_policy)
         if isinstance(self.pieces, ZarrPieceReader):
-            for path in zarr_array_paths(self.schema):
+            for path in zarr_array_paths(self.schema.streams):
                 self.pieces.arrays.layout(path)
         self.cache = ByteBudgetCache(cache_bytes)
 
@@ -144,20 +146,21 @@ class Store:
         return DatasetSchema.from_json(data, where=f"{self.url}/{DATASET_FILE}")
 
     def _read_manifest(self) -> pa.Table:
-        path = join(self.root, MANIFEST_FILE)
+        name = self.schema.manifest_file
+        path = join(self.root, name)
         data = read_file(self.fs, path, MAX_MANIFEST_BYTES, self.read_policy)
         try:
             parquet = pq.ParquetFile(pa.BufferReader(data))
             declared = sum(parquet.metadata.row_group(g).total_byte_size for g in range(parquet.num_row_groups))
             if declared > MANIFEST_EXPANSION * len(data) + (64 << 20):
                 raise StoreError(
-                    f"{self.url}/{MANIFEST_FILE} declares {declared} bytes of rows in a {len(data)}-byte file;"
+                    f"{self.url}/{name} declares {declared} bytes of rows in a {len(data)}-byte file;"
                     " it is damaged or hostile: restore it or convert again"
                 )
             return parquet.read()
         except (pa.ArrowException, OSError, ValueError, IndexError) as exc:
             raise StoreError(
-                f"{self.url}/{MANIFEST_FILE} is not a readable Parquet file ({exc}); restore it or convert again"
+                f"{self.url}/{name} is not a readable Parquet file ({exc}); restore it or convert again"
             ) from exc
 
     @property

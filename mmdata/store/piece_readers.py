@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -28,7 +28,7 @@ from fsspec.utils import merge_offset_ranges
 
 from mmdata.codecs.lowdim import NpyError, decode_npy
 from mmdata.errors import IntegrityError, MmdataError
-from mmdata.schema import DatasetSchema
+from mmdata.schema import Stream
 from mmdata.store.checksum import checksum_array, checksum_bytes
 from mmdata.store.filesystem import DEFAULT_READ_POLICY, ReadPolicy, join, read_file, read_range
 from mmdata.store.manifest import Piece
@@ -387,10 +387,10 @@ class ZarrPieceReader:
         self.arrays.held = HeldBytes()
 
 
-def zarr_array_paths(schema: DatasetSchema) -> list[str]:
-    """The Zarr arrays a store's schema implies (checked when the store is opened)."""
+def zarr_array_paths(streams: Sequence[Stream]) -> list[str]:
+    """The Zarr arrays holding `streams` (checked when the store is opened; appended to by an append)."""
     groups = {"video": ("video", "timestamps"), "audio": ("audio",), "lowdim": ("data", "timestamps")}
-    return [f"{group}/{stream.name}" for stream in schema.streams for group in groups.get(stream.kind, ())]
+    return [f"{group}/{stream.name}" for stream in streams for group in groups.get(stream.kind, ())]
 
 
 def piece_reader(

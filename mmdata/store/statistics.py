@@ -2,7 +2,8 @@
 
 Low-dim streams get count, mean, std, min, max and the 1st / 99th percentiles of every
 dimension, over every row of every episode. Moments are accumulated per episode and merged with
-Chan et al.'s pairwise update, so partial results (from workers or shards) combine exactly.
+Chan et al.'s pairwise update, so partial results (from workers, shards or appends) combine exactly; they
+are kept in the file ("moments") for that.
 Percentiles come from a second pass: a histogram of `QUANTILE_BINS` equal bins over [min, max]
 per dimension, each percentile reported at the upper edge of the bin it falls in, so it lies
 within one bin width (`quantile_error`, stated with it) of the exact value (numpy's
@@ -10,7 +11,8 @@ within one bin width (`quantile_error`, stated with it) of the exact value (nump
 Cameras get the mean and std of each RGB channel (in [0, 1]) over a seeded sample of frames.
 A stream holding NaN or infinite values gets its count and `"non_finite": true` only.
 
-`mmdata stats PATH` writes them to `stats.json` beside `dataset.json`.
+`mmdata stats PATH` writes them to `stats.json` beside `dataset.json` (or to the file an appended
+version's `dataset.json` names).
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ from mmdata.store.dataset import Dataset
 from mmdata.store.filesystem import join, read_file, write_text_atomically
 from mmdata.store.handle import Store
 
-STATS_FILE = "stats.json"
 STATS_VERSION = 1
 QUANTILE_BINS = 8192
 QUANTILES = (0.01, 0.99)
@@ -46,14 +47,26 @@ def compute_stats(
     """The statistics of every low-dim stream and camera of `dataset` (see the module docstring).
 
     `moments` per low-dim stream, when already known (merged from conversion workers), spare the
-    first pass over the values; the percentile pass always reads them.
+    first pass over the values; the percentile pass always reads them. The moments are kept under
+    "moments", exactly, for an append to merge its own into.
     """
     episodes = [i for i in range(len(dataset)) if i not in dataset.damaged]
-    result: dict[str, Any] = {"version": STATS_VERSION, "episodes": len(episodes), "lowdim": {}, "cameras": {}}
+    result: dict[str, Any] = {
+        "version": STATS_VERSION,
+        "episodes": len(episodes),
+        "lowdim": {},
+        "cameras": {},
+        "moments": {},
+    }
     for stream in dataset.schema.streams:
         if isinstance(stream, LowdimStream):
             known = (moments or {}).get(stream.name)
+            if known is None:
+                known = Moments()
+                for episode in episodes:
+                    known = known.merge(Moments.of(_rows(dataset, stream.name, episode)))
             result["lowdim"][stream.name] = _lowdim_stats(dataset, stream.name, episodes, known)
+            result["moments"][stream.name] = known.to_json()  # what an append merges its episodes' into
         elif isinstance(stream, VideoStream) and camera_frames > 0:
             result["cameras"][stream.name] = _camera_stats(dataset, stream.name, episodes, camera_frames, seed)
     return result
@@ -64,11 +77,7 @@ def _rows(dataset: Dataset, name: str, episode: int) -> np.ndarray:
     return np.asarray(values, np.float64).reshape(len(values), -1)
 
 
-def _lowdim_stats(dataset: Dataset, name: str, episodes: list[int], moments: Moments | None) -> dict[str, Any]:
-    if moments is None:
-        moments = Moments()
-        for episode in episodes:
-            moments = moments.merge(Moments.of(_rows(dataset, name, episode)))
+def _lowdim_stats(dataset: Dataset, name: str, episodes: list[int], moments: Moments) -> dict[str, Any]:
     if not moments.count:
         return {"count": 0}
     if not all(np.isfinite(a).all() for a in (moments.mean, moments.m2, moments.low, moments.high)):
@@ -200,38 +209,39 @@ def _spread(total: int, parts: int) -> list[int]:
 
 
 def write_stats(dataset: Store | Dataset, stats: dict[str, Any]) -> str:
-    """Write `stats.json` beside the store's `dataset.json` (atomically in a local folder); its path."""
-    path = join(dataset.root, STATS_FILE)
+    """Write the statistics file `dataset.json` names (`stats.json`, or an appended version's) beside it,
+    atomically in a local folder; its path."""
+    path = join(dataset.root, dataset.schema.stats_file)
     write_text_atomically(path, json.dumps(stats, indent=1) + "\n", dataset.fs)
     return path
 
 
 def read_stats(dataset: Store | Dataset) -> dict[str, Any]:
     """The store's `stats.json`; StoreError naming the fix when it has none or it is unreadable."""
-    path = join(dataset.root, STATS_FILE)
+    name = dataset.schema.stats_file
+    path = join(dataset.root, name)
     try:
         stats = parse_json(read_file(dataset.fs, path, MAX_STATS_BYTES, dataset.read_policy))
     except ReadError as exc:
         raise StoreError(
-            f"'{dataset.url}' has no readable {STATS_FILE} ({exc}); run `mmdata stats {dataset.url}` to compute it"
+            f"'{dataset.url}' has no readable {name} ({exc}); run `mmdata stats {dataset.url}` to compute it"
         ) from exc
     except ValueError as exc:
-        raise StoreError(f"{dataset.url}/{STATS_FILE} {exc}; run `mmdata stats {dataset.url}` again") from exc
+        raise StoreError(f"{dataset.url}/{name} {exc}; run `mmdata stats {dataset.url}` again") from exc
     if (
         not isinstance(stats, dict)
         or stats.get("version") != STATS_VERSION
         or not isinstance(stats.get("lowdim"), dict)
     ):
-        raise StoreError(
-            f"{dataset.url}/{STATS_FILE} is not version {STATS_VERSION} statistics; run `mmdata stats` again"
-        )
+        raise StoreError(f"{dataset.url}/{name} is not version {STATS_VERSION} statistics; run `mmdata stats` again")
     return stats
 
 
 def normalizer(stats: dict[str, Any], stream: str, mode: str, width: int, where: str) -> tuple[np.ndarray, np.ndarray]:
-    """(shift, scale) per dimension so that (x - shift) / scale normalizes `stream` by `mode`."""
+    """(shift, scale) per dimension so that (x - shift) / scale normalizes `stream` by `mode`; `where` names
+    the statistics in errors."""
     keys = {"mean_std": ("mean", "std"), "min_max": ("min", "max"), "quantile": ("q01", "q99")}[mode]
-    figures = stream_figures(stats, stream, keys, f"{where}/{STATS_FILE}", width)
+    figures = stream_figures(stats, stream, keys, where, width)
     first, second = (figures[key] for key in keys)
     if mode == "mean_std":
         shift, scale = first, second

@@ -12,6 +12,7 @@ import base64
 import io
 import json
 import os
+import re
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +30,7 @@ from mmdata.store.layout import PARTIAL_DIR, SHARDS_DIR
 from mmdata.store.manifest import PACKETS_SUFFIX, Piece, base_row, episode_key, packets_column, span_columns
 
 TAR_BLOCK = 512
+_SHARD_FILE = re.compile(r"shard-(\d{6})\.tar(\.tmp)?")
 
 
 def shard_name(index: int) -> str:
@@ -147,14 +149,16 @@ def sidecar_name(index: int) -> str:
 
 
 class WdsWriter:
-    """Append episodes to shards of about `shard_bytes`; an episode never spans two shards."""
+    """Append episodes to shards of about `shard_bytes`; an episode never spans two shards. The first shard
+    written is number `first_shard` (an append's: after the store's own, which are never touched)."""
 
-    def __init__(self, root: str | os.PathLike, shard_bytes: int):
+    def __init__(self, root: str | os.PathLike, shard_bytes: int, first_shard: int = 0):
         self.root = Path(root)
         self.shard_bytes = shard_bytes
+        self.first_shard = first_shard
         self.partial = self.root / PARTIAL_DIR
         self._rows: list[dict[str, Any]] = []
-        self._shard_index = 0
+        self._shard_index = first_shard
         self._shard: ShardTar | None = None
         self._file: BinaryIO | None = None
         self._checkpoint: dict[str, Any] | None = None
@@ -164,16 +168,16 @@ class WdsWriter:
         (self.root / SHARDS_DIR).mkdir(parents=True, exist_ok=True)
         self.partial.mkdir(exist_ok=True)
         checkpoint = None
-        index = 0
+        index = self.first_shard
         while (self.partial / sidecar_name(index)).exists() and (self.root / shard_name(index)).exists():
             sidecar = self.partial / sidecar_name(index)
             rows, checkpoint = read_shard_record(sidecar.read_bytes(), str(sidecar))
             self._rows.extend(rows)
             index += 1
         self._shard_index = index
-        complete = {Path(shard_name(i)).name for i in range(index)}
         for stale in (self.root / SHARDS_DIR).iterdir():
-            if stale.name not in complete:
+            named = _SHARD_FILE.fullmatch(stale.name)
+            if named and int(named.group(1)) >= index:  # this writer's unfinished shards, nothing else
                 stale.unlink()
         return checkpoint
 

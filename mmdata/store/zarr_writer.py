@@ -29,6 +29,7 @@ from mmdata.store.encoded import EncodedEpisode
 from mmdata.store.episode_file import read_episode_file, write_episode_file
 from mmdata.store.layout import PARTIAL_DIR
 from mmdata.store.manifest import Piece, base_row, packets_column, span_columns
+from mmdata.store.piece_readers import zarr_array_paths
 
 EPISODE_SUFFIX = ".episode"
 SEGMENTS_PER_SHARD = 256
@@ -99,11 +100,23 @@ class _BlockAppender:
 
 
 class ZarrWriter:
-    """Cache encoded episodes (resumable), then write the Zarr arrays in one pass at the end."""
+    """Cache encoded episodes (resumable), then write the Zarr arrays in one pass at the end.
 
-    def __init__(self, root: str | os.PathLike):
+    Given the manifest rows of the episodes a store already holds (`earlier_rows`) and its arrays' lengths
+    (`array_lengths`, `existing_lengths`), it appends: new rows after those lengths (only the chunk and shard
+    each array ends in are rewritten, each in one atomic replace, with its earlier elements unchanged; rows an
+    interrupted append left beyond them are written over), and `meta/episode_ends` over every episode."""
+
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        earlier_rows: list[dict[str, Any]] | None = None,
+        array_lengths: dict[str, int] | None = None,
+    ):
         self.root = Path(root)
         self.partial = self.root / PARTIAL_DIR / "episodes"
+        self.earlier_rows = list(earlier_rows or [])
+        self.array_lengths = dict(array_lengths or {})
 
     def restore(self) -> dict[str, Any] | None:
         self.partial.mkdir(parents=True, exist_ok=True)
@@ -133,13 +146,29 @@ class ZarrWriter:
         self, streams: list[Stream], episodes: Iterable[tuple[EncodedEpisode, int]]
     ) -> list[dict[str, Any]]:
         group = zarr.open_group(str(self.root), mode="a", zarr_format=3)
-        group.attrs.update({"mmdata": {"layout": "zarr", "manifest": "episodes.parquet"}})
-        appenders = self._create_arrays(group, streams)
+        if self.earlier_rows:
+            appenders = self._open_arrays(group, streams)
+        else:
+            group.attrs.update({"mmdata": {"layout": "zarr", "manifest": "episodes.parquet"}})
+            appenders = self._create_arrays(group, streams)
         rows = [self._write_episode(episode, index, appenders) for episode, index in episodes]
         for appender in appenders.values():
             appender.flush()
-        self._write_episode_ends(group, rows, streams)
+        self._write_episode_ends(group, [*self.earlier_rows, *rows], streams)
         return rows
+
+    def _open_arrays(self, group: zarr.Group, streams: list[Stream]) -> dict[str, _BlockAppender]:
+        """Appenders after the end of the arrays an earlier conversion wrote, each in blocks of its chunks."""
+        appenders: dict[str, _BlockAppender] = {}
+        for path in zarr_array_paths(streams):
+            array = group[path]
+            length = self.array_lengths.get(path, array.shape[0])
+            if array.shape[0] != length:
+                array.resize((length, *array.shape[1:]))
+            block = array.shards[0] if array.shards is not None else array.chunks[0]
+            appenders[path] = _BlockAppender(array, block)
+            appenders[path].length = length
+        return appenders
 
     def _create_arrays(self, group: zarr.Group, streams: list[Stream]) -> dict[str, _BlockAppender]:
         appenders: dict[str, _BlockAppender] = {}
@@ -167,7 +196,7 @@ class ZarrWriter:
                 numeric(f"timestamps/{stream.name}", (), "float64")
             elif stream.kind == "audio":
                 blobs(f"audio/{stream.name}", AUDIO_PER_SHARD)
-            elif stream.kind == "lowdim":
+            elif isinstance(stream, LowdimStream):
                 numeric(f"data/{stream.name}", stream.shape, stream.dtype)
                 numeric(f"timestamps/{stream.name}", (), "float64")
         return appenders
@@ -224,3 +253,9 @@ class ZarrWriter:
                 array = group.create_array(path, shape=reference.shape, dtype="int64", overwrite=True)
                 array[:] = ends[stream.name]
                 written.add(path)
+
+
+def existing_lengths(root: str | os.PathLike, streams: list[Stream]) -> dict[str, int]:
+    """The length of each array of a Zarr store holding `streams`: where an append's rows begin."""
+    group = zarr.open_group(str(root), mode="r", zarr_format=3)
+    return {path: int(group[path].shape[0]) for path in zarr_array_paths(streams)}

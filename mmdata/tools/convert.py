@@ -8,8 +8,11 @@ import sys
 from mmdata.codecs.video_encode import ACCESS_PATTERNS, VIDEO_CODECS, VideoEncoding, encoding_for_access
 from mmdata.conversion.encode import EncodeOptions
 from mmdata.conversion.pipeline import ConversionReport, ConvertOptions, convert
-from mmdata.errors import SourceError
+from mmdata.errors import OptionError, SourceError
 from mmdata.importers import FORMATS, TopicMap, discover_episodes, load_topic_map, shipped_stats
+from mmdata.store.filesystem import join, resolve
+from mmdata.store.handle import open_store
+from mmdata.store.layout import DATASET_FILE
 from mmdata.tools.formatting import format_bytes, format_seconds, parse_size
 from mmdata.tools.storage import add_storage_options
 
@@ -37,13 +40,15 @@ def add_parser(commands) -> None:
         " replay-buffer Zarr store, an RLDS builder folder, or .mcap logs",
     )
     parser.add_argument(
-        "destination", help="folder or object-store URL (s3://bucket/store) for the store (created; must be empty)"
+        "destination",
+        help="folder or object-store URL (s3://bucket/store) for the store (created; must be empty, except with"
+        " --append, which adds to the store there)",
     )
     parser.add_argument(
         "--to",
         dest="layout",
         choices=["wds", "zarr"],
-        default="wds",
+        default=None,
         help="store layout: WebDataset tar shards or a Zarr v3 store (default wds)",
     )
     parser.add_argument(
@@ -78,19 +83,19 @@ def add_parser(commands) -> None:
     video.add_argument(
         "--video-codec",
         choices=sorted(VIDEO_CODECS),
-        default=DEFAULTS.codec,
+        default=None,
         help=f"codec of stored segments (default {DEFAULTS.codec})",
     )
     video.add_argument(
         "--segment-frames",
         type=int,
-        default=DEFAULTS.segment_frames,
+        default=None,
         help=f"frames per stored segment (default {DEFAULTS.segment_frames})",
     )
     video.add_argument(
         "--access",
         choices=sorted(ACCESS_PATTERNS),
-        default="both",
+        default=None,
         help="how the store will be read, which sets the key-frame interval and decode tuning:"
         " 'both' (default: a key frame every 8 frames, tuned for fast decoding), 'clips' (the same"
         " untuned: ~17%% smaller, decoding twice as slow on the CPU) or 'windows' (every frame a key"
@@ -116,15 +121,15 @@ def add_parser(commands) -> None:
     video.add_argument(
         "--crf",
         type=int,
-        default=DEFAULTS.crf,
+        default=None,
         help=f"constant rate factor, lower is better quality (default {DEFAULTS.crf})",
     )
     video.add_argument(
         "--preset",
-        default=DEFAULTS.preset,
+        default=None,
         help=f"encoder speed preset for h264/hevc (default {DEFAULTS.preset})",
     )
-    parser.add_argument("--shard-size", default="1GB", help="target size of a WebDataset shard (default 1GB)")
+    parser.add_argument("--shard-size", default=None, help="target size of a WebDataset shard (default 1GB)")
     parser.add_argument(
         "--workers",
         type=int,
@@ -141,6 +146,16 @@ def add_parser(commands) -> None:
         "--skip-bad",
         action="store_true",
         help="skip episodes that cannot be converted and report them, instead of stopping",
+    )
+    parser.add_argument(
+        "--append",
+        action="store_true",
+        help="add SRC's episodes to the store at DST (new shards or new rows only; nothing it holds is rewritten)."
+        " They must have the store's streams, and are encoded as its own were (its layout, codec and segment"
+        " length: the --to and video options are not taken). The store's manifest, dataset.json and stats.json"
+        " are replaced last, so a reader sees the store before or after, whole; an interrupted append continues"
+        " with --append --resume (until then the store is as it was). `mmdata inspect` lists the appends."
+        " See docs/append-export.md",
     )
     existing = parser.add_mutually_exclusive_group()
     existing.add_argument("--resume", action="store_true", help="continue an interrupted conversion into DST")
@@ -181,18 +196,20 @@ def run(args: argparse.Namespace) -> int:
     destination = args.destination.removeprefix("file://")
     image_keys = args.image_keys.split(",") if args.image_keys else None
     sources = discover_episodes(args.source, args.source_format, args.fps, args.task, image_keys, _topic_map(args))
+    if args.append:
+        _check_append_options(args, destination)
     video = encoding_for_access(
-        args.access,
-        codec=args.video_codec,
-        segment_frames=args.segment_frames,
+        args.access or "both",
+        codec=args.video_codec or DEFAULTS.codec,
+        segment_frames=DEFAULTS.segment_frames if args.segment_frames is None else args.segment_frames,
         gop=args.gop,
-        crf=args.crf,
-        preset=args.preset,
+        crf=DEFAULTS.crf if args.crf is None else args.crf,
+        preset=args.preset or DEFAULTS.preset,
     )
     options = ConvertOptions(
-        layout=args.layout,
+        layout=args.layout or "wds",
         encode=EncodeOptions(video=video, duration_tolerance=args.duration_tolerance),
-        shard_bytes=parse_size(args.shard_size),
+        shard_bytes=parse_size(args.shard_size or "1GB"),
         workers=args.workers,
         skip_bad=args.skip_bad,
         resume=args.resume,
@@ -201,6 +218,7 @@ def run(args: argparse.Namespace) -> int:
         staging=args.staging,
         engine=args.engine,
         ray_address=args.ray_address,
+        append=args.append,
     )
     try:
         source_stats = shipped_stats(args.source, args.source_format)
@@ -216,6 +234,35 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_append_options(args: argparse.Namespace, destination: str) -> None:
+    """An append stores episodes as the store's own are: refuse options that would say otherwise."""
+    given = [
+        flag
+        for flag, value in (
+            ("--video-codec", args.video_codec),
+            ("--segment-frames", args.segment_frames),
+            ("--access", args.access),
+            ("--gop", args.gop),
+            ("--crf", args.crf),
+            ("--preset", args.preset),
+            ("--shard-size", args.shard_size),
+        )
+        if value is not None
+    ]
+    if given:
+        raise OptionError(
+            f"--append encodes the new episodes as the store's own were (dataset.json records how); drop"
+            f" {', '.join(given)}"
+        )
+    fs, root = resolve(destination)
+    if args.layout is not None and fs.exists(join(root, DATASET_FILE)):
+        layout = open_store(destination).schema.layout
+        if layout != args.layout:
+            raise OptionError(
+                f"'{destination}' is a {layout} store: an append keeps its layout; drop --to {args.layout}"
+            )
+
+
 def _topic_map(args: argparse.Namespace) -> TopicMap | None:
     """The MCAP topic map of --topics, with --resample applied (alone: the default streams, resampled);
     None for the default map."""
@@ -227,9 +274,13 @@ def _topic_map(args: argparse.Namespace) -> TopicMap | None:
 def print_report(report: ConversionReport) -> None:
     rate = report.converted / report.seconds if report.seconds else 0.0
     resumed = f", resumed at episode {report.resumed_at}" if report.resumed_at else ""
+    done = f"converted {report.converted} episodes into"
+    if report.first_episode:
+        done = f"appended {report.converted} episodes (numbers {report.first_episode}-"
+        done += f"{report.first_episode + report.converted - 1}) to"
     print(
-        f"converted {report.converted} episodes into {report.destination} ({report.layout}) in"
-        f" {format_seconds(report.seconds)} ({rate:.2f} episodes/s{resumed})"
+        f"{done} {report.destination} ({report.layout}) in {format_seconds(report.seconds)}"
+        f" ({rate:.2f} episodes/s{resumed})"
     )
     if report.input_bytes:
         print(
@@ -244,6 +295,6 @@ def print_report(report: ConversionReport) -> None:
     if report.stats_problem:
         print(f"  warning: {report.stats_problem}")
     else:
-        print(f"  statistics:    {report.destination}/stats.json (for Values(normalize=...))")
+        print(f"  statistics:    {report.destination}/{report.stats_file} (for Values(normalize=...))")
     print(f"  check it with: mmdata verify {report.destination}")
     print(f"  look inside:   mmdata inspect {report.destination}")

@@ -83,6 +83,7 @@ def summarize(dataset: Store) -> dict[str, Any]:
         },
         "streams": streams,
         "created": dataset.schema.created,
+        "history": dataset.schema.history,
     }
 
 
@@ -126,4 +127,14 @@ def run(args: argparse.Namespace) -> int:
     width = max(len(s["name"]) for s in summary["streams"])
     for entry in summary["streams"]:
         print(f"    {entry['name']:<{width}}  {entry['kind']:<6}  {_describe(entry)}")
+    if summary["history"]:
+        first = summary["history"][0]["first_episode"]
+        print("  history")
+        print(f"    converted             episodes 0-{first - 1}")
+        for entry in summary["history"]:
+            last = entry["first_episode"] + entry["episodes"] - 1
+            print(
+                f"    {entry['time']}  appended {entry['episodes']} episodes"
+                f" ({entry['first_episode']}-{last}) from {entry['source']}"
+            )
     return 0
