@@ -395,3 +395,38 @@ def test_mmdata_view_shows_a_store_on_s3_as_it_shows_the_local_one(s3_stores, st
     for camera in ("cam_high", "cam_wrist"):
         media = f"media/episode_000000/{camera}.mp4"
         assert (tmp_path / "s3" / media).read_bytes() == (tmp_path / "local" / media).read_bytes()
+
+
+@pytest.mark.slow
+def test_an_append_to_a_store_in_s3_gives_the_store_a_local_append_gives(
+    raw_dataset, s3_endpoint, tmp_path, monkeypatch
+):
+    from mmdata.synthetic import SynthSpec, write_synthetic_dataset
+
+    monkeypatch.setenv("MMDATA_STAGING", str(tmp_path / "staging"))
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1767225600")
+    more = tmp_path / "more"
+    write_synthetic_dataset(more, SynthSpec(episodes=2, min_seconds=1.0, max_seconds=2.0, seed=21))
+    options = ["--shard-size", "150000", "--workers", "1", "--quiet"]
+    url, on_disk = f"s3://{BUCKET}/appended/out.wds", tmp_path / "local.wds"
+    for destination in (url, str(on_disk)):
+        assert run_cli("convert", str(raw_dataset), destination, *options).returncode == 0
+    reader = mmdata.open_dataset(url)
+    before = [reader.read_episode(i)["state"].values for i in range(len(reader))]
+    for destination in (url, str(on_disk)):
+        result = run_cli("convert", str(more), destination, "--append", "--workers", "1", "--quiet")
+        assert result.returncode == 0, result.stderr
+        assert "appended 2 episodes" in result.stdout
+    assert not any((tmp_path / "staging").iterdir()), "the staging folder is removed once published"
+    assert all((reader.read_episode(i)["state"].values == values).all() for i, values in enumerate(before))
+    remote, local = mmdata.open_dataset(url), mmdata.open_dataset(str(on_disk))
+    assert len(remote) == len(local) == len(before) + 2
+    assert remote.schema.history == [{**local.schema.history[0], "source": str(more)}]
+    differing = [c for c in local.table.column_names if remote.table[c].to_pylist() != local.table[c].to_pylist()]
+    assert not differing, f"manifest columns {differing} differ from a local append's"
+    verified = run_cli("verify", url)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    zarr_url = f"s3://{BUCKET}/appended/out.zarr"
+    assert run_cli("convert", str(raw_dataset), zarr_url, "--to", "zarr", *options).returncode == 0
+    refused = run_cli("convert", str(more), zarr_url, "--append", "--quiet")
+    assert refused.returncode != 0 and "append to a local copy" in refused.stderr

@@ -50,7 +50,8 @@ def complete_store(
         why = str(exc) or type(exc).__name__
         stats_problem = f"normalization statistics were not written ({why}); run `mmdata stats {url}` to compute them"
     write_text_atomically(join(root, DATASET_FILE), schema.to_json(), fs)
-    fs.rm(join(root, PARTIAL_DIR), recursive=True)
+    if fs.exists(join(root, PARTIAL_DIR)):  # (an append into object storage keeps its state in its staging)
+        fs.rm(join(root, PARTIAL_DIR), recursive=True)
     return stats_problem
 
 

@@ -24,6 +24,7 @@ from fsspec.implementations.local import LocalFileSystem
 from tqdm import tqdm
 
 from mmdata.conversion.append import (
+    AppendBase,
     append_options,
     append_state,
     appended_schema,
@@ -45,13 +46,13 @@ from mmdata.conversion.destination import (
 )
 from mmdata.conversion.encode import EncodeOptions, encode_or_error, worker_crashed
 from mmdata.conversion.ledger import ConversionLedger
-from mmdata.conversion.publish import default_staging, is_remote, publish, remove_staging
-from mmdata.errors import SourceError
+from mmdata.conversion.publish import default_staging, is_remote, publish, remove_staging, upload_new_files
+from mmdata.errors import DestinationError, SourceError
 from mmdata.importers.episode import EpisodeSource, source_files
 from mmdata.lifetime import exit_with_parent
 from mmdata.schema import Stream
 from mmdata.store.encoded import EncodedEpisode
-from mmdata.store.filesystem import resolve
+from mmdata.store.filesystem import join, resolve
 from mmdata.store.handle import open_store
 from mmdata.store.layout import DATASET_FILE
 
@@ -109,8 +110,13 @@ def _convert_to_object_storage(
     source_root: str | os.PathLike | None,
     source_stats: dict[str, Any] | None,
 ) -> ConversionReport:
-    check_remote_destination(*resolve(url), url, options.resume, options.overwrite)
     local = Path(options.staging) if options.staging else default_staging(url)
+    fs, root = resolve(url)
+    if options.append and fs.exists(join(root, DATASET_FILE)):
+        local.mkdir(parents=True, exist_ok=True)
+        with destination_lock(local):
+            return _append_locked(sources, local, options, str(source_root or ""), url)
+    check_remote_destination(fs, root, url, options.resume, options.overwrite)
     if options.resume and (local / DATASET_FILE).exists():
         report = ConversionReport(str(local), options.layout, 0, resumed_at=len(sources))  # staged whole before
     else:
@@ -163,39 +169,52 @@ def _convert_locked(
     )
 
 
-def _append_locked(sources: list[EpisodeSource], root: Path, options: ConvertOptions, source: str) -> ConversionReport:
-    """Add `sources` to the complete store at `root` (see `mmdata.conversion.append`)."""
+def _append_locked(
+    sources: list[EpisodeSource], local: Path, options: ConvertOptions, source: str, url: str | None = None
+) -> ConversionReport:
+    """Add `sources` to the complete store at `local`, or at the object-store `url` with `local` its staging
+    folder: new shards are made there and uploaded before the new version is published (see
+    `mmdata.conversion.append`)."""
     started = time.perf_counter()
-    base = open_base(str(root))
+    fs, root = resolve(url) if url else (LocalFileSystem(), str(local))
+    base = open_base(url or str(local))
     if not options.skip_bad:
         check_declared_streams(base, sources)
+    if url and base.schema.layout != "wds":
+        raise DestinationError(
+            f"cannot append to '{url}': appending to a Zarr store in object storage is not supported (the chunk each"
+            " array ends in is rewritten); append to a local copy and upload it, or keep appended stores as"
+            " WebDataset (--to wds)"
+        )
     options = append_options(options, base)
-    fingerprint = {**options.fingerprint(sources), "append_to": base.fingerprint()}
-    prepare_append(root, fingerprint, options.resume)
-    fs = LocalFileSystem()
+    prepare_append(local, {**options.fingerprint(sources), "append_to": base.fingerprint()}, options.resume)
     layout = base.schema.layout
-    state = append_state(fs, str(root), options.resume, lambda: _array_lengths(layout, root, base.streams))
+    state = append_state(LocalFileSystem(), str(local), options.resume, lambda: _array_lengths(layout, local, base))
     if layout == "wds":
-        writer: StoreWriter = _store_writer(layout, root, options.shard_bytes, first_shard=base.first_shard)
+        writer: StoreWriter = _store_writer(layout, local, options.shard_bytes, first_shard=base.first_shard)
     else:
-        writer = _store_writer(layout, root, options.shard_bytes, base.rows, state["array_lengths"])
-    ledger = ConversionLedger(writer.restore(), len(sources), root, base.streams)
-    ledger = _run_episodes(sources, root, options, writer, ledger, base.first_episode)
+        writer = _store_writer(layout, local, options.shard_bytes, base.rows, state["array_lengths"])
+    ledger = ConversionLedger(writer.restore(), len(sources), local, base.streams)
+    ledger = _run_episodes(sources, local, options, writer, ledger, base.first_episode)
     rows = writer.finish(ledger.checkpoint(), ledger.registry.streams)
     if not rows:
         store_schema(layout, ledger.registry.streams, rows, options.creation_info(sources, ledger.skipped), str(root))
+    if url:
+        upload_new_files(local, url, {row["shard"] for row in rows}, options.progress)
     schema = appended_schema(base, ledger.registry.streams, len(rows), source, state["time"])
     moments = merged_moments(base, ledger.moments)
-    stats_problem = complete_store(fs, str(root), str(root), [*base.rows, *rows], schema, moments, None)
-    remove_superseded(fs, str(root), schema)
+    stats_problem = complete_store(fs, root, url or root, [*base.rows, *rows], schema, moments, None)
+    remove_superseded(fs, root, schema)
+    if url:
+        remove_staging(local)
     return ConversionReport(
-        destination=str(root),
+        destination=url or root,
         layout=layout,
         converted=len(rows),
         skipped=ledger.skipped,
         seconds=time.perf_counter() - started,
         input_bytes=source_bytes(sources),
-        output_bytes=store_bytes(fs, str(root)),
+        output_bytes=store_bytes(fs, root),
         resumed_at=ledger.resumed_at,
         stats_problem=stats_problem,
         first_episode=base.first_episode,
@@ -319,9 +338,9 @@ def _store_writer(
     return ZarrWriter(root, earlier_rows, array_lengths)
 
 
-def _array_lengths(layout: str, root: Path, streams: list[Stream]) -> dict[str, int]:
+def _array_lengths(layout: str, root: Path, base: AppendBase) -> dict[str, int]:
     if layout == "wds":
         return {}
     from mmdata.store.zarr_writer import existing_lengths
 
-    return existing_lengths(root, streams)
+    return existing_lengths(root, base.streams)

@@ -70,6 +70,26 @@ def publish(
     return sent
 
 
+def upload_new_files(local: Path, url: str, names: set[str], progress: bool = True) -> int:
+    """Upload the files `names` (relative to `local`) into the store at `url`, none already there with its
+    size again; the bytes sent. An append's new shards, before the version naming them is published."""
+    fs, root = resolve(url)
+    sent = 0
+    with tqdm(total=len(names), unit="file", desc=f"upload -> {url}", disable=not progress) as bar:
+        for name in sorted(names):
+            path, target = local / name, join(root, name)
+            if not _already_there(fs, target, path.stat().st_size):
+                try:
+                    _put(fs, path, target)
+                except OSError as exc:
+                    raise DestinationError(
+                        f"uploading '{name}' to '{url}' failed ({exc}); run the same command with --resume to finish"
+                    ) from exc
+                sent += path.stat().st_size
+            bar.update(1)
+    return sent
+
+
 def _put(fs: fsspec.AbstractFileSystem, path: Path, target: str) -> None:
     fs.put_file(str(path), target)
 
