@@ -39,6 +39,10 @@ class DestinationError(MmdataError):
     """The conversion destination cannot be written as asked (not empty, or resume mismatch)."""
 
 
+class ExportError(MmdataError):
+    """A store (or the episodes asked for) cannot be written in the format asked; the message says why."""
+
+
 class StoreError(MmdataError):
     """A path is not a readable mmdata store, or its manifest disagrees with its contents."""
 

@@ -27,6 +27,7 @@ STAGES = (
     ("lerobot", ("mmdata.lerobot",)),
     ("importers", ("mmdata.importers",)),
     ("conversion", ("mmdata.conversion",)),
+    ("exporters", ("mmdata.exporters",)),
     ("measure", ("mmdata.measure",)),
     ("viewer", ("mmdata.viewer",)),
     ("tools", ("mmdata.tools", "mmdata.__main__")),

@@ -21,8 +21,8 @@ import numpy as np
 from mmdata.errors import MmdataError
 from mmdata.schema import AudioStream, LowdimStream, VideoStream
 from mmdata.store.handle import Store
+from mmdata.store.remux import write_episode_video
 from mmdata.store.statistics import read_stats
-from mmdata.viewer.remux import write_episode_video
 
 STATIC = Path(__file__).resolve().parent / "static"
 WAVEFORM_BUCKETS = 2000

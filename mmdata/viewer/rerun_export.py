@@ -18,7 +18,7 @@ from mmdata.errors import MmdataError
 from mmdata.schema import LowdimStream, VideoStream
 from mmdata.store.dataset import Dataset
 from mmdata.store.handle import Store
-from mmdata.viewer.remux import write_episode_video
+from mmdata.store.remux import write_episode_video
 
 TIMELINE = "time"
 

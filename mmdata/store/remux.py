@@ -1,4 +1,5 @@
-"""A camera's stored segments of one episode joined into one file a browser plays, without re-encoding.
+"""A camera's stored segments of one episode joined into one file a browser (or LeRobot) plays, without
+re-encoding.
 
 Segments are closed-GOP files of one codec at one frame rate (`mmdata.codecs.video_encode`), so their
 packets can follow each other in one container once each segment's timestamps are shifted to where its
@@ -24,7 +25,12 @@ from mmdata.schema import VideoStream
 from mmdata.store.handle import Store
 from mmdata.store.manifest import Piece
 
-CONTAINERS = {"h264": ("mp4", "video/mp4"), "hevc": ("mp4", "video/mp4"), "vp9": ("webm", "video/webm")}
+CONTAINERS = {
+    "h264": ("mp4", "video/mp4"),
+    "hevc": ("mp4", "video/mp4"),
+    "av1": ("mp4", "video/mp4"),
+    "vp9": ("webm", "video/webm"),
+}
 BROWSER_CODECS = ("h264", "vp9")
 
 
@@ -38,17 +44,20 @@ class EpisodeVideo:
 
 
 def write_episode_video(
-    store: Store, index: int, camera: str, stem: Path, playable_in_browsers: bool = False
+    store: Store, index: int, camera: str, stem: Path, playable_in_browsers: bool = False, container: str | None = None
 ) -> EpisodeVideo:
     """Camera `camera` of episode `index` as one playable file at `stem` + the container's suffix: the stored
     packets, remuxed (written beside as a partial file and renamed, so a failure leaves nothing half-made).
-    With `playable_in_browsers`, a codec browsers do not play (HEVC) is re-encoded as H.264 instead."""
+    With `playable_in_browsers`, a codec browsers do not play (HEVC) is re-encoded as H.264 instead.
+    `container` ("mp4", "webm") overrides the codec's usual one (`CONTAINERS`)."""
     stream = store.schema.stream(camera)
     if not isinstance(stream, VideoStream):
         raise DecodeError(f"stream '{camera}' is not a camera")
     if playable_in_browsers and stream.codec not in BROWSER_CODECS:
         return _reencoded(store, index, stream, stem)
-    extension, mime = CONTAINERS[stream.codec]
+    if container is None and stream.codec not in CONTAINERS:
+        raise DecodeError(f"camera '{camera}': {stream.codec} has no container to remux it into; re-encode it")
+    extension, mime = (container, f"video/{container}") if container else CONTAINERS[stream.codec]
     row = store.manifest.row(index)
     table = store.segment_table(row, camera)
     path = stem.with_name(f"{stem.name}.{extension}")

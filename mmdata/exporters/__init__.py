@@ -1,0 +1,1 @@
+"""Stores written out in other projects' formats: `mmdata export STORE DST --to lerobot`."""
