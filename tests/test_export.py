@@ -16,7 +16,7 @@ import mmdata
 from mmdata.codecs.colour import to_rgb
 from mmdata.conversion.pipeline import ConvertOptions, convert
 from mmdata.errors import DestinationError, ExportError, OptionError
-from mmdata.exporters.lerobot import export_lerobot
+from mmdata.exporters.lerobot_v3 import export_lerobot
 from mmdata.importers import discover_episodes
 from tests.conftest import run_cli
 from tests.fixtures.lerobot_export.make_export import EPISODES, store_of_fixture

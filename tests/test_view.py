@@ -25,11 +25,11 @@ from mmdata.conversion.encode import EncodeOptions
 from mmdata.conversion.pipeline import ConvertOptions, convert
 from mmdata.importers.raw import discover_raw_episodes
 from mmdata.store.manifest import packets_column
+from mmdata.store.remux import write_episode_video
 from mmdata.synthetic import read_index_stripe
 from mmdata.tools.cli import main
 from mmdata.tools.view import view_server
 from mmdata.viewer.pages import write_episode_page, write_site
-from mmdata.store.remux import write_episode_video
 from tests.test_packet_decoding import store_with_manifest
 
 CHROMIUM = os.environ.get("MMDATA_CHROMIUM", "/usr/bin/chromium")

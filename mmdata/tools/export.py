@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from mmdata.errors import OptionError
-from mmdata.exporters.lerobot import export_lerobot
+from mmdata.exporters.lerobot_v3 import export_lerobot
 from mmdata.tools.formatting import format_seconds
 from mmdata.tools.storage import add_storage_options
 
