@@ -3,7 +3,8 @@
 `discover_episodes(path, "auto")` recognises the format: a LeRobot dataset (`meta/info.json`),
 a replay-buffer Zarr store (`meta/episode_ends`, or a `.zarr.zip`), HDF5 recordings (`.hdf5` /
 `.h5` files), an RLDS / TFDS builder folder (`features.json` + `dataset_info.json`), MCAP robot
-logs (`.mcap` files), or the raw layout (a folder of episode folders).
+logs (`.mcap` files), ROS bags (`.bag` files, ROS 2 SQLite bag folders), or the raw layout (a folder of
+episode folders).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from mmdata.importers.episode import AudioSource, CameraSource, EpisodeSource, L
 from mmdata.importers.raw import discover_raw_episodes
 from mmdata.importers.topic_map import TopicMap, load_topic_map
 
-FORMATS = ("raw", "lerobot", "hdf5", "zarr-replay", "rlds", "mcap")
+FORMATS = ("raw", "lerobot", "hdf5", "zarr-replay", "rlds", "mcap", "rosbag")
 
 
 def detect_format(path: str | Path) -> str:
@@ -24,6 +25,7 @@ def detect_format(path: str | Path) -> str:
     from mmdata.importers.hdf5 import hdf5_files
     from mmdata.importers.mcap_log import holds_mcap_logs
     from mmdata.importers.rlds import holds_rlds_builder
+    from mmdata.importers.rosbag_log import holds_bags
     from mmdata.importers.zarr_replay import is_replay_buffer
 
     path = Path(path)
@@ -42,6 +44,8 @@ def detect_format(path: str | Path) -> str:
         found.append("rlds")
     if holds_mcap_logs(path):
         found.append("mcap")
+    if holds_bags(path):
+        found.append("rosbag")
     if path.is_dir() and not found and any(p.is_dir() and not p.name.startswith(".") for p in path.iterdir()):
         found.append("raw")
     if len(found) != 1:
@@ -65,7 +69,7 @@ def discover_episodes(
     streams (default: `mcap_log.default_topic_map`)."""
     from mmdata.importers.hdf5 import discover_hdf5_episodes
     from mmdata.importers.lerobot_folders import discover_lerobot_episodes
-    from mmdata.importers.mcap_log import discover_mcap_episodes
+    from mmdata.importers.mcap_log import discover_mcap_episodes, discover_rosbag_episodes
     from mmdata.importers.rlds import discover_rlds_episodes
     from mmdata.importers.zarr_replay import discover_replay_episodes
 
@@ -78,6 +82,7 @@ def discover_episodes(
         "zarr-replay": lambda: discover_replay_episodes(path, fps, task),
         "rlds": lambda: discover_rlds_episodes(path, fps, task, image_keys),
         "mcap": lambda: discover_mcap_episodes(path, topic_map, task),
+        "rosbag": lambda: discover_rosbag_episodes(path, topic_map, task),
     }
     if source_format not in readers:
         raise SourceError.for_source(

@@ -1,4 +1,5 @@
-"""MCAP robot logs (ROS 2 bags, Foxglove recordings) -> `EpisodeSource`s, read without ROS.
+"""Robot logs -> `EpisodeSource`s, read without ROS: MCAP files (ROS 2 bags, Foxglove recordings), and ROS 1
+`.bag` files and ROS 2 SQLite bags through the same code (`rosbag_log.py` offers a bag as an MCAP reader).
 
 A log holds topics at their own, irregular rates. A `TopicMap` (see `topic_map.py`) says which
 topics become which streams; without one, `default_topic_map` takes every picture topic as a
@@ -32,6 +33,7 @@ from mmdata.importers.episode import EpisodeSource, require_common_streams
 from mmdata.importers.files import file_problem, listed_below
 from mmdata.importers.limits import MAX_ARRAY_CHUNK_BYTES, MAX_LOWDIM_BYTES, frame_size_problem
 from mmdata.importers.log_messages import MessageError
+from mmdata.importers.rosbag_log import BagReader, bags_below, is_bag, open_bag
 from mmdata.importers.topic_map import (
     CameraTopic,
     EpisodeSplit,
@@ -278,12 +280,30 @@ def discover_mcap_episodes(root: str | Path, topic_map: TopicMap | None = None, 
     """One EpisodeSource per file of `root` (a .mcap file or a folder of them), or per part of a file
     the map's `split` rule makes."""
     _require_mcap(root)
+    return _log_episodes(Path(root), log_files(Path(root)), topic_map, task)
+
+
+def discover_rosbag_episodes(
+    root: str | Path, topic_map: TopicMap | None = None, task: str = ""
+) -> list[EpisodeSource]:
+    """One EpisodeSource per bag of `root` (a ROS 1 `.bag` file, a ROS 2 SQLite bag folder, or a folder holding
+    bags), or per part of a bag the map's `split` rule makes: as MCAP logs are read (see `rosbag_log.py`)."""
     root = Path(root)
-    files = log_files(root)
+    if not root.exists():
+        raise SourceError.for_source(str(root), None, "the source does not exist", "give a bag or a folder of bags")
+    bags = bags_below(root)
+    if not bags:
+        raise SourceError.for_source(
+            str(root), None, "holds no ROS bag (.bag files, or folders of metadata.yaml and .db3 files)", "give one"
+        )
+    return _log_episodes(root, bags, topic_map, task)
+
+
+def _log_episodes(root: Path, files: list[Path], topic_map: TopicMap | None, task: str) -> list[EpisodeSource]:
     episodes: list[EpisodeSource] = []
     for path in files:
-        name = path.relative_to(root).as_posix() if root.is_dir() else path.name
-        why = file_problem(path, root if root.is_dir() else root.parent)
+        name = path.relative_to(root).as_posix() if root.is_dir() and path != root else path.name
+        why = _log_problem(path, root if root.is_dir() else root.parent)
         if why is not None:
             problem = SourceError(name, str(path), why, "replace it with the log, or remove it")
             episodes.append(EpisodeSource(name, problem=problem))
@@ -296,6 +316,17 @@ def discover_mcap_episodes(root: str | Path, topic_map: TopicMap | None = None, 
             problem = SourceError(name, str(path), f"could not be read: {type(exc).__name__}: {exc}", RECOVER)
             episodes.append(EpisodeSource(name, problem=problem))
     return require_common_streams(episodes)
+
+
+def _log_problem(path: Path, root: Path) -> str | None:
+    """Why a log file (or each file of a ROS 2 bag folder) may not be read, or None."""
+    if path.is_dir():
+        for part in sorted(path.iterdir()):
+            why = file_problem(part, root)
+            if why is not None:
+                return f"holds '{part.name}', which {why}"
+        return None
+    return file_problem(path, root)
 
 
 def log_files(root: Path) -> list[Path]:
@@ -408,8 +439,8 @@ def _first_messages(reader, mapping: TopicMap, path: str, episode: str, start, e
             found[topic] = (message_time(record, message, mapping.time), message)
             if len(found) == len(wanted):
                 break
-    except MessageError as exc:
-        raise SourceError(episode, path, f"topic '{topic}', its first message: {exc}") from exc
+    except MessageError as exc:  # (raised inside the reader's iteration: which topic's message is in `exc`)
+        raise SourceError(episode, path, f"reading the first messages of topics {sorted(wanted)}: {exc}") from exc
     return found
 
 
@@ -423,7 +454,7 @@ def _span_contents(
     wanted = set(mapping.stream_topics)
     task_topic = mapping.task.topic if mapping.task is not None else None
     contents: list[tuple[dict, list]] = [({}, []) for _ in spans]
-    decode = _MessageDecoder()
+    decode = _MessageDecoder(reader)
     for schema, channel, record in _raw_messages(
         reader, sorted(wanted | {task_topic} - {None}), LogSpan(path, None, None, 0, "log")
     ):
@@ -449,13 +480,17 @@ def _span_contents(
 
 
 class _MessageDecoder:
-    """Decodes single messages with the decoder of their channel (made once per channel)."""
+    """Decodes single messages with the decoder of their channel (made once per channel); a bag's reader
+    decodes its own."""
 
-    def __init__(self):
-        self._factories = _decoder_factories()
+    def __init__(self, reader):
+        self._factories = _decoder_factories() if not isinstance(reader, BagReader) else []
         self._decoders: dict[int, Callable[[bytes], Any]] = {}
+        self._reader = reader
 
     def __call__(self, schema, channel, record) -> Any:
+        if isinstance(self._reader, BagReader):
+            return self._reader.decode(schema, channel, record)
         decoder = self._decoders.get(channel.id)
         if decoder is None:
             decoder = next(
@@ -521,7 +556,8 @@ def default_topic_map(reader, channels: dict[str, Any], path: str, episode: str,
         elif schema in JOINT_STATES:
             first = next(_decoded(reader, topic, LogSpan(path, None, None, 0, "log")), None)
             for field in JOINT_FIELDS:
-                if first is not None and len(getattr(first[2], field, []) or []):
+                values = getattr(first[2], field, None) if first is not None else None
+                if values is not None and len(values):  # (a list, or a numpy array from a bag)
                     lowdim[claim(f"{name}.{field}", topic)] = LowdimTopic(topic, (field,))
         elif schema in STRINGS:
             strings.append(topic)
@@ -544,7 +580,8 @@ def _summary(reader, path: str, episode: str):
     summary = reader.get_summary()
     if summary is None:
         raise SourceError(episode, path, "the file has no summary section (no index of its messages)", RECOVER)
-    _require_chunk_sizes(summary.chunk_indexes, path, episode)
+    if summary.chunk_indexes:
+        _require_chunk_sizes(summary.chunk_indexes, path, episode)
     return summary
 
 
@@ -666,6 +703,10 @@ def _reading(path: str, episode: str, topic: str | None = None):
     from mcap.reader import make_reader
 
     where = f" while reading topic '{topic}'" if topic else ""
+    if is_bag(path):
+        with _reading_bag(path, episode, where) as reader:
+            yield reader
+        return
     try:
         with open(path, "rb") as handle:
             yield make_reader(handle, validate_crcs=True, decoder_factories=_decoder_factories())
@@ -679,6 +720,28 @@ def _reading(path: str, episode: str, topic: str | None = None):
         raise SourceError(
             episode, path, f"not a readable MCAP log{where} ({type(exc).__name__}: {exc})", RECOVER
         ) from exc
+
+
+@contextmanager
+def _reading_bag(path: str, episode: str, where: str):
+    """A bag's reader (`rosbag_log.BagReader`), with what its damage makes rosbags or SQLite raise while
+    reading as a SourceError naming the bag."""
+    reader = open_bag(path, episode)
+    try:
+        yield reader
+    except (SourceError, GeneratorExit):
+        raise
+    except MessageError as exc:
+        raise SourceError(episode, path, f"a message{where}: {exc}") from exc
+    except Exception as exc:  # rosbags' ReaderError, sqlite3's DatabaseError, the decompressors' own errors
+        raise SourceError(
+            episode,
+            path,
+            f"not a readable ROS bag{where} ({type(exc).__name__}: {exc})",
+            "re-index it (`rosbag reindex` for ROS 1, `ros2 bag reindex` for ROS 2), or pass --skip-bad",
+        ) from exc
+    finally:
+        reader.close()
 
 
 def _decoder_factories() -> list:

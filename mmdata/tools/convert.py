@@ -27,7 +27,7 @@ def add_parser(commands) -> None:
         description=(
             "Convert recorded episodes (the raw folder layout, a LeRobot v2.1/v3.0 dataset, ALOHA or\n"
             "robomimic HDF5 files, a Diffusion Policy replay-buffer Zarr store, an RLDS / Open\n"
-            "X-Embodiment dataset, or MCAP robot logs) into a store.\n\n"
+            "X-Embodiment dataset, MCAP robot logs, or ROS 1 / ROS 2 (SQLite) bags) into a store.\n\n"
             "Every camera is re-encoded into closed-GOP segments that decode on their own, audio\n"
             "into FLAC (Opus is kept), low-dim streams are kept bit-exact with their timestamps,\n"
             "and every piece gets a checksum in episodes.parquet. The store appears complete or\n"
@@ -37,7 +37,7 @@ def add_parser(commands) -> None:
     parser.add_argument(
         "source",
         help="the recordings: a raw folder (one sub-folder per episode), a LeRobot dataset, HDF5 files, a"
-        " replay-buffer Zarr store, an RLDS builder folder, or .mcap logs",
+        " replay-buffer Zarr store, an RLDS builder folder, .mcap logs, or ROS bags (.bag files, ROS 2 bag folders)",
     )
     parser.add_argument(
         "destination",
@@ -69,15 +69,16 @@ def add_parser(commands) -> None:
     parser.add_argument(
         "--topics",
         metavar="MAP.yaml",
-        help="MCAP: the topic map (YAML or JSON) saying which topics become which cameras, low-dim streams and task,"
-        " which time to use and how to split a file into episodes (default: pictures, JointState and a lone String"
-        " topic; see docs/importers.md)",
+        help="MCAP logs and ROS bags: the topic map (YAML or JSON) saying which topics become which cameras,"
+        " low-dim streams and task, which time to use and how to split a file into episodes (default: pictures,"
+        " JointState and a lone String topic; see docs/importers.md)",
     )
     parser.add_argument(
         "--resample",
         type=float,
         metavar="HZ",
-        help="MCAP: store low-dim topics resampled to this rate (default: each message at its own time)",
+        help="MCAP logs and ROS bags: store low-dim topics resampled to this rate (default: each message at its"
+        " own time)",
     )
     video = parser.add_argument_group("video")
     video.add_argument(
