@@ -21,6 +21,7 @@ from mmdata.codecs.colour import to_rgb
 from mmdata.errors import MmdataError
 
 # codec name -> (FFmpeg encoder, container format, segment file extension)
+COPY = "copy"  # the recording's packets cut into segments at key frames, not re-encoded (`codecs/video_copy.py`)
 VIDEO_CODECS = {
     "h264": ("libx264", "mp4", "mp4"),
     "hevc": ("libx265", "mp4", "mp4"),
@@ -32,6 +33,9 @@ VIDEO_CODECS = {
 # measured, and then stamps packets with garbage DTS that the muxer rejects at random
 # (Multicorewareinc/x265 issue 781). Segments this short are encoded without B-frames.
 X265_SHORT_SEGMENT_FRAMES = 8
+
+# The file suffix of a stored segment, by codec: the encoders' own, and the codecs a copy keeps (AV1)
+SEGMENT_SUFFIXES = {codec: suffix for codec, (_, _, suffix) in VIDEO_CODECS.items()} | {"av1": "mp4"}
 
 # What an encoder may hold of a segment's frames, so that a worker's memory does not grow with the frame
 # size: frames reach the encoder one at a time, its lookahead is shortened for frames so large that its
@@ -45,6 +49,8 @@ _DEEPEST_DEFAULT_LOOKAHEAD = 60  # x264's placebo preset; every other default is
 class VideoEncoding:
     """How cameras are stored: codec, frames per segment, key-frame interval, quality.
 
+    `codec="copy"` keeps a recording's H.264, HEVC, AV1 or VP9 packets as they are, cut into segments of at most
+    `segment_frames` frames at its key frames (`gop` and `crf` then do not apply; `codecs/video_copy.py`).
     `fast_decode` tunes H.264/HEVC for decoding speed (x264/x265 `tune=fastdecode`: CAVLC instead
     of CABAC, no deblocking or weighted prediction): about half the decode time for ~20% more bytes
     (on by default: `mmdata convert --access both`; see ACCESS_PATTERNS).
@@ -58,8 +64,8 @@ class VideoEncoding:
     fast_decode: bool = True
 
     def __post_init__(self):
-        if self.codec not in VIDEO_CODECS:
-            raise MmdataError(f"unknown video codec '{self.codec}'; choose one of {', '.join(VIDEO_CODECS)}")
+        if self.codec not in VIDEO_CODECS and self.codec != COPY:
+            raise MmdataError(f"unknown video codec '{self.codec}'; choose one of {', '.join(VIDEO_CODECS)} or {COPY}")
         if self.segment_frames < 1 or self.gop < 1:
             raise MmdataError("--segment-frames and --gop must be at least 1")
         if self.gop > self.segment_frames:

@@ -13,7 +13,7 @@ import pyarrow as pa
 
 from mmdata.checks import stream_name_problem
 from mmdata.codecs.audio import encode_flac, to_flac_samples
-from mmdata.codecs.video_encode import VideoEncoding, encode_segments, padded_to_even
+from mmdata.codecs.video_encode import COPY, VideoEncoding, encode_segments, padded_to_even
 from mmdata.errors import MmdataError, SourceError
 from mmdata.importers.episode import AudioSource, CameraSource, EpisodeSource, LowdimSource
 from mmdata.importers.limits import MAX_AUDIO_SECONDS_WITHOUT_VIDEO
@@ -86,6 +86,8 @@ def worker_crashed(episode: str) -> SourceError:
 
 
 def _encode_camera(episode: str, camera: CameraSource, encoding: VideoEncoding) -> EncodedVideo:
+    if encoding.codec == COPY:
+        return _copied_camera(episode, camera, encoding)
     info = camera.info(episode)
     timestamps: list[float] = []
     spec = VideoStream(
@@ -131,6 +133,41 @@ def _encode_camera(episode: str, camera: CameraSource, encoding: VideoEncoding) 
     return EncodedVideo(
         spec, [data for _, data in encoded], [n for n, _ in encoded], np.asarray(timestamps, dtype=np.float64)
     )
+
+
+def _copied_camera(episode: str, camera: CameraSource, encoding: VideoEncoding) -> EncodedVideo:
+    """The camera's recorded packets as segments, not re-encoded (`--video-codec copy`). Its stream records
+    the codec found, no crf, and as `gop` the most frames between two key frames."""
+    if not hasattr(camera, "copied"):
+        raise SourceError(
+            episode,
+            camera.path,
+            f"camera '{camera.name}' is recorded as pictures, not as video packets; --video-codec copy keeps video"
+            " files' packets only",
+            "convert with --video-codec h264 (or another codec) to encode its pictures",
+        )
+    info = camera.info(episode)
+    copied = camera.copied(episode, info.fps, encoding.segment_frames)
+    if not copied.segments:
+        raise SourceError(episode, camera.path, "the video holds no frames", "re-export or replace the file")
+    if copied.width % 2 or copied.height % 2:
+        raise SourceError(
+            episode,
+            camera.path,
+            f"camera '{camera.name}' is {copied.width}x{copied.height}; a copied video cannot be padded to even sides",
+            "convert with --video-codec h264, which pads it",
+        )
+    spec = VideoStream(
+        name=camera.name,
+        fps=float(info.fps),
+        width=copied.width,
+        height=copied.height,
+        codec=copied.codec,
+        segment_frames=encoding.segment_frames,
+        gop=copied.key_interval,
+        crf=None,
+    )
+    return EncodedVideo(spec, copied.segments, copied.segment_frames, np.asarray(copied.timestamps, np.float64))
 
 
 def _encode_audio(episode: str, audio: AudioSource, max_seconds: float) -> EncodedAudio:

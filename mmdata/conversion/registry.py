@@ -6,7 +6,7 @@ import dataclasses
 from typing import Any, Protocol
 
 from mmdata.errors import SourceError
-from mmdata.schema import LowdimStream, Stream, stream_from_dict, stream_to_dict
+from mmdata.schema import LowdimStream, Stream, VideoStream, stream_from_dict, stream_to_dict
 
 
 class EpisodeStreams(Protocol):
@@ -60,6 +60,10 @@ class StreamRegistry:
         if isinstance(known, LowdimStream) and isinstance(new, LowdimStream) and known.rate != new.rate:
             new = dataclasses.replace(new, rate=None)
             known = dataclasses.replace(known, rate=None)
+        copied = isinstance(known, VideoStream) and isinstance(new, VideoStream) and known.crf is None is new.crf
+        if copied and known.gop != new.gop:  # copied videos: the store states the widest key-frame interval
+            new = dataclasses.replace(new, gop=max(known.gop, new.gop))
+            known = dataclasses.replace(known, gop=new.gop)
         if known == new:
             return known
         differences = [

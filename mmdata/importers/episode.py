@@ -17,6 +17,7 @@ import numpy as np
 
 from mmdata.codecs.audio import AudioClip, AudioLimits, decode_audio
 from mmdata.codecs.lowdim import NpyError, load_npy_file
+from mmdata.codecs.video_copy import CopiedVideo, CopyError, copy_segments
 from mmdata.codecs.video_source import VideoInfo, iter_video_frames, probe_video
 from mmdata.errors import DecodeError, SourceError
 from mmdata.importers.limits import (
@@ -71,6 +72,24 @@ class CameraSource:
                 f"the video holds {count} frames{span}, but the episode has {self.expected_frames}",
                 "the video is shorter than its episode; re-encode it from the recording",
             )
+
+    def copied(self, episode: str, fps: Fraction, segment_frames: int) -> CopiedVideo:
+        """The recording's packets cut into segments of at most `segment_frames` frames at key frames, without
+        decoding (`--video-codec copy`), with the frames' times as `frames` gives them."""
+        try:
+            copied = copy_segments(self.path, fps, segment_frames, self.start, self.end)
+        except CopyError as exc:
+            raise SourceError(episode, self.path, f"camera '{self.name}': {exc}") from exc
+        if self.grid:
+            copied.timestamps = snap_to_grid(copied.timestamps, self.grid)
+        if self.expected_frames is not None and len(copied.timestamps) < self.expected_frames:
+            raise SourceError(
+                episode,
+                self.path,
+                f"the video holds {len(copied.timestamps)} frames, but the episode has {self.expected_frames}",
+                "the video is shorter than its episode; re-encode it from the recording",
+            )
+        return copied
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from typing import Any, BinaryIO
 
 from mmdata.checks import parse_json
 from mmdata.codecs.lowdim import encode_npy
-from mmdata.codecs.video_encode import VIDEO_CODECS
+from mmdata.codecs.video_encode import SEGMENT_SUFFIXES
 from mmdata.errors import DestinationError
 from mmdata.schema import Stream
 from mmdata.store.checksum import checksum_bytes
@@ -38,7 +38,7 @@ def shard_name(index: int) -> str:
 
 
 def segment_member(key: str, stream: str, segment: int, codec: str) -> str:
-    return f"{key}.{stream}.{segment:05d}.{VIDEO_CODECS[codec][2]}"
+    return f"{key}.{stream}.{segment:05d}.{SEGMENT_SUFFIXES[codec]}"
 
 
 def timestamps_member(key: str, stream: str) -> str:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import importlib
 
 PYAV_CODECS = frozenset({"h264", "hevc", "vp9", "vp8", "av1", "mjpeg", "mpeg4"})
-DECORD_CODECS = frozenset({"h264", "hevc", "vp9", "vp8", "av1", "mjpeg", "mpeg4"})
+# decord's bundled FFmpeg has no software AV1 decoder ("cannot find video stream"): AV1 goes to PyAV (dav1d)
+DECORD_CODECS = frozenset({"h264", "hevc", "vp9", "vp8", "mjpeg", "mpeg4"})
 DALI_GPU_CODECS = frozenset({"h264", "hevc", "vp9", "vp8", "av1", "mjpeg", "mpeg4"})
 DALI_CPU_CODECS = frozenset({"vp8", "vp9", "mjpeg"})
 NVDEC_CODECS = frozenset({"h264", "hevc", "vp9"})
@@ -27,6 +28,7 @@ CPU_PREFERENCE: dict[str, tuple[str, ...]] = {
     "h264": ("pyav", "decord"),
     "hevc": ("pyav", "decord"),
     "vp9": ("pyav", "dali-cpu", "decord"),
+    "av1": ("pyav",),
 }
 DEFAULT_CPU_PREFERENCE = ("pyav", "decord", "dali-cpu")
 

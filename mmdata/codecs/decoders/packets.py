@@ -18,6 +18,17 @@ from mmdata.errors import DecodeError
 
 # FFmpeg decoder names that decode a codec the store names otherwise.
 DECODER_NAMES = {"av1": {"av1", "libdav1d", "libaom-av1"}, "vp9": {"vp9", "libvpx-vp9"}, "vp8": {"vp8", "libvpx"}}
+# The software decoder to open for a codec whose FFmpeg default needs hardware (the native "av1" decodes only
+# through a hardware accelerator; dav1d is the fast software one, and what FFmpeg picks when demuxing)
+SOFTWARE_DECODERS = {"av1": ("libdav1d", "libaom-av1")}
+
+
+def software_decoder(codec: str) -> str:
+    """The name of an FFmpeg decoder PyAV can open for `codec` without hardware."""
+    for name in SOFTWARE_DECODERS.get(codec, ()):
+        if name in av.codecs_available:
+            return name
+    return codec
 
 
 def check_stream(context, request: ClipRequest) -> None:

@@ -26,6 +26,7 @@ from mmdata.codecs.decoders.packets import (
     key_runs,
     probe_segment,
     request_rows,
+    software_decoder,
     wanted_frames,
 )
 from mmdata.codecs.decoders.requests import ClipRequest
@@ -64,7 +65,7 @@ class DecoderPool:
         if context is None:
             if len(self._open) >= MAX_OPEN_DECODERS:
                 del self._open[next(iter(self._open))]
-            context = av.CodecContext.create(codec, "r")
+            context = av.CodecContext.create(software_decoder(codec), "r")
             if config:
                 context.extradata = config
             context.thread_count = self.threads

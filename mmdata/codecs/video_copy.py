@@ -1,0 +1,160 @@
+"""A recording's video packets cut into a store's segments at key frames, without decoding a frame
+(`mmdata convert --video-codec copy`).
+
+A segment starts at a key frame and holds whole key-frame intervals up to `segment_frames` frames. Its
+packets are muxed into the store's container for the codec (MP4, or WebM for VP9) stamped as the store's
+own segments are: frame 0, 1, 2, ... in units of 1 / fps in presentation order (decode stamps kept in
+order below them), so readers find every segment alike whatever made it. The frames' own times (from
+the container) are returned for the manifest. Nothing is decoded: a source whose frames after a key
+frame are shown before it (open GOPs) or whose key frames lie further apart than a segment may hold is
+refused, naming the interval found.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+import av
+import numpy as np
+
+from mmdata.errors import DecodeError
+
+COPIED_CODECS = {"h264": "mp4", "hevc": "mp4", "av1": "mp4", "vp9": "webm"}
+
+
+class CopyError(DecodeError):
+    """A recording whose packets cannot become a store's segments as they are; the message says why."""
+
+
+@dataclass
+class CopiedVideo:
+    """A camera's segments made from its recording's packets, and what the cutting found."""
+
+    codec: str
+    width: int
+    height: int
+    segments: list[bytes] = field(default_factory=list)
+    segment_frames: list[int] = field(default_factory=list)
+    timestamps: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    key_interval: int = 0  # the most frames from one key frame to the next
+
+
+@dataclass(frozen=True)
+class _Packet:
+    data: bytes
+    pts: int
+    dts: int | None
+    key: bool
+
+
+def copy_segments(
+    path: str, fps: Fraction, segment_frames: int, start: float | None = None, end: float | None = None
+) -> CopiedVideo:
+    """The video of `path` (its frames shown in [start, end) seconds, times then counted from `start`) as
+    segments of at most `segment_frames` frames cut at key frames; CopyError when it cannot be."""
+    slack = 0.5 / float(fps)
+    try:
+        with av.open(path) as container:
+            stream = container.streams.video[0]
+            codec = stream.codec_context.name
+            if codec == "libdav1d":
+                codec = "av1"
+            if codec not in COPIED_CODECS:
+                raise CopyError(
+                    f"its video is {codec}; --video-codec copy keeps {', '.join(COPIED_CODECS)} as they are"
+                    " (re-encode it with --video-codec h264)"
+                )
+            base = stream.time_base
+            if start and base:
+                container.seek(int(start / base), stream=stream, backward=True)
+            packets = []
+            for packet in container.demux(stream):
+                if not packet.size or packet.pts is None:
+                    continue
+                seconds = float(packet.pts * base)
+                if start is not None and seconds < start - slack:
+                    continue
+                if end is not None and seconds >= end - slack:
+                    if packet.is_keyframe:
+                        break
+                    continue
+                packets.append(_Packet(bytes(packet), int(packet.pts), packet.dts, bool(packet.is_keyframe)))
+            copied = CopiedVideo(codec, stream.codec_context.width, stream.codec_context.height)
+            _cut(stream, packets, fps, segment_frames, copied, path)
+    except av.error.FFmpegError as exc:
+        raise CopyError(f"its packets cannot be read: {exc}") from exc
+    times = np.sort(np.array([p.pts for p in packets], np.int64)) * float(base) - (start or 0.0)
+    copied.timestamps = times
+    return copied
+
+
+def _cut(stream, packets: list[_Packet], fps: Fraction, segment_frames: int, copied: CopiedVideo, path: str) -> None:
+    if not packets:
+        return
+    if not packets[0].key:
+        raise CopyError(
+            "its first frame (in the episode) is not a key frame, so no segment can"
+            " start there without decoding; re-encode it (--video-codec h264)"
+        )
+    groups = list(_key_frame_groups(packets))
+    copied.key_interval = max(len(group) for group in groups)
+    if copied.key_interval > segment_frames:
+        raise CopyError(
+            f"key frames lie up to {copied.key_interval} frames apart, more than a segment of"
+            f" {segment_frames} frames may hold; pass --segment-frames {copied.key_interval} or more (at most 4096),"
+            " or re-encode (--video-codec h264)"
+        )
+    segment: list[_Packet] = []
+    for group in groups:
+        if segment and len(segment) + len(group) > segment_frames:
+            copied.segments.append(_muxed(stream, segment, fps, path))
+            copied.segment_frames.append(len(segment))
+            segment = []
+        segment += group
+    copied.segments.append(_muxed(stream, segment, fps, path))
+    copied.segment_frames.append(len(segment))
+
+
+def _key_frame_groups(packets: list[_Packet]) -> Iterator[list[_Packet]]:
+    """Packets in decode order, grouped from each key frame to the next."""
+    group: list[_Packet] = []
+    for packet in packets:
+        if packet.key and group:
+            yield group
+            group = []
+        group.append(packet)
+    yield group
+
+
+def _muxed(template, packets: list[_Packet], fps: Fraction, path: str) -> bytes:
+    """One segment file of `packets` (decode order), stamped 0, 1, 2, ... / fps in presentation order."""
+    first_shown = min(p.pts for p in packets)
+    if packets[0].pts != first_shown:
+        raise CopyError(
+            f"frames after the key frame at {packets[0].pts} are shown before it (an open GOP), so segments"
+            " cut there would not decode on their own; re-encode it (--video-codec h264)"
+        )
+    rank = {pts: number for number, pts in enumerate(sorted(p.pts for p in packets))}
+    delay = max(position - rank[p.pts] for position, p in enumerate(packets))
+    buffer = io.BytesIO()
+    time_base = 1 / Fraction(fps)
+    with av.open(buffer, "w", format=COPIED_CODECS_FORMAT[template.codec_context.name], options=_BITEXACT) as output:
+        stream = output.add_stream_from_template(template, opaque=True)
+        stream.time_base = time_base
+        for position, source in enumerate(packets):
+            packet = av.Packet(source.data)
+            packet.pts = rank[source.pts]
+            packet.dts = position - delay
+            packet.duration = 1  # (a last sample without a duration is cut off by the MP4 edit list)
+            packet.time_base = time_base
+            packet.is_keyframe = source.key
+            packet.stream = stream
+            output.mux(packet)
+    return buffer.getvalue()
+
+
+_BITEXACT = {"fflags": "+bitexact"}
+COPIED_CODECS_FORMAT = {**COPIED_CODECS, "libdav1d": "mp4"}

@@ -1,0 +1,169 @@
+"""`mmdata convert --video-codec copy`: a recording's packets cut into segments at key frames, not re-encoded.
+The stored frames are the recording's own, bit for bit, with the recording's times; AV1 decodes on the CPU
+backends that claim it; sources whose key frames are too sparse, or that hold pictures, are refused by name."""
+
+from __future__ import annotations
+
+import io
+import shutil
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import numpy as np
+import pytest
+
+import mmdata
+from mmdata.codecs.colour import to_rgb
+from mmdata.codecs.video_encode import VideoEncoding
+from mmdata.conversion.encode import EncodeOptions
+from mmdata.conversion.pipeline import ConvertOptions, convert
+from mmdata.errors import SourceError, UnsupportedCodecError
+from mmdata.importers import discover_episodes
+from mmdata.importers.raw import discover_raw_episodes
+from mmdata.store.verification import verify_dataset
+from tests.conftest import run_cli
+
+LEROBOT = Path(__file__).parent / "fixtures" / "lerobot_small"
+CAMERAS = ("observation.images.cam_high", "observation.images.cam_wrist")
+
+
+def copy_options(layout: str = "wds", segment_frames: int = 32, **more) -> ConvertOptions:
+    video = VideoEncoding(codec="copy", segment_frames=segment_frames, gop=1)
+    return ConvertOptions(layout=layout, encode=EncodeOptions(video=video), workers=1, progress=False, **more)
+
+
+def source_frames(path: Path) -> tuple[np.ndarray, np.ndarray, list[bytes]]:
+    """Every frame of a recording (mmdata's RGB conversion), its time in seconds, and its packets' bytes."""
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        packets = [bytes(p) for p in container.demux(stream) if p.size]
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        decoded = [(to_rgb(frame), float(frame.pts * stream.time_base)) for frame in container.decode(stream)]
+    return np.stack([f for f, _ in decoded]), np.array([t for _, t in decoded]), packets
+
+
+def stored_packets(store: mmdata.Store, index: int, camera: str) -> list[bytes]:
+    table = store.segment_table(store.manifest.row(index), camera)
+    found = []
+    for piece in table.pieces:
+        with av.open(io.BytesIO(store.segment_bytes(piece))) as container:
+            found += [bytes(p) for p in container.demux(container.streams.video[0]) if p.size]
+    return found
+
+
+@pytest.fixture(scope="module", params=["wds", "zarr"])
+def lerobot_copy(request, tmp_path_factory) -> Path:
+    destination = tmp_path_factory.mktemp("copy") / f"store.{request.param}"
+    convert(discover_episodes(str(LEROBOT)), destination, copy_options(request.param), source_root=LEROBOT)
+    return destination
+
+
+def test_lerobots_av1_is_stored_packet_for_packet_and_reads_as_its_frames(lerobot_copy):
+    store = mmdata.open_dataset(str(lerobot_copy))
+    assert verify_dataset(str(lerobot_copy), progress=False).ok
+    for camera in CAMERAS:
+        spec = store.schema.stream(camera)
+        assert (spec.codec, spec.gop, spec.crf, spec.segment_frames) == ("av1", 2, None, 32)
+        frames, times, packets = source_frames(LEROBOT / "videos" / camera / "chunk-000" / "file-000.mp4")
+        first = 0
+        stored = []
+        for index in range(len(store)):
+            episode = store.read_episode(index, [camera])[camera]
+            count = len(episode.values)
+            assert np.array_equal(np.asarray(episode.values), frames[first : first + count]), (camera, index)
+            np.testing.assert_allclose(episode.timestamps, times[first : first + count] - times[first], atol=1e-9)
+            segments = store.manifest.row(index)[f"{camera}/segments"]
+            assert all(s["num_frames"] <= 32 and s["num_frames"] % 2 == 0 or s is segments[-1] for s in segments)
+            stored += stored_packets(store.store, index, camera)
+            first += count
+        assert first == len(frames) and stored == packets, "every packet kept as recorded, none added"
+
+
+def test_av1_decodes_on_every_cpu_backend_that_claims_it_and_auto_picks_one(lerobot_copy):
+    from mmdata.codecs.decoders.availability import BACKEND_CODECS, backend_available
+
+    reference = np.asarray(mmdata.open_dataset(str(lerobot_copy), decoder="pyav").read_episode(1)[CAMERAS[0]].values)
+    for backend, codecs in BACKEND_CODECS.items():
+        if backend in ("dali", "nvdec") or not backend_available(backend):
+            continue
+        if "av1" in codecs:
+            frames = mmdata.open_dataset(str(lerobot_copy), decoder=backend).read_episode(1)[CAMERAS[0]].values
+            assert np.abs(np.asarray(frames, np.int16) - reference).mean() <= 1.0, backend
+        else:
+            with pytest.raises(UnsupportedCodecError, match="cannot decode av1 video; use decoder='pyav'"):
+                mmdata.open_dataset(str(lerobot_copy), decoder=backend)
+    automatic = mmdata.open_dataset(str(lerobot_copy), decoder="auto").read_episode(1)[CAMERAS[0]].values
+    assert np.array_equal(np.asarray(automatic), reference)
+    batch = next(
+        iter(
+            mmdata.DataLoader(
+                str(lerobot_copy),
+                mmdata.Windows(anchor_fps=10, streams={CAMERAS[0]: mmdata.Frames()}),
+                batch_size=4,
+                num_workers=0,
+            )
+        )
+    )
+    assert batch[CAMERAS[0]].shape[-3:] in ((96, 128, 3), (3, 96, 128))
+
+
+@pytest.fixture(scope="module")
+def raw_with_b_frames(raw_dataset, tmp_path_factory) -> Path:
+    """The raw dataset with its cameras encoded again by x264 with B-frames and a key frame every 8 frames."""
+    root = tmp_path_factory.mktemp("bframes") / "raw"
+    shutil.copytree(raw_dataset, root)
+    for video in sorted(root.glob("*/*.mp4")):
+        with av.open(str(video)) as container:
+            frames = [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
+            rate = container.streams.video[0].average_rate
+        with av.open(str(video), "w") as container:
+            stream = container.add_stream("libx264", rate=Fraction(rate))
+            stream.width, stream.height, stream.pix_fmt = frames[0].shape[1], frames[0].shape[0], "yuv420p"
+            stream.options = {
+                "crf": "18",
+                "preset": "fast",
+                "x264-params": "keyint=8:min-keyint=8:bframes=2:scenecut=0",
+            }
+            for pixels in frames:
+                container.mux(stream.encode(av.VideoFrame.from_ndarray(pixels, format="rgb24")))
+            container.mux(stream.encode(None))
+    return root
+
+
+def test_h264_with_b_frames_is_cut_at_its_key_frames_and_reads_as_its_frames(raw_with_b_frames, tmp_path):
+    report = convert(discover_raw_episodes(raw_with_b_frames), tmp_path / "out", copy_options(segment_frames=16))
+    assert report.converted == 3 and verify_dataset(str(tmp_path / "out"), progress=False).ok
+    store = mmdata.open_dataset(str(tmp_path / "out"))
+    assert store.schema.stream("cam_high").gop == 8
+    for index, folder in enumerate(sorted(p for p in raw_with_b_frames.iterdir() if p.is_dir())):
+        frames, times, packets = source_frames(folder / "cam_high.mp4")
+        episode = store.read_episode(index, ["cam_high"])["cam_high"]
+        assert np.array_equal(np.asarray(episode.values), frames)
+        np.testing.assert_allclose(episode.timestamps, times, atol=1e-9)
+        assert stored_packets(store.store, index, "cam_high") == packets
+        assert [s["num_frames"] for s in store.manifest.row(index)["cam_high/segments"]][:-1] == [16] * (
+            len(frames) // 16 - (len(frames) % 16 == 0)
+        )
+
+
+def test_key_frames_too_sparse_for_the_segments_are_refused_with_the_interval_found(raw_dataset, tmp_path):
+    with pytest.raises(SourceError, match=r"episode_0000.*key frames lie up to \d+ frames apart.*--segment-frames \d+"):
+        convert(discover_raw_episodes(raw_dataset), tmp_path / "out", copy_options(segment_frames=32))
+    report = convert(discover_raw_episodes(raw_dataset), tmp_path / "whole", copy_options(segment_frames=4096))
+    assert report.converted == 3 and verify_dataset(str(tmp_path / "whole"), progress=False).ok
+
+
+def test_cameras_recorded_as_pictures_are_refused_with_the_way_round(tmp_path):
+    images = Path(__file__).parent / "fixtures" / "lerobot_images"
+    with pytest.raises(SourceError, match="recorded as pictures, not as video packets.*--video-codec h264"):
+        convert(discover_episodes(str(images)), tmp_path / "out", copy_options())
+
+
+def test_the_command_line_says_when_copy_is_possible_and_copies(tmp_path):
+    shown = run_cli("convert", "--help")
+    assert "copy" in shown.stdout and "key frame" in shown.stdout
+    done = run_cli("convert", str(LEROBOT), str(tmp_path / "out"), "--video-codec", "copy", "--workers", "1", "--quiet")
+    assert done.returncode == 0, done.stderr
+    assert "kept as recorded" in done.stdout
