@@ -65,6 +65,10 @@ class DecodeError(MmdataError):
     where = None
 
 
+class CopyError(DecodeError):
+    """A recording whose packets cannot become a store's segments as they are (`--video-codec copy`)."""
+
+
 class UnsupportedCodecError(MmdataError):
     """The chosen decoding backend cannot decode a stream's codec; raised when the reader is built."""
 

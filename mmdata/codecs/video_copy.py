@@ -20,13 +20,9 @@ from fractions import Fraction
 import av
 import numpy as np
 
-from mmdata.errors import DecodeError
+from mmdata.errors import CopyError
 
 COPIED_CODECS = {"h264": "mp4", "hevc": "mp4", "av1": "mp4", "vp9": "webm"}
-
-
-class CopyError(DecodeError):
-    """A recording whose packets cannot become a store's segments as they are; the message says why."""
 
 
 @dataclass

@@ -17,9 +17,9 @@ import numpy as np
 
 from mmdata.codecs.audio import AudioClip, AudioLimits, decode_audio
 from mmdata.codecs.lowdim import NpyError, load_npy_file
-from mmdata.codecs.video_copy import CopiedVideo, CopyError, copy_segments
+from mmdata.codecs.video_copy import CopiedVideo, copy_segments
 from mmdata.codecs.video_source import VideoInfo, iter_video_frames, probe_video
-from mmdata.errors import DecodeError, SourceError
+from mmdata.errors import CopyError, DecodeError, SourceError
 from mmdata.importers.limits import (
     MAX_AUDIO_CHANNELS,
     MAX_AUDIO_RATE,
