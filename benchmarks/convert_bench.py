@@ -1,10 +1,14 @@
-"""Conversion throughput per video codec on the synthetic dataset, and per importer, measured in one run.
+"""Conversion throughput per video codec on the synthetic dataset, per importer, and of a LeRobot dataset
+re-encoded against copied (`--video-codec copy`), measured in one run.
 
 Prints episodes/s, frames/s, input MB/s and the output/input size ratio for h264, hevc and
 vp9 (raw layout in), then episodes/s and frames/s of the RLDS importer (the TFDS-written fixture,
 its record file copied to make more episodes) and of the MCAP importer (ROS 2 logs written with the
 test suite's writer: a 30 Hz JPEG camera and 200 Hz joint states), and writes the figures with the
-machine named to benchmarks/results/. Run from the repository root.
+machine named to benchmarks/results/. With `--lerobot DATASET` (a LeRobot v3.0 dataset, as
+`benchmarks/lerobot_bench.py` writes: ~/.cache/mmdata-bench/lerobot-data/lerobot-100x6s), it converts that dataset
+with the default options and with `--video-codec copy`, alternating, `--rounds` times each, and prints the camera
+frames/s of both (medians), their ratio, and each store's size against the dataset's. Run from the repository root.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -46,6 +51,8 @@ def main() -> None:
     parser.add_argument("--copies", type=int, default=10, help="copies of the RLDS fixture's 3 episodes; MCAP logs")
     parser.add_argument("--workers", type=int, default=None)
     parser.add_argument("--tag", default="cpu", help="suffix of the results file name")
+    parser.add_argument("--lerobot", type=Path, help="a LeRobot v3.0 dataset: re-encoding against copying it")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the LeRobot comparison")
     args = parser.parse_args()
 
     spec = SynthSpec(episodes=args.episodes, min_seconds=args.min_seconds, max_seconds=args.max_seconds)
@@ -84,6 +91,7 @@ def main() -> None:
             )
         importers = [name for name in args.importers.split(",") if name]
         importer_rows = [measure_importer(name, Path(folder), args.copies, args.workers) for name in importers]
+        copying = measure_copy(args.lerobot, Path(folder), args.rounds, args.workers) if args.lerobot else None
     result = {
         "benchmark": "convert_bench",
         "machine": machine_name(),
@@ -91,12 +99,71 @@ def main() -> None:
         "dataset": {**asdict(spec), "cameras": [asdict(c) for c in spec.cameras], "frames": frames},
         "results": rows,
         "importers": importer_rows,
+        "lerobot_copy": copying,
         "date": time.strftime("%Y-%m-%d"),
     }
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"convert_{args.tag}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {path}")
+
+
+def measure_copy(dataset: Path, folder: Path, rounds: int, workers: int | None) -> dict:
+    """The LeRobot dataset converted with the default options (re-encoded) and with `--video-codec copy`,
+    alternating for `rounds` rounds: median camera frames/s of each, their ratio, store sizes against the
+    dataset's."""
+    sources = discover_episodes(str(dataset), "lerobot")
+    info = json.loads((dataset / "meta" / "info.json").read_text())
+    cameras = sum(1 for feature in info["features"].values() if feature["dtype"] == "video")
+    frames = info["total_frames"] * cameras
+    ways = {
+        "re-encoded (default)": VideoEncoding(),
+        "copy": VideoEncoding(codec="copy", segment_frames=32, gop=1),
+    }
+    seconds: dict[str, list[float]] = {name: [] for name in ways}
+    sizes: dict[str, int] = {}
+    for round_number in range(rounds):
+        for name in ways if round_number % 2 == 0 else reversed(list(ways)):
+            destination = folder / f"lerobot-{len(seconds[name])}-{'copy' if name == 'copy' else 'encoded'}"
+            options = ConvertOptions(encode=EncodeOptions(video=ways[name]), workers=workers, progress=False)
+            started = time.perf_counter()
+            convert(sources, destination, options, source_root=dataset)
+            seconds[name].append(time.perf_counter() - started)
+            sizes[name] = folder_bytes(destination)
+            shutil.rmtree(destination)
+            print(
+                f"round {round_number} {name:22s} {seconds[name][-1]:7.2f} s"
+                f"  {frames / seconds[name][-1]:8.0f} frames/s"
+            )
+    source_bytes = folder_bytes(dataset)
+    rows = {
+        name: {
+            "seconds": [round(x, 2) for x in runs],
+            "frames_per_s": round(frames / statistics.median(runs), 1),
+            "store_bytes": sizes[name],
+            "store_vs_source_size": round(sizes[name] / source_bytes, 3),
+        }
+        for name, runs in seconds.items()
+    }
+    ratio = rows["copy"]["frames_per_s"] / rows["re-encoded (default)"]["frames_per_s"]
+    print(
+        f"LeRobot {dataset.name}: copy {rows['copy']['frames_per_s']:.0f} frames/s, re-encoding"
+        f" {rows['re-encoded (default)']['frames_per_s']:.0f}: {ratio:.1f}x; stores against the dataset's"
+        f" {source_bytes / 1e6:.1f} MB: copy {rows['copy']['store_vs_source_size']}, re-encoded"
+        f" {rows['re-encoded (default)']['store_vs_source_size']}"
+    )
+    return {
+        "dataset": str(dataset),
+        "camera_frames": frames,
+        "source_bytes": source_bytes,
+        "rounds": rounds,
+        "results": rows,
+        "copy_vs_reencode_frames_per_s": round(ratio, 2),
+    }
+
+
+def folder_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
 def measure_importer(name: str, folder: Path, copies: int, workers: int | None) -> dict:
