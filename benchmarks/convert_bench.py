@@ -62,7 +62,7 @@ def main() -> None:
         write_synthetic_dataset(raw, spec)
         sources = discover_raw_episodes(raw)
         frames = sum(round(s * spec.fps) * len(spec.cameras) for s in episode_seconds(spec))
-        for codec in args.codecs.split(","):
+        for codec in [name for name in args.codecs.split(",") if name]:
             encoding = VideoEncoding(codec=codec)
             options = ConvertOptions(
                 layout="wds", encode=EncodeOptions(video=encoding), workers=args.workers, progress=False
