@@ -25,7 +25,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from mmdata.codecs.video_encode import VideoEncoding
+from mmdata.codecs.video_encode import COPY, COPY_SEGMENT_FRAMES, VideoEncoding, encoding_for_access
 from mmdata.conversion.encode import EncodeOptions
 from mmdata.conversion.pipeline import ConvertOptions, convert
 from mmdata.importers import discover_episodes
@@ -118,7 +118,7 @@ def measure_copy(dataset: Path, folder: Path, rounds: int, workers: int | None) 
     frames = info["total_frames"] * cameras
     ways = {
         "re-encoded (default)": VideoEncoding(),
-        "copy": VideoEncoding(codec="copy", segment_frames=32, gop=1),
+        "copy": encoding_for_access("both", codec=COPY, segment_frames=COPY_SEGMENT_FRAMES),  # `--video-codec copy`
     }
     seconds: dict[str, list[float]] = {name: [] for name in ways}
     sizes: dict[str, int] = {}

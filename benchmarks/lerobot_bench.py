@@ -187,6 +187,10 @@ def main() -> None:
     parser.add_argument("--check-samples", type=int, default=200)
     parser.add_argument("--baseline-tree", type=Path, help="a source tree of an earlier mmdata, measured alongside")
     parser.add_argument("--tag", default="cpu", help="suffix of the results file name")
+    parser.add_argument(
+        "--only",
+        help="measure only mmdata configurations whose names hold one of these (comma-separated; LeRobot's always)",
+    )
     args = parser.parse_args()
 
     python = ensure_venv(args.venv, args.lerobot_version)
@@ -218,6 +222,13 @@ def main() -> None:
         configurations[f"mmdata default store, {order} order w2"] = lambda o=order: mmdata_run(
             tree, default_store, 2, args.seconds, shuffle=o
         )
+    # LeRobot's own AV1 packets kept as they are (--video-codec copy: no re-encoding), in the default order
+    copy_store = args.workdir / "store-copy.wds"
+    convert(tree, source, copy_store, "wds", "--video-codec", "copy")
+    for workers in (0, 2):
+        configurations[f"mmdata copy store w{workers}"] = lambda w=workers: mmdata_run(
+            tree, copy_store, w, args.seconds, shuffle="auto"
+        )
     # LeRobot's batches (float CHW frames, LeRobot's keys and index fields) from the same store
     configurations["mmdata lerobot-compatible default store w2"] = lambda: mmdata_run(
         tree, default_store, 2, args.seconds, COMPATIBLE_LOADER, "auto"
@@ -238,6 +249,13 @@ def main() -> None:
             configurations[f"baseline mmdata {layout} w2"] = lambda s=old_store: mmdata_run(
                 args.baseline_tree.resolve(), s, 2, args.seconds
             )
+    if args.only:
+        wanted = [part.strip() for part in args.only.split(",")]
+        configurations = {
+            name: run
+            for name, run in configurations.items()
+            if name.startswith("lerobot") or any(w in name for w in wanted)
+        }
     runs: dict[str, list[dict]] = {name: [] for name in configurations}
     names = list(configurations)
     for round_number in range(args.rounds):
@@ -278,14 +296,16 @@ def main() -> None:
                 "vs_best_lerobot_samples_per_s": round(figures["samples_per_s"] / best_rate[1]["samples_per_s"], 2),
                 "vs_best_lerobot_per_cpu_s": round(figures["samples_per_cpu_s"] / best_cpu[1]["samples_per_cpu_s"], 2),
             }
-    for store_name in ("default store", "windows store wds"):
+    for store_name in ("default store", "windows store wds", "copy store"):
         native = summary.get(f"mmdata {store_name} w2", {})
         compatible = summary.get(f"mmdata lerobot-compatible {store_name} w2", {})
         if "samples_per_s" in native and "samples_per_s" in compatible:
             ratios[f"lerobot-compatible vs native mmdata, {store_name}"] = round(
                 compatible["samples_per_s"] / native["samples_per_s"], 3
             )
-    equality = check_equal(python, source, {**stores, "default_wds": default_store}, args.check_samples)
+    equality = check_equal(
+        python, source, {**stores, "default_wds": default_store, "copy_wds": copy_store}, args.check_samples
+    )
     for name, figures in summary.items():
         print(
             f"{name:28s} {figures.get('samples_per_s', 'failed')} samples/s, {figures.get('samples_per_cpu_s', '')}"
@@ -302,7 +322,8 @@ def main() -> None:
         )
     print(f"equality on {args.check_samples} samples: {equality}")
     sizes = {
-        name: folder_bytes(path) for name, path in {"lerobot": source, "default_wds": default_store, **stores}.items()
+        name: folder_bytes(path)
+        for name, path in {"lerobot": source, "default_wds": default_store, "copy_wds": copy_store, **stores}.items()
     }
     print(f"store sizes against LeRobot's: { {n: round(b / sizes['lerobot'], 2) for n, b in sizes.items()} }")
     record = {
@@ -311,7 +332,11 @@ def main() -> None:
         "machine": machine_name(),
         "lerobot_version": args.lerobot_version,
         "dataset": {"episodes": args.episodes, "episode_seconds": args.episode_seconds, "cameras": "2 x 224x224 AV1"},
-        "convert_options": {"default": "--from lerobot", "windows": "--from lerobot --access windows"},
+        "convert_options": {
+            "default": "--from lerobot",
+            "windows": "--from lerobot --access windows",
+            "copy": "--from lerobot --video-codec copy",
+        },
         "default_store_video": json.loads((default_store / "dataset.json").read_text())["created"]["video"],
         "rounds": args.rounds,
         "seconds_per_run": args.seconds,

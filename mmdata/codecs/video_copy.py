@@ -13,13 +13,17 @@ refused, naming the interval found.
 from __future__ import annotations
 
 import io
+import os
+from collections import OrderedDict
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from fractions import Fraction
 
 import av
 import numpy as np
 
+from mmdata.codecs.packet_index import PacketIndex
 from mmdata.errors import CopyError
 
 COPIED_CODECS = {"h264": "mp4", "hevc": "mp4", "av1": "mp4", "vp9": "webm"}
@@ -27,13 +31,15 @@ COPIED_CODECS = {"h264": "mp4", "hevc": "mp4", "av1": "mp4", "vp9": "webm"}
 
 @dataclass
 class CopiedVideo:
-    """A camera's segments made from its recording's packets, and what the cutting found."""
+    """A camera's segments made from its recording's packets (with their packet indexes, known from the
+    muxing), and what the cutting found."""
 
     codec: str
     width: int
     height: int
     segments: list[bytes] = field(default_factory=list)
     segment_frames: list[int] = field(default_factory=list)
+    indexes: list[PacketIndex] = field(default_factory=list)
     timestamps: np.ndarray = field(default_factory=lambda: np.zeros(0))
     key_interval: int = 0  # the most frames from one key frame to the next
 
@@ -53,7 +59,7 @@ def copy_segments(
     segments of at most `segment_frames` frames cut at key frames; CopyError when it cannot be."""
     slack = 0.5 / float(fps)
     try:
-        with av.open(path) as container:
+        with _recording(path) as container:
             stream = container.streams.video[0]
             codec = stream.codec_context.name
             if codec == "libdav1d":
@@ -64,8 +70,7 @@ def copy_segments(
                     " (re-encode it with --video-codec h264)"
                 )
             base = stream.time_base
-            if start and base:
-                container.seek(int(start / base), stream=stream, backward=True)
+            container.seek(int((start or 0.0) / base) if base else 0, stream=stream, backward=True)
             packets = []
             for packet in container.demux(stream):
                 if not packet.size or packet.pts is None:
@@ -104,14 +109,14 @@ def _cut(stream, packets: list[_Packet], fps: Fraction, segment_frames: int, cop
             " or re-encode (--video-codec h264)"
         )
     segment: list[_Packet] = []
-    for group in groups:
-        if segment and len(segment) + len(group) > segment_frames:
-            copied.segments.append(_muxed(stream, segment, fps, path))
+    for group in [*groups, []]:
+        if segment and (not group or len(segment) + len(group) > segment_frames):
+            data, index = _muxed(stream, segment, fps, path)
+            copied.segments.append(data)
+            copied.indexes.append(index)
             copied.segment_frames.append(len(segment))
             segment = []
         segment += group
-    copied.segments.append(_muxed(stream, segment, fps, path))
-    copied.segment_frames.append(len(segment))
 
 
 def _key_frame_groups(packets: list[_Packet]) -> Iterator[list[_Packet]]:
@@ -125,8 +130,9 @@ def _key_frame_groups(packets: list[_Packet]) -> Iterator[list[_Packet]]:
     yield group
 
 
-def _muxed(template, packets: list[_Packet], fps: Fraction, path: str) -> bytes:
-    """One segment file of `packets` (decode order), stamped 0, 1, 2, ... / fps in presentation order."""
+def _muxed(template, packets: list[_Packet], fps: Fraction, path: str) -> tuple[bytes, PacketIndex]:
+    """One segment file of `packets` (decode order), stamped 0, 1, 2, ... / fps in presentation order, and its
+    packet index (each payload found in the file's bytes, as `packet_index.index_segment` finds them)."""
     first_shown = min(p.pts for p in packets)
     if packets[0].pts != first_shown:
         raise CopyError(
@@ -149,7 +155,46 @@ def _muxed(template, packets: list[_Packet], fps: Fraction, path: str) -> bytes:
             packet.is_keyframe = source.key
             packet.stream = stream
             output.mux(packet)
-    return buffer.getvalue()
+        config = bytes(stream.codec_context.extradata or b"")
+    data = buffer.getvalue()
+    offsets, position = [], 0
+    for source in packets:
+        found = data.find(source.data, position)
+        if found < 0:
+            raise CopyError("the muxer did not store a packet's bytes contiguously")
+        offsets.append(found)
+        position = found + len(source.data)
+    index = PacketIndex(
+        config,
+        np.asarray(offsets, np.int32),
+        np.asarray([len(p.data) for p in packets], np.int32),
+        np.asarray([rank[p.pts] for p in packets], np.int32),
+        np.asarray([p.key for p in packets], bool),
+    )
+    return data, index
+
+
+@contextmanager
+def _recording(path: str) -> Iterator[av.container.InputContainer]:
+    """`path` opened for demuxing, kept open for the next call on the same file (the episodes of a LeRobot
+    video file are read one after another, and opening it parses the index of all of them again)."""
+    stat = os.stat(path)
+    key = (path, stat.st_size, stat.st_mtime_ns)
+    container = _OPEN.pop(key, None)
+    if container is None:
+        container = av.open(path)
+    try:
+        yield container
+    except BaseException:
+        container.close()
+        raise
+    _OPEN[key] = container
+    while len(_OPEN) > _KEPT_OPEN:
+        _OPEN.popitem(last=False)[1].close()
+
+
+_KEPT_OPEN = 4
+_OPEN: OrderedDict[tuple, av.container.InputContainer] = OrderedDict()
 
 
 _BITEXACT = {"fflags": "+bitexact"}

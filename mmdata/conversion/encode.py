@@ -167,7 +167,8 @@ def _copied_camera(episode: str, camera: CameraSource, encoding: VideoEncoding) 
         gop=copied.key_interval,
         crf=None,
     )
-    return EncodedVideo(spec, copied.segments, copied.segment_frames, np.asarray(copied.timestamps, np.float64))
+    timestamps = np.asarray(copied.timestamps, np.float64)
+    return EncodedVideo(spec, copied.segments, copied.segment_frames, timestamps, copied.indexes)
 
 
 def _encode_audio(episode: str, audio: AudioSource, max_seconds: float) -> EncodedAudio:

@@ -12,17 +12,21 @@ from typing import Any
 
 import numpy as np
 
-from mmdata.codecs.packet_index import index_segment
+from mmdata.codecs.packet_index import PacketIndex, index_segment
 from mmdata.moments import Moments
 from mmdata.schema import AudioStream, LowdimStream, Stream, VideoStream
 
 
 @dataclass
 class EncodedVideo:
+    """A camera's segments, frames per segment and frame times; `indexes`, each segment's packet index when
+    whoever made the segments knows it already (a copy), else found by demuxing each one."""
+
     spec: VideoStream
     segments: list[bytes]
     segment_frames: list[int]
     timestamps: np.ndarray
+    indexes: list[PacketIndex] | None = None
 
     @property
     def count(self) -> int:
@@ -45,8 +49,9 @@ class EncodedVideo:
         """Each segment's packet index for the manifest (see `mmdata.codecs.packet_index`); None for a
         segment whose packets are not one per frame, which readers then demux."""
         records: list[dict[str, bytes] | None] = []
-        for data, frames in zip(self.segments, self.segment_frames):
-            index = index_segment(data)
+        known = self.indexes or [None] * len(self.segments)
+        for data, frames, index in zip(self.segments, self.segment_frames, known):
+            index = index if index is not None else index_segment(data)
             records.append(index.to_record() if len(index) == frames else None)
         return records
 

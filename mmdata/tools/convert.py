@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mmdata.codecs.video_encode import ACCESS_PATTERNS, COPY, VIDEO_CODECS, VideoEncoding, encoding_for_access
+from mmdata.codecs.video_encode import (
+    ACCESS_PATTERNS,
+    COPY,
+    COPY_SEGMENT_FRAMES,
+    VIDEO_CODECS,
+    VideoEncoding,
+    encoding_for_access,
+)
 from mmdata.conversion.encode import EncodeOptions
 from mmdata.conversion.pipeline import ConversionReport, ConvertOptions, convert
 from mmdata.errors import OptionError, SourceError
@@ -88,7 +95,7 @@ def add_parser(commands) -> None:
         default=None,
         help=f"codec of stored segments (default {DEFAULTS.codec}). 'copy' keeps the recording's H.264, HEVC, AV1"
         " or VP9 packets as they are: nothing is decoded or encoded, so conversion runs at the speed of the disk"
-        " (LeRobot's AV1: ~20x+ faster than encoding) and no generation of quality is lost. It is possible for"
+        " (LeRobot's AV1: ~20x faster than encoding) and no generation of quality is lost. It is possible for"
         " video files (raw MP4s, LeRobot videos) whose key frames lie at most --segment-frames apart (LeRobot"
         " writes one every 2 frames; segments are cut at key frames, up to --segment-frames long); other sources"
         " are refused with the interval found. It trades the decode tuning of --access, --gop and --crf for the"
@@ -98,7 +105,8 @@ def add_parser(commands) -> None:
         "--segment-frames",
         type=int,
         default=None,
-        help=f"frames per stored segment (default {DEFAULTS.segment_frames})",
+        help=f"frames per stored segment (default {DEFAULTS.segment_frames}; with --video-codec copy, at most this"
+        f" many, cut at key frames: default {COPY_SEGMENT_FRAMES})",
     )
     video.add_argument(
         "--access",
@@ -209,7 +217,7 @@ def run(args: argparse.Namespace) -> int:
     video = encoding_for_access(
         args.access or "both",
         codec=args.video_codec or DEFAULTS.codec,
-        segment_frames=DEFAULTS.segment_frames if args.segment_frames is None else args.segment_frames,
+        segment_frames=_segment_frames(args),
         gop=args.gop,
         crf=DEFAULTS.crf if args.crf is None else args.crf,
         preset=args.preset or DEFAULTS.preset,
@@ -240,6 +248,12 @@ def run(args: argparse.Namespace) -> int:
         raise
     print_report(report, copy=options.encode.video.codec == COPY or args.append)
     return 0
+
+
+def _segment_frames(args: argparse.Namespace) -> int:
+    if args.segment_frames is not None:
+        return args.segment_frames
+    return COPY_SEGMENT_FRAMES if args.video_codec == COPY else DEFAULTS.segment_frames
 
 
 def _check_append_options(args: argparse.Namespace, destination: str) -> None:
