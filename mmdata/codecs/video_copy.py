@@ -37,6 +37,7 @@ class CopiedVideo:
     codec: str
     width: int
     height: int
+    fps: Fraction
     segments: list[bytes] = field(default_factory=list)
     segment_frames: list[int] = field(default_factory=list)
     indexes: list[PacketIndex] = field(default_factory=list)
@@ -52,15 +53,19 @@ class _Packet:
     key: bool
 
 
-def copy_segments(
-    path: str, fps: Fraction, segment_frames: int, start: float | None = None, end: float | None = None
-) -> CopiedVideo:
+def copy_segments(path: str, segment_frames: int, start: float | None = None, end: float | None = None) -> CopiedVideo:
     """The video of `path` (its frames shown in [start, end) seconds, times then counted from `start`) as
     segments of at most `segment_frames` frames cut at key frames; CopyError when it cannot be."""
-    slack = 0.5 / float(fps)
     try:
         with _recording(path) as container:
+            if not container.streams.video:
+                raise CopyError("it holds no video stream")
             stream = container.streams.video[0]
+            rate = stream.average_rate or stream.guessed_rate or stream.base_rate
+            if not rate:
+                raise CopyError("it declares no frame rate")
+            fps = Fraction(rate)
+            slack = 0.5 / float(fps)
             codec = stream.codec_context.name
             if codec == "libdav1d":
                 codec = "av1"
@@ -83,7 +88,7 @@ def copy_segments(
                         break
                     continue
                 packets.append(_Packet(bytes(packet), int(packet.pts), packet.dts, bool(packet.is_keyframe)))
-            copied = CopiedVideo(codec, stream.codec_context.width, stream.codec_context.height)
+            copied = CopiedVideo(codec, stream.codec_context.width, stream.codec_context.height, fps)
             _cut(stream, packets, fps, segment_frames, copied, path)
     except av.error.FFmpegError as exc:
         raise CopyError(f"its packets cannot be read: {exc}") from exc

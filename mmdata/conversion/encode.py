@@ -146,8 +146,7 @@ def _copied_camera(episode: str, camera: CameraSource, encoding: VideoEncoding) 
             " files' packets only",
             "convert with --video-codec h264 (or another codec) to encode its pictures",
         )
-    info = camera.info(episode)
-    copied = camera.copied(episode, info.fps, encoding.segment_frames)
+    copied = camera.copied(episode, encoding.segment_frames)
     if not copied.segments:
         raise SourceError(episode, camera.path, "the video holds no frames", "re-export or replace the file")
     if copied.width % 2 or copied.height % 2:
@@ -159,7 +158,7 @@ def _copied_camera(episode: str, camera: CameraSource, encoding: VideoEncoding) 
         )
     spec = VideoStream(
         name=camera.name,
-        fps=float(info.fps),
+        fps=float(copied.fps),
         width=copied.width,
         height=copied.height,
         codec=copied.codec,

@@ -73,13 +73,16 @@ class CameraSource:
                 "the video is shorter than its episode; re-encode it from the recording",
             )
 
-    def copied(self, episode: str, fps: Fraction, segment_frames: int) -> CopiedVideo:
+    def copied(self, episode: str, segment_frames: int) -> CopiedVideo:
         """The recording's packets cut into segments of at most `segment_frames` frames at key frames, without
         decoding (`--video-codec copy`), with the frames' times as `frames` gives them."""
         try:
-            copied = copy_segments(self.path, fps, segment_frames, self.start, self.end)
+            copied = copy_segments(self.path, segment_frames, self.start, self.end)
         except CopyError as exc:
             raise SourceError(episode, self.path, f"camera '{self.name}': {exc}") from exc
+        problem = frame_size_problem(copied.width, copied.height)
+        if problem is not None:
+            raise SourceError(episode, self.path, problem, "scale the recording down")
         if self.grid:
             copied.timestamps = snap_to_grid(copied.timestamps, self.grid)
         if self.expected_frames is not None and len(copied.timestamps) < self.expected_frames:
