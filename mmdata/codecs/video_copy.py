@@ -76,11 +76,12 @@ def copy_segments(path: str, segment_frames: int, start: float | None = None, en
                 )
             base = stream.time_base
             container.seek(int((start or 0.0) / base) if base else 0, stream=stream, backward=True)
+            seconds_per_tick = float(base)
             packets = []
             for packet in container.demux(stream):
                 if not packet.size or packet.pts is None:
                     continue
-                seconds = float(packet.pts * base)
+                seconds = packet.pts * seconds_per_tick
                 if start is not None and seconds < start - slack:
                     continue
                 if end is not None and seconds >= end - slack:
@@ -92,7 +93,7 @@ def copy_segments(path: str, segment_frames: int, start: float | None = None, en
             _cut(stream, packets, fps, segment_frames, copied, path)
     except av.error.FFmpegError as exc:
         raise CopyError(f"its packets cannot be read: {exc}") from exc
-    times = np.sort(np.array([p.pts for p in packets], np.int64)) * float(base) - (start or 0.0)
+    times = np.sort(np.array([p.pts for p in packets], np.int64)) * seconds_per_tick - (start or 0.0)
     copied.timestamps = times
     return copied
 

@@ -297,13 +297,12 @@ class ParquetRowsSource:
         return self.count
 
     def load(self, episode: str) -> tuple[np.ndarray, np.ndarray]:
-        import pyarrow.parquet as pq
 
         from mmdata.importers.episode import column_to_array, snap_to_grid
 
         try:
             rows = parquet_rows(
-                pq.ParquetFile(self.path), ["episode_index", "timestamp", self.column], self.first, self.count
+                _parquet_file(self.path), ["episode_index", "timestamp", self.column], self.first, self.count
             )
         except (OSError, ValueError, KeyError) as exc:
             raise SourceError(episode, self.path, f"cannot read column '{self.column}': {exc}") from exc
@@ -394,6 +393,21 @@ def _image_row_groups(path: str, column: str, groups: tuple[int, ...], version: 
     file = pq.ParquetFile(path)
     require_parquet_bytes(file, [column], MAX_ARRAY_CHUNK_BYTES, list(groups))
     return file.read_row_groups(list(groups), columns=[column]).column(column)
+
+
+def _parquet_file(path: str):
+    """The Parquet file at `path`, its footer parsed once for the episodes read one after another from it (a
+    LeRobot v3 data file holds many), as long as the file is unchanged."""
+    import pyarrow.parquet as pq
+
+    stat = os.stat(path)
+    key = (path, stat.st_size, stat.st_mtime_ns)
+    if _PARQUET_FILES.get("key") != key:
+        _PARQUET_FILES.update(key=key, file=pq.ParquetFile(path))
+    return _PARQUET_FILES["file"]
+
+
+_PARQUET_FILES: dict = {}
 
 
 def parquet_rows(file, columns: list[str], first: int, count: int):

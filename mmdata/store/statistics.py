@@ -39,6 +39,7 @@ MAX_STATS_BYTES = 64 << 20
 # Decoded camera frames held at once while their histograms are counted (counting one channel takes
 # another 8 bytes per pixel for a moment)
 CAMERA_BLOCK_BYTES = 16 << 20
+_CHANNEL_OFFSETS = np.array([0, 256, 512], np.int32)
 
 
 def compute_stats(
@@ -195,8 +196,8 @@ def _camera_stats(dataset: Dataset, name: str, episodes: list[int], frames: int,
         picked = np.sort(rng.choice(len(times), size=min(take, len(times)), replace=False))
         for first in range(0, len(picked), block):
             pixels = np.asarray(dataset.frames_at(episode, name, times[picked[first : first + block]]).values)
-            pixels = pixels.reshape(-1, 3)
-            counts += np.stack([np.bincount(pixels[:, channel], minlength=256) for channel in range(3)])
+            levels = pixels.reshape(-1, 3).astype(np.int32) + _CHANNEL_OFFSETS  # one count of all three channels
+            counts += np.bincount(levels.ravel(), minlength=3 * 256).reshape(3, 256)
         sampled += len(picked)
     moments = Moments.of_levels(np.arange(256) / 255.0, counts) if sampled else Moments()
     return {"frames": sampled, "mean": moments.mean.tolist(), "std": moments.std.tolist()}
