@@ -5,6 +5,7 @@ the version in one rename, then the partial folder removed."""
 from __future__ import annotations
 
 import os
+from concurrent.futures import Executor
 from dataclasses import asdict
 from typing import Any
 
@@ -31,10 +32,12 @@ def complete_store(
     schema: DatasetSchema,
     moments: dict[str, Moments],
     source_stats: dict[str, Any] | None,
+    executor: Executor | None = None,
 ) -> str | None:
     """Write the manifest and statistics files `schema` names into the store at `root` on `fs` (`url` to name
     it), then its `dataset.json`, then remove its partial folder; returns why the statistics were not
-    written, if so. Until `dataset.json` is replaced a reader sees the version before, whole."""
+    written, if so. Until `dataset.json` is replaced a reader sees the version before, whole. The cameras'
+    statistics are computed in `executor`'s processes when given (the conversion's workers)."""
     try:
         write_manifest(rows, schema.streams, join(root, schema.manifest_file), fs)
     except (pa.ArrowException, TypeError, ValueError) as exc:
@@ -45,7 +48,8 @@ def complete_store(
     stats_problem = None
     try:
         dataset = Dataset(Store(url, schema=schema))
-        write_stats(dataset, {**compute_stats(dataset, moments=moments), **(source_stats or {})})
+        figures = compute_stats(dataset, moments=moments, executor=executor)
+        write_stats(dataset, {**figures, **(source_stats or {})})
     except (MmdataError, OSError, ValueError, MemoryError) as exc:
         why = str(exc) or type(exc).__name__
         stats_problem = f"normalization statistics were not written ({why}); run `mmdata stats {url}` to compute them"

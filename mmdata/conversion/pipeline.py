@@ -10,12 +10,10 @@ computed once the store is complete (see `mmdata.store.statistics`).
 from __future__ import annotations
 
 import dataclasses
-import multiprocessing
 import os
 import time
 from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any, Protocol
@@ -47,9 +45,9 @@ from mmdata.conversion.destination import (
 from mmdata.conversion.encode import EncodeOptions, encode_or_error, worker_crashed
 from mmdata.conversion.ledger import ConversionLedger
 from mmdata.conversion.publish import default_staging, is_remote, publish, remove_staging, upload_new_files
+from mmdata.conversion.workers import WorkerPool, spawned_pool
 from mmdata.errors import DestinationError, SourceError
 from mmdata.importers.episode import EpisodeSource, source_files
-from mmdata.lifetime import exit_with_parent
 from mmdata.schema import Stream
 from mmdata.store.encoded import EncodedEpisode
 from mmdata.store.filesystem import join, resolve
@@ -150,12 +148,16 @@ def _convert_locked(
     started = time.perf_counter()
     prepare_destination(root, options.fingerprint(sources), options.resume, options.overwrite)
     writer = _store_writer(options.layout, root, options.shard_bytes)
-    ledger = _run_episodes(sources, root, options, writer, ConversionLedger(writer.restore(), len(sources), root))
-    rows = writer.finish(ledger.checkpoint(), ledger.registry.streams)
-    created = options.creation_info(sources, ledger.skipped)
-    schema = store_schema(options.layout, ledger.registry.streams, rows, created, str(root))
-    fs = LocalFileSystem()
-    stats_problem = complete_store(fs, str(root), str(root), rows, schema, ledger.moments, source_stats)
+    with _workers(options) as pool:
+        ledger = ConversionLedger(writer.restore(), len(sources), root)
+        ledger = _run_episodes(sources, root, options, writer, ledger, pool)
+        rows = writer.finish(ledger.checkpoint(), ledger.registry.streams)
+        created = options.creation_info(sources, ledger.skipped)
+        schema = store_schema(options.layout, ledger.registry.streams, rows, created, str(root))
+        fs = LocalFileSystem()
+        stats_problem = complete_store(
+            fs, str(root), str(root), rows, schema, ledger.moments, source_stats, pool.executor
+        )
     return ConversionReport(
         destination=str(root),
         layout=options.layout,
@@ -194,16 +196,18 @@ def _append_locked(
         writer: StoreWriter = _store_writer(layout, local, options.shard_bytes, first_shard=base.first_shard)
     else:
         writer = _store_writer(layout, local, options.shard_bytes, base.rows, state["array_lengths"])
-    ledger = ConversionLedger(writer.restore(), len(sources), local, base.streams)
-    ledger = _run_episodes(sources, local, options, writer, ledger, base.first_episode)
-    rows = writer.finish(ledger.checkpoint(), ledger.registry.streams)
-    if not rows:
-        store_schema(layout, ledger.registry.streams, rows, options.creation_info(sources, ledger.skipped), str(root))
-    if url:
-        upload_new_files(local, url, {row["shard"] for row in rows}, options.progress)
-    schema = appended_schema(base, ledger.registry.streams, len(rows), source, state["time"])
-    moments = merged_moments(base, ledger.moments)
-    stats_problem = complete_store(fs, root, url or root, [*base.rows, *rows], schema, moments, None)
+    with _workers(options) as pool:
+        ledger = ConversionLedger(writer.restore(), len(sources), local, base.streams)
+        ledger = _run_episodes(sources, local, options, writer, ledger, pool, base.first_episode)
+        rows = writer.finish(ledger.checkpoint(), ledger.registry.streams)
+        if not rows:
+            created = options.creation_info(sources, ledger.skipped)
+            store_schema(layout, ledger.registry.streams, rows, created, str(root))
+        if url:
+            upload_new_files(local, url, {row["shard"] for row in rows}, options.progress)
+        schema = appended_schema(base, ledger.registry.streams, len(rows), source, state["time"])
+        moments = merged_moments(base, ledger.moments)
+        stats_problem = complete_store(fs, root, url or root, [*base.rows, *rows], schema, moments, None, pool.executor)
     remove_superseded(fs, root, schema)
     if url:
         remove_staging(local)
@@ -228,6 +232,7 @@ def _run_episodes(
     options: ConvertOptions,
     writer: StoreWriter,
     ledger: ConversionLedger,
+    pool: WorkerPool,
     first_episode: int = 0,
 ) -> ConversionLedger:
     """Encode the episodes the ledger has not accounted for, in parallel, and write them in source order,
@@ -244,7 +249,7 @@ def _run_episodes(
         dynamic_ncols=True,
     )
     with progress:
-        for position, outcome in _ordered(_encode_job, jobs, _worker_count(options.workers)):
+        for position, outcome in _ordered(_encode_job, jobs, pool):
             index = ledger.accept(position, sources[position].name, outcome, options.skip_bad)
             if index is not None:
                 writer.add(outcome, first_episode + index, ledger.checkpoint())
@@ -261,62 +266,51 @@ def _crashed(job: tuple[EpisodeSource, int, EncodeOptions]) -> SourceError:
     return worker_crashed(job[0].name)
 
 
-def _ordered(function, jobs, workers: int) -> Iterator[tuple[int, Any]]:
-    """Results of `function(job)` in job order, with at most 2 x workers jobs in flight.
+def _ordered(function, jobs, pool: WorkerPool) -> Iterator[tuple[int, Any]]:
+    """Results of `function(job)` in job order, with at most 2 x workers jobs in flight in `pool`.
 
     A worker that dies (a crash in native code) breaks the pool: the jobs that were in flight are
     then run again one at a time, each in a process of its own, so the one that crashes is named
     (as its episode's SourceError) and the others are converted; the rest continue in a new pool.
     """
-    if workers <= 1:
+    if pool.executor is None:
         for job in jobs:
             yield job[1], function(job)
         return
     jobs = iter(jobs)
-    pool = _worker_pool(workers)
     in_flight: deque = deque()
     try:
         while True:
-            while len(in_flight) < 2 * workers and (job := next(jobs, None)) is not None:
-                in_flight.append((job, pool.submit(function, job)))
+            while len(in_flight) < 2 * pool.workers and (job := next(jobs, None)) is not None:
+                in_flight.append((job, pool.executor.submit(function, job)))
             if not in_flight:
                 return
             job, future = in_flight.popleft()
             try:
                 result = future.result()
             except BrokenProcessPool:
-                pool.shutdown(wait=False, cancel_futures=True)
+                pool.restart()
                 retried = [job, *(waiting for waiting, _ in in_flight)]
                 in_flight.clear()
                 for waiting in retried:
                     yield waiting[1], _run_alone(function, waiting)
-                pool = _worker_pool(workers)
                 continue
             yield job[1], result
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        for _, future in in_flight:
+            future.cancel()
 
 
 def _run_alone(function, job) -> Any:
-    with _worker_pool(1) as pool:
+    with spawned_pool(1) as pool:
         try:
             return pool.submit(function, job).result()
         except BrokenProcessPool:
             return _crashed(job)
 
 
-def _worker_pool(workers: int) -> ProcessPoolExecutor:
-    """Spawned workers that exit when this process dies, even by SIGKILL (see `mmdata.lifetime`)."""
-    return ProcessPoolExecutor(
-        workers,
-        mp_context=multiprocessing.get_context("spawn"),
-        initializer=exit_with_parent,
-        initargs=(os.getpid(), True),
-    )
-
-
-def _worker_count(requested: int | None) -> int:
-    return requested if requested else (os.cpu_count() or 1)
+def _workers(options: ConvertOptions) -> WorkerPool:
+    return WorkerPool(options.workers if options.workers else (os.cpu_count() or 1))
 
 
 def _store_writer(

@@ -18,6 +18,7 @@ version's `dataset.json` names).
 from __future__ import annotations
 
 import json
+from concurrent.futures import Executor
 from typing import Any
 
 import numpy as np
@@ -25,7 +26,7 @@ import numpy as np
 from mmdata.checks import option_number, parse_json
 from mmdata.errors import OptionError, ReadError, StoreError
 from mmdata.moments import Moments, mixture_figures
-from mmdata.schema import LowdimStream, VideoStream
+from mmdata.schema import DatasetSchema, LowdimStream, VideoStream
 from mmdata.store.dataset import Dataset
 from mmdata.store.filesystem import join, read_file, write_text_atomically
 from mmdata.store.handle import Store
@@ -39,17 +40,21 @@ MAX_STATS_BYTES = 64 << 20
 # Decoded camera frames held at once while their histograms are counted (counting one channel takes
 # another 8 bytes per pixel for a moment)
 CAMERA_BLOCK_BYTES = 16 << 20
-_CHANNEL_OFFSETS = np.array([0, 256, 512], np.int32)
 
 
 def compute_stats(
-    dataset: Dataset, camera_frames: int = 256, seed: int = 0, moments: dict[str, Moments] | None = None
+    dataset: Dataset,
+    camera_frames: int = 256,
+    seed: int = 0,
+    moments: dict[str, Moments] | None = None,
+    executor: Executor | None = None,
 ) -> dict[str, Any]:
     """The statistics of every low-dim stream and camera of `dataset` (see the module docstring).
 
     `moments` per low-dim stream, when already known (merged from conversion workers), spare the
     first pass over the values; the percentile pass always reads them. The moments are kept under
-    "moments", exactly, for an append to merge its own into.
+    "moments", exactly, for an append to merge its own into. With `executor` (processes: the conversion's
+    workers), each camera's figures are computed in one of them, alongside the low-dim ones here.
     """
     episodes = [i for i in range(len(dataset)) if i not in dataset.damaged]
     result: dict[str, Any] = {
@@ -59,6 +64,12 @@ def compute_stats(
         "cameras": {},
         "moments": {},
     }
+    cameras = {}
+    if executor is not None and camera_frames > 0:
+        schema = dataset.schema.to_json()
+        for stream in dataset.schema.of_kind("video"):
+            job = (dataset.url, schema, stream.name, episodes, camera_frames, seed)
+            cameras[stream.name] = executor.submit(camera_stats_of, *job)
     for stream in dataset.schema.streams:
         if isinstance(stream, LowdimStream):
             known = (moments or {}).get(stream.name)
@@ -68,8 +79,10 @@ def compute_stats(
                     known = known.merge(Moments.of(_rows(dataset, stream.name, episode)))
             result["lowdim"][stream.name] = _lowdim_stats(dataset, stream.name, episodes, known)
             result["moments"][stream.name] = known.to_json()  # what an append merges its episodes' into
-        elif isinstance(stream, VideoStream) and camera_frames > 0:
+        elif isinstance(stream, VideoStream) and camera_frames > 0 and executor is None:
             result["cameras"][stream.name] = _camera_stats(dataset, stream.name, episodes, camera_frames, seed)
+    for name, figures in cameras.items():
+        result["cameras"][name] = figures.result()
     return result
 
 
@@ -196,11 +209,18 @@ def _camera_stats(dataset: Dataset, name: str, episodes: list[int], frames: int,
         picked = np.sort(rng.choice(len(times), size=min(take, len(times)), replace=False))
         for first in range(0, len(picked), block):
             pixels = np.asarray(dataset.frames_at(episode, name, times[picked[first : first + block]]).values)
-            levels = pixels.reshape(-1, 3).astype(np.int32) + _CHANNEL_OFFSETS  # one count of all three channels
-            counts += np.bincount(levels.ravel(), minlength=3 * 256).reshape(3, 256)
+            pixels = pixels.reshape(-1, 3)
+            counts += np.stack([np.bincount(pixels[:, channel], minlength=256) for channel in range(3)])
         sampled += len(picked)
     moments = Moments.of_levels(np.arange(256) / 255.0, counts) if sampled else Moments()
     return {"frames": sampled, "mean": moments.mean.tolist(), "std": moments.std.tolist()}
+
+
+def camera_stats_of(url: str, schema: str, name: str, episodes: list[int], frames: int, seed: int) -> dict[str, Any]:
+    """`_camera_stats` of camera `name` of the store at `url` as the schema text `schema` describes it (a version
+    not yet published): what a worker process runs."""
+    dataset = Dataset(Store(url, schema=DatasetSchema.from_json(schema)))
+    return _camera_stats(dataset, name, episodes, frames, seed)
 
 
 def _spread(total: int, parts: int) -> list[int]:

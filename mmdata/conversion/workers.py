@@ -1,0 +1,54 @@
+"""The conversion's worker processes: spawned, tied to this process's life, started again when one dies, and
+kept from the episodes' encoding to the store's statistics, which then start in warm processes."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
+
+from mmdata.lifetime import exit_with_parent
+
+
+class WorkerPool:
+    """`workers` spawned processes that exit when this one dies, even by SIGKILL (see `mmdata.lifetime`); none
+    for one worker, where the work runs in this process (`executor` is then None)."""
+
+    def __init__(self, workers: int):
+        self.workers = workers
+        self._executor: ProcessPoolExecutor | None = None
+
+    @property
+    def executor(self) -> ProcessPoolExecutor | None:
+        if self.workers <= 1:
+            return None
+        if self._executor is None:
+            self._executor = spawned_pool(self.workers)
+        return self._executor
+
+    def restart(self) -> None:
+        """Drop a pool a dead worker broke (its jobs cancelled); the next use starts a new one."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._executor = None
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.close()
+
+
+def spawned_pool(workers: int) -> ProcessPoolExecutor:
+    """`workers` spawned processes that exit when this process dies (see `mmdata.lifetime`)."""
+    return ProcessPoolExecutor(
+        workers,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=exit_with_parent,
+        initargs=(os.getpid(), True),
+    )
