@@ -32,16 +32,20 @@ class WorkerPool:
             self._executor.shutdown(wait=False, cancel_futures=True)
             self._executor = None
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
+        """Stop the workers: with `wait`, return once they have exited."""
         if self._executor is not None:
-            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._executor.shutdown(wait=wait, cancel_futures=True)
             self._executor = None
 
     def __enter__(self) -> WorkerPool:
         return self
 
-    def __exit__(self, *_) -> None:
-        self.close()
+    def __exit__(self, failure_type, *_) -> None:
+        # After a conversion that ended well the idle workers exit on their own (a process that decoded video
+        # takes ~0.3 s to shut its libraries down), while the store is already complete; after a failure
+        # they are waited for, so that nothing outlives the error.
+        self.close(wait=failure_type is not None)
 
 
 def spawned_pool(workers: int) -> ProcessPoolExecutor:
