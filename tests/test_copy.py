@@ -157,7 +157,7 @@ def test_key_frames_too_sparse_for_the_segments_are_refused_with_the_interval_fo
 
 def test_cameras_recorded_as_pictures_are_refused_with_the_way_round(tmp_path):
     images = Path(__file__).parent / "fixtures" / "lerobot_images"
-    with pytest.raises(SourceError, match="recorded as pictures, not as video packets.*--video-codec h264"):
+    with pytest.raises(SourceError, match="not read from a video file.*an array of images.*--video-codec h264"):
         convert(discover_episodes(str(images)), tmp_path / "out", copy_options())
 
 
