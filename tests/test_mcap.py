@@ -40,7 +40,7 @@ def _map_file(tmp_path: Path, mapping: dict) -> Path:
     return path
 
 
-def _check_episode(dataset, index: int, truth: LogTruth) -> None:
+def check_episode(dataset, index: int, truth: LogTruth) -> None:
     row = dataset.manifest.row(index)
     assert row["task"] == truth.task
     frame_times = dataset.timestamps_of(row, "front")
@@ -67,7 +67,7 @@ def test_mcap_logs_convert_and_read_back_as_their_ground_truth(tmp_path, logs, l
     assert schema["observation.state"].rate is None, "irregular times are kept, not resampled"
     assert schema["front"].fps == 30
     for index, truth in enumerate(truths):
-        _check_episode(dataset, index, truth)
+        check_episode(dataset, index, truth)
 
 
 def test_ros1_logs_convert_and_read_back_as_their_ground_truth_with_the_default_map(tmp_path):
@@ -133,7 +133,7 @@ def _convert_and_check(sources, truths: list[LogTruth], tmp_path: Path) -> None:
     convert(sources, tmp_path / "out", OPTIONS)
     dataset = mmdata.open_dataset(str(tmp_path / "out"))
     for index, truth in enumerate(truths):
-        _check_episode(dataset, index, truth)
+        check_episode(dataset, index, truth)
 
 
 @pytest.mark.slow
