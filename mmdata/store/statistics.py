@@ -18,7 +18,7 @@ version's `dataset.json` names).
 from __future__ import annotations
 
 import json
-from concurrent.futures import Executor
+from concurrent.futures import BrokenExecutor, Executor
 from typing import Any
 
 import numpy as np
@@ -82,7 +82,10 @@ def compute_stats(
         elif isinstance(stream, VideoStream) and camera_frames > 0 and executor is None:
             result["cameras"][stream.name] = _camera_stats(dataset, stream.name, episodes, camera_frames, seed)
     for name, figures in cameras.items():
-        result["cameras"][name] = figures.result()
+        try:
+            result["cameras"][name] = figures.result()
+        except BrokenExecutor:  # the worker died (a crash in native code): counted here instead
+            result["cameras"][name] = _camera_stats(dataset, name, episodes, camera_frames, seed)
     return result
 
 
