@@ -8,6 +8,7 @@ import threading
 import time
 
 import fsspec.config
+import numpy as np
 import pytest
 import torch
 
@@ -398,7 +399,7 @@ def test_mmdata_view_shows_a_store_on_s3_as_it_shows_the_local_one(s3_stores, st
 
 
 @pytest.mark.slow
-def test_an_append_to_a_store_in_s3_gives_the_store_a_local_append_gives(
+def test_an_append_to_a_store_in_s3_gives_the_store_a_local_append_gives_in_both_layouts(
     raw_dataset, s3_endpoint, tmp_path, monkeypatch
 ):
     from mmdata.synthetic import SynthSpec, write_synthetic_dataset
@@ -426,7 +427,19 @@ def test_an_append_to_a_store_in_s3_gives_the_store_a_local_append_gives(
     assert not differing, f"manifest columns {differing} differ from a local append's"
     verified = run_cli("verify", url)
     assert verified.returncode == 0, verified.stdout + verified.stderr
-    zarr_url = f"s3://{BUCKET}/appended/out.zarr"
-    assert run_cli("convert", str(raw_dataset), zarr_url, "--to", "zarr", *options).returncode == 0
-    refused = run_cli("convert", str(more), zarr_url, "--append", "--quiet")
-    assert refused.returncode != 0 and "append to a local copy" in refused.stderr
+    zarr_url, zarr_disk = f"s3://{BUCKET}/appended/out.zarr", tmp_path / "local.zarr"
+    for destination in (zarr_url, str(zarr_disk)):
+        assert run_cli("convert", str(raw_dataset), destination, "--to", "zarr", *options).returncode == 0
+    reader = mmdata.open_dataset(zarr_url)
+    before = [reader.read_episode(i)["state"].values for i in range(len(reader))]
+    for destination in (zarr_url, str(zarr_disk)):
+        result = run_cli("convert", str(more), destination, "--append", "--workers", "1", "--quiet")
+        assert result.returncode == 0, result.stderr
+    assert all((reader.read_episode(i)["state"].values == values).all() for i, values in enumerate(before))
+    remote, local = mmdata.open_dataset(zarr_url), mmdata.open_dataset(str(zarr_disk))
+    assert len(remote) == len(local) == len(before) + 2
+    for index in range(len(local)):  # the arrays' rows, appended in the bucket as on disk
+        a, b = remote.read_episode(index), local.read_episode(index)
+        assert all(np.array_equal(np.asarray(a[n].values), np.asarray(b[n].values)) for n in ("state", "cam_high"))
+    verified = run_cli("verify", zarr_url)
+    assert verified.returncode == 0, verified.stdout + verified.stderr

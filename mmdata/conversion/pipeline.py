@@ -46,7 +46,7 @@ from mmdata.conversion.encode import EncodeOptions, encode_or_error, worker_cras
 from mmdata.conversion.ledger import ConversionLedger
 from mmdata.conversion.publish import default_staging, is_remote, publish, remove_staging, upload_new_files
 from mmdata.conversion.workers import WorkerPool, spawned_pool
-from mmdata.errors import DestinationError, SourceError
+from mmdata.errors import SourceError
 from mmdata.importers.episode import EpisodeSource, source_files
 from mmdata.schema import Stream
 from mmdata.store.encoded import EncodedEpisode
@@ -182,20 +182,15 @@ def _append_locked(
     base = open_base(url or str(local))
     if not options.skip_bad:
         check_declared_streams(base, sources)
-    if url and base.schema.layout != "wds":
-        raise DestinationError(
-            f"cannot append to '{url}': appending to a Zarr store in object storage is not supported (the chunk each"
-            " array ends in is rewritten); append to a local copy and upload it, or keep appended stores as"
-            " WebDataset (--to wds)"
-        )
     options = append_options(options, base)
     prepare_append(local, {**options.fingerprint(sources), "append_to": base.fingerprint()}, options.resume)
     layout = base.schema.layout
-    state = append_state(LocalFileSystem(), str(local), options.resume, lambda: _array_lengths(layout, local, base))
+    arrays = url or str(local)
+    state = append_state(LocalFileSystem(), str(local), options.resume, lambda: _array_lengths(layout, arrays, base))
     if layout == "wds":
         writer: StoreWriter = _store_writer(layout, local, options.shard_bytes, first_shard=base.first_shard)
     else:
-        writer = _store_writer(layout, local, options.shard_bytes, base.rows, state["array_lengths"])
+        writer = _store_writer(layout, local, options.shard_bytes, base.rows, state["array_lengths"], arrays_url=url)
     with _workers(options) as pool:
         ledger = ConversionLedger(writer.restore(), len(sources), local, base.streams)
         ledger = _run_episodes(sources, local, options, writer, ledger, pool, base.first_episode)
@@ -203,7 +198,7 @@ def _append_locked(
         if not rows:
             created = options.creation_info(sources, ledger.skipped)
             store_schema(layout, ledger.registry.streams, rows, created, str(root))
-        if url:
+        if url and layout == "wds":  # (a Zarr store's new rows were written into its arrays there)
             upload_new_files(local, url, {row["shard"] for row in rows}, options.progress)
         schema = appended_schema(base, ledger.registry.streams, len(rows), source, state["time"])
         moments = merged_moments(base, ledger.moments)
@@ -320,6 +315,7 @@ def _store_writer(
     earlier_rows: list[dict[str, Any]] | None = None,
     array_lengths: dict[str, int] | None = None,
     first_shard: int = 0,
+    arrays_url: str | None = None,
 ) -> StoreWriter:
     """The writer of a layout (an append's, given what the store holds), imported when used: a WebDataset
     conversion does not need zarr installed."""
@@ -329,10 +325,10 @@ def _store_writer(
         return WdsWriter(root, shard_bytes, first_shard)
     from mmdata.store.zarr_writer import ZarrWriter
 
-    return ZarrWriter(root, earlier_rows, array_lengths)
+    return ZarrWriter(root, earlier_rows, array_lengths, arrays_url)
 
 
-def _array_lengths(layout: str, root: Path, base: AppendBase) -> dict[str, int]:
+def _array_lengths(layout: str, root: str, base: AppendBase) -> dict[str, int]:
     if layout == "wds":
         return {}
     from mmdata.store.zarr_writer import existing_lengths

@@ -112,11 +112,13 @@ class ZarrWriter:
         root: str | os.PathLike,
         earlier_rows: list[dict[str, Any]] | None = None,
         array_lengths: dict[str, int] | None = None,
+        arrays_url: str | None = None,
     ):
         self.root = Path(root)
         self.partial = self.root / PARTIAL_DIR / "episodes"
         self.earlier_rows = list(earlier_rows or [])
         self.array_lengths = dict(array_lengths or {})
+        self.arrays_url = arrays_url or str(self.root)  # (an append to object storage writes its arrays there)
 
     def restore(self) -> dict[str, Any] | None:
         self.partial.mkdir(parents=True, exist_ok=True)
@@ -145,7 +147,7 @@ class ZarrWriter:
     def _write_store(
         self, streams: list[Stream], episodes: Iterable[tuple[EncodedEpisode, int]]
     ) -> list[dict[str, Any]]:
-        group = zarr.open_group(str(self.root), mode="a", zarr_format=3)
+        group = zarr.open_group(self.arrays_url, mode="a", zarr_format=3)
         if self.earlier_rows:
             appenders = self._open_arrays(group, streams)
         else:
@@ -256,6 +258,7 @@ class ZarrWriter:
 
 
 def existing_lengths(root: str | os.PathLike, streams: list[Stream]) -> dict[str, int]:
-    """The length of each array of a Zarr store holding `streams`: where an append's rows begin."""
+    """The length of each array of a Zarr store (a folder or an fsspec URL) holding `streams`: where an append's
+    rows begin."""
     group = zarr.open_group(str(root), mode="r", zarr_format=3)
     return {path: int(group[path].shape[0]) for path in zarr_array_paths(streams)}
