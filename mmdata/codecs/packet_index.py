@@ -101,21 +101,27 @@ def index_segment(data: bytes) -> PacketIndex:
         config = bytes(stream.codec_context.extradata or b"")
         packets = [packet for packet in container.demux(stream) if packet.size]
         order = presentation_order(packets)
-        payloads = [bytes(packet) for packet in packets]
-        offsets, position = [], 0
-        for payload in payloads:
-            found = data.find(payload, position)
-            if found < 0:
-                raise DecodeError("a packet's bytes are not stored contiguously in the segment")
-            offsets.append(found)
-            position = found + len(payload)
-        return PacketIndex(
-            config,
-            np.asarray(offsets, np.int32),
-            np.asarray([len(payload) for payload in payloads], np.int32),
-            np.asarray([order[packet.pts] for packet in packets], np.int32),
-            np.asarray([packet.is_keyframe for packet in packets], bool),
-        )
+        frames = [order[packet.pts] for packet in packets]
+        return located(config, data, [bytes(p) for p in packets], frames, [p.is_keyframe for p in packets])
+
+
+def located(config: bytes, data: bytes, payloads: list[bytes], frames: list[int], keys: list[bool]) -> PacketIndex:
+    """The index of a segment's packets (`payloads` in decode order, the frame each shows, its key flag), each
+    found in the segment's bytes `data`, in order: the index is checked against the very bytes it will slice."""
+    offsets, position = [], 0
+    for payload in payloads:
+        found = data.find(payload, position)
+        if found < 0:
+            raise DecodeError("a packet's bytes are not stored contiguously in the segment")
+        offsets.append(found)
+        position = found + len(payload)
+    return PacketIndex(
+        config,
+        np.asarray(offsets, np.int32),
+        np.asarray([len(payload) for payload in payloads], np.int32),
+        np.asarray(frames, np.int32),
+        np.asarray(keys, bool),
+    )
 
 
 def presentation_order(packets: list[av.Packet]) -> dict[int, int]:

@@ -23,10 +23,11 @@ from fractions import Fraction
 import av
 import numpy as np
 
-from mmdata.codecs.packet_index import PacketIndex
-from mmdata.errors import CopyError
+from mmdata.codecs.packet_index import PacketIndex, located
+from mmdata.codecs.video_encode import SEGMENT_SUFFIXES
+from mmdata.errors import CopyError, DecodeError
 
-COPIED_CODECS = {"h264": "mp4", "hevc": "mp4", "av1": "mp4", "vp9": "webm"}
+COPIED_CODECS = tuple(SEGMENT_SUFFIXES)  # every codec a store's segments hold, in the container they use
 
 
 @dataclass
@@ -90,7 +91,7 @@ def copy_segments(path: str, segment_frames: int, start: float | None = None, en
                     continue
                 packets.append(_Packet(bytes(packet), int(packet.pts), packet.dts, bool(packet.is_keyframe)))
             copied = CopiedVideo(codec, stream.codec_context.width, stream.codec_context.height, fps)
-            _cut(stream, packets, fps, segment_frames, copied, path)
+            _cut(stream, packets, fps, segment_frames, copied)
     except av.error.FFmpegError as exc:
         raise CopyError(f"its packets cannot be read: {exc}") from exc
     times = np.sort(np.array([p.pts for p in packets], np.int64)) * seconds_per_tick - (start or 0.0)
@@ -98,7 +99,7 @@ def copy_segments(path: str, segment_frames: int, start: float | None = None, en
     return copied
 
 
-def _cut(stream, packets: list[_Packet], fps: Fraction, segment_frames: int, copied: CopiedVideo, path: str) -> None:
+def _cut(stream, packets: list[_Packet], fps: Fraction, segment_frames: int, copied: CopiedVideo) -> None:
     if not packets:
         return
     if not packets[0].key:
@@ -117,7 +118,7 @@ def _cut(stream, packets: list[_Packet], fps: Fraction, segment_frames: int, cop
     segment: list[_Packet] = []
     for group in [*groups, []]:
         if segment and (not group or len(segment) + len(group) > segment_frames):
-            data, index = _muxed(stream, segment, fps, path)
+            data, index = _muxed(stream, copied.codec, segment, fps)
             copied.segments.append(data)
             copied.indexes.append(index)
             copied.segment_frames.append(len(segment))
@@ -136,7 +137,7 @@ def _key_frame_groups(packets: list[_Packet]) -> Iterator[list[_Packet]]:
     yield group
 
 
-def _muxed(template, packets: list[_Packet], fps: Fraction, path: str) -> tuple[bytes, PacketIndex]:
+def _muxed(template, codec: str, packets: list[_Packet], fps: Fraction) -> tuple[bytes, PacketIndex]:
     """One segment file of `packets` (decode order), stamped 0, 1, 2, ... / fps in presentation order, and its
     packet index (each payload found in the file's bytes, as `packet_index.index_segment` finds them)."""
     first_shown = min(p.pts for p in packets)
@@ -149,7 +150,7 @@ def _muxed(template, packets: list[_Packet], fps: Fraction, path: str) -> tuple[
     delay = max(position - rank[p.pts] for position, p in enumerate(packets))
     buffer = io.BytesIO()
     time_base = 1 / Fraction(fps)
-    with av.open(buffer, "w", format=COPIED_CODECS_FORMAT[template.codec_context.name], options=_BITEXACT) as output:
+    with av.open(buffer, "w", format=SEGMENT_SUFFIXES[codec], options=_BITEXACT) as output:
         stream = output.add_stream_from_template(template, opaque=True)
         stream.time_base = time_base
         for position, source in enumerate(packets):
@@ -163,20 +164,12 @@ def _muxed(template, packets: list[_Packet], fps: Fraction, path: str) -> tuple[
             output.mux(packet)
         config = bytes(stream.codec_context.extradata or b"")
     data = buffer.getvalue()
-    offsets, position = [], 0
-    for source in packets:
-        found = data.find(source.data, position)
-        if found < 0:
-            raise CopyError("the muxer did not store a packet's bytes contiguously")
-        offsets.append(found)
-        position = found + len(source.data)
-    index = PacketIndex(
-        config,
-        np.asarray(offsets, np.int32),
-        np.asarray([len(p.data) for p in packets], np.int32),
-        np.asarray([rank[p.pts] for p in packets], np.int32),
-        np.asarray([p.key for p in packets], bool),
-    )
+    try:
+        index = located(
+            config, data, [p.data for p in packets], [rank[p.pts] for p in packets], [p.key for p in packets]
+        )
+    except DecodeError as exc:
+        raise CopyError(f"the muxer did not store the packets as they came ({exc})") from exc
     return data, index
 
 
@@ -204,4 +197,3 @@ _OPEN: OrderedDict[tuple, av.container.InputContainer] = OrderedDict()
 
 
 _BITEXACT = {"fflags": "+bitexact"}
-COPIED_CODECS_FORMAT = {**COPIED_CODECS, "libdav1d": "mp4"}

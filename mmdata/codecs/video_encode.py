@@ -39,7 +39,7 @@ VIDEO_CODECS = {
 # (Multicorewareinc/x265 issue 781). Segments this short are encoded without B-frames.
 X265_SHORT_SEGMENT_FRAMES = 8
 
-# The file suffix of a stored segment, by codec: the encoders' own, and the codecs a copy keeps (AV1)
+# The container (and file suffix) of a stored segment, by codec: the encoders' own, and the codecs a copy keeps (AV1)
 SEGMENT_SUFFIXES = {codec: suffix for codec, (_, _, suffix) in VIDEO_CODECS.items()} | {"av1": "mp4"}
 
 # What an encoder may hold of a segment's frames, so that a worker's memory does not grow with the frame

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,9 +31,9 @@ from mmdata.store.filesystem import join, write_text_atomically
 from mmdata.store.handle import Store, open_store
 from mmdata.store.layout import PARTIAL_DIR
 from mmdata.store.statistics import read_stats
+from mmdata.store.wds_writer import shard_number
 
 APPEND_FILE = "append.json"
-_SHARD_NUMBER = re.compile(r"shards/shard-(\d{6})\.tar")
 
 
 @dataclass(frozen=True)
@@ -53,7 +52,7 @@ class AppendBase:
     @property
     def first_shard(self) -> int:
         """The number of the first new WebDataset shard: after every shard the store's rows name."""
-        numbers = [int(m.group(1)) for row in self.rows if (m := _SHARD_NUMBER.fullmatch(row.get("shard") or ""))]
+        numbers = [number for row in self.rows if (number := shard_number(row.get("shard") or "")) is not None]
         return max(numbers, default=-1) + 1
 
     @property

@@ -63,13 +63,17 @@ def store_schema(
     layout: Layout, streams: list[Stream], rows: list[dict[str, Any]], created: dict[str, Any], url: str
 ) -> DatasetSchema:
     """The schema of a finished conversion; SourceError when no episode could be converted."""
+    require_rows(rows, created["skipped_episodes"], url)
+    return DatasetSchema(layout=layout, streams=[TextStream(), *streams], num_episodes=len(rows), created=created)
+
+
+def require_rows(rows: list[dict[str, Any]], skipped: list[dict[str, str]], url: str) -> None:
+    """SourceError when a conversion or an append kept no episode, with the first skipped one's error."""
     if not rows:
-        skipped = created["skipped_episodes"]
         first = f"; the first: {skipped[0]['error']}" if skipped else ""
         raise SourceError.for_source(
             url, None, f"no episode could be converted ({len(skipped)} skipped{first})", "fix the inputs"
         )
-    return DatasetSchema(layout=layout, streams=[TextStream(), *streams], num_episodes=len(rows), created=created)
 
 
 def creation_info(

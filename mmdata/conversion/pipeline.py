@@ -31,7 +31,7 @@ from mmdata.conversion.append import (
     open_base,
     remove_superseded,
 )
-from mmdata.conversion.completion import complete_store, source_bytes, store_bytes, store_schema
+from mmdata.conversion.completion import complete_store, require_rows, source_bytes, store_bytes, store_schema
 from mmdata.conversion.convert_options import ConversionReport, ConvertOptions
 from mmdata.conversion.destination import (
     check_converted_sources,
@@ -195,9 +195,7 @@ def _append_locked(
         ledger = ConversionLedger(writer.restore(), len(sources), local, base.streams)
         ledger = _run_episodes(sources, local, options, writer, ledger, pool, base.first_episode)
         rows = writer.finish(ledger.checkpoint(), ledger.registry.streams)
-        if not rows:
-            created = options.creation_info(sources, ledger.skipped)
-            store_schema(layout, ledger.registry.streams, rows, created, str(root))
+        require_rows(rows, ledger.skipped, url or root)
         if url and layout == "wds":  # (a Zarr store's new rows were written into its arrays there)
             upload_new_files(local, url, {row["shard"] for row in rows}, options.progress)
         schema = appended_schema(base, ledger.registry.streams, len(rows), source, state["time"])

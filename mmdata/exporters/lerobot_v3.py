@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
+from mmdata.codecs.align import values_at
 from mmdata.errors import DestinationError, ExportError, OptionError
 from mmdata.lerobot.numbering import EpisodeNumbering
 from mmdata.schema import LowdimStream, VideoStream
@@ -274,10 +275,7 @@ class _Writer:
             return values, True
         if not len(stamps):
             raise ExportError(f"episode {index}: low-dim stream '{stream.name}' holds no value to sample")
-        right = np.clip(np.searchsorted(stamps, clock), 0, len(stamps) - 1)
-        left = np.clip(right - 1, 0, len(stamps) - 1)
-        nearest = np.where(np.abs(stamps[left] - clock) <= np.abs(stamps[right] - clock), left, right)
-        return values[nearest], False
+        return values_at(stamps, values, clock, "nearest")[0], False
 
     def _frame_tasks(self, index: int, row: dict, count: int) -> list[str]:
         """Each frame's task text: LeRobot's own per frame for a store converted from LeRobot, else the episode's."""

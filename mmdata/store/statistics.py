@@ -18,7 +18,7 @@ version's `dataset.json` names).
 from __future__ import annotations
 
 import json
-from concurrent.futures import BrokenExecutor, Executor
+from concurrent.futures import BrokenExecutor, Executor, Future
 from typing import Any
 
 import numpy as np
@@ -64,12 +64,13 @@ def compute_stats(
         "cameras": {},
         "moments": {},
     }
-    cameras = {}
-    if executor is not None and camera_frames > 0:
-        schema = dataset.schema.to_json()
-        for stream in dataset.schema.of_kind("video"):
-            job = (dataset.url, schema, stream.name, episodes, camera_frames, seed)
-            cameras[stream.name] = executor.submit(camera_stats_of, *job)
+    cameras = [s.name for s in dataset.schema.streams if isinstance(s, VideoStream)] if camera_frames > 0 else []
+    schema = dataset.schema.to_json() if executor is not None else ""
+    jobs = {
+        name: executor.submit(camera_stats_of, dataset.url, schema, name, episodes, camera_frames, seed)
+        for name in cameras
+        if executor is not None
+    }
     for stream in dataset.schema.streams:
         if isinstance(stream, LowdimStream):
             known = (moments or {}).get(stream.name)
@@ -79,14 +80,22 @@ def compute_stats(
                     known = known.merge(Moments.of(_rows(dataset, stream.name, episode)))
             result["lowdim"][stream.name] = _lowdim_stats(dataset, stream.name, episodes, known)
             result["moments"][stream.name] = known.to_json()  # what an append merges its episodes' into
-        elif isinstance(stream, VideoStream) and camera_frames > 0 and executor is None:
-            result["cameras"][stream.name] = _camera_stats(dataset, stream.name, episodes, camera_frames, seed)
-    for name, figures in cameras.items():
-        try:
-            result["cameras"][name] = figures.result()
-        except BrokenExecutor:  # the worker died (a crash in native code): counted here instead
-            result["cameras"][name] = _camera_stats(dataset, name, episodes, camera_frames, seed)
+    for name in cameras:
+        result["cameras"][name] = _camera_figures(jobs.get(name), dataset, name, episodes, camera_frames, seed)
     return result
+
+
+def _camera_figures(
+    job: Future | None, dataset: Dataset, name: str, episodes: list[int], frames: int, seed: int
+) -> dict[str, Any]:
+    """A camera's figures: its worker's, when one computes them, else (or when that worker died, a crash in
+    native code) counted here."""
+    if job is not None:
+        try:
+            return job.result()
+        except BrokenExecutor:
+            pass
+    return _camera_stats(dataset, name, episodes, frames, seed)
 
 
 def _rows(dataset: Dataset, name: str, episode: int) -> np.ndarray:

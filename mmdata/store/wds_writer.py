@@ -37,6 +37,12 @@ def shard_name(index: int) -> str:
     return f"{SHARDS_DIR}/shard-{index:06d}.tar"
 
 
+def shard_number(name: str) -> int | None:
+    """The number of the shard `shard_name` names `name` (a path ending in it, or its unfinished `.tmp`)."""
+    named = _SHARD_FILE.fullmatch(name.rsplit("/", 1)[-1])
+    return int(named.group(1)) if named else None
+
+
 def segment_member(key: str, stream: str, segment: int, codec: str) -> str:
     return f"{key}.{stream}.{segment:05d}.{SEGMENT_SUFFIXES[codec]}"
 
@@ -176,8 +182,8 @@ class WdsWriter:
             index += 1
         self._shard_index = index
         for stale in (self.root / SHARDS_DIR).iterdir():
-            named = _SHARD_FILE.fullmatch(stale.name)
-            if named and int(named.group(1)) >= index:  # this writer's unfinished shards, nothing else
+            number = shard_number(stale.name)
+            if number is not None and number >= index:  # this writer's unfinished shards, nothing else
                 stale.unlink()
         return checkpoint
 
