@@ -239,8 +239,10 @@ class DataLoader:
         """The plan of the current epoch at this world size, from where the state says the run is."""
         key = (self._state.seed, self._state.epoch, tuple(self._state.stretches), self.world_size)
         if self._plan_cache is None or self._plan_cache[0] != key:
+            planning = time.perf_counter()
             plan = self.planner.epoch_plan(*key)
             self._plan_cache = (key, plan)
+            self._stats.add_main("plan", time.perf_counter() - planning)
         return self._plan_cache[1]
 
     def __len__(self) -> int:

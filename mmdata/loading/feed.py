@@ -76,13 +76,16 @@ class StepSource(IterableDataset):
         self.seed, self.rank, self.world_size = seed, rank, world_size
         self.first_epoch, self.first_steps = first_epoch, first_steps
         self.arena: FrameArena | None = None  # set by the Feed that starts workers on it
+        self._planning_seconds = 0.0  # next epochs planned here, not yet reported with a batch
 
     def epochs(self) -> Iterator[tuple[int, RankSteps]]:
         yield self.first_epoch, self.first_steps
         epoch = self.first_epoch + 1
         while True:
+            started = time.perf_counter()
             plan = self.planner.epoch_plan(self.seed, epoch, [], self.world_size)
             steps = self.planner.rank_steps(plan, self.rank)
+            self._planning_seconds += time.perf_counter() - started
             if not steps:
                 raise MmdataError(f"epoch {epoch} has no steps for rank {self.rank} of {self.world_size}")
             yield epoch, steps
@@ -136,6 +139,9 @@ class StepSource(IterableDataset):
             cache.ahead,
         )
         batch = self.reader.read(step, samples, fallback, horizon)
+        planning, self._planning_seconds = self._planning_seconds, 0.0
+        if planning:
+            batch.seconds["plan"] = batch.seconds.get("plan", 0.0) + planning
         output: Any = batch
         if not reader.defer_video:
             output = reader.finish(batch)
@@ -152,7 +158,7 @@ class StepSource(IterableDataset):
             "sources": source_counts(batch),
             "borrowed": len(batch.borrowed),
             "seconds": batch.seconds,
-            "busy": time.perf_counter() - started,
+            "busy": time.perf_counter() - started + planning,
             "bytes": reader.bytes_read - before[2],
             "read_retries": read_retries() - before[3],
             "decoded": decoder.frames_decoded - before[0],

@@ -16,9 +16,6 @@ from mmdata.loading.timing import timed
 from mmdata.measure.steps import StepTimer
 from mmdata.planning.packing import PackingPlan, plan_stats
 
-WORKER_STAGES = ("read", "video_prepare", "video", "audio", "lowdim", "collate")
-MAIN_STAGES = ("plan", "video", "collate", "h2d")
-
 
 def endless(loader: DataLoader) -> Iterator[dict[str, Any]]:
     """The loader's batches, epoch after epoch."""
