@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import av  # noqa: E402
 import numpy as np  # noqa: E402
-from convert_bench import machine_name  # noqa: E402
 from decode_workload import FPS, clip_samples, load_or_encode, measure, sparse_samples  # noqa: E402
+from machine import machine_name  # noqa: E402
 
 from mmdata.codecs.decoders import backends_for_codec, make_video_decoder  # noqa: E402
 from mmdata.codecs.decoders.pyav_decoder import to_rgb  # noqa: E402

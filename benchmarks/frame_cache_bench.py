@@ -20,8 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from convert_bench import machine_name
 from lerobot_bench import MEASURE_WITH_MIXING
+from machine import machine_name
 from redesign_cost_bench import POLICY_WINDOWS
 from verify_cost_bench import run
 

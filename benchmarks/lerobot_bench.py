@@ -39,7 +39,7 @@ import venv
 from pathlib import Path
 
 import numpy as np
-from convert_bench import machine_name
+from machine import machine_name
 from verify_cost_bench import run as run_in_tree
 
 HERE = Path(__file__).resolve().parent

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import torch
-from convert_bench import machine_name
+from machine import machine_name
 
 import mmdata
 from mmdata.conversion.pipeline import ConvertOptions, convert

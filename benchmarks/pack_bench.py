@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
-from convert_bench import machine_name  # noqa: E402
+from machine import machine_name  # noqa: E402
 
 from mmdata.planning.packing import PackingConfig, fit_to_budget, plan_packing, plan_stats  # noqa: E402
 from mmdata.planning.packing.kernels import first_fit_decreasing, minimum_bin_slack  # noqa: E402

@@ -18,7 +18,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from convert_bench import RESULTS, machine_name
+from machine import RESULTS, machine_name
 
 from mmdata.conversion.pipeline import ConvertOptions, convert
 from mmdata.importers.raw import discover_raw_episodes

@@ -30,7 +30,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from convert_bench import machine_name
+from machine import machine_name
 from verify_cost_bench import BUILD_LOADER, run
 
 from mmdata.synthetic import SynthSpec, write_synthetic_dataset

@@ -24,7 +24,7 @@ from pathlib import Path
 import fsspec.config
 import s3fs
 import torch
-from convert_bench import machine_name
+from machine import machine_name
 from process_time import measure as timed_loop
 
 import mmdata

@@ -18,7 +18,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from convert_bench import machine_name
+from machine import machine_name
 from verify_cost_bench import LOADER, LOADER_CPU, run
 
 from mmdata.synthetic import SynthSpec, write_synthetic_dataset

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 import torch
-from convert_bench import machine_name
+from machine import machine_name
 from process_time import measure as timed_loop
 
 import mmdata

@@ -26,7 +26,7 @@ import tempfile
 import textwrap
 from pathlib import Path
 
-from convert_bench import machine_name
+from machine import machine_name
 
 from mmdata.conversion.pipeline import ConvertOptions, convert
 from mmdata.importers.raw import discover_raw_episodes

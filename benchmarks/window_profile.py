@@ -14,7 +14,7 @@ import argparse
 import json
 from pathlib import Path
 
-from convert_bench import machine_name
+from machine import machine_name
 from verify_cost_bench import run as run_in_tree
 
 HERE = Path(__file__).resolve().parent
@@ -64,7 +64,7 @@ GROUPS = {
     "container open": ("av.container.core.open",),
     "demux": ("demux", "pyav_decoder.py:<listcomp>"),
     "decode (FFmpeg)": ("'decode' of 'av.codec.context.CodecContext'",),
-    "colour conversion": ("'reformat' of", "_yuv420_to_rgb"),
+    "colour conversion": ("'reformat' of", "yuv420_to_rgb"),
     "zstd": ("zstd.decompress",),
 }
 

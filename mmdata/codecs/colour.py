@@ -11,8 +11,9 @@ rounds differently there). Other formats and colour spaces go through the scaler
 
 from __future__ import annotations
 
+import functools
+
 import av
-import numba
 import numpy as np
 from av.video.reformatter import Interpolation, VideoReformatter
 
@@ -55,10 +56,10 @@ def rgb_into(frame: av.VideoFrame, out: np.ndarray, reformatter: VideoReformatte
         )
         planar = out.transpose(2, 0, 1)  # a channels-first frame's memory, seen as [H, W, 3]: written plane by plane
         if out.flags.c_contiguous or planar.flags.c_contiguous:
-            _yuv420_to_rgb(luma, blue, red, out if out.flags.c_contiguous else planar, not out.flags.c_contiguous)
+            _kernel()(luma, blue, red, out if out.flags.c_contiguous else planar, not out.flags.c_contiguous)
         else:
             interleaved = np.empty(out.shape, np.uint8)
-            _yuv420_to_rgb(luma, blue, red, interleaved, False)
+            _kernel()(luma, blue, red, interleaved, False)
             out[...] = interleaved
         return
     converter = reformatter or VideoReformatter()
@@ -126,48 +127,11 @@ def _kernel_converts(frame: av.VideoFrame) -> bool:
     )
 
 
-@numba.njit(cache=True, nogil=True)
-def _yuv420_to_rgb(luma: np.ndarray, blue: np.ndarray, red: np.ndarray, out: np.ndarray, planar: bool) -> None:
-    """Into `out` `[H, W, 3]`, or `[3, H, W]` when `planar`."""
-    height, width = luma.shape
-    chroma_rows, chroma_columns = blue.shape
-    # rows of chroma interpolated vertically (x4), padded by one column each side; then horizontally (x16)
-    blue_row = np.empty(chroma_columns + 2, np.float32)
-    red_row = np.empty(chroma_columns + 2, np.float32)
-    blue_full = np.empty(width, np.float32)
-    red_full = np.empty(width, np.float32)
-    r = np.empty(width, np.float32)
-    g = np.empty(width, np.float32)
-    b = np.empty(width, np.float32)
-    for i in range(height):
-        near = i >> 1
-        far = min(near + 1, chroma_rows - 1) if i & 1 else max(near - 1, 0)
-        for c in range(chroma_columns):
-            blue_row[c + 1] = 3 * np.float32(blue[near, c]) + np.float32(blue[far, c])
-            red_row[c + 1] = 3 * np.float32(red[near, c]) + np.float32(red[far, c])
-        blue_row[0], red_row[0] = blue_row[1], red_row[1]
-        blue_row[chroma_columns + 1], red_row[chroma_columns + 1] = blue_row[chroma_columns], red_row[chroma_columns]
-        for m in range(width >> 1):
-            blue_full[2 * m] = 3 * blue_row[m + 1] + blue_row[m]
-            blue_full[2 * m + 1] = 3 * blue_row[m + 1] + blue_row[m + 2]
-            red_full[2 * m] = 3 * red_row[m + 1] + red_row[m]
-            red_full[2 * m + 1] = 3 * red_row[m + 1] + red_row[m + 2]
-        for j in range(width):
-            u = blue_full[j] * np.float32(1 / 16) - np.float32(128)
-            v = red_full[j] * np.float32(1 / 16) - np.float32(128)
-            y = np.float32(255 / 219) * (np.float32(luma[i, j]) - np.float32(16)) + np.float32(0.5)
-            green = y - np.float32(0.391762290) * u - np.float32(0.812967647) * v
-            r[j] = min(max(y + np.float32(1.596026786) * v, np.float32(0)), np.float32(255))
-            g[j] = min(max(green, np.float32(0)), np.float32(255))
-            b[j] = min(max(y + np.float32(2.017232143) * u, np.float32(0)), np.float32(255))
-        if planar:
-            for j in range(width):
-                out[0, i, j] = np.uint8(np.int32(r[j]))
-                out[1, i, j] = np.uint8(np.int32(g[j]))
-                out[2, i, j] = np.uint8(np.int32(b[j]))
-            continue
-        row = out[i].reshape(3 * width)
-        for j in range(width):
-            row[3 * j] = np.uint8(np.int32(r[j]))
-            row[3 * j + 1] = np.uint8(np.int32(g[j]))
-            row[3 * j + 2] = np.uint8(np.int32(b[j]))
+@functools.cache
+def _kernel():
+    """The compiled conversion, loaded when a frame is first converted: importing numba and loading the
+    kernel takes ~0.2 s, which a process that never converts a frame (a conversion that copies video
+    packets) is spared."""
+    from mmdata.codecs.colour_kernel import yuv420_to_rgb
+
+    return yuv420_to_rgb

@@ -5,7 +5,6 @@ the version in one rename, then the partial folder removed."""
 from __future__ import annotations
 
 import os
-from concurrent.futures import Executor
 from dataclasses import asdict
 from typing import Any
 
@@ -32,12 +31,10 @@ def complete_store(
     schema: DatasetSchema,
     moments: dict[str, Moments],
     source_stats: dict[str, Any] | None,
-    executor: Executor | None = None,
 ) -> str | None:
     """Write the manifest and statistics files `schema` names into the store at `root` on `fs` (`url` to name
     it), then its `dataset.json`, then remove its partial folder; returns why the statistics were not
-    written, if so. Until `dataset.json` is replaced a reader sees the version before, whole. The cameras'
-    statistics are computed in `executor`'s processes when given (the conversion's workers)."""
+    written, if so. Until `dataset.json` is replaced a reader sees the version before, whole."""
     try:
         write_manifest(rows, schema.streams, join(root, schema.manifest_file), fs)
     except (pa.ArrowException, TypeError, ValueError) as exc:
@@ -48,7 +45,7 @@ def complete_store(
     stats_problem = None
     try:
         dataset = Dataset(Store(url, schema=schema))
-        figures = compute_stats(dataset, moments=moments, executor=executor)
+        figures = compute_stats(dataset, moments=moments)
         write_stats(dataset, {**figures, **(source_stats or {})})
     except (MmdataError, OSError, ValueError, MemoryError) as exc:
         why = str(exc) or type(exc).__name__

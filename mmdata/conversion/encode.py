@@ -75,6 +75,12 @@ def encode_or_error(source: EpisodeSource, position: int, options: EncodeOptions
         )
 
 
+def encode_job(job: tuple[EpisodeSource, int, EncodeOptions]) -> EncodedEpisode | SourceError:
+    """`encode_or_error` of one (source, position, options) job: what a conversion's worker process runs (it
+    imports this module and the importer's, not the conversion's)."""
+    return encode_or_error(*job)
+
+
 def worker_crashed(episode: str) -> SourceError:
     """The error of an episode whose worker process died while converting it, every retry."""
     return SourceError(

@@ -42,7 +42,7 @@ from mmdata.conversion.destination import (
     prepare_destination,
     refuse_overlap,
 )
-from mmdata.conversion.encode import EncodeOptions, encode_or_error, worker_crashed
+from mmdata.conversion.encode import EncodeOptions, encode_job, worker_crashed
 from mmdata.conversion.ledger import ConversionLedger
 from mmdata.conversion.publish import default_staging, is_remote, publish, remove_staging, upload_new_files
 from mmdata.conversion.workers import WorkerPool, spawned_pool
@@ -155,9 +155,7 @@ def _convert_locked(
         created = options.creation_info(sources, ledger.skipped)
         schema = store_schema(options.layout, ledger.registry.streams, rows, created, str(root))
         fs = LocalFileSystem()
-        stats_problem = complete_store(
-            fs, str(root), str(root), rows, schema, ledger.moments, source_stats, pool.executor
-        )
+        stats_problem = complete_store(fs, str(root), str(root), rows, schema, ledger.moments, source_stats)
     return ConversionReport(
         destination=str(root),
         layout=options.layout,
@@ -200,7 +198,7 @@ def _append_locked(
             upload_new_files(local, url, {row["shard"] for row in rows}, options.progress)
         schema = appended_schema(base, ledger.registry.streams, len(rows), source, state["time"])
         moments = merged_moments(base, ledger.moments)
-        stats_problem = complete_store(fs, root, url or root, [*base.rows, *rows], schema, moments, None, pool.executor)
+        stats_problem = complete_store(fs, root, url or root, [*base.rows, *rows], schema, moments, None)
     remove_superseded(fs, root, schema)
     if url:
         remove_staging(local)
@@ -242,17 +240,12 @@ def _run_episodes(
         dynamic_ncols=True,
     )
     with progress:
-        for position, outcome in _ordered(_encode_job, jobs, pool):
+        for position, outcome in _ordered(encode_job, jobs, pool):
             index = ledger.accept(position, sources[position].name, outcome, options.skip_bad)
             if index is not None:
                 writer.add(outcome, first_episode + index, ledger.checkpoint())
             progress.update(1)
     return ledger
-
-
-def _encode_job(job: tuple[EpisodeSource, int, EncodeOptions]) -> EncodedEpisode | SourceError:
-    source, position, options = job
-    return encode_or_error(source, position, options)
 
 
 def _crashed(job: tuple[EpisodeSource, int, EncodeOptions]) -> SourceError:

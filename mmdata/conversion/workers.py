@@ -1,5 +1,9 @@
-"""The conversion's worker processes: spawned, tied to this process's life, started again when one dies, and
-kept from the episodes' encoding to the store's statistics, which then start in warm processes."""
+"""The conversion's worker processes: spawned, tied to this process's life, and started again when one dies.
+
+A spawned worker imports what its jobs need (the episode encoding and the source's importer), not the
+running program: the `mmdata` command's entry point imports nothing (`mmdata.tools.entry`). The store's
+statistics are computed afterwards in this process, which has their code loaded already; a worker would
+load it (and numba's kernels) first, which takes longer than the figures themselves."""
 
 from __future__ import annotations
 

@@ -18,7 +18,6 @@ version's `dataset.json` names).
 from __future__ import annotations
 
 import json
-from concurrent.futures import BrokenExecutor, Executor, Future
 from typing import Any
 
 import numpy as np
@@ -26,7 +25,7 @@ import numpy as np
 from mmdata.checks import option_number, parse_json
 from mmdata.errors import OptionError, ReadError, StoreError
 from mmdata.moments import Moments, mixture_figures
-from mmdata.schema import DatasetSchema, LowdimStream, VideoStream
+from mmdata.schema import LowdimStream, VideoStream
 from mmdata.store.dataset import Dataset
 from mmdata.store.filesystem import join, read_file, write_text_atomically
 from mmdata.store.handle import Store
@@ -47,14 +46,12 @@ def compute_stats(
     camera_frames: int = 256,
     seed: int = 0,
     moments: dict[str, Moments] | None = None,
-    executor: Executor | None = None,
 ) -> dict[str, Any]:
     """The statistics of every low-dim stream and camera of `dataset` (see the module docstring).
 
     `moments` per low-dim stream, when already known (merged from conversion workers), spare the
     first pass over the values; the percentile pass always reads them. The moments are kept under
-    "moments", exactly, for an append to merge its own into. With `executor` (processes: the conversion's
-    workers), each camera's figures are computed in one of them, alongside the low-dim ones here.
+    "moments", exactly, for an append to merge its own into.
     """
     episodes = [i for i in range(len(dataset)) if i not in dataset.damaged]
     result: dict[str, Any] = {
@@ -65,12 +62,6 @@ def compute_stats(
         "moments": {},
     }
     cameras = [s.name for s in dataset.schema.streams if isinstance(s, VideoStream)] if camera_frames > 0 else []
-    schema = dataset.schema.to_json() if executor is not None else ""
-    jobs = {
-        name: executor.submit(camera_stats_of, dataset.url, schema, name, episodes, camera_frames, seed)
-        for name in cameras
-        if executor is not None
-    }
     for stream in dataset.schema.streams:
         if isinstance(stream, LowdimStream):
             known = (moments or {}).get(stream.name)
@@ -81,21 +72,8 @@ def compute_stats(
             result["lowdim"][stream.name] = _lowdim_stats(dataset, stream.name, episodes, known)
             result["moments"][stream.name] = known.to_json()  # what an append merges its episodes' into
     for name in cameras:
-        result["cameras"][name] = _camera_figures(jobs.get(name), dataset, name, episodes, camera_frames, seed)
+        result["cameras"][name] = _camera_stats(dataset, name, episodes, camera_frames, seed)
     return result
-
-
-def _camera_figures(
-    job: Future | None, dataset: Dataset, name: str, episodes: list[int], frames: int, seed: int
-) -> dict[str, Any]:
-    """A camera's figures: its worker's, when one computes them, else (or when that worker died, a crash in
-    native code) counted here."""
-    if job is not None:
-        try:
-            return job.result()
-        except BrokenExecutor:
-            pass
-    return _camera_stats(dataset, name, episodes, frames, seed)
 
 
 def _rows(dataset: Dataset, name: str, episode: int) -> np.ndarray:
@@ -226,13 +204,6 @@ def _camera_stats(dataset: Dataset, name: str, episodes: list[int], frames: int,
         sampled += len(picked)
     moments = Moments.of_levels(np.arange(256) / 255.0, counts) if sampled else Moments()
     return {"frames": sampled, "mean": moments.mean.tolist(), "std": moments.std.tolist()}
-
-
-def camera_stats_of(url: str, schema: str, name: str, episodes: list[int], frames: int, seed: int) -> dict[str, Any]:
-    """`_camera_stats` of camera `name` of the store at `url` as the schema text `schema` describes it (a version
-    not yet published): what a worker process runs."""
-    dataset = Dataset(Store(url, schema=DatasetSchema.from_json(schema)))
-    return _camera_stats(dataset, name, episodes, frames, seed)
 
 
 def _spread(total: int, parts: int) -> list[int]:
