@@ -210,3 +210,76 @@ def write_one_log(path: Path, gap_seconds: float = 3.0, marker: str | None = Non
             start += int((seconds + gap_seconds) * 1e9)
         writer.finish()
     return truths
+
+
+# `foxglove.CompressedVideo` logs: each message one frame of `format` (Foxglove's names), key frames every `gop`
+VIDEO_ENCODERS = {"h264": "libx264", "h265": "libx265", "vp9": "libvpx-vp9", "av1": "libsvtav1"}
+VIDEO_FPS = 15
+
+
+def video_packets(video_format: str, count: int, gop: int) -> list[tuple[bytes, int]]:
+    """`count` synthetic frames encoded as `video_format` without B-frames: (packet, frame number) in order."""
+    from fractions import Fraction
+
+    context = av.CodecContext.create(VIDEO_ENCODERS[video_format], "w")
+    context.width, context.height, context.pix_fmt = WIDTH, HEIGHT, "yuv420p"
+    context.time_base = Fraction(1, VIDEO_FPS)
+    context.gop_size = gop
+    context.options = {
+        "h264": {"tune": "zerolatency", "bf": "0", "g": str(gop)},
+        "h265": {"x265-params": f"keyint={gop}:min-keyint={gop}:bframes=0:scenecut=0:log-level=none"},
+        "vp9": {"lag-in-frames": "0"},
+        "av1": {"svtav1-params": f"keyint={gop}:scd=0:pred-struct=1:lookahead=0"},
+    }[video_format]
+    packets = []
+    for number in range(count + 1):
+        frame = None
+        if number < count:
+            picture = synthetic_frame(number, 0, HEIGHT, WIDTH)
+            frame = av.VideoFrame.from_ndarray(picture, format="rgb24").reformat(format="yuv420p")
+            frame.pts = number
+        packets += [(bytes(packet), int(packet.pts)) for packet in context.encode(frame)]
+    return packets
+
+
+def compressed_video_class():
+    """`foxglove.CompressedVideo` as Foxglove's schema defines it, built from its descriptor."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2
+
+    pool = descriptor_pool.DescriptorPool()
+    timestamp_file = descriptor_pb2.FileDescriptorProto()
+    timestamp_pb2.DESCRIPTOR.CopyToProto(timestamp_file)
+    pool.Add(timestamp_file)
+    schema = descriptor_pb2.FileDescriptorProto(
+        name="foxglove/CompressedVideo.proto", package="foxglove", syntax="proto3"
+    )
+    schema.dependency.append("google/protobuf/timestamp.proto")
+    message = schema.message_type.add(name="CompressedVideo")
+    kinds = descriptor_pb2.FieldDescriptorProto
+    for number, (name, kind) in enumerate(
+        [("timestamp", kinds.TYPE_MESSAGE), ("frame_id", kinds.TYPE_STRING), ("data", kinds.TYPE_BYTES),
+         ("format", kinds.TYPE_STRING)], start=1
+    ):  # fmt: skip
+        field_ = message.field.add(name=name, number=number, type=kind, label=kinds.LABEL_OPTIONAL)
+        if name == "timestamp":
+            field_.type_name = ".google.protobuf.Timestamp"
+    pool.Add(schema)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("foxglove.CompressedVideo"))
+
+
+def write_video_log(
+    path: Path, video_format: str, packets: list[tuple[bytes, int]], stamps: list[int], topic: str = "/camera/video"
+) -> Path:
+    """An MCAP log of `foxglove.CompressedVideo` messages (protobuf, `mcap-protobuf-support`), one per packet,
+    stamped with `stamps[frame number]` (nanoseconds) and logged a microsecond later."""
+    from mcap_protobuf.writer import Writer
+
+    video = compressed_video_class()
+    with open(path, "wb") as handle:
+        writer = Writer(handle)
+        for data, number in packets:
+            message = video(data=data, format=video_format, frame_id="cam")
+            message.timestamp.FromNanoseconds(stamps[number])
+            writer.write_message(topic, message, log_time=stamps[number] + 1000)
+        writer.finish()
+    return path

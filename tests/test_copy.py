@@ -1,6 +1,7 @@
 """`mmdata convert --video-codec copy`: a recording's packets cut into segments at key frames, not re-encoded.
-The stored frames are the recording's own, bit for bit, with the recording's times; AV1 decodes on the CPU
-backends that claim it; sources whose key frames are too sparse, or that hold pictures, are refused by name."""
+The stored frames are the recording's own, bit for bit, with the recording's times, from video files and from
+robot logs' `foxglove.CompressedVideo` topics alike; AV1 decodes on the CPU backends that claim it; sources whose
+key frames are too sparse, or that hold pictures, are refused by name."""
 
 from __future__ import annotations
 
@@ -22,7 +23,9 @@ from mmdata.errors import SourceError, UnsupportedCodecError
 from mmdata.importers import discover_episodes
 from mmdata.importers.raw import discover_raw_episodes
 from mmdata.store.verification import verify_dataset
+from tests import mcap_logs
 from tests.conftest import run_cli
+from tests.test_decoders import RGB_TOLERANCE
 
 LEROBOT = Path(__file__).parent / "fixtures" / "lerobot_small"
 CAMERAS = ("observation.images.cam_high", "observation.images.cam_wrist")
@@ -159,6 +162,69 @@ def test_cameras_recorded_as_pictures_are_refused_with_the_way_round(tmp_path):
     images = Path(__file__).parent / "fixtures" / "lerobot_images"
     with pytest.raises(SourceError, match="not read from a video file.*an array of images.*--video-codec h264"):
         convert(discover_episodes(str(images)), tmp_path / "out", copy_options())
+
+
+def video_log(tmp_path: Path, video_format: str, gop: int = 8, count: int = 24, edit=None) -> Path:
+    """A log of one `foxglove.CompressedVideo` topic, its frames stamped ~1/15 s apart with jitter; `edit` may
+    change the (packet, frame number) list first."""
+    pytest.importorskip("mcap_protobuf")
+    packets = mcap_logs.video_packets(video_format, count, gop)
+    stamps = [2_000_000_000 + int(n / 15 * 1e9) + (n % 3) * 1_000_000 for n in range(count)]
+    return mcap_logs.write_video_log(tmp_path / "video.mcap", video_format, edit(packets) if edit else packets, stamps)
+
+
+@pytest.mark.parametrize("layout", ["wds", "zarr"])
+@pytest.mark.parametrize(
+    ("video_format", "codec"), [("h264", "h264"), ("h265", "hevc"), ("vp9", "vp9"), ("av1", "av1")]
+)
+def test_compressed_video_topics_are_copied_and_read_as_the_frames_their_messages_decode_to(
+    video_format, codec, layout, tmp_path
+):
+    (source,) = discover_episodes(video_log(tmp_path, video_format), "mcap")
+    camera = source.cameras[0]
+    decoded = list(camera.frames(source.name, camera.info(source.name).fps))
+    destination = tmp_path / f"store.{layout}"
+    convert([source], destination, copy_options(layout, segment_frames=16))
+    assert verify_dataset(str(destination), progress=False).ok
+    store = mmdata.open_dataset(str(destination))
+    spec = store.schema.stream(camera.name)
+    assert (spec.codec, spec.gop, spec.crf, spec.fps) == (codec, 8, None, 15)
+    assert [s["num_frames"] for s in store.manifest.row(0)[f"{camera.name}/segments"]] == [16, 8]
+    episode = store.read_episode(0, [camera.name])[camera.name]
+    expected = np.stack([to_rgb(frame) for frame, _ in decoded])
+    assert np.array_equal(np.asarray(episode.values), expected)
+    np.testing.assert_allclose(episode.timestamps, [t for _, t in decoded], rtol=0, atol=1e-9)
+    from mmdata.codecs.decoders.availability import BACKEND_CODECS, backend_available
+
+    for backend, codecs in BACKEND_CODECS.items():  # the MP4 samples made from Annex B read on every CPU backend
+        if codec in codecs and backend not in ("dali", "nvdec") and backend_available(backend):
+            frames = mmdata.open_dataset(str(destination), decoder=backend).read_episode(0)[camera.name].values
+            assert np.abs(np.asarray(frames, np.int16) - expected).mean() <= RGB_TOLERANCE[backend], backend
+
+
+def test_compressed_video_whose_key_frames_are_too_sparse_or_missing_at_the_start_is_refused(tmp_path):
+    sparse = discover_episodes(video_log(tmp_path, "h264", gop=24), "mcap")
+    with pytest.raises(SourceError, match=r"video.mcap.*key frames lie up to 24 frames apart.*--segment-frames 24"):
+        convert(sparse, tmp_path / "sparse", copy_options(segment_frames=16))
+    late = discover_episodes(video_log(tmp_path, "h264", edit=lambda packets: packets[3:]), "mcap")
+    with pytest.raises(SourceError, match="first frame .in the episode. is not a key frame"):
+        convert(late, tmp_path / "late", copy_options(segment_frames=16))
+
+
+def test_compressed_video_messages_holding_two_frames_are_refused(tmp_path):
+    def paired(packets):
+        return [(packets[0][0] + packets[1][0], 0), *packets[2:]]
+
+    sources = discover_episodes(video_log(tmp_path, "h264", edit=paired), "mcap")
+    with pytest.raises(SourceError, match="parser finds 24 frames in its 23 packets, which should hold one frame each"):
+        convert(sources, tmp_path / "out", copy_options(segment_frames=16))
+
+
+def test_image_topics_of_a_log_are_refused_with_the_way_round(tmp_path):
+    mcap_logs.write_one_log(tmp_path / "log.mcap")
+    sources = discover_episodes(tmp_path / "log.mcap", "mcap")
+    with pytest.raises(SourceError, match="carries sensor_msgs/msg/CompressedImage pictures, not video packets"):
+        convert(sources, tmp_path / "out", copy_options(skip_bad=False))
 
 
 def test_the_command_line_says_when_copy_is_possible_and_copies(tmp_path):

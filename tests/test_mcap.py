@@ -367,68 +367,16 @@ def test_foxglove_compressed_video_packets_decode_to_their_frames_at_their_times
     """H.264 packets in `foxglove.CompressedVideo` protobuf messages (one frame each), schema built from
     its .proto definition, written with `mcap-protobuf-support`."""
     pytest.importorskip("mcap_protobuf")
-    from mcap_protobuf.writer import Writer
-
-    video = _compressed_video_class()
-    context = _h264_encoder()
     stamps = [5_000_000_000 + int(n / 15 * 1e9) + (n % 3) * 1_000_000 for n in range(24)]
-    with open(tmp_path / "video.mcap", "wb") as handle:
-        writer = Writer(handle)
-        pictures = [_frame(synthetic_frame(number, 0, 96, 128), number) for number in range(len(stamps))]
-        for packet in [p for picture in [*pictures, None] for p in context.encode(picture)]:
-            message = video(data=bytes(packet), format="h264", frame_id="cam")
-            message.timestamp.FromNanoseconds(stamps[packet.pts])
-            writer.write_message("/camera/h264", message, log_time=stamps[packet.pts] + 1000)
-        writer.finish()
-    (source,) = discover_episodes(tmp_path / "video.mcap", "mcap")
+    log = mcap_logs.write_video_log(
+        tmp_path / "video.mcap", "h264", mcap_logs.video_packets("h264", 24, 8), stamps, "/camera/h264"
+    )
+    (source,) = discover_episodes(log, "mcap")
     camera = source.cameras[0]
     assert camera.name == "camera.h264" and float(camera.info(source.name).fps) == 15
     decoded = list(camera.frames(source.name, camera.info(source.name).fps))
     assert [read_index_stripe(f.to_ndarray(format="rgb24")) for f, _ in decoded] == list(range(24))
     assert np.allclose([t for _, t in decoded], (np.asarray(stamps) - stamps[0]) / 1e9, rtol=0, atol=1e-9)
-
-
-def _h264_encoder():
-    import av
-
-    context = av.CodecContext.create("libx264", "w")
-    context.width, context.height, context.pix_fmt = 128, 96, "yuv420p"
-    context.time_base = Fraction(1, 15)
-    context.options = {"tune": "zerolatency", "bf": "0", "g": "8"}
-    return context
-
-
-def _frame(picture: np.ndarray, number: int):
-    import av
-
-    frame = av.VideoFrame.from_ndarray(picture, format="rgb24").reformat(format="yuv420p")
-    frame.pts = number
-    return frame
-
-
-def _compressed_video_class():
-    """`foxglove.CompressedVideo` as Foxglove's schema defines it, built from its descriptor."""
-    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, timestamp_pb2
-
-    pool = descriptor_pool.DescriptorPool()
-    timestamp_file = descriptor_pb2.FileDescriptorProto()
-    timestamp_pb2.DESCRIPTOR.CopyToProto(timestamp_file)
-    pool.Add(timestamp_file)
-    schema = descriptor_pb2.FileDescriptorProto(
-        name="foxglove/CompressedVideo.proto", package="foxglove", syntax="proto3"
-    )
-    schema.dependency.append("google/protobuf/timestamp.proto")
-    message = schema.message_type.add(name="CompressedVideo")
-    kinds = descriptor_pb2.FieldDescriptorProto
-    for number, (name, kind) in enumerate(
-        [("timestamp", kinds.TYPE_MESSAGE), ("frame_id", kinds.TYPE_STRING), ("data", kinds.TYPE_BYTES),
-         ("format", kinds.TYPE_STRING)], start=1
-    ):  # fmt: skip
-        field = message.field.add(name=name, number=number, type=kind, label=kinds.LABEL_OPTIONAL)
-        if name == "timestamp":
-            field.type_name = ".google.protobuf.Timestamp"
-    pool.Add(schema)
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName("foxglove.CompressedVideo"))
 
 
 def test_metadata_lists_topics_the_map_left_out(tmp_path, logs):

@@ -8,14 +8,21 @@ order below them), so readers find every segment alike whatever made it. The fra
 the container) are returned for the manifest. Nothing is decoded: a source whose frames after a key
 frame are shown before it (open GOPs) or whose key frames lie further apart than a segment may hold is
 refused, naming the interval found.
+
+Packets carried one frame each outside a container (robot logs' `foxglove.CompressedVideo`: Annex B H.264
+and H.265, VP9 frames, AV1 temporal units) are copied too (`copy_packets`): laid end to end as the codec's
+elementary stream (IVF for VP9 and AV1), they go through FFmpeg's demuxer and parser for that stream,
+which find the key frames; the MP4 muxer turns Annex B and temporal units into MP4 samples, so those
+segments' packet indexes are found by demuxing each segment.
 """
 
 from __future__ import annotations
 
 import io
 import os
+import struct
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -23,7 +30,7 @@ from fractions import Fraction
 import av
 import numpy as np
 
-from mmdata.codecs.packet_index import PacketIndex, located
+from mmdata.codecs.packet_index import PacketIndex, index_segment, located
 from mmdata.codecs.video_encode import SEGMENT_SUFFIXES
 from mmdata.errors import CopyError, DecodeError
 
@@ -99,7 +106,48 @@ def copy_segments(path: str, segment_frames: int, start: float | None = None, en
     return copied
 
 
-def _cut(stream, packets: list[_Packet], fps: Fraction, segment_frames: int, copied: CopiedVideo) -> None:
+# How packets carried one frame each are laid end to end for FFmpeg to parse: the demuxer, and for IVF the
+# header's codec tag (H.264 and H.265 are Annex B byte streams already).
+_ELEMENTARY_STREAMS = {"h264": ("h264", b""), "hevc": ("hevc", b""), "vp9": ("ivf", b"VP90"), "av1": ("ivf", b"AV01")}
+
+
+def copy_packets(codec: str, payloads: Sequence[bytes], fps: Fraction, segment_frames: int) -> CopiedVideo:
+    """Video packets of one frame each, in the order they are shown (`codec` one of COPIED_CODECS: Annex B
+    H.264 / H.265, VP9 frames, AV1 temporal units), cut into segments of at most `segment_frames` frames at the
+    key frames FFmpeg's parser finds; CopyError when they cannot be. The caller sets `timestamps`."""
+    if codec not in _ELEMENTARY_STREAMS:
+        raise CopyError(f"its video is {codec}; --video-codec copy keeps {', '.join(COPIED_CODECS)} as they are")
+    demuxer, tag = _ELEMENTARY_STREAMS[codec]
+    data = _ivf(tag, payloads) if demuxer == "ivf" else b"".join(payloads)
+    try:
+        with av.open(io.BytesIO(data), format=demuxer) as container:
+            stream = container.streams.video[0]
+            found = [p for p in container.demux(stream) if p.size]
+            packets = [_Packet(bytes(p), number, number, bool(p.is_keyframe)) for number, p in enumerate(found)]
+            if [len(p.data) for p in packets] != [len(p) for p in payloads]:
+                raise CopyError(
+                    f"FFmpeg's {codec} parser finds {len(packets)} frames in its {len(payloads)} packets, which"
+                    " should hold one frame each; re-encode it (--video-codec h264)"
+                )
+            copied = CopiedVideo(codec, stream.codec_context.width, stream.codec_context.height, fps)
+            _cut(stream, packets, fps, segment_frames, copied, rewritten=codec != "vp9")
+    except av.error.FFmpegError as exc:
+        raise CopyError(f"its {codec} packets cannot be parsed: {exc}") from exc
+    return copied
+
+
+def _ivf(tag: bytes, payloads: Sequence[bytes]) -> bytes:
+    """Frames in an IVF file (a 32-byte header, then each frame's size and number before it); the size the
+    header gives is left 0 for the parser to find."""
+    header = b"DKIF" + struct.pack("<HH4sHHIII", 0, 32, tag, 0, 0, 1, 1, len(payloads)) + bytes(4)
+    return header + b"".join(struct.pack("<IQ", len(p), number) + p for number, p in enumerate(payloads))
+
+
+def _cut(
+    stream, packets: list[_Packet], fps: Fraction, segment_frames: int, copied: CopiedVideo, rewritten: bool = False
+) -> None:
+    """Segments of `packets` into `copied`; `rewritten`: the muxer rewrites the packets (Annex B and temporal
+    units become MP4 samples), so each segment's packet index is found by demuxing it."""
     if not packets:
         return
     if not packets[0].key:
@@ -118,7 +166,7 @@ def _cut(stream, packets: list[_Packet], fps: Fraction, segment_frames: int, cop
     segment: list[_Packet] = []
     for group in [*groups, []]:
         if segment and (not group or len(segment) + len(group) > segment_frames):
-            data, index = _muxed(stream, copied.codec, segment, fps)
+            data, index = _muxed(stream, copied.codec, segment, fps, rewritten)
             copied.segments.append(data)
             copied.indexes.append(index)
             copied.segment_frames.append(len(segment))
@@ -137,9 +185,12 @@ def _key_frame_groups(packets: list[_Packet]) -> Iterator[list[_Packet]]:
     yield group
 
 
-def _muxed(template, codec: str, packets: list[_Packet], fps: Fraction) -> tuple[bytes, PacketIndex]:
+def _muxed(
+    template, codec: str, packets: list[_Packet], fps: Fraction, rewritten: bool = False
+) -> tuple[bytes, PacketIndex]:
     """One segment file of `packets` (decode order), stamped 0, 1, 2, ... / fps in presentation order, and its
-    packet index (each payload found in the file's bytes, as `packet_index.index_segment` finds them)."""
+    packet index (each payload found in the file's bytes, as `packet_index.index_segment` finds them; found by
+    demuxing the file when the muxer `rewritten` them)."""
     first_shown = min(p.pts for p in packets)
     if packets[0].pts != first_shown:
         raise CopyError(
@@ -164,6 +215,8 @@ def _muxed(template, codec: str, packets: list[_Packet], fps: Fraction) -> tuple
             output.mux(packet)
         config = bytes(stream.codec_context.extradata or b"")
     data = buffer.getvalue()
+    if rewritten:
+        return data, index_segment(data)
     try:
         index = located(
             config, data, [p.data for p in packets], [rank[p.pts] for p in packets], [p.key for p in packets]

@@ -148,9 +148,9 @@ def _copied_camera(episode: str, camera: CameraSource, encoding: VideoEncoding) 
         raise SourceError(
             episode,
             camera.path,
-            f"camera '{camera.name}' is not read from a video file (its pictures come from"
-            f" {'log messages' if hasattr(camera, 'topic') else 'an array of images'}); --video-codec copy keeps the"
-            " packets of video files only (raw MP4s, LeRobot videos)",
+            f"camera '{camera.name}' is not read from a video file or video packets (its pictures come from an"
+            " array of images); --video-codec copy keeps the packets of video files (raw MP4s, LeRobot videos) and"
+            " of foxglove.CompressedVideo topics only",
             "convert with --video-codec h264 (or another codec) to encode its pictures",
         )
     copied = camera.copied(episode, encoding.segment_frames)

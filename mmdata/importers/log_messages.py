@@ -26,7 +26,8 @@ COMPRESSED_IMAGES = ("sensor_msgs/msg/CompressedImage", "sensor_msgs/CompressedI
 RAW_IMAGES = ("sensor_msgs/msg/Image", "sensor_msgs/Image", "foxglove.RawImage")
 VIDEO_PACKETS = ("foxglove.CompressedVideo",)
 PICTURE_SCHEMAS = COMPRESSED_IMAGES + RAW_IMAGES + VIDEO_PACKETS
-VIDEO_FORMATS = {"h264": "h264", "h265": "hevc", "hevc": "hevc", "vp9": "vp9", "av1": "libdav1d"}
+VIDEO_FORMATS = {"h264": "h264", "h265": "hevc", "hevc": "hevc", "vp9": "vp9", "av1": "libdav1d"}  # -> decoder
+STORED_CODECS = {"h264": "h264", "h265": "hevc", "hevc": "hevc", "vp9": "vp9", "av1": "av1"}  # -> a store's codec
 _RAW_LAYOUTS = {"rgb8": (3, None), "bgr8": (3, [2, 1, 0]), "rgba8": (4, [0, 1, 2]), "bgra8": (4, [2, 1, 0])}
 _GREY = ("mono8", "8UC1")
 
@@ -142,6 +143,14 @@ def _raw_image(message: Any) -> np.ndarray:
     return np.ascontiguousarray(rows if order is None else rows[:, :, order])
 
 
+def stored_codec(video_format: str) -> str:
+    """The codec a store names for a `foxglove.CompressedVideo` format (its packets copied as they are)."""
+    codec = STORED_CODECS.get(video_format.lower())
+    if codec is None:
+        raise MessageError(f"video format '{video_format}' is not one of {sorted(STORED_CODECS)}")
+    return codec
+
+
 class PacketDecoder:
     """Decodes a topic's video packets (one frame per message) in order, giving each frame the time of
     the message that carried it (matched by packet number, so a decoder's delay cannot shift times)."""
@@ -152,6 +161,9 @@ class PacketDecoder:
             raise MessageError(f"video format '{video_format}' is not one of {sorted(VIDEO_FORMATS)}")
         self.format = video_format.lower()
         self._context = av.CodecContext.create(codec, "r")
+        # One thread, as the store's decoders run: a dav1d context left with frames in its threads (a camera's
+        # size read from its first frame) hangs the next one opened in the process.
+        self._context.thread_count = 1
         self._times: dict[int, float] = {}
         self._sent = 0
 

@@ -26,8 +26,9 @@ from typing import Any
 
 import numpy as np
 
+from mmdata.codecs.video_copy import CopiedVideo, copy_packets
 from mmdata.codecs.video_source import VideoInfo
-from mmdata.errors import SourceError
+from mmdata.errors import CopyError, SourceError
 from mmdata.importers import log_messages
 from mmdata.importers.episode import EpisodeSource, require_common_streams
 from mmdata.importers.files import file_problem, listed_below
@@ -90,8 +91,11 @@ class McapCameraSource:
         problem = frame_size_problem(width, height)
         if problem is not None:
             raise SourceError(episode, self.span.path, f"topic '{self.topic}': {problem}", "store smaller images")
-        fps = Fraction(self.fps).limit_denominator(1001) if self.fps else nominal_rate(np.asarray(times))
-        return VideoInfo(width, height, fps, f"mcap:{self.topic}")
+        return VideoInfo(width, height, self._rate(times), f"mcap:{self.topic}")
+
+    def _rate(self, log_times: list[int]) -> Fraction:
+        """The rate the topic map states, else the one its messages' log times (ns) give."""
+        return Fraction(self.fps).limit_denominator(1001) if self.fps else nominal_rate(np.asarray(log_times))
 
     def frames(self, episode: str, fps: Fraction) -> Iterator[tuple[Any, float]]:
         size, previous = None, None
@@ -127,6 +131,50 @@ class McapCameraSource:
                         yield picture, at
                 except MessageError as exc:
                     raise SourceError(episode, self.span.path, f"topic '{self.topic}': {exc}") from exc
+
+    def copied(self, episode: str, segment_frames: int) -> CopiedVideo:
+        """The topic's video packets (`foxglove.CompressedVideo`) cut into segments of at most `segment_frames`
+        frames at key frames, not decoded (`--video-codec copy`), each frame at its message's time as `frames`
+        gives it; a topic of images is refused."""
+        payloads, times, log_times, video_format = [], [], [], None
+        with _reading(self.span.path, episode, self.topic) as reader:
+            for index, (schema, record, message) in enumerate(_decoded(reader, self.topic, self.span)):
+                try:
+                    kind = log_messages.schema_kind(schema.name if schema else "")
+                    if kind != "video":
+                        raise SourceError(
+                            episode,
+                            self.span.path,
+                            f"topic '{self.topic}' carries {schema.name if schema else 'schemaless'} pictures, not"
+                            " video packets; --video-codec copy keeps foxglove.CompressedVideo packets and video"
+                            " files as they are",
+                            "convert with --video-codec h264 (or another codec) to encode its pictures",
+                        )
+                    video_format = video_format or str(message.format)
+                    if str(message.format) != video_format:
+                        raise MessageError(f"is {message.format} video, after messages of {video_format}")
+                    time = _seconds(message_time(record, message, self.span.time), self.span.origin)
+                    if times and time <= times[-1]:
+                        raise MessageError(
+                            f"is timed {time:.6f} s, not after the frame before it ({times[-1]:.6f} s);"
+                            " read log times with `time: log` in the topic map"
+                        )
+                except MessageError as exc:
+                    raise SourceError(episode, self.span.path, f"topic '{self.topic}', message {index}: {exc}") from exc
+                payloads.append(bytes(message.data))
+                times.append(time)
+                log_times.append(record.log_time)
+        if not payloads:
+            raise SourceError(episode, self.span.path, f"topic '{self.topic}' has no message in the episode")
+        try:
+            codec = log_messages.stored_codec(video_format)
+            copied = copy_packets(codec, payloads, self._rate(log_times), segment_frames)
+        except (CopyError, MessageError) as exc:
+            raise SourceError(episode, self.span.path, f"topic '{self.topic}': {exc}") from exc
+        info = self.info(episode)  # (its size, from its first frame decoded)
+        copied.width, copied.height = info.width, info.height
+        copied.timestamps = np.asarray(times, np.float64)
+        return copied
 
 
 @dataclass(frozen=True)

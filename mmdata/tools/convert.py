@@ -95,12 +95,13 @@ def add_parser(commands) -> None:
         default=None,
         help=f"codec of stored segments (default {DEFAULTS.codec}). 'copy' keeps the recording's H.264, HEVC, AV1"
         " or VP9 packets as they are: nothing is decoded or encoded, so conversion runs at the speed of the disk"
-        " (LeRobot's AV1 on 2 cores: ~18x the frames/s of encoding) and no generation of quality is lost. It is"
-        " possible for"
-        " video files (raw MP4s, LeRobot videos) whose key frames lie at most --segment-frames apart (LeRobot"
-        " writes one every 2 frames; segments are cut at key frames, up to --segment-frames long); other sources"
-        " are refused with the interval found. It trades the decode tuning of --access, --gop and --crf for the"
-        " recording's own codec, key-frame interval and size; AV1 decodes on the CPU through PyAV (dav1d)",
+        " (LeRobot's AV1 on 2 cores: ~24x the frames/s of encoding) and no generation of quality is lost. It is"
+        " possible for video files (raw MP4s, LeRobot videos) and foxglove.CompressedVideo topics of MCAP logs and"
+        " ROS bags, whose key frames lie at most --segment-frames apart (LeRobot writes one every 2 frames;"
+        " segments are cut at key frames, up to --segment-frames long); other sources are refused with the"
+        " interval found, and cameras of pictures (images, HDF5/RLDS arrays) with the way round. It trades the"
+        " decode tuning of --access, --gop and --crf for the recording's own codec, key-frame interval and size;"
+        " AV1 decodes on the CPU through PyAV (dav1d)",
     )
     video.add_argument(
         "--segment-frames",
