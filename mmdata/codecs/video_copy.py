@@ -215,9 +215,9 @@ def _muxed(
             output.mux(packet)
         config = bytes(stream.codec_context.extradata or b"")
     data = buffer.getvalue()
-    if rewritten:
-        return data, index_segment(data)
     try:
+        if rewritten:
+            return data, index_segment(data)
         index = located(
             config, data, [p.data for p in packets], [rank[p.pts] for p in packets], [p.key for p in packets]
         )
