@@ -107,3 +107,29 @@ def write_bags(folder: Path, ros: int) -> list[BagTruth]:
         write_bag(folder / (f"episode_{number}.bag" if ros == 1 else f"episode_{number}"), ros, number, seconds, task)
         for number, (seconds, task) in enumerate(mcap_logs.EPISODES)
     ]
+
+
+VIDEO_TYPE = "foxglove_msgs/msg/CompressedVideo"
+VIDEO_DEFINITION = "builtin_interfaces/Time timestamp\nstring frame_id\nuint8[] data\nstring format\n"
+
+
+def write_video_bag(path: Path, video_format: str, packets: list[tuple[bytes, int]], stamps: list[int]) -> Path:
+    """A ROS 2 SQLite bag of one `foxglove_msgs/msg/CompressedVideo` topic (its definition registered and stored
+    in the bag), a message per packet stamped `stamps[frame number]` (ns) and logged a microsecond later."""
+    from rosbags.rosbag2 import Writer
+    from rosbags.typesys import Stores, get_types_from_msg, get_typestore
+
+    typestore = get_typestore(Stores.ROS2_HUMBLE)
+    typestore.register(get_types_from_msg(VIDEO_DEFINITION, VIDEO_TYPE))
+    types = typestore.types
+    writer = Writer(path, version=9)
+    writer.open()
+    connection = writer.add_connection("/camera/video", VIDEO_TYPE, typestore=typestore)
+    for data, number in packets:
+        stamp = types["builtin_interfaces/msg/Time"](sec=stamps[number] // 10**9, nanosec=stamps[number] % 10**9)
+        message = types[VIDEO_TYPE](
+            timestamp=stamp, frame_id="cam", data=np.frombuffer(data, np.uint8), format=video_format
+        )
+        writer.write(connection, stamps[number] + 1000, typestore.serialize_cdr(message, VIDEO_TYPE))
+    writer.close()
+    return path

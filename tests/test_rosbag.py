@@ -13,6 +13,9 @@ import numpy as np
 import pytest
 
 import mmdata
+from mmdata.codecs.colour import to_rgb
+from mmdata.codecs.video_encode import VideoEncoding
+from mmdata.conversion.encode import EncodeOptions
 from mmdata.conversion.pipeline import ConvertOptions, convert
 from mmdata.errors import SourceError
 from mmdata.importers import detect_format, discover_episodes, load_topic_map
@@ -179,3 +182,20 @@ def test_a_ros2_bag_whose_database_is_garbage_is_named(tmp_path):
     report = convert(sources, tmp_path / "out", ConvertOptions(workers=1, skip_bad=True, progress=False))
     assert report.converted == 2
     assert "episode_2" in report.skipped[0]["episode"] and "joint_states" in report.skipped[0]["error"]
+
+
+@pytest.mark.parametrize("layout", ["wds", "zarr"])
+def test_compressed_video_of_a_ros2_bag_is_copied_as_the_frames_its_messages_decode_to(tmp_path, layout):
+    stamps = [2_000_000_000 + int(n / 15 * 1e9) + (n % 3) * 1_000_000 for n in range(24)]
+    bag = rosbag_logs.write_video_bag(tmp_path / "bag", "h264", mcap_logs.video_packets("h264", 24, 8), stamps)
+    (source,) = discover_episodes(bag, "rosbag")
+    camera = source.cameras[0]
+    decoded = list(camera.frames(source.name, camera.info(source.name).fps))
+    video = VideoEncoding(codec="copy", segment_frames=16, gop=1)
+    options = ConvertOptions(layout=layout, encode=EncodeOptions(video=video), workers=1, progress=False)
+    convert([source], tmp_path / f"store.{layout}", options)
+    store = mmdata.open_dataset(str(tmp_path / f"store.{layout}"))
+    assert (store.schema.stream(camera.name).codec, store.schema.stream(camera.name).crf) == ("h264", None)
+    episode = store.read_episode(0, [camera.name])[camera.name]
+    assert np.array_equal(np.asarray(episode.values), np.stack([to_rgb(frame) for frame, _ in decoded]))
+    np.testing.assert_allclose(episode.timestamps, (np.asarray(stamps) - stamps[0]) / 1e9, rtol=0, atol=1e-9)
