@@ -5,6 +5,7 @@ refusals for what LeRobot cannot hold."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import av
@@ -176,6 +177,12 @@ def test_what_lerobot_cannot_hold_is_refused_and_nothing_is_left_behind(stores, 
     with pytest.raises(DestinationError, match="not empty"):
         export_lerobot(str(stores["wds"]), tmp_path / "full", progress=False)
     assert (tmp_path / "full" / "mine.txt").read_text() == "keep me"
+    store = shutil.copytree(stores["wds"], tmp_path / "store.wds")
+    before = sorted(p.relative_to(store) for p in store.rglob("*"))
+    for inside in (store / "lerobot", store / "shards" / "lerobot"):
+        with pytest.raises(DestinationError, match="lies inside the store"):
+            export_lerobot(str(store), inside, progress=False)
+    assert sorted(p.relative_to(store) for p in store.rglob("*")) == before
 
 
 def test_the_export_command_reports_what_it_wrote(stores, tmp_path):

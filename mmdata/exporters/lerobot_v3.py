@@ -16,6 +16,7 @@ encodes (AV1, a key frame every 2 frames, crf 30). Audio has no place in a LeRob
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from collections.abc import Mapping, Sequence
@@ -28,6 +29,7 @@ import av
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from fsspec.implementations.local import LocalFileSystem
 from tqdm import tqdm
 
 from mmdata.codecs.align import values_at
@@ -91,6 +93,7 @@ def export_lerobot(
             )
     fps = frame_rate(cameras)
     root = Path(destination)
+    _refuse_inside_store(root, store)
     work = _work_folder(root)
     report = ExportReport(str(root))
     report.left_out = [s.name for s in store.schema.streams if s.kind == "audio"]
@@ -157,6 +160,19 @@ def frame_rate(cameras: list[VideoStream]) -> float:
     if odd:
         raise ExportError(f"cameras {odd} have an odd side, which LeRobot's 4:2:0 videos cannot hold")
     return rates[0]
+
+
+def _refuse_inside_store(root: Path, store: Store) -> None:
+    """A LeRobot dataset written into the store's own folder would sit among its files (where `convert
+    --overwrite` of the store would later delete it): refused."""
+    if not isinstance(store.fs, LocalFileSystem):
+        return
+    folder = Path(os.path.realpath(store.root))
+    target = Path(os.path.realpath(root))
+    if target == folder or folder in target.parents:
+        raise DestinationError(
+            f"'{root}' lies inside the store '{store.url}'; export into a folder outside it (the store is not changed)"
+        )
 
 
 def _work_folder(root: Path) -> Path:
