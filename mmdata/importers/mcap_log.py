@@ -150,7 +150,8 @@ class McapCameraSource:
                             " files as they are",
                             "convert with --video-codec h264 (or another codec) to encode its pictures",
                         )
-                    video_format = video_format or str(message.format)
+                    if video_format is None:
+                        video_format = str(message.format)
                     if str(message.format) != video_format:
                         raise MessageError(f"is {message.format} video, after messages of {video_format}")
                     time = _seconds(message_time(record, message, self.span.time), self.span.origin)
