@@ -88,10 +88,13 @@ class McapCameraSource:
             width, height = _size(next(pictures)[0])
         finally:
             pictures.close()
+        self._check_size(episode, width, height)
+        return VideoInfo(width, height, self._rate(times), f"mcap:{self.topic}")
+
+    def _check_size(self, episode: str, width: int, height: int) -> None:
         problem = frame_size_problem(width, height)
         if problem is not None:
             raise SourceError(episode, self.span.path, f"topic '{self.topic}': {problem}", "store smaller images")
-        return VideoInfo(width, height, self._rate(times), f"mcap:{self.topic}")
 
     def _rate(self, log_times: list[int]) -> Fraction:
         """The rate the topic map states, else the one its messages' log times (ns) give."""
@@ -115,11 +118,7 @@ class McapCameraSource:
                         pictures = iter([(log_messages.picture(message, kind, where, episode), time)])
                     for picture, at in pictures:
                         size = _same_size(picture, size)
-                        if previous is not None and at <= previous:
-                            raise MessageError(
-                                f"is timed {at:.6f} s, not after the frame before it ({previous:.6f} s);"
-                                " read log times with `time: log` in the topic map"
-                            )
+                        _require_after(at, previous)
                         previous = at
                         yield picture, at
                 except MessageError as exc:
@@ -155,11 +154,7 @@ class McapCameraSource:
                     if str(message.format) != video_format:
                         raise MessageError(f"is {message.format} video, after messages of {video_format}")
                     time = _seconds(message_time(record, message, self.span.time), self.span.origin)
-                    if times and time <= times[-1]:
-                        raise MessageError(
-                            f"is timed {time:.6f} s, not after the frame before it ({times[-1]:.6f} s);"
-                            " read log times with `time: log` in the topic map"
-                        )
+                    _require_after(time, times[-1] if times else None)
                 except MessageError as exc:
                     raise SourceError(episode, self.span.path, f"topic '{self.topic}', message {index}: {exc}") from exc
                 payloads.append(bytes(message.data))
@@ -172,10 +167,18 @@ class McapCameraSource:
             copied = copy_packets(codec, payloads, self._rate(log_times), segment_frames)
         except (CopyError, MessageError) as exc:
             raise SourceError(episode, self.span.path, f"topic '{self.topic}': {exc}") from exc
-        info = self.info(episode)  # (its size, from its first frame decoded)
-        copied.width, copied.height = info.width, info.height
+        self._check_size(episode, copied.width, copied.height)  # (as the codec's parser found it)
         copied.timestamps = np.asarray(times, np.float64)
         return copied
+
+
+def _require_after(time: float, previous: float | None) -> None:
+    """MessageError unless a camera's frame at `time` comes after the one before it, at `previous`."""
+    if previous is not None and time <= previous:
+        raise MessageError(
+            f"is timed {time:.6f} s, not after the frame before it ({previous:.6f} s);"
+            " read log times with `time: log` in the topic map"
+        )
 
 
 @dataclass(frozen=True)
