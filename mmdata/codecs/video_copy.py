@@ -130,7 +130,8 @@ def copy_packets(codec: str, payloads: Sequence[bytes], fps: Fraction, segment_f
                     " should hold one frame each; re-encode it (--video-codec h264)"
                 )
             copied = CopiedVideo(codec, stream.codec_context.width, stream.codec_context.height, fps)
-            _cut(stream, packets, fps, segment_frames, copied, rewritten=codec != "vp9")
+            # MP4 holds length-prefixed samples without temporal delimiters: its muxer rewrites these packets
+            _cut(stream, packets, fps, segment_frames, copied, rewritten=SEGMENT_SUFFIXES[codec] == "mp4")
     except av.error.FFmpegError as exc:
         raise CopyError(f"its {codec} packets cannot be parsed: {exc}") from exc
     return copied
