@@ -217,17 +217,25 @@ VIDEO_ENCODERS = {"h264": "libx264", "h265": "libx265", "vp9": "libvpx-vp9", "av
 VIDEO_FPS = 15
 
 
-def video_packets(video_format: str, count: int, gop: int) -> list[tuple[bytes, int]]:
-    """`count` synthetic frames encoded as `video_format` without B-frames: (packet, frame number) in order."""
+def video_packets(
+    video_format: str, count: int, gop: int, bframes: int = 0, size: tuple[int, int] = (WIDTH, HEIGHT)
+) -> list[tuple[bytes, int]]:
+    """`count` synthetic frames of `size` (width, height) encoded as `video_format`, with `bframes` B-frames
+    between references (H.264 and H.265): (packet, frame number) in decode order."""
     from fractions import Fraction
 
+    width, height = size
     context = av.CodecContext.create(VIDEO_ENCODERS[video_format], "w")
-    context.width, context.height, context.pix_fmt = WIDTH, HEIGHT, "yuv420p"
+    context.width, context.height, context.pix_fmt = width, height, "yuv420p"
     context.time_base = Fraction(1, VIDEO_FPS)
     context.gop_size = gop
     context.options = {
-        "h264": {"tune": "zerolatency", "bf": "0", "g": str(gop)},
-        "h265": {"x265-params": f"keyint={gop}:min-keyint={gop}:bframes=0:scenecut=0:log-level=none"},
+        "h264": {"x264-params": f"keyint={gop}:min-keyint={gop}:bframes={bframes}:b-adapt=0:scenecut=0"}
+        | ({} if bframes else {"tune": "zerolatency"}),
+        "h265": {
+            "x265-params": f"keyint={gop}:min-keyint={gop}:bframes={bframes}:b-adapt=0:scenecut=0:log-level=none"
+            + (":open-gop=0" if bframes else "")
+        },
         "vp9": {"lag-in-frames": "0"},
         "av1": {"svtav1-params": f"keyint={gop}:scd=0:pred-struct=1:lookahead=0"},
     }[video_format]
@@ -235,7 +243,7 @@ def video_packets(video_format: str, count: int, gop: int) -> list[tuple[bytes, 
     for number in range(count + 1):
         frame = None
         if number < count:
-            picture = synthetic_frame(number, 0, HEIGHT, WIDTH)
+            picture = synthetic_frame(number, 0, height, width)
             frame = av.VideoFrame.from_ndarray(picture, format="rgb24").reformat(format="yuv420p")
             frame.pts = number
         packets += [(bytes(packet), int(packet.pts)) for packet in context.encode(frame)]
@@ -268,18 +276,25 @@ def compressed_video_class():
 
 
 def write_video_log(
-    path: Path, video_format: str, packets: list[tuple[bytes, int]], stamps: list[int], topic: str = "/camera/video"
+    path: Path,
+    video_format: str,
+    packets: list[tuple[bytes, int]],
+    stamps: list[int],
+    topic: str = "/camera/video",
+    log_times: list[int] | None = None,
 ) -> Path:
     """An MCAP log of `foxglove.CompressedVideo` messages (protobuf, `mcap-protobuf-support`), one per packet,
-    stamped with `stamps[frame number]` (nanoseconds) and logged a microsecond later."""
+    stamped with `stamps[frame number]` (nanoseconds) and logged a microsecond later, or at `log_times[message]`
+    (the order a recorder received them: B-frames come before the frames shown first)."""
     from mcap_protobuf.writer import Writer
 
     video = compressed_video_class()
     with open(path, "wb") as handle:
         writer = Writer(handle)
-        for data, number in packets:
+        for position, (data, number) in enumerate(packets):
             message = video(data=data, format=video_format, frame_id="cam")
             message.timestamp.FromNanoseconds(stamps[number])
-            writer.write_message(topic, message, log_time=stamps[number] + 1000)
+            logged = log_times[position] if log_times is not None else stamps[number] + 1000
+            writer.write_message(topic, message, log_time=logged)
         writer.finish()
     return path

@@ -113,9 +113,16 @@ VIDEO_TYPE = "foxglove_msgs/msg/CompressedVideo"
 VIDEO_DEFINITION = "builtin_interfaces/Time timestamp\nstring frame_id\nuint8[] data\nstring format\n"
 
 
-def write_video_bag(path: Path, video_format: str, packets: list[tuple[bytes, int]], stamps: list[int]) -> Path:
+def write_video_bag(
+    path: Path,
+    video_format: str,
+    packets: list[tuple[bytes, int]],
+    stamps: list[int],
+    log_times: list[int] | None = None,
+) -> Path:
     """A ROS 2 SQLite bag of one `foxglove_msgs/msg/CompressedVideo` topic (its definition registered and stored
-    in the bag), a message per packet stamped `stamps[frame number]` (ns) and logged a microsecond later."""
+    in the bag), a message per packet stamped `stamps[frame number]` (ns) and logged a microsecond later, or at
+    `log_times[message]` (the order a recorder received them: B-frames come before the frames shown first)."""
     from rosbags.rosbag2 import Writer
     from rosbags.typesys import Stores, get_types_from_msg, get_typestore
 
@@ -125,11 +132,12 @@ def write_video_bag(path: Path, video_format: str, packets: list[tuple[bytes, in
     writer = Writer(path, version=9)
     writer.open()
     connection = writer.add_connection("/camera/video", VIDEO_TYPE, typestore=typestore)
-    for data, number in packets:
+    for position, (data, number) in enumerate(packets):
         stamp = types["builtin_interfaces/msg/Time"](sec=stamps[number] // 10**9, nanosec=stamps[number] % 10**9)
         message = types[VIDEO_TYPE](
             timestamp=stamp, frame_id="cam", data=np.frombuffer(data, np.uint8), format=video_format
         )
-        writer.write(connection, stamps[number] + 1000, typestore.serialize_cdr(message, VIDEO_TYPE))
+        logged = log_times[position] if log_times is not None else stamps[number] + 1000
+        writer.write(connection, logged, typestore.serialize_cdr(message, VIDEO_TYPE))
     writer.close()
     return path

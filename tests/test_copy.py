@@ -233,3 +233,166 @@ def test_the_command_line_says_when_copy_is_possible_and_copies(tmp_path):
     done = run_cli("convert", str(LEROBOT), str(tmp_path / "out"), "--video-codec", "copy", "--workers", "1", "--quiet")
     assert done.returncode == 0, done.stderr
     assert "kept as recorded" in done.stdout
+
+
+def frames_in_presentation_order(video_format: str, packets: list[tuple[bytes, int]]) -> np.ndarray:
+    """The frames `packets` (decode order, with their frame numbers) show, decoded and put in presentation order."""
+    context = av.CodecContext.create({"h264": "h264", "h265": "hevc"}[video_format], "r")
+    shown = []
+    for data, number in [*packets, (None, None)]:
+        packet = None
+        if data is not None:
+            packet = av.Packet(data)
+            packet.pts = number
+        shown += [(frame.pts, to_rgb(frame)) for frame in context.decode(packet)]
+    return np.stack([frame for _, frame in sorted(shown, key=lambda item: item[0])])
+
+
+def b_frame_log(tmp_path: Path, kind: str, video_format: str, stamped_when_sent: bool) -> Path:
+    """A log of one CompressedVideo topic of H.264 / H.265 with two B-frames between references, its messages
+    logged in decode order (as a recorder receives them) and stamped at their frames' presentation times, or,
+    `stamped_when_sent`, in decode order too."""
+    packets = mcap_logs.video_packets(video_format, 24, 8, bframes=2)
+    assert [n for _, n in packets] != sorted(n for _, n in packets), "the encoder made B-frames"
+    sent = [2_000_000_000 + int(position / 15 * 1e9) + 500 for position in range(len(packets))]
+    presented = [2_000_000_000 + int(number / 15 * 1e9) for number in range(len(packets))]
+    if stamped_when_sent:
+        packets = [(data, position) for position, (data, _) in enumerate(packets)]
+    if kind == "mcap":
+        return mcap_logs.write_video_log(tmp_path / "video.mcap", video_format, packets, presented, log_times=sent)
+    from tests import rosbag_logs
+
+    return rosbag_logs.write_video_bag(tmp_path / "bag", video_format, packets, presented, log_times=sent)
+
+
+@pytest.mark.parametrize("kind", ["mcap", "rosbag"])
+@pytest.mark.parametrize(("video_format", "codec"), [("h264", "h264"), ("h265", "hevc")])
+def test_b_frames_from_a_log_are_stored_in_the_order_they_are_shown_at_their_stamps(
+    kind, video_format, codec, tmp_path
+):
+    pytest.importorskip("mcap_protobuf" if kind == "mcap" else "rosbags")
+    log = b_frame_log(tmp_path, kind, video_format, stamped_when_sent=False)
+    expected = frames_in_presentation_order(video_format, mcap_logs.video_packets(video_format, 24, 8, bframes=2))
+    for encoding in ("copy", "h264"):
+        destination = tmp_path / f"store-{encoding}"
+        options = copy_options(segment_frames=16)
+        if encoding != "copy":
+            options = ConvertOptions(workers=1, progress=False)
+        convert(discover_episodes(str(log), kind), destination, options)
+        assert verify_dataset(str(destination), progress=False).ok
+        store = mmdata.open_dataset(str(destination))
+        camera = store.schema.streams[1].name
+        episode = store.read_episode(0, [camera])[camera]
+        np.testing.assert_allclose(episode.timestamps, np.arange(24) / 15, atol=1e-6)
+        difference = np.abs(np.asarray(episode.values, np.int16) - expected).mean(axis=(1, 2, 3))
+        if encoding == "copy":
+            assert (difference == 0).all(), "each frame the very one shown at its stamp"
+            assert store.schema.stream(camera).codec == codec
+        else:
+            assert (difference < 3).all(), difference
+
+
+@pytest.mark.parametrize("kind", ["mcap", "rosbag"])
+def test_b_frames_stamped_in_the_order_they_were_sent_are_refused_by_copy_and_encoding_alike(kind, tmp_path):
+    pytest.importorskip("mcap_protobuf" if kind == "mcap" else "rosbags")
+    log = b_frame_log(tmp_path, kind, "h264", stamped_when_sent=True)
+    refusal = r"the video has B-frames .* stamp each message with its frame's presentation time"
+    with pytest.raises(SourceError, match=refusal):
+        convert(discover_episodes(str(log), kind), tmp_path / "copy", copy_options(segment_frames=16))
+    with pytest.raises(SourceError, match=refusal):
+        convert(discover_episodes(str(log), kind), tmp_path / "encoded", ConvertOptions(workers=1, progress=False))
+
+
+def segment_stamped_in_decode_order(packets: list[tuple[bytes, int]]) -> bytes:
+    """An MP4 segment of H.264 packets with B-frames, stamped pts = dts = decode position: what `--video-codec
+    copy` stored before it placed frames at their presentation times."""
+    with av.open(io.BytesIO(b"".join(data for data, _ in packets)), format="h264") as source:
+        template = source.streams.video[0]
+        buffer = io.BytesIO()
+        with av.open(buffer, "w", format="mp4") as output:
+            stream = output.add_stream_from_template(template, opaque=True)
+            stream.time_base = Fraction(1, 15)
+            for position, found in enumerate(p for p in source.demux(template) if p.size):
+                packet = av.Packet(bytes(found))
+                packet.pts = packet.dts = position
+                packet.duration, packet.time_base, packet.is_keyframe = 1, Fraction(1, 15), found.is_keyframe
+                packet.stream = stream
+                output.mux(packet)
+    return buffer.getvalue()
+
+
+def test_a_segment_stamped_out_of_its_frames_order_fails_to_read_and_to_verify(tmp_path):
+    from mmdata.codecs.decoders.pyav_decoder import PyAvDecoder, decode_all_frames
+    from mmdata.codecs.decoders.requests import ClipRequest
+    from mmdata.codecs.packet_index import index_segment
+    from mmdata.errors import DecodeError
+
+    data = segment_stamped_in_decode_order(mcap_logs.video_packets("h264", 16, 8, bframes=2))
+    size = (mcap_logs.WIDTH, mcap_logs.HEIGHT)
+    out_of_order = "come out of the decoder in another order than their stamps say"
+    with pytest.raises(DecodeError, match=out_of_order):
+        decode_all_frames(data, "h264", size, 16)  # what `mmdata verify` decodes every segment with
+    request = ClipRequest(data, tuple(range(16)), "h264", frame_size=size, packets=index_segment(data))
+    with pytest.raises(DecodeError, match=out_of_order):
+        PyAvDecoder().decode([request])
+    ordered = segment_stamped_in_decode_order(mcap_logs.video_packets("h264", 16, 8))
+    assert len(decode_all_frames(ordered, "h264", size, 16)) == 16, "without B-frames both orders are one"
+
+
+def resized_packets(video_format: str) -> list[bytes]:
+    """16 frames of 128x96, then 16 of 160x96 starting at a key frame (for H.264 and HEVC a new SPS)."""
+    first = mcap_logs.video_packets(video_format, 16, 8)
+    second = mcap_logs.video_packets(video_format, 16, 8, size=(160, 96))
+    return [data for data, _ in first + second]
+
+
+@pytest.mark.parametrize("video_format", ["h264", "h265", "vp9", "av1"])
+def test_copy_refuses_video_whose_frames_change_size_mid_stream_as_encoding_does(video_format, tmp_path):
+    pytest.importorskip("mcap_protobuf")
+    payloads = resized_packets(video_format)
+    stamps = [2_000_000_000 + int(n / 15 * 1e9) for n in range(len(payloads))]
+    numbered = [(payload, number) for number, payload in enumerate(payloads)]
+    log = mcap_logs.write_video_log(tmp_path / "video.mcap", video_format, numbered, stamps)
+    with pytest.raises(SourceError, match=r"message 16|change size at packet 16 .* from 128x96 to 160x96"):
+        convert(discover_episodes(str(log), "mcap"), tmp_path / "copy", copy_options(segment_frames=16))
+    with pytest.raises(SourceError, match="160x96"):
+        convert(discover_episodes(str(log), "mcap"), tmp_path / "encoded", ConvertOptions(workers=1, progress=False))
+
+
+def raw_camera_file(root: Path, payloads: list[bytes], codec: str, times_ms: list[int]) -> Path:
+    """A raw dataset of one episode whose camera is a Matroska file of `payloads` (Annex B) at `times_ms`."""
+    folder = root / "episode_000"
+    folder.mkdir(parents=True)
+    with av.open(io.BytesIO(b"".join(payloads)), format=codec) as source:
+        template = source.streams.video[0]
+        with av.open(str(folder / "cam_high.mkv"), "w") as output:
+            stream = output.add_stream_from_template(template, opaque=True)
+            stream.time_base = Fraction(1, 1000)
+            for found, stamp in zip((p for p in source.demux(template) if p.size), times_ms):
+                packet = av.Packet(bytes(found))
+                packet.pts = packet.dts = stamp
+                packet.time_base, packet.is_keyframe, packet.stream = Fraction(1, 1000), found.is_keyframe, stream
+                output.mux(packet)
+    return root
+
+
+@pytest.mark.parametrize(("video_format", "codec"), [("h264", "h264"), ("h265", "hevc")])
+def test_copy_refuses_a_video_file_whose_parameter_sets_change_the_frame_size(video_format, codec, tmp_path):
+    payloads = resized_packets(video_format)
+    root = raw_camera_file(tmp_path / "raw", payloads, codec, [round(n * 1000 / 15) for n in range(len(payloads))])
+    with pytest.raises(SourceError, match="change size at packet 16 of the episode, from 128x96 to 160x96"):
+        convert(discover_raw_episodes(root), tmp_path / "copy", copy_options(segment_frames=16))
+    with pytest.raises(SourceError, match="160x96"):
+        convert(discover_raw_episodes(root), tmp_path / "encoded", ConvertOptions(workers=1, progress=False))
+
+
+def test_copy_refuses_frames_that_share_a_time_as_encoding_does(tmp_path):
+    payloads = [data for data, _ in mcap_logs.video_packets("h264", 16, 8)]
+    times = [round(n * 1000 / 15) for n in range(16)]
+    times[5] = times[4]
+    root = raw_camera_file(tmp_path / "raw", payloads, "h264", times)
+    twice = r"frame 5 has timestamp 0\.267000s, not after the previous frame's 0\.267000s"
+    with pytest.raises(SourceError, match=twice):
+        convert(discover_raw_episodes(root), tmp_path / "copy", copy_options(segment_frames=16))
+    with pytest.raises(SourceError, match=twice):
+        convert(discover_raw_episodes(root), tmp_path / "encoded", ConvertOptions(workers=1, progress=False))

@@ -1,19 +1,21 @@
-"""A recording's video packets cut into a store's segments at key frames, without decoding a frame
+"""A recording's video packets cut into a store's segments at key frames, without re-encoding a frame
 (`mmdata convert --video-codec copy`).
 
 A segment starts at a key frame and holds whole key-frame intervals up to `segment_frames` frames. Its
 packets are muxed into the store's container for the codec (MP4, or WebM for VP9) stamped as the store's
 own segments are: frame 0, 1, 2, ... in units of 1 / fps in presentation order (decode stamps kept in
 order below them), so readers find every segment alike whatever made it. The frames' own times (from
-the container) are returned for the manifest. Nothing is decoded: a source whose frames after a key
-frame are shown before it (open GOPs) or whose key frames lie further apart than a segment may hold is
-refused, naming the interval found.
+the container) are returned for the manifest. A source whose frames after a key frame are shown before it
+(open GOPs), whose key frames lie further apart than a segment may hold, whose frames change size part-way
+(`frame_sizes`) or whose packets carry no presentation time is refused, naming what was found.
 
 Packets carried one frame each outside a container (robot logs' `foxglove.CompressedVideo`: Annex B H.264
 and H.265, VP9 frames, AV1 temporal units) are copied too (`copy_packets`): laid end to end as the codec's
 elementary stream (IVF for VP9 and AV1), they go through FFmpeg's demuxer and parser for that stream,
-which find the key frames; the MP4 muxer turns Annex B and temporal units into MP4 samples, so those
-segments' packet indexes are found by demuxing each segment.
+which find the key frames. They come in decode order without presentation times, so an H.264 or HEVC stream
+is decoded once to learn the order its frames are shown in (B-frames): each frame is stored at its place in
+that order, and the caller gives it the time of the message that carried it. The MP4 muxer turns Annex B and
+temporal units into MP4 samples, so those segments' packet indexes are found by demuxing each segment.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from fractions import Fraction
 import av
 import numpy as np
 
+from mmdata.codecs.frame_sizes import first_size_change
 from mmdata.codecs.packet_index import PacketIndex, index_segment, located
 from mmdata.codecs.video_encode import SEGMENT_SUFFIXES
 from mmdata.errors import CopyError, DecodeError
@@ -51,6 +54,7 @@ class CopiedVideo:
     indexes: list[PacketIndex] = field(default_factory=list)
     timestamps: np.ndarray = field(default_factory=lambda: np.zeros(0))
     key_interval: int = 0  # the most frames from one key frame to the next
+    shown: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # each frame's packet, in shown order
 
 
 @dataclass(frozen=True)
@@ -87,8 +91,13 @@ def copy_segments(path: str, segment_frames: int, start: float | None = None, en
             seconds_per_tick = float(base)
             packets = []
             for packet in container.demux(stream):
-                if not packet.size or packet.pts is None:
+                if not packet.size:
                     continue
+                if packet.pts is None:
+                    raise CopyError(
+                        f"its packet {len(packets)} after the start has no presentation time, so the frame it shows"
+                        " cannot be placed without decoding; re-encode it (--video-codec h264)"
+                    )
                 seconds = packet.pts * seconds_per_tick
                 if start is not None and seconds < start - slack:
                     continue
@@ -98,6 +107,7 @@ def copy_segments(path: str, segment_frames: int, start: float | None = None, en
                     continue
                 packets.append(_Packet(bytes(packet), int(packet.pts), packet.dts, bool(packet.is_keyframe)))
             copied = CopiedVideo(codec, stream.codec_context.width, stream.codec_context.height, fps)
+            _refuse_size_changes(stream, packets, copied)
             _cut(stream, packets, fps, segment_frames, copied)
     except av.error.FFmpegError as exc:
         raise CopyError(f"its packets cannot be read: {exc}") from exc
@@ -112,9 +122,11 @@ _ELEMENTARY_STREAMS = {"h264": ("h264", b""), "hevc": ("hevc", b""), "vp9": ("iv
 
 
 def copy_packets(codec: str, payloads: Sequence[bytes], fps: Fraction, segment_frames: int) -> CopiedVideo:
-    """Video packets of one frame each, in the order they are shown (`codec` one of COPIED_CODECS: Annex B
-    H.264 / H.265, VP9 frames, AV1 temporal units), cut into segments of at most `segment_frames` frames at the
-    key frames FFmpeg's parser finds; CopyError when they cannot be. The caller sets `timestamps`."""
+    """Video packets of one frame each, in decode order (`codec` one of COPIED_CODECS: Annex B H.264 / H.265, VP9
+    frames, AV1 temporal units), cut into segments of at most `segment_frames` frames at the key frames FFmpeg's
+    parser finds; CopyError when they cannot be. `shown` gives the packet of each frame in the order frames are
+    shown (H.264 and HEVC with B-frames show them in another order than they come); the caller sets
+    `timestamps`, one per frame in that order."""
     if codec not in _ELEMENTARY_STREAMS:
         raise CopyError(f"its video is {codec}; --video-codec copy keeps {', '.join(COPIED_CODECS)} as they are")
     demuxer, tag = _ELEMENTARY_STREAMS[codec]
@@ -123,18 +135,78 @@ def copy_packets(codec: str, payloads: Sequence[bytes], fps: Fraction, segment_f
         with av.open(io.BytesIO(data), format=demuxer) as container:
             stream = container.streams.video[0]
             found = [p for p in container.demux(stream) if p.size]
-            packets = [_Packet(bytes(p), number, number, bool(p.is_keyframe)) for number, p in enumerate(found)]
-            if [len(p.data) for p in packets] != [len(p) for p in payloads]:
+            if [p.size for p in found] != [len(p) for p in payloads]:
                 raise CopyError(
-                    f"FFmpeg's {codec} parser finds {len(packets)} frames in its {len(payloads)} packets, which"
+                    f"FFmpeg's {codec} parser finds {len(found)} frames in its {len(payloads)} packets, which"
                     " should hold one frame each; re-encode it (--video-codec h264)"
                 )
-            copied = CopiedVideo(codec, stream.codec_context.width, stream.codec_context.height, fps)
+            if found:
+                _require_key_frame_first(bool(found[0].is_keyframe))
+            shown = _shown_positions(stream.codec_context, [bytes(p) for p in found])
+            rank = np.empty(len(found), np.int64)
+            rank[shown] = np.arange(len(found))
+            packets = [_Packet(bytes(p), int(rank[n]), n, bool(p.is_keyframe)) for n, p in enumerate(found)]
+            copied = CopiedVideo(codec, stream.codec_context.width, stream.codec_context.height, fps, shown=shown)
+            _refuse_size_changes(stream, packets, copied)
             # MP4 holds length-prefixed samples without temporal delimiters: its muxer rewrites these packets
             _cut(stream, packets, fps, segment_frames, copied, rewritten=SEGMENT_SUFFIXES[codec] == "mp4")
     except av.error.FFmpegError as exc:
         raise CopyError(f"its {codec} packets cannot be parsed: {exc}") from exc
     return copied
+
+
+# Codecs whose decoders may show frames in another order than they come (B-frames); the others show each packet's
+# frame as it comes (VP9 and AV1 hide the frames they show later inside the packet of the frame shown).
+_REORDERING = ("h264", "hevc")
+
+
+def _shown_positions(template: av.CodecContext, payloads: list[bytes]) -> np.ndarray:
+    """The position of the packet of each frame, in the order the decoder shows them: found by decoding for codecs
+    that reorder frames (each packet numbered, the frames come out in presentation order carrying their number)."""
+    if template.name not in _REORDERING:
+        return np.arange(len(payloads))
+    context = av.CodecContext.create(template.name, "r")
+    if template.extradata:
+        context.extradata = template.extradata
+    context.thread_count = 1
+    context.options = {"skip_loop_filter": "all"}  # the order is all that is read
+    shown: list[int] = []
+    for position, payload in enumerate([*payloads, None]):
+        packet = None
+        if payload is not None:
+            packet = av.Packet(payload)
+            packet.pts = packet.dts = position
+        try:
+            shown.extend(frame.pts for frame in context.decode(packet))
+        except av.error.FFmpegError as exc:
+            raise CopyError(
+                f"its packet {position} does not decode ({exc}); re-encode it (--video-codec h264)"
+            ) from None
+    if sorted(shown) != list(range(len(payloads))):
+        raise CopyError(
+            f"its {len(payloads)} packets decode to {len(shown)} frames in an order that does not show each once;"
+            " re-encode it (--video-codec h264)"
+        )
+    return np.asarray(shown, np.int64)
+
+
+def _refuse_size_changes(stream: av.video.stream.VideoStream, packets: list[_Packet], copied: CopiedVideo) -> None:
+    """CopyError when a frame is not the stream's size (a store's camera has one size)."""
+    context = stream.codec_context
+    config = bytes(context.extradata or b"")
+    try:
+        change = first_size_change(
+            copied.codec, config, [(p.data, p.key) for p in packets], (copied.width, copied.height), context.name
+        )
+    except DecodeError as exc:
+        raise CopyError(f"its frame headers cannot be read ({exc}); re-encode it (--video-codec h264)") from exc
+    if change is not None:
+        width, height = change.size
+        raise CopyError(
+            f"its frames change size at packet {change.position} of the episode, from {copied.width}x{copied.height}"
+            f" to {width}x{height}; a camera's frames have one size: re-encode the recording at one size"
+            " (ffmpeg -vf scale=W:H), or split it where the size changes"
+        )
 
 
 def _ivf(tag: bytes, payloads: Sequence[bytes]) -> bytes:
@@ -151,11 +223,7 @@ def _cut(
     units become MP4 samples), so each segment's packet index is found by demuxing it."""
     if not packets:
         return
-    if not packets[0].key:
-        raise CopyError(
-            "its first frame (in the episode) is not a key frame, so no segment can"
-            " start there without decoding; re-encode it (--video-codec h264)"
-        )
+    _require_key_frame_first(packets[0].key)
     groups = list(_key_frame_groups(packets))
     copied.key_interval = max(len(group) for group in groups)
     if copied.key_interval > segment_frames:
@@ -173,6 +241,14 @@ def _cut(
             copied.segment_frames.append(len(segment))
             segment = []
         segment += group
+
+
+def _require_key_frame_first(key: bool) -> None:
+    if not key:
+        raise CopyError(
+            "its first frame (in the episode) is not a key frame, so no segment can"
+            " start there without decoding; re-encode it (--video-codec h264)"
+        )
 
 
 def _key_frame_groups(packets: list[_Packet]) -> Iterator[list[_Packet]]:

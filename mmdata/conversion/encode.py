@@ -174,7 +174,32 @@ def _copied_camera(episode: str, camera: CameraSource, encoding: VideoEncoding) 
         crf=None,
     )
     timestamps = np.asarray(copied.timestamps, np.float64)
+    if len(timestamps) != sum(copied.segment_frames):
+        raise SourceError(
+            episode,
+            camera.path,
+            f"camera '{camera.name}': {len(timestamps)} frame times for {sum(copied.segment_frames)} frames",
+            "convert with --video-codec h264",
+        )
+    _require_increasing(episode, camera.path, timestamps)
     return EncodedVideo(spec, copied.segments, copied.segment_frames, timestamps, copied.indexes)
+
+
+def _require_increasing(episode: str, path: str | None, timestamps: np.ndarray) -> None:
+    """SourceError unless a camera's frame times are finite and each after the one before (as when encoding)."""
+    if not np.isfinite(timestamps).all():
+        frame = int(np.flatnonzero(~np.isfinite(timestamps))[0])
+        raise SourceError(episode, path, f"frame {frame} has timestamp {timestamps[frame]}", "re-mux the file")
+    late = np.flatnonzero(np.diff(timestamps) <= 0)
+    if len(late):
+        frame = int(late[0]) + 1
+        raise SourceError(
+            episode,
+            path,
+            f"frame {frame} has timestamp {timestamps[frame]:.6f}s, not after the previous frame's"
+            f" {timestamps[frame - 1]:.6f}s",
+            "re-mux the file with monotonic timestamps",
+        )
 
 
 def _encode_audio(episode: str, audio: AudioSource, max_seconds: float) -> EncodedAudio:

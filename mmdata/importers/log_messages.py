@@ -166,6 +166,8 @@ class PacketDecoder:
         self._context.thread_count = 1
         self._times: dict[int, float] = {}
         self._sent = 0
+        self._latest_shown = -1
+        self.reordered = False  # a frame came out after the frame of a later packet (B-frames)
 
     def decode(self, data: bytes, time: float) -> Iterator[tuple[av.VideoFrame, float]]:
         packet = av.Packet(data)
@@ -194,4 +196,6 @@ class PacketDecoder:
         for frame in frames:
             if frame.pts not in self._times:
                 raise MessageError(f"the decoder returned a frame for no packet sent (pts {frame.pts})")
+            self.reordered |= frame.pts < self._latest_shown
+            self._latest_shown = max(self._latest_shown, frame.pts)
             yield frame, self._times.pop(frame.pts)

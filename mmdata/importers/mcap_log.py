@@ -118,7 +118,7 @@ class McapCameraSource:
                         pictures = iter([(log_messages.picture(message, kind, where, episode), time)])
                     for picture, at in pictures:
                         size = _same_size(picture, size)
-                        _require_after(at, previous)
+                        _require_after(at, previous, decoder is not None and decoder.reordered)
                         previous = at
                         yield picture, at
                 except MessageError as exc:
@@ -127,6 +127,8 @@ class McapCameraSource:
                 try:
                     for picture, at in decoder.flush():
                         size = _same_size(picture, size)
+                        _require_after(at, previous, decoder.reordered)
+                        previous = at
                         yield picture, at
                 except MessageError as exc:
                     raise SourceError(episode, self.span.path, f"topic '{self.topic}': {exc}") from exc
@@ -154,7 +156,6 @@ class McapCameraSource:
                     if str(message.format) != video_format:
                         raise MessageError(f"is {message.format} video, after messages of {video_format}")
                     time = _seconds(message_time(record, message, self.span.time), self.span.origin)
-                    _require_after(time, times[-1] if times else None)
                 except MessageError as exc:
                     raise SourceError(episode, self.span.path, f"topic '{self.topic}', message {index}: {exc}") from exc
                 payloads.append(bytes(message.data))
@@ -168,17 +169,35 @@ class McapCameraSource:
         except (CopyError, MessageError) as exc:
             raise SourceError(episode, self.span.path, f"topic '{self.topic}': {exc}") from exc
         self._check_size(episode, copied.width, copied.height)  # (as the codec's parser found it)
-        copied.timestamps = np.asarray(times, np.float64)
+        shown_times = np.asarray(times, np.float64)[copied.shown]  # each frame at its message's time
+        reordered = not np.array_equal(copied.shown, np.arange(len(copied.shown)))
+        for frame in range(1, len(shown_times)):
+            try:
+                _require_after(shown_times[frame], shown_times[frame - 1], reordered)
+            except MessageError as exc:
+                message = int(copied.shown[frame])
+                raise SourceError(episode, self.span.path, f"topic '{self.topic}', message {message}: {exc}") from exc
+        copied.timestamps = shown_times
         return copied
 
 
-def _require_after(time: float, previous: float | None) -> None:
-    """MessageError unless a camera's frame at `time` comes after the one before it, at `previous`."""
-    if previous is not None and time <= previous:
+def _require_after(time: float, previous: float | None, reordered: bool = False) -> None:
+    """MessageError unless a camera's frame at `time` comes after the frame shown before it, at `previous`.
+    `reordered`: the video shows its frames in another order than its messages carry them (B-frames), so only
+    stamps at the frames' presentation times place them; log times, in the order messages were sent, cannot."""
+    if previous is None or time > previous:
+        return
+    if reordered:
         raise MessageError(
-            f"is timed {time:.6f} s, not after the frame before it ({previous:.6f} s);"
-            " read log times with `time: log` in the topic map"
+            f"its frame is timed {time:.6f} s, not after the frame shown before it ({previous:.6f} s): the video has"
+            " B-frames (frames are shown in another order than their messages come), and the messages' times are"
+            " not the times the frames are shown; stamp each message with its frame's presentation time and read"
+            " those stamps (`time: header` in the topic map), or record the video without B-frames"
         )
+    raise MessageError(
+        f"is timed {time:.6f} s, not after the frame before it ({previous:.6f} s);"
+        " read log times with `time: log` in the topic map"
+    )
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,21 @@ def check_frame(frame: av.VideoFrame, request: ClipRequest) -> None:
         raise DecodeError(f"a frame is {frame.width}x{frame.height}, the store says {width}x{height}")
 
 
+def shown_in_order(stamp: int | None, latest: int | None) -> int:
+    """`stamp`, the stamp of a frame the decoder gives after one stamped `latest` (None: the first); DecodeError
+    unless it is later. A decoder gives frames in the order they are shown, which the bitstream sets: a segment
+    whose stamps say another order (B-frames stamped in decode order) would otherwise give each frame another's
+    place."""
+    if stamp is None:
+        raise DecodeError("a frame came out of the decoder without a stamp")
+    if latest is not None and stamp <= latest:
+        raise DecodeError(
+            f"its frames come out of the decoder in another order than their stamps say (stamp {stamp} after"
+            f" {latest}): the segment was stored with its frames out of order; convert the episode again"
+        )
+    return stamp
+
+
 def probe_segment(request: ClipRequest) -> tuple[int, int]:
     """Check a segment's codec and frame size from its headers (for backends that decode it elsewhere);
     its (width, height)."""

@@ -26,6 +26,7 @@ from mmdata.codecs.decoders.packets import (
     key_runs,
     probe_segment,
     request_rows,
+    shown_in_order,
     software_decoder,
     wanted_frames,
 )
@@ -161,6 +162,7 @@ def decode_runs(
     count = 0
     for key_position, last in key_runs(wanted, packets.key_frames, packets.key_positions):
         context.flush_buffers()
+        latest = -1
         for position in [*range(key_position, packets.count), None]:
             packet = None
             if position is not None:
@@ -169,6 +171,7 @@ def decode_runs(
                 context.skip_frame = "DEFAULT" if shown[position] in row_of else "NONREF"
             for frame in context.decode(packet):
                 count += 1
+                latest = shown_in_order(frame.pts, latest)
                 row = row_of.get(frame.pts)
                 if row is None:
                     continue
@@ -212,7 +215,9 @@ def decode_all_frames(
             if codec is not None:
                 check_stream(stream.codec_context, request)
             reformatter = VideoReformatter()
+            latest = None
             for frame in container.decode(stream):
+                latest = shown_in_order(frame.pts, latest)
                 check_frame(frame, request)
                 frames.append(to_rgb(frame, reformatter))
                 if max_frames is not None and len(frames) > max_frames:
