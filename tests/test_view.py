@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import threading
+import time
 
 import av
 import numpy as np
@@ -33,6 +34,17 @@ from mmdata.viewer.pages import write_episode_page, write_site
 from tests.test_packet_decoding import store_with_manifest
 
 CHROMIUM = os.environ.get("MMDATA_CHROMIUM", "/usr/bin/chromium")
+
+
+def wait_until(page, expression: str, timeout_s: float = 30.0) -> None:
+    """Poll `expression` (JavaScript) in `page` until it holds. Playwright's own `wait_for_function` evaluates its
+    predicate with `eval`, which the viewer's Content-Security-Policy forbids; `evaluate` goes through the
+    debugging protocol, which it does not."""
+    deadline = time.monotonic() + timeout_s
+    while not page.evaluate(expression):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{expression} did not hold within {timeout_s} s")
+        time.sleep(0.02)
 
 
 def page_data(path) -> dict:
@@ -198,7 +210,7 @@ def test_both_pages_in_a_real_browser_offline(damaged_store, tmp_path):
 
         page.locator("#episodes tbody tr[data-index='0'] a").click()
         page.wait_for_url(f"{origin}/episode_000000.html")
-        page.wait_for_function("[...document.querySelectorAll('video')].every(v => v.readyState >= 2)")
+        wait_until(page, "[...document.querySelectorAll('video')].every(v => v.readyState >= 2)")
         durations = page.evaluate("[...document.querySelectorAll('video')].map(v => v.duration)")
         assert len(durations) == 2 and all(abs(d - row["duration"]) <= 1 / fps for d in durations)
 
@@ -212,18 +224,19 @@ def test_both_pages_in_a_real_browser_offline(damaged_store, tmp_path):
             return read_index_stripe(rgba[:, :, :3])
 
         page.keyboard.press(" ")
-        page.wait_for_function("document.querySelector('video').currentTime > 0.2")
+        wait_until(page, "document.querySelector('video').currentTime > 0.2")
         page.keyboard.press(" ")
-        page.wait_for_function(
+        wait_until(
+            page,
             f"""() => {{ const v = document.querySelector('video');
             const frame = Math.floor(v.currentTime * {fps} + 1e-3);
-            return v.paused && !v.seeking && document.getElementById('frame').textContent == frame; }}"""
+            return v.paused && !v.seeking && document.getElementById('frame').textContent == frame; }}""",
         )
         before = int(page.locator("#frame").text_content())
         assert drawn_frame() == before
         page.keyboard.press("ArrowRight")
-        page.wait_for_function(f"document.getElementById('frame').textContent == '{before + 1}'")
-        page.wait_for_function("!document.querySelector('video').seeking")
+        wait_until(page, f"document.getElementById('frame').textContent == '{before + 1}'")
+        wait_until(page, "!document.querySelector('video').seeking")
         assert drawn_frame() == before + 1
 
         plot = page.locator("canvas.plot").first
@@ -231,7 +244,7 @@ def test_both_pages_in_a_real_browser_offline(damaged_store, tmp_path):
         data = page_data(tmp_path / "episode_000000.html")
         target = data["t0"] + 0.5 * (data["t1"] - data["t0"])
         plot.click(position={"x": box["width"] * 0.5, "y": box["height"] / 2})
-        page.wait_for_function("!document.querySelector('video').seeking")
+        wait_until(page, "!document.querySelector('video').seeking")
         times = page.evaluate("[...document.querySelectorAll('video')].map(v => v.currentTime)")
         assert all(abs(t - (target - data["t0"])) <= 1 / fps + 1e-6 for t in times), (times, target)
         assert drawn_frame() == int(page.locator("#frame").text_content())

@@ -4,22 +4,29 @@ playing in sync beside its low-dim streams (see `mmdata.viewer`)."""
 from __future__ import annotations
 
 import argparse
+import errno
 import functools
 import http.server
+import os
 import re
+import shutil
 import tempfile
 import textwrap
 import threading
 from pathlib import Path
 
-from mmdata.errors import MmdataError
+from fsspec.implementations.local import LocalFileSystem
+
+from mmdata.errors import DestinationError, MmdataError, OptionError
 from mmdata.store.handle import Store
 from mmdata.tools.storage import add_storage_options
-from mmdata.viewer.pages import write_episode_page, write_site
+from mmdata.viewer.pages import CONTENT_SECURITY_POLICY, write_episode_page, write_site
 from mmdata.viewer.rerun_export import write_rerun_recording
 
-EPISODE_PAGE = re.compile(r"^/episode_(\d{6})\.html$")
-RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+EPISODE_PAGE = re.compile(r"^/episode_(\d{6,9})\.html$")
+# One range, its ends at most 18 digits (a larger number is no byte of any file: the request is answered whole).
+RANGE = re.compile(r"^bytes=(\d{0,18})-(\d{0,18})$")
+RANGE_CHUNK_BYTES = 1 << 20
 
 
 def add_parser(commands) -> None:
@@ -64,19 +71,27 @@ def add_parser(commands) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
-        raise MmdataError(f"--port is 0 to 65535, not {args.port}")
+        raise OptionError(f"--port is 0 to 65535, not {args.port}")
     store = Store(args.path)
     if args.rerun is not None:
         if len(args.episode) != 1 or args.serve or args.out is not None:
             raise MmdataError("--rerun writes one episode: give exactly one --episode, without --out or --serve")
         print(f"written {write_rerun_recording(store, args.episode[0], args.rerun)}")
         return 0
+    if args.out is not None:
+        _check_out(args.out, store)
     out = args.out if args.out is not None else Path(tempfile.mkdtemp(prefix="mmdata-view-"))
+    server = None
+    if args.serve:
+        try:
+            server = view_server(store, out, args.port)  # (a port in use is refused before anything is written)
+        except OptionError:
+            shutil.rmtree(out, ignore_errors=True)
+            raise
     page = write_site(store, out, args.episode, link_all=args.serve)
-    if not args.serve:
+    if server is None:
         print(f"open {page.resolve().as_uri()}")
         return 0
-    server = view_server(store, out, args.port)
     host, port = server.server_address[:2]
     print(f"serving {store.url} on http://{host}:{port}/ (Ctrl-C stops)", flush=True)
     try:
@@ -86,8 +101,23 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_out(out: Path, store: Store) -> None:
+    """Refuse an --out that is not a folder, or that lies inside the store (its pages would sit among the store's
+    files, where `convert --overwrite` of the store deletes them)."""
+    if out.exists() and not out.is_dir():
+        raise DestinationError(f"--out '{out}' is a file, not a folder; name a folder for the pages")
+    if isinstance(store.fs, LocalFileSystem):
+        root = Path(os.path.realpath(store.root))
+        target = Path(os.path.realpath(out))
+        if target == root or root in target.parents:
+            raise DestinationError(
+                f"--out '{out}' lies inside the store '{store.url}'; write the pages into a folder outside it"
+            )
+
+
 def view_server(store: Store, out: Path, port: int) -> http.server.ThreadingHTTPServer:
-    """An HTTP server on 127.0.0.1 for the folder `out`, making an episode's page the first time it is asked for."""
+    """An HTTP server on 127.0.0.1 for the folder `out`, making an episode's page the first time it is asked for.
+    OptionError when the port cannot be taken."""
     lock = threading.Lock()
 
     class Handler(http.server.SimpleHTTPRequestHandler):
@@ -98,38 +128,70 @@ def view_server(store: Store, out: Path, port: int) -> http.server.ThreadingHTTP
                     with lock:
                         write_episode_page(store, int(found.group(1)), out)
                 except MmdataError as exc:
-                    self.send_error(404, str(exc))
+                    # the reason goes into the page, escaped; the status line carries fixed text only (a store's
+                    # path could hold characters a header cannot, or a line break that would start another)
+                    self.send_error(404, "episode page not available", explain=str(exc))
                     return
             if self.headers.get("Range") and self._send_range():
                 return
             super().do_GET()
 
+        def end_headers(self) -> None:
+            self.send_header("Content-Security-Policy", CONTENT_SECURITY_POLICY)
+            self.send_header("X-Content-Type-Options", "nosniff")
+            super().end_headers()
+
         def _send_range(self) -> bool:
-            """A `Range: bytes=a-b` request for a file, answered 206 with those bytes (browsers seek videos so;
-            a server without ranges makes every seek go back to the start). False: not a range of a file."""
+            """A `Range: bytes=a-b` request for a file, answered 206 with those bytes, read and sent a bounded
+            chunk at a time (browsers seek videos so; a server without ranges makes every seek go back to the
+            start). False: not a range of a file (then the whole file is sent)."""
             found = RANGE.match(self.headers["Range"].strip())
             path = Path(self.translate_path(self.path))
             if found is None or not path.is_file():
                 return False
             size = path.stat().st_size
-            first = int(found.group(1)) if found.group(1) else max(0, size - int(found.group(2) or 0))
-            last = min(int(found.group(2)), size - 1) if found.group(1) and found.group(2) else size - 1
+            first_text, last_text = found.groups()
+            if first_text:
+                first = int(first_text)
+                last = min(int(last_text), size - 1) if last_text else size - 1
+            elif last_text:  # the last N bytes
+                first, last = max(0, size - int(last_text)), size - 1
+            else:
+                first, last = 0, -1
             if first > last or first >= size:
-                self.send_error(416, f"range outside the file's {size} bytes")
+                self.send_response(416)
+                self.send_header("Content-Range", f"bytes */{size}")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
                 return True
-            with path.open("rb") as file:
-                file.seek(first)
-                body = file.read(last - first + 1)
             self.send_response(206)
             self.send_header("Content-Type", self.guess_type(str(path)))
             self.send_header("Content-Range", f"bytes {first}-{last}/{size}")
-            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Content-Length", str(last - first + 1))
             self.send_header("Accept-Ranges", "bytes")
             self.end_headers()
-            self.wfile.write(body)
+            with path.open("rb") as file:
+                file.seek(first)
+                left = last - first + 1
+                while left:
+                    chunk = file.read(min(left, RANGE_CHUNK_BYTES))
+                    if not chunk:
+                        break
+                    self.wfile.write(chunk)
+                    left -= len(chunk)
             return True
 
         def log_message(self, format: str, *args) -> None:  # noqa: A002 (the base class's name)
             pass
 
-    return http.server.ThreadingHTTPServer(("127.0.0.1", port), functools.partial(Handler, directory=str(out)))
+    try:
+        return http.server.ThreadingHTTPServer(("127.0.0.1", port), functools.partial(Handler, directory=str(out)))
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise OptionError(
+                f"--port {port}: another program is listening on 127.0.0.1:{port}; pass --port 0 to take any free"
+                " port, or another number"
+            ) from None
+        raise OptionError(
+            f"--port {port} cannot be used ({exc.strerror}); pass --port 0 to take any free port"
+        ) from None

@@ -8,6 +8,7 @@ videos), so it works from a file:// URL, behind `mmdata view --serve`, or copied
 
 from __future__ import annotations
 
+import contextlib
 import html
 import json
 import math
@@ -15,6 +16,7 @@ import shutil
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import numpy as np
 
@@ -22,7 +24,7 @@ from mmdata.errors import MmdataError
 from mmdata.schema import AudioStream, LowdimStream, VideoStream
 from mmdata.store.handle import Store
 from mmdata.store.remux import write_episode_video
-from mmdata.store.statistics import read_stats
+from mmdata.store.statistics import read_stats, stream_figures
 
 STATIC = Path(__file__).resolve().parent / "static"
 WAVEFORM_BUCKETS = 2000
@@ -84,11 +86,32 @@ def store_data(store: Store, pages: dict[int, str], out: Path | None = None) -> 
         pieces = table.column(column).to_pylist()
         size = sum(p["size"] for row in pieces for p in (row if isinstance(row, list) else [row]) if p)
         totals[stream.name] = {"count": int(sum(table.column(f"{stream.name}/count").to_pylist())), "bytes": size}
+    return {"page": "store", "columns": list(COLUMNS), "episodes": episodes, "totals": totals, "stats": _stats(store)}
+
+
+def _stats(store: Store) -> dict[str, dict[str, Any]]:
+    """Each low-dim stream's figures from `stats.json`, as checked where any reader takes them (a stream whose
+    figures are malformed is left out of the page, as a store without statistics shows none)."""
     try:
-        stats = read_stats(store).get("lowdim", {})
+        stats = read_stats(store)
     except MmdataError:
-        stats = {}
-    return {"page": "store", "columns": list(COLUMNS), "episodes": episodes, "totals": totals, "stats": stats}
+        return {}
+    shown = {}
+    for stream in store.schema.streams:
+        if not isinstance(stream, LowdimStream):
+            continue
+        where = f"{store.url}/{store.schema.stats_file}"
+        try:
+            figures = stream_figures(stats, stream.name, ("min", "max", "mean", "std"), where)
+        except MmdataError:
+            continue
+        with contextlib.suppress(MmdataError):  # (quantiles are optional)
+            figures |= stream_figures(stats, stream.name, ("q01", "q99"), where, len(figures["mean"]))
+        count = stats["lowdim"][stream.name].get("count")
+        shown[stream.name] = {key: values.tolist() for key, values in figures.items()} | {
+            "count": count if isinstance(count, int) and not isinstance(count, bool) else None
+        }
+    return shown
 
 
 def write_episode_page(store: Store, index: int, out: Path) -> Path:
@@ -202,8 +225,8 @@ def _ranges(figures: dict[str, Any]) -> str:
 def _episode_body(data: dict[str, Any]) -> str:
     videos = "".join(
         f"""<div class="camera"><b>{html.escape(c["name"])}</b>
-<video muted preload="auto" data-camera="{html.escape(c["name"])}" data-frames="{c["frames"]}">
-<source src="{c["src"]}" type="{c["mime"]}"></video></div>"""
+<video muted preload="auto" data-camera="{html.escape(c["name"])}" data-frames="{int(c["frames"])}">
+<source src="{html.escape(quote(c["src"]))}" type="{html.escape(c["mime"])}"></video></div>"""
         for c in data["cameras"]
     )
     metadata = html.escape(json.dumps(data["metadata"], indent=1, default=str))
@@ -218,10 +241,30 @@ def _episode_body(data: dict[str, Any]) -> str:
 <h2>Metadata</h2><pre>{metadata}</pre>"""
 
 
+# What a page may load and run: the viewer's own script and style, its videos, nothing else (no inline script,
+# no request leaving the folder or the server); the server sends the same policy as a header.
+CONTENT_SECURITY_POLICY = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; media-src 'self';"
+    " base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+# Characters that could end or change the <script> element holding the page's data, or end a line in older
+# JavaScript, written as JSON escapes (which JSON.parse reads back as the same text).
+_SCRIPT_ESCAPES = str.maketrans(
+    {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+)
+
+
+def script_json(data: Any) -> str:
+    """`data` as JSON that can sit inside a <script> element whatever text it holds."""
+    return json.dumps(data, default=str).translate(_SCRIPT_ESCAPES)
+
+
 def _write_page(path: Path, title: str, body: str, data: dict[str, Any]) -> None:
-    payload = json.dumps(data, default=str).replace("</", "<\\/")
+    payload = script_json(data)
     text = f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<html><head><meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="{CONTENT_SECURITY_POLICY}">
+<title>{html.escape(title)}</title>
 <link rel="stylesheet" href="static/viewer.css"></head>
 <body>{body}
 <script id="data" type="application/json">{payload}</script>

@@ -58,7 +58,7 @@ function drawStatistics() {
     const dims = (figures.mean || []).length;
     if (!dims) continue;
     const row = 18, canvas = element("canvas", { class: "stats", width: 900, height: dims * row + 6, "data-stream": name });
-    holder.append(element("h3", {}, `${name} (${figures.count} values)`), canvas);
+    holder.append(element("h3", {}, `${name} (${figures.count ?? "?"} values)`), canvas);
     const context = canvas.getContext("2d");
     const left = 60, width = 520;
     for (let d = 0; d < dims; d++) {
