@@ -41,8 +41,19 @@ MAX_STREAMS = 4096
 DEFAULT_MANIFEST_FILE = "episodes.parquet"
 DEFAULT_STATS_FILE = "stats.json"
 # A version's files: the defaults, or the names an append gives them (no folders: a name cannot point outside)
-_VERSION_FILE = re.compile(r"(episodes|stats)(-\d{6})?\.(parquet|json)")
+_VERSION_FILE = re.compile(r"(episodes|stats)(-\d{6,})?\.(parquet|json)")
 MAX_HISTORY = 100_000
+_DOCUMENT_FIELDS = {
+    "format",
+    "format_version",
+    "layout",
+    "num_episodes",
+    "streams",
+    "created",
+    "manifest",
+    "stats",
+    "history",
+}
 
 
 @dataclass(frozen=True)
@@ -169,6 +180,9 @@ class DatasetSchema:
                 " (upgrade mmdata, or re-run `mmdata convert` with this version)"
             )
         try:
+            unknown = sorted(set(document) - _DOCUMENT_FIELDS)
+            if unknown:
+                raise ValueError(f"it has fields {unknown} that no mmdata store writes")
             layout = document.get("layout")
             if layout not in LAYOUTS:
                 raise ValueError(f"layout is {layout!r}, not one of {', '.join(LAYOUTS)}")

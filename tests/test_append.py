@@ -246,3 +246,84 @@ def test_inspect_lists_each_append(raws, tmp_path):
     assert shown.returncode == 0, shown.stderr
     assert "converted             episodes 0-2" in shown.stdout
     assert f"appended 3 episodes (3-5) from {raws['second']}" in shown.stdout
+
+
+def renumbered_shards(store: Path, first: int) -> None:
+    """The store's shards renamed to start at number `first` (a store after many appends), manifest and all."""
+    from tests.hostile.tampering import edit_manifest
+
+    names = {path.name: f"shard-{first + number:06d}.tar" for number, path in enumerate(sorted(store.glob("shards/*")))}
+
+    def renamed(value):
+        if isinstance(value, str):
+            for old, new in names.items():
+                value = value.replace(f"shards/{old}", f"shards/{new}")
+            return value
+        if isinstance(value, list):
+            return [renamed(item) for item in value]
+        if isinstance(value, dict):
+            return {key: renamed(item) for key, item in value.items()}
+        return value
+
+    edit_manifest(store, lambda rows: rows.__setitem__(slice(None), [renamed(row) for row in rows]))
+    for old, new in names.items():
+        (store / "shards" / old).rename(store / "shards" / new)
+
+
+def test_appends_past_shard_999999_never_write_over_a_shard_and_lose_nothing(raws, tmp_path):
+    store = converted(raws["first"], tmp_path / "store", "wds", shard_bytes=10**9)
+    renumbered_shards(store, 999_999)
+    assert verify_dataset(str(store), progress=False).ok
+    appended(raws["second"], store)
+    first_append = {p.name: p.read_bytes() for p in (store / "shards").glob("shard-1*.tar")}
+    assert list(first_append) == ["shard-1000000.tar"]
+    appended(raws["second"], store)
+    assert {p.name: p.read_bytes() for p in (store / "shards").glob("shard-1000000.tar")} == first_append
+    assert {p.name for p in (store / "shards").iterdir()} == {
+        "shard-999999.tar",
+        "shard-1000000.tar",
+        "shard-1000001.tar",
+    }
+    assert verify_dataset(str(store), progress=False).ok
+    dataset = mmdata.open_dataset(str(store))
+    second = mmdata.open_dataset(str(converted(raws["second"], tmp_path / "second", "wds")))
+    assert len(dataset) == 9
+    for index in range(3):
+        assert_same_episode(episode_values(dataset, 3 + index), episode_values(second, index))
+        assert_same_episode(episode_values(dataset, 6 + index), episode_values(second, index))
+
+
+def test_an_append_never_writes_over_a_shard_file_no_row_names(raws, tmp_path):
+    store = converted(raws["first"], tmp_path / "store", "wds")
+    stray = store / "shards" / "shard-000042.tar"
+    stray.write_bytes(b"a shard of an append that was given up")
+    appended(raws["second"], store)
+    assert stray.read_bytes() == b"a shard of an append that was given up"
+    assert (store / "shards" / "shard-000043.tar").exists() and verify_dataset(str(store), progress=False).ok
+
+
+def test_a_shard_is_never_published_over_an_existing_file(tmp_path):
+    from mmdata.store.wds_writer import publish_without_replacing
+
+    written, target = tmp_path / "new.tar.tmp", tmp_path / "shard-000001.tar"
+    written.write_bytes(b"new")
+    target.write_bytes(b"published")
+    with pytest.raises(DestinationError, match="never written over"):
+        publish_without_replacing(written, target)
+    assert target.read_bytes() == b"published" and not written.exists()
+
+
+def test_an_upload_never_writes_over_an_object_of_another_size(tmp_path):
+    import fsspec
+
+    from mmdata.conversion.publish import upload_new_files
+
+    memory = fsspec.filesystem("memory")
+    memory.pipe("/bucket/store/shards/shard-000003.tar", b"published by someone else")
+    (tmp_path / "shards").mkdir()
+    (tmp_path / "shards" / "shard-000003.tar").write_bytes(b"ours")
+    with pytest.raises(DestinationError, match="already exists .* never written over"):
+        upload_new_files(tmp_path, "memory://bucket/store", {"shards/shard-000003.tar"}, progress=False)
+    assert memory.cat("/bucket/store/shards/shard-000003.tar") == b"published by someone else"
+    memory.pipe("/bucket/store/shards/shard-000003.tar", b"ours")  # what an interrupted run uploaded: kept
+    assert upload_new_files(tmp_path, "memory://bucket/store", {"shards/shard-000003.tar"}, progress=False) == 0

@@ -244,3 +244,54 @@ def test_a_runs_plot_shows_where_the_time_went(tmp_path):
     plot_stages(document, tmp_path / "plot.png", "mmdata bench policy")
     image = (tmp_path / "plot.png").read_bytes()
     assert image.startswith(b"\x89PNG") and len(image) > 5_000
+
+
+@pytest.mark.slow
+def test_from_json_of_what_is_not_a_complete_result_is_named_in_one_line(bench_result, tmp_path, capsys):
+    from mmdata.tools.cli import main
+
+    output, _ = bench_result
+    measured = json.loads(output.read_text())
+
+    def edited(change) -> dict:
+        document = copy.deepcopy(measured)
+        change(document)
+        return document
+
+    cases = {
+        "not JSON": ("{oops", "is not valid JSON"),
+        "a list": ([1, 2], "is not an mmdata bench result: it is not a JSON object"),
+        "another schema": ({"schema": "other/1"}, "its schema is 'other/1'"),
+        "a text figure": (
+            edited(lambda d: d["figures"].update(samples_per_s="fast")),
+            "figures.samples_per_s is 'fast'",
+        ),
+        "a missing figure": (edited(lambda d: d["figures"].pop("stall_fraction")), "figures.stall_fraction is None"),
+        "a text share": (
+            edited(lambda d: d["stages"]["main_thread"].update(step={"share": "most"})),
+            "stages.main_thread.step is {'share': 'most'}, not a share",
+        ),
+    }
+    for name, (content, expected) in cases.items():
+        path = tmp_path / f"{name}.json"
+        path.write_text(content if isinstance(content, str) else json.dumps(content))
+        for arguments in (["--from-json", str(path)], ["--from-json", str(output), "--compare", str(path)]):
+            assert main(["bench", *arguments]) == 2, name
+            error = capsys.readouterr().err
+            assert expected in error and str(path) in error and "Traceback" not in error, (name, error)
+
+
+@pytest.mark.slow
+def test_plot_names_the_file_it_writes_and_refuses_a_folder(bench_result, tmp_path, capsys):
+    from mmdata.tools.cli import main
+
+    output, _ = bench_result
+    assert main(["bench", "--from-json", str(output), "--plot", str(tmp_path / "chart")]) == 0
+    assert f"plot written to {tmp_path / 'chart.png'}" in capsys.readouterr().out
+    assert (tmp_path / "chart.png").read_bytes().startswith(b"\x89PNG")
+    folder = tmp_path / "plots"
+    folder.mkdir()
+    assert main(["bench", "--from-json", str(output), "--plot", str(folder)]) == 2
+    assert "is a folder; name the chart's file, such as" in capsys.readouterr().err
+    assert main(["bench", "--from-json", str(output), "--plot", str(tmp_path / "chart.txt")]) == 2
+    assert "not .txt" in capsys.readouterr().err and not list(folder.iterdir())

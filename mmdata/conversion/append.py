@@ -10,6 +10,7 @@ whole, and one that opened it before keeps reading its episodes. An interrupted 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -29,7 +30,7 @@ from mmdata.moments import Moments
 from mmdata.schema import DatasetSchema, Stream, TextStream, version_file_name
 from mmdata.store.filesystem import join, write_text_atomically
 from mmdata.store.handle import Store, open_store
-from mmdata.store.layout import PARTIAL_DIR
+from mmdata.store.layout import PARTIAL_DIR, SHARDS_DIR
 from mmdata.store.statistics import read_stats
 from mmdata.store.wds_writer import shard_number
 
@@ -49,10 +50,13 @@ class AppendBase:
     def first_episode(self) -> int:
         return len(self.rows)
 
-    @property
-    def first_shard(self) -> int:
-        """The number of the first new WebDataset shard: after every shard the store's rows name."""
-        numbers = [number for row in self.rows if (number := shard_number(row.get("shard") or "")) is not None]
+    def first_shard(self, fs: fsspec.AbstractFileSystem, root: str) -> int:
+        """The number of the first new WebDataset shard: after every shard the store's rows name and every shard
+        file in its folder (one no row names, left by an append that was given up, is never written over)."""
+        names = [row.get("shard") or "" for row in self.rows]
+        with contextlib.suppress(FileNotFoundError):  # (an object store has no empty folders)
+            names += fs.ls(join(root, SHARDS_DIR), detail=False, refresh=True)
+        numbers = [number for name in names if (number := shard_number(str(name))) is not None]
         return max(numbers, default=-1) + 1
 
     @property
@@ -146,11 +150,16 @@ def merged_moments(base: AppendBase, added: dict[str, Moments]) -> dict[str, Mom
 
 
 def append_state(
-    fs: fsspec.AbstractFileSystem, root: str, resume: bool, array_lengths: Callable[[], dict[str, int]]
+    fs: fsspec.AbstractFileSystem,
+    root: str,
+    resume: bool,
+    array_lengths: Callable[[], dict[str, int]],
+    first_shard: Callable[[], int],
 ) -> dict[str, Any]:
-    """When this append began (ISO 8601, UTC) and, for a Zarr store, each array's length then: saved in the
-    partial folder when it begins, so that a resumed append keeps them (and writes its rows where the
-    interrupted one did). `SOURCE_DATE_EPOCH` (the reproducible-builds convention) sets the time."""
+    """When this append began (ISO 8601, UTC), for a Zarr store each array's length then, and for a WebDataset
+    store the number of its first new shard: saved in the partial folder when it begins, so that a resumed append
+    keeps them (and writes its rows and shards where the interrupted one did, its own shards counted as its own).
+    `SOURCE_DATE_EPOCH` (the reproducible-builds convention) sets the time."""
     path = join(root, f"{PARTIAL_DIR}/{APPEND_FILE}")
     if resume and fs.exists(path):
         damaged = DestinationError(f"{path} is damaged; delete {PARTIAL_DIR} to give the append up, then append again")
@@ -163,10 +172,17 @@ def append_state(
             raise damaged
         if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in lengths.values()):
             raise damaged
+        shard = saved.get("first_shard")
+        if not isinstance(shard, int) or isinstance(shard, bool) or shard < 0:
+            raise damaged
         return saved
     epoch = os.environ.get("SOURCE_DATE_EPOCH")
     seconds = int(epoch) if epoch and epoch.isdigit() else time.time()
-    state = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds)), "array_lengths": array_lengths()}
+    state = {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds)),
+        "array_lengths": array_lengths(),
+        "first_shard": first_shard(),
+    }
     write_text_atomically(path, json.dumps(state), fs)
     return state
 

@@ -184,9 +184,15 @@ def _append_locked(
     prepare_append(local, {**options.fingerprint(sources), "append_to": base.fingerprint()}, options.resume)
     layout = base.schema.layout
     arrays = url or str(local)
-    state = append_state(LocalFileSystem(), str(local), options.resume, lambda: _array_lengths(layout, arrays, base))
+    state = append_state(
+        LocalFileSystem(),
+        str(local),
+        options.resume,
+        lambda: _array_lengths(layout, arrays, base),
+        lambda: base.first_shard(fs, root),
+    )
     if layout == "wds":
-        writer: StoreWriter = _store_writer(layout, local, options.shard_bytes, first_shard=base.first_shard)
+        writer: StoreWriter = _store_writer(layout, local, options.shard_bytes, first_shard=state["first_shard"])
     else:
         writer = _store_writer(layout, local, options.shard_bytes, base.rows, state["array_lengths"], arrays_url=url)
     with _workers(options) as pool:

@@ -71,14 +71,22 @@ def publish(
 
 
 def upload_new_files(local: Path, url: str, names: set[str], progress: bool = True) -> int:
-    """Upload the files `names` (relative to `local`) into the store at `url`, none already there with its
-    size again; the bytes sent. An append's new shards, before the version naming them is published."""
+    """Upload the files `names` (relative to `local`) into the store at `url`; the bytes sent. An append's new
+    shards, before the version naming them is published: their names come after every file the store held when
+    the append began, so one found there with its size was uploaded by this append before it was interrupted,
+    and one of another size is not this append's and is never written over (DestinationError)."""
     fs, root = resolve(url)
     sent = 0
     with tqdm(total=len(names), unit="file", desc=f"upload -> {url}", disable=not progress) as bar:
         for name in sorted(names):
             path, target = local / name, join(root, name)
-            if not _already_there(fs, target, path.stat().st_size):
+            there = _size_there(fs, target)
+            if there is not None and there != path.stat().st_size:
+                raise DestinationError(
+                    f"'{name}' already exists in '{url}' ({there} bytes) and is not this append's: a store's files"
+                    " are never written over; nothing of the store was changed"
+                )
+            if there is None:
                 try:
                     _put(fs, path, target)
                 except OSError as exc:
@@ -92,6 +100,14 @@ def upload_new_files(local: Path, url: str, names: set[str], progress: bool = Tr
 
 def _put(fs: fsspec.AbstractFileSystem, path: Path, target: str) -> None:
     fs.put_file(str(path), target)
+
+
+def _size_there(fs: fsspec.AbstractFileSystem, target: str) -> int | None:
+    """The size of `target` in the store, or None when there is no such file."""
+    try:
+        return int(fs.size(target))
+    except (FileNotFoundError, OSError):
+        return None
 
 
 def _already_there(fs: fsspec.AbstractFileSystem, target: str, size: int) -> bool:

@@ -15,11 +15,12 @@ encodes (AV1, a key frame every 2 frames, crf 30). Audio has no place in a LeRob
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -32,6 +33,7 @@ import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 from tqdm import tqdm
 
+from mmdata.checks import inside
 from mmdata.codecs.align import values_at
 from mmdata.errors import DestinationError, ExportError, OptionError
 from mmdata.lerobot.numbering import EpisodeNumbering
@@ -53,6 +55,7 @@ BOOKKEEPING |= {"task_index": "int64"}
 DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
 VIDEO_PATH = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
 PARTIAL_MARK = ".mmdata-export"
+INNER_WORK_FOLDER = ".mmdata-export.partial"
 
 
 @dataclass
@@ -72,7 +75,7 @@ class ExportReport:
 def export_lerobot(
     store: str | Store,
     destination: str | Path,
-    episodes: Sequence[int] | None = None,
+    episodes: Iterable[int] | None = None,
     rename: Mapping[str, str] | None = None,
     progress: bool = True,
 ) -> ExportReport:
@@ -92,23 +95,23 @@ def export_lerobot(
                 " vector: export a store whose streams are vectors"
             )
     fps = frame_rate(cameras)
-    root = Path(destination)
+    root = Path(os.path.abspath(destination))
     _refuse_inside_store(root, store)
     work = _work_folder(root)
-    report = ExportReport(str(root))
+    report = ExportReport(str(destination))
     report.left_out = [s.name for s in store.schema.streams if s.kind == "audio"]
     try:
         writer = _Writer(work, store, keys, cameras, lowdim, fps)
         for position, index in enumerate(tqdm(chosen, unit="episode", desc="export -> lerobot", disable=not progress)):
             writer.add_episode(position, index, report)
         writer.finish()
-    except BaseException:
+        work.joinpath(PARTIAL_MARK).unlink()
+        _publish(work, root)
+    except BaseException as exc:
         shutil.rmtree(work, ignore_errors=True)  # nothing half-written is left behind
+        if isinstance(exc, OSError):
+            raise _write_failure(root, exc) from exc
         raise
-    work.joinpath(PARTIAL_MARK).unlink()
-    if root.exists():
-        root.rmdir()  # empty: checked before anything was written
-    work.rename(root)
     report.episodes, report.frames = len(chosen), writer.total
     report.remuxed = [s.name for s in cameras if s.codec in REMUXED_CODECS]
     report.reencoded = [s.name for s in cameras if s.codec not in REMUXED_CODECS]
@@ -116,34 +119,55 @@ def export_lerobot(
     return report
 
 
-def chosen_episodes(store: Store, episodes: Sequence[int] | None) -> list[int]:
-    """The manifest rows to export, in store order; an episode out of range or damaged is refused by number."""
+def chosen_episodes(store: Store, episodes: Iterable[int] | None) -> list[int]:
+    """The manifest rows to export, in store order; an episode out of range or damaged is refused by number (the
+    first out of range ends the listing, so a range far larger than the store is never made whole)."""
     if episodes is None:
         return [i for i in range(len(store)) if i not in store.damaged]
-    chosen = sorted(set(episodes))
-    for index in chosen:
+    chosen: set[int] = set()
+    for index in episodes:
         if isinstance(index, bool) or not isinstance(index, int | np.integer) or not 0 <= index < len(store):
             raise OptionError(f"episode {index!r} is not in '{store.url}', which holds episodes 0-{len(store) - 1}")
         if index in store.damaged:
             raise ExportError(f"episode {index} of '{store.url}' is damaged ({store.damaged[index]}); leave it out")
+        chosen.add(int(index))
     if not chosen:
         raise OptionError("no episode to export: --episodes lists none")
-    return [int(i) for i in chosen]
+    return sorted(chosen)
 
 
 def feature_keys(store: Store, rename: Mapping[str, str]) -> dict[str, str]:
-    """Each camera's and low-dim stream's LeRobot feature key: its name, or what `rename` maps it to."""
+    """Each camera's and low-dim stream's LeRobot feature key: its name, or what `rename` maps it to. A key names a
+    folder of the dataset (`videos/<key>/`), so it must be one plain path component: LeRobot's own rule (no '/'),
+    no '\\', no control characters, not '.' or '..', not empty."""
     streams = {s.name for s in store.schema.streams if s.kind in ("video", "lowdim")}
     unknown = sorted(set(rename) - streams)
     if unknown:
         raise OptionError(f"--rename names streams the store does not have as cameras or low-dim: {unknown}")
     keys = {name: rename.get(name, name) for name in sorted(streams)}
+    for name, key in keys.items():
+        problem = feature_key_problem(key)
+        if problem is not None:
+            raise OptionError(f"the LeRobot feature key {key!r} for stream '{name}' {problem}; --rename it to another")
     taken = [key for key in keys.values() if key in BOOKKEEPING]
     if taken or len(set(keys.values())) != len(keys):
         raise OptionError(
             f"feature keys must be distinct and not LeRobot's own ({', '.join(BOOKKEEPING)}): {sorted(keys.values())}"
         )
     return keys
+
+
+def feature_key_problem(key: str) -> str | None:
+    """Why `key` cannot be a LeRobot feature key that names a folder of the dataset, or None."""
+    if not isinstance(key, str) or not key.strip():
+        return "is empty"
+    if "/" in key or "\\" in key:
+        return "holds '/' or '\\' (LeRobot's feature keys hold no '/'; a key names one folder)"
+    if key in (".", "..") or any(ord(character) < 32 or ord(character) == 127 for character in key):
+        return "is '.' or '..' or holds a control character"
+    if len(key.encode("utf-8", "surrogatepass")) > 200:
+        return "is longer than 200 bytes"
+    return None
 
 
 def frame_rate(cameras: list[VideoStream]) -> float:
@@ -176,17 +200,54 @@ def _refuse_inside_store(root: Path, store: Store) -> None:
 
 
 def _work_folder(root: Path) -> Path:
-    """`DST.partial/`, made empty; refuses a destination that holds anything, and a partial folder not ours."""
-    if root.exists() and (not root.is_dir() or any(root.iterdir())):
-        raise DestinationError(f"'{root}' exists and is not empty; export into a new folder")
-    work = root.with_name(root.name + ".partial")
-    if work.exists():
-        if not (work / PARTIAL_MARK).exists():
-            raise DestinationError(f"'{work}' exists and is not an unfinished export's; move it away")
-        shutil.rmtree(work)
-    work.mkdir(parents=True)
-    (work / PARTIAL_MARK).touch()
+    """The folder the export is written into before it is published: `DST.partial/` beside a new destination, or,
+    for an existing empty folder (the current one, a folder made for it), a hidden folder inside it, so that the
+    folder itself is kept. Refuses a destination that is a link, a file, or a folder that holds anything (but an
+    unfinished export's work folder, removed), and a work folder that is not an unfinished export's."""
+    if root.is_symlink():
+        raise DestinationError(
+            f"'{root}' is a symbolic link (to '{os.path.realpath(root)}'); export into a new folder, or into the"
+            " folder it points to by that folder's own path"
+        )
+    if root.exists():
+        if not root.is_dir():
+            raise DestinationError(f"'{root}' exists and is not a folder; export into a new folder")
+        work = root / INNER_WORK_FOLDER
+        others = [entry.name for entry in root.iterdir() if entry != work]
+        if others:
+            raise DestinationError(f"'{root}' exists and is not empty (it holds {others[:3]}); export into a new one")
+    else:
+        work = root.with_name(root.name + ".partial")
+    try:
+        if work.exists() or work.is_symlink():
+            if work.is_symlink() or not (work / PARTIAL_MARK).is_file():
+                raise DestinationError(f"'{work}' exists and is not an unfinished export's; move it away")
+            shutil.rmtree(work)
+        work.mkdir(parents=True)
+        (work / PARTIAL_MARK).touch()
+    except OSError as exc:
+        raise _write_failure(work, exc) from exc
     return work
+
+
+def _publish(work: Path, root: Path) -> None:
+    """The finished export moved to `root`: the work folder renamed to it, or, inside an existing folder, its
+    entries moved up (`meta/`, which makes it a dataset, last) and the work folder removed."""
+    if work.parent != root:
+        work.rename(root)
+        return
+    for entry in sorted(work.iterdir(), key=lambda path: path.name == "meta"):
+        entry.rename(root / entry.name)
+    work.rmdir()
+
+
+def _write_failure(where: Path, error: OSError) -> DestinationError:
+    """A DestinationError saying what could not be written and what to do."""
+    if error.errno == errno.ENOSPC:
+        return DestinationError(f"the disk is full while exporting to '{where}'; free space and export again")
+    if isinstance(error, PermissionError):
+        return DestinationError(f"cannot write '{error.filename or where}': permission denied; export elsewhere")
+    return DestinationError(f"writing the export to '{where}' failed: {error.strerror or error}")
 
 
 class _Writer:
@@ -248,8 +309,7 @@ class _Writer:
         video_chunk, video_file = divmod(position, CHUNKS_SIZE)
         for camera in self.cameras:
             key = self.keys[camera.name]
-            path = self.work / VIDEO_PATH.format(video_key=key, chunk_index=video_chunk, file_index=video_file)
-            path.parent.mkdir(parents=True, exist_ok=True)
+            path = self._target(VIDEO_PATH.format(video_key=key, chunk_index=video_chunk, file_index=video_file))
             self._write_video(index, camera, path)
             self._count_pixels(index, camera, clock)
             entry |= {
@@ -312,8 +372,7 @@ class _Writer:
         if not self._pending:
             return
         chunk, file = divmod(self._file, CHUNKS_SIZE)
-        path = self.work / DATA_PATH.format(chunk_index=chunk, file_index=file)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path = self._target(DATA_PATH.format(chunk_index=chunk, file_index=file))
         pq.write_table(pa.concat_tables(self._pending).cast(self.schema), path)
         self._pending, self._pending_bytes = [], 0
         self._file += 1
@@ -335,12 +394,19 @@ class _Writer:
 
     def finish(self) -> None:
         self._flush()
-        meta = self.work / "meta"
-        (meta / "episodes" / "chunk-000").mkdir(parents=True, exist_ok=True)
-        pq.write_table(pa.Table.from_pylist(self.episodes), meta / "episodes" / "chunk-000" / "file-000.parquet")
-        _write_tasks(meta / "tasks.parquet", self.tasks)
-        (meta / "info.json").write_text(json.dumps(self._info(), indent=4))
-        (meta / "stats.json").write_text(json.dumps(self._stats(), indent=4))
+        pq.write_table(pa.Table.from_pylist(self.episodes), self._target("meta/episodes/chunk-000/file-000.parquet"))
+        _write_tasks(self._target("meta/tasks.parquet"), self.tasks)
+        self._target("meta/info.json").write_text(json.dumps(self._info(), indent=4))
+        self._target("meta/stats.json").write_text(json.dumps(self._stats(), indent=4))
+
+    def _target(self, relative: str) -> Path:
+        """The path of `relative` in the export, its folder made; ExportError unless it lies inside the export
+        (links resolved): no name may lead a write outside the destination."""
+        path = self.work / relative
+        if not inside(self.work, path):
+            raise ExportError(f"'{relative}' would be written outside the export folder '{self.work}'; refused")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
 
     def _info(self) -> dict[str, Any]:
         features: dict[str, Any] = {}

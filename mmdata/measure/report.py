@@ -4,12 +4,15 @@ comparison of two results that fails on a regression."""
 from __future__ import annotations
 
 import datetime
-import json
+import math
 import os
 import platform
 import sys
 from pathlib import Path
 from typing import Any
+
+from mmdata.checks import parse_json, shown
+from mmdata.errors import OptionError
 
 SCHEMA = "mmdata.bench/1"
 HIGHER_IS_BETTER = ("samples_per_s", "frames_per_s", "tokens_per_s", "mb_per_s")
@@ -101,10 +104,122 @@ def parse_fraction(text: str) -> float:
 
 
 def load(path: str | Path) -> dict[str, Any]:
-    document = json.loads(Path(path).read_text())
-    if document.get("schema") != SCHEMA:
-        raise ValueError(f"{path} is not an mmdata bench result (schema {document.get('schema')!r}, expected {SCHEMA})")
+    """A result `mmdata bench --json` wrote, with every figure the table, the comparison and the plots read
+    checked first; OptionError naming the file and the figure otherwise."""
+    try:
+        document = parse_json(Path(path).read_bytes(), max_bytes=MAX_RESULT_BYTES)
+    except OSError as exc:
+        raise OptionError(f"{path} cannot be read ({exc.strerror or exc})") from None
+    except ValueError as exc:
+        raise OptionError(f"{path} {exc}; give a file `mmdata bench --json` wrote") from None
+    problem = result_problem(document)
+    if problem is not None:
+        raise OptionError(f"{path} is not an mmdata bench result: {problem}; give a file `mmdata bench --json` wrote")
     return document
+
+
+MAX_RESULT_BYTES = 64 << 20
+_CONFIG_TEXTS = ("dataset", "spec_name", "layout", "decoder", "device")
+_CONFIG_COUNTS = ("num_workers", "warmup")
+_FIGURES = (
+    "steps",
+    "wall_seconds",
+    "samples_per_s",
+    "frames_per_s",
+    "tokens_per_s",
+    "mb_per_s",
+    "stall_fraction",
+    "mean_stall_ms",
+    "decode_waste",
+    "packing_efficiency",
+    "rank_token_spread",
+)
+_OPTIONAL_FIGURES = (
+    "step_ms_measured",
+    "episodes_per_batch",
+    "episodes_shared_with_previous",
+    "episode_lag1_correlation",
+    "instrumentation_share",
+    "gpu_memory_mb",
+)
+
+
+def result_problem(document: Any) -> str | None:
+    """What in a bench result is missing or of the wrong type (None: nothing), for each field `format_table`,
+    `compare` and the plots read."""
+    if not isinstance(document, dict):
+        return "it is not a JSON object"
+    if document.get("schema") != SCHEMA:
+        return f"its schema is {document.get('schema')!r}, not {SCHEMA!r}"
+    config, figures, stages = document.get("config"), document.get("figures"), document.get("stages")
+    if not isinstance(config, dict) or not isinstance(figures, dict) or not isinstance(stages, dict):
+        return "it lacks its config, figures or stages"
+    for name in _CONFIG_TEXTS:
+        if not isinstance(config.get(name), str):
+            return f"config.{name} is {shown(config.get(name))}, not text"
+    for name in _CONFIG_COUNTS:
+        if not _is_number(config.get(name)):
+            return f"config.{name} is {shown(config.get(name))}, not a number"
+    for name in ("batch_tokens", "batch_size", "step_ms"):
+        if config.get(name) is not None and not _is_number(config[name]):
+            return f"config.{name} is {shown(config[name])}, not a number"
+    problem = _numbers_problem(figures, _FIGURES, "figures") or _numbers_problem(
+        {k: v for k, v in figures.items() if k in _OPTIONAL_FIGURES}, (), "figures", optional=True
+    )
+    if problem:
+        return problem
+    for name in ("latency_ms", "peak_rss_mb_per_worker"):
+        table = figures.get(name)
+        if not isinstance(table, dict) or not all(_is_number(v) for v in table.values()):
+            return f"figures.{name} is {shown(table)}, not numbers by name"
+    problem = _shares_problem(stages.get("main_thread"), "stages.main_thread")
+    if problem:
+        return problem
+    workers = stages.get("workers")
+    if workers is not None:
+        if not isinstance(workers, dict) or not _is_number(workers.get("utilization")):
+            return f"stages.workers is {shown(workers)}, not a utilization and stages"
+        problem = _shares_problem(workers.get("stages"), "stages.workers.stages")
+        if problem:
+            return problem
+    for number, row in enumerate(document.get("sweep") or []):
+        if not isinstance(row, dict) or not isinstance(row.get("setting"), dict):
+            return f"sweep[{number}] is {shown(row)}, not a setting and its figures"
+        problem = _numbers_problem(row.get("figures"), ("samples_per_s", "frames_per_s", "stall_fraction"), "sweep")
+        if problem:
+            return problem
+    if document.get("baseline") is not None:
+        baseline, ratios = document["baseline"], document.get("ratios")
+        problem = _numbers_problem(baseline, ("samples_per_s", "frames_per_s"), "baseline") or _numbers_problem(
+            ratios, ("samples_per_s", "frames_per_s"), "ratios"
+        )
+        if problem:
+            return problem
+        if not isinstance(baseline.get("name"), str) or not isinstance(baseline.get("description"), str):
+            return "baseline lacks its name or description"
+    return None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _numbers_problem(table: Any, names: tuple[str, ...], where: str, optional: bool = False) -> str | None:
+    if not isinstance(table, dict):
+        return f"{where} is {shown(table)}, not an object"
+    for name in names if not optional else tuple(table):
+        if not _is_number(table.get(name)):
+            return f"{where}.{name} is {shown(table.get(name))}, not a number"
+    return None
+
+
+def _shares_problem(stages: Any, where: str) -> str | None:
+    if not isinstance(stages, dict):
+        return f"{where} is {shown(stages)}, not shares by stage"
+    for name, value in stages.items():
+        if not isinstance(value, dict) or not _is_number(value.get("share")):
+            return f"{where}.{name} is {shown(value)}, not a share"
+    return None
 
 
 def format_table(document: dict[str, Any]) -> str:

@@ -30,7 +30,7 @@ from mmdata.store.layout import PARTIAL_DIR, SHARDS_DIR
 from mmdata.store.manifest import PACKETS_SUFFIX, Piece, base_row, episode_key, packets_column, span_columns
 
 TAR_BLOCK = 512
-_SHARD_FILE = re.compile(r"shard-(\d{6})\.tar(\.tmp)?")
+_SHARD_FILE = re.compile(r"shard-(\d{6,})\.tar(\.tmp)?")
 
 
 def shard_name(index: int) -> str:
@@ -219,13 +219,32 @@ class WdsWriter:
         self._file.flush()
         os.fsync(self._file.fileno())
         self._file.close()
-        os.replace(self._file.name, self.root / shard_name(self._shard_index))
+        publish_without_replacing(Path(self._file.name), self.root / shard_name(self._shard_index))
         sidecar = self.partial / sidecar_name(self._shard_index)
         write_text_atomically(str(sidecar), shard_record(self._shard.rows, self._checkpoint))
         self._rows.extend(self._shard.rows)
         self._shard_index += 1
         self._shard = None
         self._file = None
+
+
+def publish_without_replacing(written: Path, target: Path) -> None:
+    """Give the finished file `written` its name `target`, which must not exist: a writer never replaces a piece
+    of a store (linked, then the temporary name removed; where links are not possible, renamed after a check)."""
+    try:
+        os.link(written, target)
+    except FileExistsError:
+        written.unlink()
+        raise DestinationError(
+            f"'{target}' already exists: a store's shards are never written over; nothing of it was changed"
+        ) from None
+    except OSError:
+        if target.exists():
+            written.unlink()
+            raise DestinationError(f"'{target}' already exists: a store's shards are never written over") from None
+        os.replace(written, target)
+        return
+    written.unlink()
 
 
 def _episode_row(episode: EncodedEpisode, index: int, key: str, shard: str, pieces: dict[str, Piece]) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mmdata.errors import MmdataError
+from mmdata.errors import MmdataError, OptionError
 from mmdata.measure.plots import plot_stages, plot_sweep
 from mmdata.measure.presets import PRESETS, default_tokens_per, preset_spec
 from mmdata.measure.report import build_document, compare, format_table, load, parse_fraction
@@ -109,6 +109,8 @@ def run_bench(args: argparse.Namespace) -> int:
         limit = parse_fraction(args.max_regression)
     except ValueError as exc:
         raise MmdataError(f"--max-regression: {exc}") from None
+    if args.plot:
+        args.plot = plot_path(args.plot)
     if args.from_json:
         document = load(args.from_json)
     elif args.dataset:
@@ -118,7 +120,7 @@ def run_bench(args: argparse.Namespace) -> int:
             document = _measure(args, _demo_store(Path(folder)))
     print(format_table(document))
     if args.plot and not args.sweep:
-        plot_stages(document, Path(args.plot), f"mmdata bench {document['config'].get('spec_name', '')}".strip())
+        plot_stages(document, args.plot, f"mmdata bench {document['config'].get('spec_name', '')}".strip())
         print(f"plot written to {args.plot}")
     if args.json and not args.from_json:
         Path(args.json).write_text(json.dumps(document, indent=1) + "\n")
@@ -132,6 +134,22 @@ def run_bench(args: argparse.Namespace) -> int:
             return 1
         print(f"\nno headline figure regressed by more than {limit:.1%} against {args.compare}")
     return 0
+
+
+PLOT_FORMATS = (".png", ".svg", ".pdf")
+
+
+def plot_path(text: str) -> Path:
+    """Where --plot writes: the file named (".png" added to a name without a suffix); OptionError for a folder or
+    a format the chart is not written in, before anything is measured."""
+    path = Path(text)
+    if path.is_dir():
+        raise OptionError(f"--plot '{text}' is a folder; name the chart's file, such as {path / 'bench.png'}")
+    if not path.suffix:
+        path = path.with_name(path.name + ".png")
+    if path.suffix.lower() not in PLOT_FORMATS:
+        raise OptionError(f"--plot '{text}': a chart is written as {', '.join(PLOT_FORMATS)}, not {path.suffix}")
+    return path
 
 
 def _measure(args: argparse.Namespace, dataset: str) -> dict[str, Any]:
@@ -220,7 +238,7 @@ def _sweep(args: argparse.Namespace, dataset: str, spec, options: dict[str, Any]
         title = f"mmdata bench {args.spec} on {Path(dataset).name}" + (
             f", {args.step_ms:g} ms step" if args.step_ms else ""
         )
-        plot_sweep(rows, Path(args.plot), title, show_stalls=args.step_ms > 0)
+        plot_sweep(rows, args.plot, title, show_stalls=args.step_ms > 0)
         print(f"plot written to {args.plot}")
     return rows
 

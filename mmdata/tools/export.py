@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 
 from mmdata.errors import OptionError
 from mmdata.exporters.lerobot_v3 import export_lerobot
@@ -50,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     report = export_lerobot(
         args.store,
         args.destination,
-        episodes=parse_episodes(args.episodes) if args.episodes else None,
+        episodes=itertools.chain.from_iterable(parse_episodes(args.episodes)) if args.episodes is not None else None,
         rename=parse_rename(args.rename) if args.rename else None,
         progress=not args.quiet,
     )
@@ -69,18 +70,18 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def parse_episodes(text: str) -> list[int]:
-    """`0,3,10-19` as episode numbers; OptionError naming the part that is not a number or a range."""
-    chosen: list[int] = []
+def parse_episodes(text: str) -> list[range]:
+    """`0,3,10-19` as ranges of episode numbers (a range is checked against the store as it is read, never made
+    whole); OptionError naming the part that is not a number or a range."""
+    chosen: list[range] = []
     for part in text.split(","):
         first, dash, last = part.strip().partition("-")
-        try:
-            low, high = int(first), int(last) if dash else int(first)
-        except ValueError:
-            raise OptionError(f"--episodes: '{part}' is not an episode number or a range like 10-19") from None
-        if low < 0 or high < low or high - low > 10_000_000:
+        if not first.isdigit() or (dash and not last.isdigit()) or len(first) > 18 or len(last) > 18:
+            raise OptionError(f"--episodes: {part!r} is not an episode number or a range like 10-19")
+        low, high = int(first), int(last) if dash else int(first)
+        if high < low:
             raise OptionError(f"--episodes: '{part}' is not a range of episode numbers from low to high")
-        chosen.extend(range(low, high + 1))
+        chosen.append(range(low, high + 1))
     return chosen
 
 

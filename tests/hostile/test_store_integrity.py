@@ -100,6 +100,8 @@ def test_open_dataset_checks_checksums_unless_told_not_to(stores, tmp_path):
         (lambda d: d.update(num_episodes="3"), "num_episodes is '3', not an integer"),
         (lambda d: d["streams"].append(dict(d["streams"][1])), "appear more than once"),
         (lambda d: d["streams"][1].update(extra_field=1), "unknown fields"),
+        (lambda d: d.update(stats_file="stats.json"), "fields ['stats_file'] that no mmdata store writes"),
+        (lambda d: d.update(stats="../escape.json"), "'stats' is '../escape.json', not a file name"),
     ],
     ids=[
         "version",
@@ -114,6 +116,8 @@ def test_open_dataset_checks_checksums_unless_told_not_to(stores, tmp_path):
         "num-episodes-string",
         "duplicate-stream",
         "unknown-field",
+        "unknown-top-level-field",
+        "version-file-outside",
     ],
 )
 def test_malformed_dataset_json_is_a_store_error_naming_the_file(damaged, change, message):
