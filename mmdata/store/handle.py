@@ -150,14 +150,14 @@ class Store:
         path = join(self.root, name)
         data = read_file(self.fs, path, MAX_MANIFEST_BYTES, self.read_policy)
         try:
-            parquet = pq.ParquetFile(pa.BufferReader(data))
+            parquet = pq.ParquetFile(pa.BufferReader(arrow_owned(data)), pre_buffer=False)
             declared = sum(parquet.metadata.row_group(g).total_byte_size for g in range(parquet.num_row_groups))
             if declared > MANIFEST_EXPANSION * len(data) + (64 << 20):
                 raise StoreError(
                     f"{self.url}/{name} declares {declared} bytes of rows in a {len(data)}-byte file;"
                     " it is damaged or hostile: restore it or convert again"
                 )
-            return parquet.read()
+            return parquet.read(use_threads=False)
         except (pa.ArrowException, OSError, ValueError, IndexError) as exc:
             raise StoreError(
                 f"{self.url}/{name} is not a readable Parquet file ({exc}); restore it or convert again"
@@ -440,3 +440,12 @@ def open_store(
 ) -> Store:
     """Open a store written by `mmdata convert` (a local folder or an fsspec URL) without a decoder."""
     return Store(str(path_or_url), verify, cache_bytes, read_policy)
+
+
+def arrow_owned(data: bytes) -> pa.Buffer:
+    """`data` copied into memory Arrow owns. A buffer Arrow wraps around a Python object must take the interpreter
+    lock to be freed, and a reader Arrow's thread pool frees while the interpreter shuts down then aborts the
+    process ("terminate called without an active exception"); freeing Arrow's own memory needs no lock."""
+    stream = pa.BufferOutputStream()
+    stream.write(data)
+    return stream.getvalue()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -118,3 +119,52 @@ def test_every_episode_damaged_with_skip_says_so_not_that_the_spec_yields_nothin
     count = len(mmdata.open_dataset(store))
     with pytest.raises(mmdata.StoreError, match=f"all {count} selected episode.s. were left out as damaged.*verify"):
         loader(store, on_error="skip")
+
+
+def test_arrow_never_holds_the_python_bytes_of_a_manifest_while_it_reads_them(stores, monkeypatch):
+    """The process aborted at exit ("terminate called without an active exception", rc 134) when a reader of
+    Arrow's thread pool freed a buffer wrapping the manifest's Python bytes after the interpreter had begun to shut
+    down: freeing such a buffer takes the interpreter lock. Arrow must read the manifest from memory it owns."""
+    import pyarrow.parquet as pq
+
+    from mmdata.store import handle
+
+    manifest = (Path(stores["wds"]) / "episodes.parquet").read_bytes()
+    baseline = {}
+    seen = []
+    original_read_file, original_read = handle.read_file, pq.ParquetFile.read
+
+    def read_file(fs, path, *args):
+        if path.endswith("episodes.parquet"):
+            baseline["refs"] = sys.getrefcount(manifest)
+            return manifest
+        return original_read_file(fs, path, *args)
+
+    def read(self, *args, **kwargs):
+        seen.append(sys.getrefcount(manifest) - baseline["refs"])
+        return original_read(self, *args, **kwargs)
+
+    monkeypatch.setattr(handle, "read_file", read_file)
+    monkeypatch.setattr(pq.ParquetFile, "read", read)
+    mmdata.open_store(str(stores["wds"]))
+    assert seen == [1], "only the name the store reads them into holds the bytes while Arrow parses them"
+
+
+@pytest.mark.slow
+def test_a_refused_second_loader_after_iterating_leaves_the_process_to_exit_cleanly(stores):
+    code = (
+        "import mmdata\n"
+        f"store = {str(stores['wds'])!r}\n"
+        "spec = mmdata.Windows(anchor_fps=10, streams={'cam_high': mmdata.Frames(offsets=[0.0])})\n"
+        "batching = mmdata.Batching(batch_size=4)\n"
+        "for step, batch in enumerate(mmdata.DataLoader(store, spec, batching=batching)):\n"
+        "    if step == 2: break\n"
+        "try:\n"
+        "    other = mmdata.Windows(anchor_fps=10, streams={'nope': mmdata.Frames(offsets=[0.0])})\n"
+        "    mmdata.DataLoader(store, other, batching=batching)\n"
+        "except mmdata.SpecError:\n"
+        "    pass\n"
+    )
+    for _ in range(10):
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0 and "terminate called" not in result.stderr, result.stderr[-2000:]
