@@ -136,10 +136,31 @@ def test_episodes_with_other_streams_are_refused_before_anything_is_written(raws
 
     with pytest.raises(SourceError, match=r"stream 'cam_high' differs.*width 112 \(earlier episodes: 224\)"):
         appended(raws["smaller"], store)
-    with pytest.raises(DestinationError, match="pass --resume to finish it, or delete"):
-        appended(raws["second"], store)
-    assert mmdata.open_dataset(str(store)).table.to_pylist() == mmdata.open_dataset(str(store)).table.to_pylist()
+    assert file_digests(store) == before, "a refused append leaves nothing behind"
     assert len(mmdata.open_dataset(str(store))) == 3  # readers still see the store as it was
+    appended(raws["second"], store)  # (was refused as an interrupted append)
+    assert len(mmdata.open_dataset(str(store))) == 6
+
+
+def test_an_append_refused_after_episodes_were_kept_resumes_and_never_suggests_overwrite(raws, tmp_path):
+    import shutil
+
+    store = converted(raws["first"], tmp_path / "store", "wds", shard_bytes=1)  # an episode per shard
+    source = shutil.copytree(raws["second"], tmp_path / "second")
+    last = sorted(p for p in source.iterdir() if p.is_dir())[-1]
+    np.save(last / "state.npy", np.load(last / "state.npy").astype(np.float64))
+    with pytest.raises(SourceError, match="state"):
+        appended(source, store)
+    assert (store / ".mmdata-partial").exists(), "two episodes were kept for --resume"
+    with pytest.raises(DestinationError, match="was interrupted; pass --resume") as refused:
+        appended(raws["first"], store)
+    with pytest.raises(DestinationError, match="cannot resume") as changed:
+        appended(raws["first"], store, resume=True)
+    for error in (refused.value, changed.value):
+        assert "--overwrite" not in str(error) and "give the interrupted append up" in str(error)
+    np.save(last / "state.npy", np.load(last / "state.npy").astype(np.float32))  # the episode fixed
+    appended(source, store, resume=True)
+    assert len(mmdata.open_dataset(str(store))) == 6 and verify_dataset(str(store), progress=False).ok
 
 
 def test_append_options_that_would_store_episodes_otherwise_are_refused(raws, tmp_path):

@@ -30,11 +30,9 @@ from mmdata.moments import Moments
 from mmdata.schema import DatasetSchema, Stream, TextStream, version_file_name
 from mmdata.store.filesystem import join, write_text_atomically
 from mmdata.store.handle import Store, open_store
-from mmdata.store.layout import PARTIAL_DIR, SHARDS_DIR
+from mmdata.store.layout import APPEND_FILE, PARTIAL_DIR, SHARDS_DIR
 from mmdata.store.statistics import read_stats
 from mmdata.store.wds_writer import shard_number
-
-APPEND_FILE = "append.json"
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from mmdata.checks import parse_json
 from mmdata.errors import DestinationError
 from mmdata.importers.episode import EpisodeSource
 from mmdata.store.filesystem import join, write_text_atomically
-from mmdata.store.layout import DATASET_FILE, PARTIAL_DIR
+from mmdata.store.layout import CONVERT_AGAIN, DATASET_FILE, PARTIAL_DIR, start_again
 
 OPTIONS_FILE = "options.json"
 SOURCES_FILE = "sources.json"
@@ -99,15 +99,13 @@ def prepare_destination(root: Path, fingerprint: dict[str, Any], resume: bool, o
             _empty(root)
         elif resume:
             if (root / DATASET_FILE).exists():
-                raise DestinationError(
-                    f"'{root}' is already a complete store; nothing to resume (pass --overwrite to convert again)"
-                )
+                raise DestinationError(f"'{root}' is already a complete store; nothing to resume ({REPLACE_STORE})")
             if not options_path.exists():
                 raise DestinationError(
                     f"'{root}' is not an interrupted mmdata conversion (no {PARTIAL_DIR}/{OPTIONS_FILE});"
-                    " choose an empty destination or pass --overwrite"
+                    " choose an empty destination, or pass --overwrite to delete everything in it and convert there"
                 )
-            _check_same_options(str(root), str(options_path), options_path.read_bytes(), fingerprint)
+            _check_same_options(str(root), str(options_path), options_path.read_bytes(), fingerprint, CONVERT_AGAIN)
             return
         else:
             raise _not_empty(str(root))
@@ -122,10 +120,9 @@ def prepare_append(root: Path, fingerprint: dict[str, Any], resume: bool) -> Non
     if options_path.exists():
         if not resume:
             raise DestinationError(
-                f"an append into '{root}' was interrupted; pass --resume to finish it, or delete"
-                f" '{root / PARTIAL_DIR}' to give it up (the store is as it was before it)"
+                f"an append into '{root}' was interrupted; pass --resume to finish it, or {start_again(root)}"
             )
-        _check_same_options(str(root), str(options_path), options_path.read_bytes(), fingerprint)
+        _check_same_options(str(root), str(options_path), options_path.read_bytes(), fingerprint, start_again(root))
         return
     (root / PARTIAL_DIR).mkdir(exist_ok=True)
     write_text_atomically(str(options_path), json.dumps(fingerprint, indent=1))
@@ -143,9 +140,9 @@ def prepare_remote_destination(
             if not fs.exists(options_path):
                 raise DestinationError(
                     f"'{url}' is not an interrupted mmdata conversion (no {PARTIAL_DIR}/{OPTIONS_FILE});"
-                    " choose an empty destination or pass --overwrite"
+                    " choose an empty destination, or pass --overwrite to delete everything in it and convert there"
                 )
-            _check_same_options(url, options_path, fs.cat_file(options_path), fingerprint)
+            _check_same_options(url, options_path, fs.cat_file(options_path), fingerprint, CONVERT_AGAIN)
             return
     write_text_atomically(options_path, json.dumps(fingerprint, indent=1), fs)
 
@@ -156,23 +153,29 @@ def check_remote_destination(fs: fsspec.AbstractFileSystem, root: str, url: str,
     if not fs.exists(root) or not fs.ls(root):
         return False
     if fs.exists(join(root, DATASET_FILE)) and not overwrite:
-        raise DestinationError(f"'{url}' is already a complete store; pass --overwrite to convert again")
+        raise DestinationError(f"'{url}' is already a complete store; {REPLACE_STORE}")
     if not (resume or overwrite):
         raise _not_empty(url)
     return True
 
 
-def _check_same_options(root: str, options_path: str, saved_text: bytes, fingerprint: dict[str, Any]) -> None:
+REPLACE_STORE = "pass --append to add the episodes to it, or --overwrite to delete it and convert again"
+
+
+def _check_same_options(
+    root: str, options_path: str, saved_text: bytes, fingerprint: dict[str, Any], restart: str
+) -> None:
+    """Refuse to resume with other options than the interrupted run's; `restart` says how to start again instead."""
     try:
         saved = parse_json(saved_text)
     except ValueError as exc:
-        raise DestinationError(f"{options_path} {exc}; convert again with --overwrite") from exc
+        raise DestinationError(f"{options_path} {exc}; {restart}") from exc
     if saved != fingerprint:
         saved = saved if isinstance(saved, dict) else {}
         changed = sorted(k for k in fingerprint if saved.get(k) != fingerprint[k])
         raise DestinationError(
             f"cannot resume '{root}': {', '.join(changed)} changed since the interrupted run;"
-            " resume with the same source and options, or pass --overwrite"
+            f" resume with the same source and options, or {restart}"
         )
 
 
@@ -185,16 +188,16 @@ def check_converted_sources(root: Path, names: list[str], files: list[list[list[
         try:
             saved = parse_json(path.read_bytes())
         except ValueError as exc:
-            raise DestinationError(f"{path} {exc}; convert again with --overwrite") from exc
+            raise DestinationError(f"{path} {exc}; {start_again(root)}") from exc
         if not isinstance(saved, list) or len(saved) != len(files):
-            raise DestinationError(f"{path} does not list the source's episodes; convert again with --overwrite")
+            raise DestinationError(f"{path} does not list the source's episodes; {start_again(root)}")
         for name, before, now in zip(names[:converted], saved[:converted], files[:converted]):
             if before != now:
                 old = {f[0]: f for f in before if isinstance(f, list) and f} if isinstance(before, list) else {}
                 changed = next((f[0] for f in now if old.get(f[0]) != f), now[0][0] if now else "?")
                 raise DestinationError(
                     f"cannot resume '{root}': episode '{name}', already converted, was read from {changed},"
-                    " which was modified since; pass --overwrite to convert every episode again"
+                    f" which was modified since; {start_again(root)}"
                 )
     write_text_atomically(str(path), json.dumps(files))
 
@@ -210,6 +213,6 @@ def _empty(root: Path) -> None:
 
 def _not_empty(root: str) -> DestinationError:
     return DestinationError(
-        f"destination '{root}' is not empty; pass --resume to continue an interrupted conversion or --overwrite to"
-        " replace it"
+        f"destination '{root}' is not empty; pass --resume to continue an interrupted conversion, or --overwrite to"
+        " delete everything in it and convert there"
     )

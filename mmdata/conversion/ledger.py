@@ -12,6 +12,7 @@ from mmdata.conversion.registry import EpisodeStreams, StreamRegistry
 from mmdata.errors import DestinationError, SourceError
 from mmdata.moments import Moments
 from mmdata.schema import Stream, stream_to_dict
+from mmdata.store.layout import start_again
 
 
 class EncodedOutline(EpisodeStreams, Protocol):
@@ -47,7 +48,7 @@ class ConversionLedger:
             self.moments = {str(name): Moments.from_json(figures) for name, figures in saved_moments.items()}
         except ValueError as exc:
             raise DestinationError(
-                f"'{root}': the saved conversion state cannot be resumed from ({exc}); convert again with --overwrite"
+                f"'{root}': the saved conversion state cannot be resumed from ({exc}); {start_again(root)}"
             ) from exc
         self.resumed_at = self.next_position
         self.skipped: list[dict[str, str]] = list(skipped)

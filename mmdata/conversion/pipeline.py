@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -46,13 +47,13 @@ from mmdata.conversion.encode import EncodeOptions, encode_job, worker_crashed
 from mmdata.conversion.ledger import ConversionLedger
 from mmdata.conversion.publish import default_staging, is_remote, publish, remove_staging, upload_new_files
 from mmdata.conversion.workers import WorkerPool, spawned_pool
-from mmdata.errors import SourceError
+from mmdata.errors import OptionError, SourceError
 from mmdata.importers.episode import EpisodeSource, source_files
 from mmdata.schema import Stream
 from mmdata.store.encoded import EncodedEpisode
 from mmdata.store.filesystem import join, resolve
 from mmdata.store.handle import open_store
-from mmdata.store.layout import DATASET_FILE
+from mmdata.store.layout import DATASET_FILE, PARTIAL_DIR
 
 
 class StoreWriter(Protocol):
@@ -66,6 +67,12 @@ class StoreWriter(Protocol):
 
     def finish(self, checkpoint: dict[str, Any], streams: list[Stream]) -> list[dict[str, Any]]:
         """Make everything durable; return the manifest rows in episode order."""
+
+    def durable(self) -> bool:
+        """Whether an episode is durable: a resume would start after it."""
+
+    def discard(self) -> None:
+        """Remove what was written that is not durable (an open shard); the partial folder is the caller's."""
 
 
 def convert(
@@ -197,7 +204,11 @@ def _append_locked(
         writer = _store_writer(layout, local, options.shard_bytes, base.rows, state["array_lengths"], arrays_url=url)
     with _workers(options) as pool:
         ledger = ConversionLedger(writer.restore(), len(sources), local, base.streams)
-        ledger = _run_episodes(sources, local, options, writer, ledger, pool, base.first_episode)
+        try:
+            ledger = _run_episodes(sources, local, options, writer, ledger, pool, base.first_episode)
+        except (SourceError, OptionError):
+            _give_up_if_nothing_kept(writer, local)
+            raise
         rows = writer.finish(ledger.checkpoint(), ledger.registry.streams)
         require_rows(rows, ledger.skipped, url or root)
         if url and layout == "wds":  # (a Zarr store's new rows were written into its arrays there)
@@ -303,6 +314,14 @@ def _run_alone(function, job) -> Any:
 
 def _workers(options: ConvertOptions) -> WorkerPool:
     return WorkerPool(options.workers if options.workers else (os.cpu_count() or 1))
+
+
+def _give_up_if_nothing_kept(writer: StoreWriter, local: Path) -> None:
+    """An append refused by its input before any episode was durable has nothing to resume: its partial folder is
+    removed, so that it does not refuse the next append as an interrupted one (the store was never touched)."""
+    if not writer.durable():
+        writer.discard()
+        shutil.rmtree(local / PARTIAL_DIR, ignore_errors=True)
 
 
 def _store_writer(

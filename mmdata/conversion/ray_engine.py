@@ -49,7 +49,7 @@ from mmdata.schema import Stream, stream_from_dict, stream_to_dict
 from mmdata.store.encoded import EncodedEpisode
 from mmdata.store.episode_file import episode_file_chunks, episode_from_bytes
 from mmdata.store.filesystem import join, resolve, write_bytes_atomically, write_text_atomically, writing_atomically
-from mmdata.store.layout import PARTIAL_DIR, SHARDS_DIR
+from mmdata.store.layout import CONVERT_AGAIN, PARTIAL_DIR, SHARDS_DIR
 from mmdata.store.wds_writer import (
     ShardTar,
     episode_members,
@@ -134,9 +134,7 @@ class EpisodeSummary:
                 data_bytes=int(saved["data_bytes"]),
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise DestinationError(
-                f"{where}: the saved episode summary is damaged ({exc}); convert again with --overwrite"
-            ) from exc
+            raise DestinationError(f"{where}: the saved episode summary is damaged ({exc}); {CONVERT_AGAIN}") from exc
 
 
 def convert_on_ray(

@@ -21,6 +21,7 @@ from mmdata.errors import DestinationError
 from mmdata.schema import AudioStream, LowdimStream, VideoStream, stream_from_dict, stream_to_dict
 from mmdata.store.encoded import EncodedAudio, EncodedEpisode, EncodedLowdim, EncodedVideo
 from mmdata.store.filesystem import write_bytes_atomically
+from mmdata.store.layout import CONVERT_AGAIN
 
 MAGIC = b"MMDATA-EPISODE-1\n"
 MAX_HEADER_BYTES = 256 << 20
@@ -75,12 +76,15 @@ def episode_file_chunks(episode: EncodedEpisode, index: int, checkpoint: dict[st
     return [MAGIC + struct.pack("<Q", len(encoded)) + encoded, *blobs]
 
 
-def read_episode_file(path: Path) -> tuple[EncodedEpisode, int, dict[str, Any]]:
-    """(episode, its index in the store, the converter's checkpoint) from a file `write_episode_file` made."""
-    return episode_from_bytes(path.read_bytes(), str(path))
+def read_episode_file(path: Path, restart: str = CONVERT_AGAIN) -> tuple[EncodedEpisode, int, dict[str, Any]]:
+    """(episode, its index in the store, the converter's checkpoint) from a file `write_episode_file` made;
+    `restart` says how to start again when it is damaged."""
+    return episode_from_bytes(path.read_bytes(), str(path), restart)
 
 
-def episode_from_bytes(data: bytes, where: str) -> tuple[EncodedEpisode, int, dict[str, Any]]:
+def episode_from_bytes(
+    data: bytes, where: str, restart: str = CONVERT_AGAIN
+) -> tuple[EncodedEpisode, int, dict[str, Any]]:
     """`read_episode_file` of bytes already read from `where` (a local or object-store path)."""
     try:
         if not data.startswith(MAGIC) or len(data) < len(MAGIC) + 8:
@@ -94,8 +98,8 @@ def episode_from_bytes(data: bytes, where: str) -> tuple[EncodedEpisode, int, di
         return _episode(header, body), as_int(header["index"], "index", 0), _checkpoint(header["checkpoint"])
     except (ValueError, KeyError, TypeError, NpyError) as exc:
         raise DestinationError(
-            f"{where}: the saved episode cannot be resumed from ({exc}); delete the file, or convert again with"
-            " --overwrite"
+            f"{where}: the saved episode cannot be resumed from ({exc}); delete the file (it is converted again),"
+            f" or {restart}"
         ) from exc
 
 

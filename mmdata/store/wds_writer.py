@@ -26,7 +26,7 @@ from mmdata.schema import Stream
 from mmdata.store.checksum import checksum_bytes
 from mmdata.store.encoded import EncodedEpisode
 from mmdata.store.filesystem import write_text_atomically
-from mmdata.store.layout import PARTIAL_DIR, SHARDS_DIR
+from mmdata.store.layout import CONVERT_AGAIN, PARTIAL_DIR, SHARDS_DIR, start_again
 from mmdata.store.manifest import PACKETS_SUFFIX, Piece, base_row, episode_key, packets_column, span_columns
 
 TAR_BLOCK = 512
@@ -136,8 +136,11 @@ def shard_record(rows: list[dict[str, Any]], checkpoint: dict[str, Any] | None) 
     return json.dumps({"rows": [_row_to_json(row) for row in rows], "checkpoint": checkpoint})
 
 
-def read_shard_record(text: bytes, where: str) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
-    """(rows, checkpoint) of a sidecar `shard_record` made; DestinationError naming `where` if damaged."""
+def read_shard_record(
+    text: bytes, where: str, restart: str = CONVERT_AGAIN
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """(rows, checkpoint) of a sidecar `shard_record` made; DestinationError naming `where` if damaged, saying how
+    to start again (`restart`)."""
     try:
         record = parse_json(text, max_bytes=1 << 30)
         if not isinstance(record, dict) or not isinstance(record.get("rows"), list):
@@ -145,8 +148,8 @@ def read_shard_record(text: bytes, where: str) -> tuple[list[dict[str, Any]], di
         if not all(isinstance(row, dict) for row in record["rows"]):
             raise ValueError("holds a manifest row that is not an object")
     except ValueError as exc:
-        raise DestinationError(f"{where} {exc}; convert again with --overwrite") from exc
-    return [_row_from_json(row, where) for row in record["rows"]], record.get("checkpoint")
+        raise DestinationError(f"{where} {exc}; {restart}") from exc
+    return [_row_from_json(row, where, restart) for row in record["rows"]], record.get("checkpoint")
 
 
 def sidecar_name(index: int) -> str:
@@ -177,7 +180,7 @@ class WdsWriter:
         index = self.first_shard
         while (self.partial / sidecar_name(index)).exists() and (self.root / shard_name(index)).exists():
             sidecar = self.partial / sidecar_name(index)
-            rows, checkpoint = read_shard_record(sidecar.read_bytes(), str(sidecar))
+            rows, checkpoint = read_shard_record(sidecar.read_bytes(), str(sidecar), start_again(self.root))
             self._rows.extend(rows)
             index += 1
         self._shard_index = index
@@ -206,6 +209,16 @@ class WdsWriter:
         if self._shard is not None:
             self._close_shard()
         return self._rows
+
+    def durable(self) -> bool:
+        return bool(self._rows)
+
+    def discard(self) -> None:
+        """Close and remove the shard being written (not durable until closed)."""
+        if self._file is not None:
+            self._file.close()
+            Path(self._file.name).unlink(missing_ok=True)
+            self._shard = self._file = None
 
     def _open_shard(self) -> None:
         path = self.root / f"{shard_name(self._shard_index)}.tmp"
@@ -279,13 +292,11 @@ def _row_to_json(row: dict[str, Any]) -> dict[str, Any]:
     return _with_packet_bytes(row, lambda value: base64.b64encode(value).decode("ascii"))
 
 
-def _row_from_json(row: dict[str, Any], sidecar: str) -> dict[str, Any]:
+def _row_from_json(row: dict[str, Any], sidecar: str, restart: str) -> dict[str, Any]:
     try:
         return _with_packet_bytes(row, lambda value: base64.b64decode(value, validate=True))
     except (TypeError, AttributeError, ValueError) as exc:
-        raise DestinationError(
-            f"{sidecar} holds a damaged packet index ({exc}); convert again with --overwrite"
-        ) from exc
+        raise DestinationError(f"{sidecar} holds a damaged packet index ({exc}); {restart}") from exc
 
 
 def _with_packet_bytes(row: dict[str, Any], convert: Callable[[Any], Any]) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from mmdata.schema import LowdimStream, Stream
 from mmdata.store.checksum import checksum_array, checksum_bytes
 from mmdata.store.encoded import EncodedEpisode
 from mmdata.store.episode_file import read_episode_file, write_episode_file
-from mmdata.store.layout import PARTIAL_DIR
+from mmdata.store.layout import PARTIAL_DIR, start_again
 from mmdata.store.manifest import Piece, base_row, packets_column, span_columns
 from mmdata.store.piece_readers import zarr_array_paths
 
@@ -127,14 +127,22 @@ class ZarrWriter:
         cached = sorted(self.partial.glob(f"*{EPISODE_SUFFIX}"))
         if not cached:
             return None
-        return read_episode_file(cached[-1])[2]
+        return read_episode_file(cached[-1], start_again(self.root))[2]
+
+    def durable(self) -> bool:
+        return any(self.partial.glob(f"*{EPISODE_SUFFIX}"))
+
+    def discard(self) -> None:
+        """Nothing to remove: an episode is durable as soon as it is added, and nothing is written outside the
+        partial folder before `finish`."""
 
     def add(self, episode: EncodedEpisode, index: int, checkpoint: dict[str, Any]) -> None:
         write_episode_file(self.partial / f"{episode.position:08d}{EPISODE_SUFFIX}", episode, index, checkpoint)
 
     def finish(self, checkpoint: dict[str, Any], streams: list[Stream]) -> list[dict[str, Any]]:
         """Write every cached episode into the arrays; the checkpoint is already in the cache."""
-        cached = (read_episode_file(path)[:2] for path in sorted(self.partial.glob(f"*{EPISODE_SUFFIX}")))
+        restart = start_again(self.root)
+        cached = (read_episode_file(path, restart)[:2] for path in sorted(self.partial.glob(f"*{EPISODE_SUFFIX}")))
         return self.write(streams, cached)
 
     def write(self, streams: list[Stream], episodes: Iterable[tuple[EncodedEpisode, int]]) -> list[dict[str, Any]]:
