@@ -86,3 +86,36 @@ def test_large_weights_within_range_keep_their_shares(stores):
 def test_read_policies_are_checked_when_made(options):
     with pytest.raises(OptionError, match=f"ReadPolicy {next(iter(options))}"):
         mmdata.ReadPolicy(**options)
+
+
+@pytest.mark.parametrize(
+    ("make", "complaint"),
+    [
+        (lambda: mmdata.Reading(frame_cache_bytes=None), "frame_cache_bytes is None, not an integer"),
+        (lambda: mmdata.Reading(cache_bytes=None), "cache_bytes is None, not an integer"),
+        (lambda: mmdata.Shuffling(window=None), "shuffle_window is None, not an integer"),
+        (lambda: mmdata.Shuffling(open_segments=None), "open_segments is None, not an integer"),
+        (lambda: mmdata.Runtime(num_workers=None), "num_workers is None, not an integer"),
+        (lambda: mmdata.Runtime(prefetch_factor=None), "prefetch_factor is None, not an integer"),
+    ],
+    ids=["frame-cache", "cache", "window", "open-segments", "workers", "prefetch"],
+)
+def test_counts_that_have_no_none_default_refuse_none_where_given(make, complaint):
+    with pytest.raises(OptionError, match=complaint):
+        make()
+
+
+@pytest.mark.parametrize(
+    ("options", "complaint"),
+    [
+        ({"cache_bytes": None}, "cache_bytes is None, not an integer"),
+        ({"cache_bytes": -1}, "cache_bytes is -1, outside"),
+        ({"verify": None}, "verify is True or False, not None"),
+        ({"read_policy": "fast"}, "read_policy is a ReadPolicy, not 'fast'"),
+    ],
+)
+def test_store_options_are_checked_when_a_store_is_opened(stores, options, complaint):
+    with pytest.raises(OptionError, match=complaint):
+        mmdata.open_store(str(stores["wds"]), **options)
+    with pytest.raises(OptionError, match=complaint):
+        mmdata.open_dataset(str(stores["wds"]), **options)

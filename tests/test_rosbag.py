@@ -199,3 +199,19 @@ def test_compressed_video_of_a_ros2_bag_is_copied_as_the_frames_its_messages_dec
     episode = store.read_episode(0, [camera.name])[camera.name]
     assert np.array_equal(np.asarray(episode.values), np.stack([to_rgb(frame) for frame, _ in decoded]))
     np.testing.assert_allclose(episode.timestamps, (np.asarray(stamps) - stamps[0]) / 1e9, rtol=0, atol=1e-9)
+
+
+def test_from_rosbag_on_a_ros2_bag_stored_as_mcap_names_from_mcap(tmp_path):
+    pytest.importorskip("mcap_protobuf")
+    from tests import mcap_logs
+
+    bag = tmp_path / "bag"
+    bag.mkdir()
+    (bag / "metadata.yaml").write_text("rosbag2_bagfile_information:\n  storage_identifier: mcap\n")
+    mcap_logs.write_one_log(bag / "bag_0.mcap")
+    for source in (bag, bag / "bag_0.mcap"):
+        with pytest.raises(SourceError, match=r"holds no ROS bag .*it holds 1 MCAP file.*convert it with --from mcap"):
+            discover_episodes(str(source), "rosbag")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SourceError, match="holds no ROS bag .*give a bag or a folder of bags"):
+        discover_episodes(str(tmp_path / "empty"), "rosbag")

@@ -364,8 +364,15 @@ def discover_rosbag_episodes(
         raise SourceError.for_source(str(root), None, "the source does not exist", "give a bag or a folder of bags")
     bags = bags_below(root)
     if not bags:
+        logs = [root] if root.suffix == ".mcap" else []
+        if root.is_dir():
+            logs = listed_below(root, lambda name: name.endswith(".mcap"))
         raise SourceError.for_source(
-            str(root), None, "holds no ROS bag (.bag files, or folders of metadata.yaml and .db3 files)", "give one"
+            str(root),
+            None,
+            "holds no ROS bag that --from rosbag reads (.bag files, or folders of metadata.yaml and .db3 files)"
+            + (f"; it holds {len(logs)} MCAP file(s) (ROS 2 bags stored as MCAP)" if logs else ""),
+            "convert it with --from mcap" if logs else "give a bag or a folder of bags",
         )
     return _log_episodes(root, bags, topic_map, task)
 

@@ -50,7 +50,7 @@ class Batching:
             raise OptionError(
                 "give exactly one of batch_tokens (token-budgeted packing) or batch_size (samples per batch)"
             )
-        _check_counts(
+        _check_optional_counts(
             batch_size=(self.batch_size, 1, 1 << 24),
             batch_tokens=(self.batch_tokens, 1, 1 << 40),
             pad_to_multiple=(self.pad_to_multiple, 1, 1 << 20),
@@ -95,8 +95,8 @@ class Shuffling:
             shuffle_window=(self.window, 1, 1 << 40),
             shards_per_group=(self.shards_per_group, 1, 1 << 40),
             open_segments=(self.open_segments, 1, 1 << 20),
-            lanes=(self.lanes, 1, 1024),
         )
+        _check_optional_counts(lanes=(self.lanes, 1, 1024))
 
 
 @dataclass(frozen=True)
@@ -236,8 +236,14 @@ def group_keywords(keywords: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _check_counts(**counts: tuple[int | None, int, int]) -> None:
-    """Each keyword's value (skipped when None) is a whole number within its given range."""
+def _check_counts(**counts: tuple[int, int, int]) -> None:
+    """Each keyword's value is a whole number within its given range (None is not one)."""
+    for name, (value, least, most) in counts.items():
+        option_int(value, name, least, most)
+
+
+def _check_optional_counts(**counts: tuple[int | None, int, int]) -> None:
+    """Each keyword's value is None (the option's own default, worked out later) or a whole number in range."""
     for name, (value, least, most) in counts.items():
         if value is not None:
             option_int(value, name, least, most)

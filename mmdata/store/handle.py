@@ -14,12 +14,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from mmdata.checks import parse_json
+from mmdata.checks import option_int, parse_json
 from mmdata.codecs.align import Interpolation, frame_indices_at, sample_range, values_at
 from mmdata.codecs.audio import AudioClip, AudioLimits, as_float, decode_audio, resample
 from mmdata.codecs.decoders.requests import ClipRequest, SegmentRef
 from mmdata.codecs.packet_index import PacketIndex, is_checked
-from mmdata.errors import DecodeError, IntegrityError, ReadError, StoreError
+from mmdata.errors import DecodeError, IntegrityError, OptionError, ReadError, StoreError
 from mmdata.schema import DatasetSchema, VideoStream
 from mmdata.store.filesystem import DEFAULT_READ_POLICY, ReadPolicy, join, read_file, resolve
 from mmdata.store.layout import DATASET_FILE, PARTIAL_DIR
@@ -115,6 +115,11 @@ class Store:
         read_policy: ReadPolicy = DEFAULT_READ_POLICY,
         schema: DatasetSchema | None = None,
     ):
+        if not isinstance(verify, bool):
+            raise OptionError(f"verify is True or False, not {verify!r:.60}")
+        option_int(cache_bytes, "cache_bytes", 0, 1 << 50)
+        if not isinstance(read_policy, ReadPolicy):
+            raise OptionError(f"read_policy is a ReadPolicy, not {read_policy!r:.60}")
         self.url = url
         self.read_policy = read_policy
         self.fs, self.root = resolve(url)
