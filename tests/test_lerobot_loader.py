@@ -203,9 +203,24 @@ def test_dataset_stats_are_lerobots_own_or_else_mmdatas_in_lerobots_shapes(tmp_p
         (lambda s: s["lerobot"]["action"].update(mean=[[1.0], [2.0, 3.0]]), "lerobot/action/mean is not numbers"),
         (lambda s: s["lerobot"]["action"].update(std=["wide"]), "lerobot/action/std is not numbers"),
         (lambda s: s.pop("lerobot") and s["lowdim"]["action"].update(std=[-1.0] * 2), "negative std"),
-        (lambda s: s.pop("lerobot") and s["cameras"].update({"observation.image": [0.5]}), "is not an object"),
+        (lambda s: s.pop("lerobot") and s["cameras"].update({"observation.image": [0.5]}), "is \\[0.5\\], not an object"),
+        (lambda s: s.pop("lerobot") and s.update(cameras=["oops"]), "'cameras' is \\['oops'\\], not an object"),
+        (lambda s: s.pop("lerobot") and s["cameras"]["observation.image"].pop("std"), "has no std"),
+        (lambda s: s.update(lerobot=["oops"]), "'lerobot' is \\['oops'\\], not an object"),
+        (lambda s: s["lerobot"].update(action="oops"), "lerobot/action is 'oops', not an object"),
+        (lambda s: s.pop("lerobot") and s["lowdim"].update(action=3), "lowdim/action is 3, not an object"),
     ],
-    ids=["ragged", "text", "negative-std", "camera-not-an-object"],
+    ids=[
+        "ragged",
+        "text",
+        "negative-std",
+        "camera-not-an-object",
+        "cameras-a-list",
+        "camera-without-std",
+        "lerobot-a-list",
+        "lerobot-entry-text",
+        "lowdim-entry-number",
+    ],
 )
 def test_malformed_statistics_are_a_store_error_from_dataset_stats(tmp_path, edit, complaint):
     store = Path(_converted(TASK_FIXTURES[0], "wds", tmp_path))

@@ -27,7 +27,7 @@ import numba
 import numpy as np
 import torch
 
-from mmdata.checks import option_int
+from mmdata.checks import option_int, shown
 from mmdata.errors import OptionError, StoreError
 from mmdata.lerobot.numbering import EpisodeNumbering
 from mmdata.loading.dataloader import DataLoader
@@ -162,26 +162,24 @@ class LeRobotLoader:
         rename = self._renamed
         where = f"{self.dataset.url}/{self.dataset.schema.stats_file}"
         shipped = stats.get("lerobot")
-        if isinstance(shipped, dict):
+        if shipped is not None:
             return {
                 rename.get(key, key): {
                     name: _figure(value, f"{where}: lerobot/{key}/{name}") for name, value in figures.items()
                 }
-                for key, figures in shipped.items()
-                if isinstance(figures, dict)
+                for key, figures in _entries(shipped, where, "lerobot")
             }
         found: dict[str, dict[str, np.ndarray]] = {}
-        for key, figures in stats.get("lowdim", {}).items():
-            if isinstance(figures, dict) and not figures.get("non_finite"):
+        for key, figures in _entries(stats.get("lowdim", {}), where, "lowdim"):
+            if not figures.get("non_finite"):  # (a stream holding NaN or inf has no statistics to give)
                 found[rename.get(key, key)] = stream_figures(stats, key, ("mean", "std", "min", "max"), where)
-        cameras = stats.get("cameras", {})
-        for key, figures in cameras.items() if isinstance(cameras, dict) else ():
-            if not isinstance(figures, dict):
-                raise StoreError(f"{where}: cameras/{key} is not an object; run `mmdata stats` again")
+        for key, figures in _entries(stats.get("cameras", {}), where, "cameras"):
+            missing = [name for name in ("mean", "std") if name not in figures]
+            if missing:
+                raise StoreError(f"{where}: cameras/{key} has no {'/'.join(missing)}; run `mmdata stats` again")
             found[rename.get(key, key)] = {
                 name: _figure(figures[name], f"{where}: cameras/{key}/{name}", 3).reshape(3, 1, 1)
                 for name in ("mean", "std")
-                if name in figures
             }
         return found
 
@@ -275,6 +273,17 @@ def _checked_delta_timestamps(delta_timestamps: Any) -> dict[str, tuple[float, .
             values.append(float(offset))
         checked[name] = tuple(values)
     return checked
+
+
+def _entries(section: Any, where: str, name: str) -> list[tuple[str, dict[str, Any]]]:
+    """The (key, figures) of a section of `stats.json`, each an object; StoreError naming what is not, never a
+    section or entry passed over (a policy would then normalize without it)."""
+    if not isinstance(section, dict):
+        raise StoreError(f"{where}: '{name}' is {shown(section)}, not an object of figures; run `mmdata stats` again")
+    for key, figures in section.items():
+        if not isinstance(figures, dict):
+            raise StoreError(f"{where}: {name}/{key} is {shown(figures)}, not an object; run `mmdata stats` again")
+    return list(section.items())
 
 
 def _figure(value: Any, where: str, size: int | None = None) -> np.ndarray:
