@@ -7,6 +7,8 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from hypothesis import assume, given
+from hypothesis import strategies as st
 
 import mmdata
 from mmdata.codecs.decoders import ClipRequest
@@ -196,3 +198,23 @@ def test_clip_request_geometry_decodes_straight_to_the_requested_size(stores):
     fitted = PyAvDecoder().decode([dataclasses.replace(request, geometry=frame_geometry(208, 160, (50, 70), "pad"))])
     assert fitted[0].shape == (1, 50, 70, 3)
     assert isinstance(request, ClipRequest) and request.geometry is None
+
+
+@given(
+    width=st.integers(2, 4096),
+    height=st.integers(2, 4096),
+    out_h=st.integers(1, 1024),
+    out_w=st.integers(1, 1024),
+)
+def test_a_centre_crop_edge_lies_at_most_one_source_pixel_from_the_exact_one(width, height, out_h, out_w):
+    """What docs/training-batches.md ("Accuracy") promises of the even-pixel box a "shorter_side" crop keeps."""
+    geometry = frame_geometry(width, height, (out_h, out_w), "shorter_side")
+    top, left, box_h, box_w = geometry.box
+    factor = max(out_h / height, out_w / width)
+    exact_h, exact_w = min(height, out_h / factor), min(width, out_w / factor)
+    exact_top, exact_left = (height - exact_h) / 2, (width - exact_w) / 2
+    assume(exact_h >= 2 and exact_w >= 2)  # (a box is at least 2x2: 4:2:0 chroma)
+    assert top % 2 == 0 and left % 2 == 0 and top >= 0 and top + box_h <= height and left + box_w <= width
+    edges = (top, left, top + box_h, left + box_w)
+    exact = (exact_top, exact_left, exact_top + exact_h, exact_left + exact_w)
+    assert all(abs(found - wanted) <= 1.0 + 1e-9 for found, wanted in zip(edges, exact)), (edges, exact)

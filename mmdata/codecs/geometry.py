@@ -101,14 +101,21 @@ def _random_box(
 
 
 def _even_box(top: float, left: float, box_h: float, box_w: float, width: int, height: int) -> tuple[int, ...]:
-    """The box on even pixels (4:2:0 chroma comes in 2x2 blocks), at least 2x2 and inside the frame."""
+    """The box on even pixels (4:2:0 chroma comes in 2x2 blocks), at least 2x2 and inside the frame: each edge the
+    even pixel nearest the exact one, so no edge moves by more than one source pixel (the box keeps its centre)."""
     if (round(top), round(left), round(box_h), round(box_w)) == (0, 0, height, width):
         return (0, 0, height, width)
-    even_h, even_w = max(2, int(round(box_h / 2)) * 2), max(2, int(round(box_w / 2)) * 2)
-    even_h, even_w = min(even_h, height - height % 2), min(even_w, width - width % 2)
-    even_top = min(max(0, int(round(top / 2)) * 2), height - even_h)
-    even_left = min(max(0, int(round(left / 2)) * 2), width - even_w)
-    return (even_top - even_top % 2, even_left - even_left % 2, even_h, even_w)
+    first_row, last_row = _even_span(top, top + box_h, height)
+    first_column, last_column = _even_span(left, left + box_w, width)
+    return (first_row, first_column, last_row - first_row, last_column - first_column)
+
+
+def _even_span(start: float, end: float, side: int) -> tuple[int, int]:
+    """[start, end) with both ends on the nearest even pixels, at least 2 long, inside [0, side rounded down to
+    even)."""
+    limit = side - side % 2
+    first = min(max(0, 2 * round(start / 2)), limit - 2)
+    return first, min(max(first + 2, 2 * round(end / 2)), limit)
 
 
 def fit_frames(frames: Any, geometry: FrameGeometry) -> Any:

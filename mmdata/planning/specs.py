@@ -43,6 +43,8 @@ class Resize:
     `scale`, aspect ratio in `ratio`), drawn from (seed, epoch, sample, camera), so a resumed run
     and any worker count see the same crops; `mode` then maps that box to `size`.
     `interpolation`: "area" (box filter), "bilinear" or "bicubic", antialiased when scaling down.
+    A crop lies on even pixels (4:2:0 chroma), so each edge may be up to one source pixel from an exact centre
+    crop's (see docs/training-batches.md, "Accuracy").
     """
 
     size: tuple[int, int]
