@@ -7,6 +7,7 @@ import sys
 
 from mmdata.errors import MmdataError
 from mmdata.tools import bench, convert, demo, export, inspect, stats, synth, verify, view
+from mmdata.tools.formatting import terminal_text
 from mmdata.tools.storage import apply_storage_options
 from mmdata.version import __version__
 
@@ -31,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
         apply_storage_options(getattr(args, "storage_options", None))
         return int(args.run(args) or 0)
     except MmdataError as exc:
-        print(f"mmdata {args.command}: error: {exc}", file=sys.stderr)
+        print(f"mmdata {args.command}: error: {terminal_text(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"mmdata {args.command}: interrupted", file=sys.stderr)

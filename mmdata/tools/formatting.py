@@ -1,10 +1,20 @@
-"""Human-readable sizes and durations for the CLIs."""
+"""Human-readable sizes and durations for the CLIs, and text from stores and sources made safe for a terminal."""
 
 from __future__ import annotations
 
 import re
 
 from mmdata.errors import MmdataError
+
+# C0 and C1 control characters and DEL: a line break would split the one-line error, an escape sequence would
+# drive the terminal (retitle it, recolour it, move the cursor) from a file name or a task written by anyone.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def terminal_text(text: object) -> str:
+    """`text` with each control character written as its escape (`\\n`, `\\x1b`), for printing."""
+    return _CONTROL.sub(lambda found: repr(found.group())[1:-1], str(text))
+
 
 _UNITS = {
     "": 1,

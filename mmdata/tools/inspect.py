@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from mmdata.schema import AudioStream, LowdimStream, VideoStream
 from mmdata.store.handle import Store
-from mmdata.tools.formatting import format_bytes, format_seconds
+from mmdata.tools.formatting import format_bytes, format_seconds, terminal_text
 from mmdata.tools.storage import add_storage_options
 
 
@@ -135,6 +135,6 @@ def run(args: argparse.Namespace) -> int:
             last = entry["first_episode"] + entry["episodes"] - 1
             print(
                 f"    {entry['time']}  appended {entry['episodes']} episodes"
-                f" ({entry['first_episode']}-{last}) from {entry['source']}"
+                f" ({entry['first_episode']}-{last}) from {terminal_text(entry['source'])}"
             )
     return 0

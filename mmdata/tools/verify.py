@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from mmdata.store.verification import verify_dataset
-from mmdata.tools.formatting import format_bytes
+from mmdata.tools.formatting import format_bytes, terminal_text
 from mmdata.tools.storage import add_storage_options
 
 
@@ -32,11 +32,11 @@ def run(args: argparse.Namespace) -> int:
         f" {report.frames_decoded} frames decoded"
     )
     if report.ok:
-        print(f"OK {args.path}: {summary}")
+        print(f"OK {terminal_text(args.path)}: {summary}")
         return 0
-    print(f"FAILED {args.path}: {len(report.failures)} of {report.episodes} episodes bad ({summary})")
+    print(f"FAILED {terminal_text(args.path)}: {len(report.failures)} of {report.episodes} episodes bad ({summary})")
     for failure in report.failures:
-        print(f"  episode {failure.index} ({failure.source}):")
+        print(f"  episode {failure.index} ({terminal_text(failure.source)}):")
         for problem in failure.problems:
-            print(f"    {problem}")
+            print(f"    {terminal_text(problem)}")
     return 1
