@@ -396,3 +396,43 @@ def test_copy_refuses_frames_that_share_a_time_as_encoding_does(tmp_path):
         convert(discover_raw_episodes(root), tmp_path / "copy", copy_options(segment_frames=16))
     with pytest.raises(SourceError, match=twice):
         convert(discover_raw_episodes(root), tmp_path / "encoded", ConvertOptions(workers=1, progress=False))
+
+
+@pytest.mark.parametrize(
+    ("encoder", "options", "pixels"),
+    [
+        ("libx264", {"profile": "baseline"}, "yuv420p"),
+        ("libx264", {"x264-params": "bframes=0"}, "yuv420p"),
+        ("libx264", {"x264-params": "bframes=2"}, "yuv420p"),
+        ("libx264", {"x264-params": "bframes=3:b-pyramid=normal:cqm=jvt"}, "yuv420p"),
+        ("libx264", {"x264-params": "bframes=0:nal-hrd=vbr:vbv-maxrate=1000:vbv-bufsize=2000"}, "yuv420p"),
+        ("libx264", {"x264-params": "bframes=2:nal-hrd=vbr:vbv-maxrate=1000:vbv-bufsize=2000"}, "yuv420p"),
+        ("libx264", {"x264-params": "bframes=0:sar=16/11:colorprim=bt709:chromaloc=1:crop-rect=2,2,2,2"}, "yuv420p"),
+        ("libx264", {"x264-params": "bframes=2:interlaced=1"}, "yuv420p"),
+        ("libx264", {"x264-params": "bframes=0"}, "yuv444p"),
+        ("libx264", {"x264-params": "bframes=2"}, "yuv444p"),
+        ("libx265", {"x265-params": "bframes=0:log-level=none"}, "yuv420p"),
+        ("libx265", {"x265-params": "bframes=4:log-level=none"}, "yuv420p"),
+        ("libx265", {"x265-params": "bframes=3:temporal-layers=1:log-level=none"}, "yuv420p"),
+    ],
+)
+def test_sequence_parameter_sets_tell_whether_frames_may_be_reordered(encoder, options, pixels):
+    """A log's H.264 / HEVC copy is decoded to learn its frame order only where its parameter sets allow
+    reordering; they must say so whenever the encoder made B-frames."""
+    from mmdata.codecs.parameter_sets import may_reorder, sequence_units
+
+    codec = "h264" if encoder == "libx264" else "hevc"
+    context = av.CodecContext.create(encoder, "w")
+    context.width, context.height, context.pix_fmt, context.time_base = 64, 48, pixels, Fraction(1, 15)
+    context.options = options
+    packets = []
+    for number in range(13):
+        frame = None
+        if number < 12:
+            picture = np.full((48, 64, 3), number * 10, np.uint8)
+            frame = av.VideoFrame.from_ndarray(picture, format="rgb24").reformat(format=pixels)
+            frame.pts = number
+        packets += [(bytes(packet), packet.pts) for packet in context.encode(frame)]
+    reordered = [pts for _, pts in packets] != sorted(pts for _, pts in packets)
+    units = list(sequence_units(codec, packets[0][0], 0))
+    assert len(units) == 1 and may_reorder(codec, units[0]) == reordered

@@ -12,20 +12,16 @@ per process: the parameter sets of one recorder repeat from episode to episode).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import av
 
-from mmdata.codecs.bitstream import START_CODE, elementary_stream
+from mmdata.codecs.parameter_sets import Bits, config_units, length_size, sequence_units
 from mmdata.errors import DecodeError
 
 FrameSize = tuple[int, int]  # (width, height)
 
-# The units that declare a stream's frame size: H.264 and HEVC sequence parameter sets, AV1 sequence headers.
-_H264_SPS = 7
-_HEVC_SPS = 33
-_AV1_SEQUENCE_HEADER = 1
 _KEPT_SIZES = 256
 _SIZES_OF_PARAMETER_SETS: OrderedDict[tuple[str, bytes], FrameSize] = OrderedDict()
 
@@ -49,99 +45,18 @@ def first_size_change(
         return _vp9_size_change(packets, size)
     if codec not in ("h264", "hevc", "av1"):
         return None
-    length_size = 0 if codec == "av1" else elementary_stream(codec, config).length_size
-    known = dict.fromkeys(_config_units(codec, config), size)
+    prefix = length_size(codec, config)
+    known = dict.fromkeys(config_units(codec, config), size)
     for position, (payload, key) in enumerate(packets):
         if not key:
             continue
-        for unit in _size_units(codec, payload, length_size):
+        for unit in sequence_units(codec, payload, prefix):
             found = known.get(unit)
             if found is None:
                 found = known[unit] = _size_of_parameter_set(codec, unit, config, payload, decoder)
             if found != size:
                 return SizeChange(position, found)
     return None
-
-
-def _config_units(codec: str, config: bytes) -> Iterator[bytes]:
-    """The units of a codec configuration that declare a frame size (av1C: 4 bytes, then OBUs)."""
-    if not config:
-        return
-    if codec == "av1":
-        yield from _av1_sequence_headers(config[4:])
-    else:
-        yield from _size_units(codec, elementary_stream(codec, config).parameter_sets, 0)
-
-
-def _size_units(codec: str, payload: bytes, length_size: int) -> Iterator[bytes]:
-    """The units of a packet that declare a frame size: AV1 sequence headers, H.264 / HEVC sequence parameter sets
-    (NAL units after start codes, or after `length_size`-byte lengths as MP4 samples hold them)."""
-    if codec == "av1":
-        yield from _av1_sequence_headers(payload)
-        return
-    wanted = _H264_SPS if codec == "h264" else _HEVC_SPS
-    for start, end in _nal_spans(payload, length_size) if length_size else _annex_b_spans(payload):
-        header = payload[start]
-        if (header & 0x1F if codec == "h264" else (header >> 1) & 0x3F) == wanted:
-            yield bytes(payload[start:end])
-
-
-def _nal_spans(payload: bytes, length_size: int) -> Iterator[tuple[int, int]]:
-    """(start, end) of each NAL unit of a packet whose units follow their lengths."""
-    position = 0
-    while position + length_size <= len(payload):
-        length = int.from_bytes(payload[position : position + length_size], "big")
-        start, position = position + length_size, position + length_size + length
-        if length == 0 or position > len(payload):
-            raise DecodeError(f"a NAL unit of {length} bytes overruns its packet of {len(payload)} bytes")
-        yield start, position
-
-
-def _annex_b_spans(data: bytes) -> Iterator[tuple[int, int]]:
-    """(start, end) of each NAL unit of an Annex B byte stream (each after a 3- or 4-byte start code)."""
-    marker = START_CODE[1:]
-    start = data.find(marker)
-    while start >= 0:
-        start += len(marker)
-        end = data.find(marker, start)
-        stop = end if end >= 0 else len(data)
-        while stop > start and data[stop - 1] == 0:  # (the zero before a 4-byte start code)
-            stop -= 1
-        if stop > start:
-            yield start, stop
-        start = end
-
-
-def _av1_sequence_headers(data: bytes) -> Iterator[bytes]:
-    """The sequence header OBUs of a temporal unit (OBUs with their sizes, as MP4, IVF and Foxglove carry them)."""
-    position = 0
-    while position < len(data):
-        header = data[position]
-        kind, extended, sized = (header >> 3) & 0xF, (header >> 2) & 1, (header >> 1) & 1
-        start = position + 1 + extended
-        if sized:
-            length, start = _leb128(data, start)
-        else:
-            length = len(data) - start
-        end = start + length
-        if end > len(data):
-            raise DecodeError(f"an AV1 OBU of {length} bytes overruns its packet of {len(data)} bytes")
-        if kind == _AV1_SEQUENCE_HEADER:
-            yield bytes(data[start:end])
-        position = end
-
-
-def _leb128(data: bytes, position: int) -> tuple[int, int]:
-    value = 0
-    for shift in range(8):
-        if position >= len(data):
-            raise DecodeError("an AV1 OBU size runs past its packet")
-        byte = data[position]
-        position += 1
-        value |= (byte & 0x7F) << (7 * shift)
-        if not byte & 0x80:
-            return value, position
-    raise DecodeError("an AV1 OBU size is longer than 8 bytes")
 
 
 def _size_of_parameter_set(codec: str, unit: bytes, config: bytes, payload: bytes, decoder: str) -> FrameSize:
@@ -165,23 +80,6 @@ def _size_of_parameter_set(codec: str, unit: bytes, config: bytes, payload: byte
     while len(_SIZES_OF_PARAMETER_SETS) > _KEPT_SIZES:
         _SIZES_OF_PARAMETER_SETS.popitem(last=False)
     return size
-
-
-class _Bits:
-    """Big-endian bits of a VP9 uncompressed header."""
-
-    def __init__(self, data: bytes):
-        self.data, self.position = data, 0
-
-    def read(self, count: int) -> int:
-        value = 0
-        for _ in range(count):
-            byte = self.position >> 3
-            if byte >= len(self.data):
-                raise DecodeError("a VP9 frame header ends early")
-            value = (value << 1) | ((self.data[byte] >> (7 - (self.position & 7))) & 1)
-            self.position += 1
-        return value
 
 
 def _vp9_frames(payload: bytes) -> list[bytes]:
@@ -210,13 +108,13 @@ def _vp9_size_change(packets: Sequence[tuple[bytes, bool]], size: FrameSize) -> 
     slots: list[FrameSize | None] = [None] * 8
     for position, (payload, _) in enumerate(packets):
         for frame in _vp9_frames(payload):
-            shown, frame_size = _vp9_frame(_Bits(frame), slots)
+            shown, frame_size = _vp9_frame(Bits(frame), slots)
             if shown and frame_size is not None and frame_size != size:
                 return SizeChange(position, frame_size)
     return None
 
 
-def _vp9_frame(bits: _Bits, slots: list[FrameSize | None]) -> tuple[bool, FrameSize | None]:
+def _vp9_frame(bits: Bits, slots: list[FrameSize | None]) -> tuple[bool, FrameSize | None]:
     """(whether the frame is shown, its size) of one VP9 frame; `slots` updated with the frames it refreshes."""
     if bits.read(2) != 2:
         raise DecodeError("a VP9 frame does not start with its frame marker")
@@ -262,12 +160,12 @@ def _vp9_frame(bits: _Bits, slots: list[FrameSize | None]) -> tuple[bool, FrameS
     return shown, frame_size
 
 
-def _vp9_sync(bits: _Bits) -> None:
+def _vp9_sync(bits: Bits) -> None:
     if bits.read(24) != 0x498342:
         raise DecodeError("a VP9 key frame lacks its sync code")
 
 
-def _vp9_sync_and_colour(bits: _Bits, profile: int) -> None:
+def _vp9_sync_and_colour(bits: Bits, profile: int) -> None:
     _vp9_sync(bits)
     if profile >= 2:
         bits.read(1)  # ten_or_twelve_bit

@@ -34,6 +34,7 @@ import numpy as np
 
 from mmdata.codecs.frame_sizes import first_size_change
 from mmdata.codecs.packet_index import PacketIndex, index_segment, located
+from mmdata.codecs.parameter_sets import config_units, length_size, may_reorder, sequence_units
 from mmdata.codecs.video_encode import SEGMENT_SUFFIXES
 from mmdata.errors import CopyError, DecodeError
 
@@ -142,7 +143,7 @@ def copy_packets(codec: str, payloads: Sequence[bytes], fps: Fraction, segment_f
                 )
             if found:
                 _require_key_frame_first(bool(found[0].is_keyframe))
-            shown = _shown_positions(stream.codec_context, [bytes(p) for p in found])
+            shown = _shown_positions(stream.codec_context, codec, [(bytes(p), bool(p.is_keyframe)) for p in found])
             rank = np.empty(len(found), np.int64)
             rank[shown] = np.arange(len(found))
             packets = [_Packet(bytes(p), int(rank[n]), n, bool(p.is_keyframe)) for n, p in enumerate(found)]
@@ -155,16 +156,22 @@ def copy_packets(codec: str, payloads: Sequence[bytes], fps: Fraction, segment_f
     return copied
 
 
-# Codecs whose decoders may show frames in another order than they come (B-frames); the others show each packet's
-# frame as it comes (VP9 and AV1 hide the frames they show later inside the packet of the frame shown).
-_REORDERING = ("h264", "hevc")
-
-
-def _shown_positions(template: av.CodecContext, payloads: list[bytes]) -> np.ndarray:
-    """The position of the packet of each frame, in the order the decoder shows them: found by decoding for codecs
-    that reorder frames (each packet numbered, the frames come out in presentation order carrying their number)."""
-    if template.name not in _REORDERING:
-        return np.arange(len(payloads))
+def _shown_positions(template: av.CodecContext, codec: str, packets: list[tuple[bytes, bool]]) -> np.ndarray:
+    """The position of the packet of each frame, in the order the decoder shows them: the order they come unless
+    the stream's sequence parameter sets allow B-frames (VP9 and AV1 show each packet's frame as it comes), and
+    then found by decoding (each packet numbered, the frames come out in presentation order carrying their
+    number)."""
+    if codec not in ("h264", "hevc"):
+        return np.arange(len(packets))
+    config = bytes(template.extradata or b"")
+    prefix = length_size(codec, config)
+    units = [
+        *config_units(codec, config),
+        *(unit for data, key in packets if key for unit in sequence_units(codec, data, prefix)),
+    ]
+    if units and not any(may_reorder(codec, unit) for unit in units):
+        return np.arange(len(packets))
+    payloads = [data for data, _ in packets]
     context = av.CodecContext.create(template.name, "r")
     if template.extradata:
         context.extradata = template.extradata
@@ -181,7 +188,7 @@ def _shown_positions(template: av.CodecContext, payloads: list[bytes]) -> np.nda
         except av.error.FFmpegError as exc:
             raise CopyError(
                 f"its packet {position} does not decode ({exc}); re-encode it (--video-codec h264)"
-            ) from None
+            ) from exc
     if sorted(shown) != list(range(len(payloads))):
         raise CopyError(
             f"its {len(payloads)} packets decode to {len(shown)} frames in an order that does not show each once;"
