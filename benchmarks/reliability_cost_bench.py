@@ -6,9 +6,12 @@ samples/s with 2 workers, and CPU milliseconds per sample in one process. With `
 converts with `--video-codec copy`: the LeRobot fixture's AV1 videos (tests/fixtures/lerobot_small) and a robot
 log of one 640x480 H.264 `foxglove.CompressedVideo` topic (300 frames, no B-frames; written with the tests'
 log writer). The trees take turns in each round, in fresh interpreters, first one then the other, then the
-other way round; the ratios are this tree's median over the baseline's.
+other way round; the ratios are this tree's median over the baseline's. `--cpu-rounds` then repeats the
+one-process CPU measure alone that many more times (it is cheap, and the VM's swings are larger than what a
+check costs): `cpu_ms_more`.
 
 usage: python benchmarks/reliability_cost_bench.py --baseline-tree DIR --record NAME [--rounds 4] [--copy]
+       [--cpu-rounds N]
 (DIR: `git worktree add DIR <the commit before the round>`). Writes benchmarks/results/NAME.json.
 Recorded: round3_cost (issue 27, baseline 8978f34), round4_cost (issue 38, baseline ac8b010, --copy).
 """
@@ -84,6 +87,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--copy", action="store_true", help="also measure --video-codec copy conversions")
+    parser.add_argument("--cpu-rounds", type=int, default=0, help="more rounds of the loader's CPU per sample alone")
     args = parser.parse_args()
     trees = {"this": HERE.parent, "baseline": args.baseline_tree.resolve()}
     with tempfile.TemporaryDirectory(prefix="mmdata-reliability-bench-") as folder:
@@ -94,7 +98,9 @@ def main() -> None:
             log = write_log(Path(folder) / "camera.mcap")
             conversions |= {"copy_lerobot": (str(LEROBOT), "lerobot", COPIED), "copy_log": (str(log), "mcap", COPIED)}
         keys = [f"{name}_{figure}" for name in conversions for figure in ("s", "cpu_s")]
-        figures = {name: {key: [] for key in [*keys, "loader_samples_per_s", "cpu_ms"]} for name in trees}
+        figures = {
+            name: {key: [] for key in [*keys, "loader_samples_per_s", "cpu_ms", "cpu_ms_more"]} for name in trees
+        }
         for number in range(args.rounds):
             order = list(trees.items()) if number % 2 == 0 else list(trees.items())[::-1]
             for conversion, (source, kind, options) in conversions.items():
@@ -113,10 +119,18 @@ def main() -> None:
                 )
             print(
                 f"round {number}: "
-                + json.dumps({n: {k: round(v[-1], 3) for k, v in f.items()} for n, f in figures.items()}),
+                + json.dumps({n: {k: round(v[-1], 3) for k, v in f.items() if v} for n, f in figures.items()}),
                 flush=True,
             )
-    medians = {name: {key: statistics.median(values) for key, values in by.items()} for name, by in figures.items()}
+        for number in range(args.cpu_rounds):
+            order = list(trees.items()) if number % 2 == 0 else list(trees.items())[::-1]
+            for name, tree in order:
+                store = str(Path(folder) / f"{name}-convert.wds")
+                measured = run(tree, LOADER_CPU.format(store=store, workers=0, verify=True))
+                figures[name]["cpu_ms_more"].append(measured["cpu_ms_per_sample"])
+    medians = {
+        name: {key: statistics.median(values) for key, values in by.items() if values} for name, by in figures.items()
+    }
     record = {
         "benchmark": "reliability_cost_bench",
         "machine": machine_name(),

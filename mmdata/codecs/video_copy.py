@@ -13,8 +13,9 @@ Packets carried one frame each outside a container (robot logs' `foxglove.Compre
 and H.265, VP9 frames, AV1 temporal units) are copied too (`copy_packets`): laid end to end as the codec's
 elementary stream (IVF for VP9 and AV1), they go through FFmpeg's demuxer and parser for that stream,
 which find the key frames. They come in decode order without presentation times, so an H.264 or HEVC stream
-is decoded once to learn the order its frames are shown in (B-frames): each frame is stored at its place in
-that order, and the caller gives it the time of the message that carried it. The MP4 muxer turns Annex B and
+whose sequence parameter sets allow B-frames is decoded once to learn the order its frames are shown in
+(`parameter_sets`): each frame is stored at its place in that order, and the caller gives it the time of the
+message that carried it. The MP4 muxer turns Annex B and
 temporal units into MP4 samples, so those segments' packet indexes are found by demuxing each segment.
 """
 
@@ -96,8 +97,8 @@ def copy_segments(path: str, segment_frames: int, start: float | None = None, en
                     continue
                 if packet.pts is None:
                     raise CopyError(
-                        f"its packet {len(packets)} after the start has no presentation time, so the frame it shows"
-                        " cannot be placed without decoding; re-encode it (--video-codec h264)"
+                        "a packet of its video carries no presentation time, so the frame it shows cannot be placed;"
+                        " re-encode it (--video-codec h264)"
                     )
                 seconds = packet.pts * seconds_per_tick
                 if start is not None and seconds < start - slack:
@@ -164,11 +165,14 @@ def _shown_positions(template: av.CodecContext, codec: str, packets: list[tuple[
     if codec not in ("h264", "hevc"):
         return np.arange(len(packets))
     config = bytes(template.extradata or b"")
-    prefix = length_size(codec, config)
-    units = [
-        *config_units(codec, config),
-        *(unit for data, key in packets if key for unit in sequence_units(codec, data, prefix)),
-    ]
+    try:
+        prefix = length_size(codec, config)
+        units = [
+            *config_units(codec, config),
+            *(unit for data, key in packets if key for unit in sequence_units(codec, data, prefix)),
+        ]
+    except DecodeError:
+        units = []  # (parameter sets that cannot be found: decode to learn the order)
     if units and not any(may_reorder(codec, unit) for unit in units):
         return np.arange(len(packets))
     payloads = [data for data, _ in packets]

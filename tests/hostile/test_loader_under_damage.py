@@ -165,6 +165,6 @@ def test_a_refused_second_loader_after_iterating_leaves_the_process_to_exit_clea
         "except mmdata.SpecError:\n"
         "    pass\n"
     )
-    for _ in range(10):
+    for _ in range(5):
         result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
         assert result.returncode == 0 and "terminate called" not in result.stderr, result.stderr[-2000:]
