@@ -85,15 +85,20 @@ def browser():
         launched.close()
 
 
+@contextlib.contextmanager
 def opened(browser, url: str):
-    """A new page at `url`, with what it tried: dialogs, console errors and CSP violations recorded."""
+    """A new page at `url`, with what it tried: dialogs, console errors and CSP violations recorded; closed when
+    the block ends, whatever happens in it (hypothesis runs many examples in one browser)."""
     page = browser.new_page()
-    page.events = []
-    page.on("dialog", lambda dialog: (page.events.append(f"dialog {dialog.message}"), dialog.dismiss()))
-    page.on("console", lambda message: page.events.append(f"console {message.type} {message.text}"))
-    page.goto(url)
-    page.wait_for_load_state("load")
-    return page
+    try:
+        page.events = []
+        page.on("dialog", lambda dialog: (page.events.append(f"dialog {dialog.message}"), dialog.dismiss()))
+        page.on("console", lambda message: page.events.append(f"console {message.type} {message.text}"))
+        page.goto(url)
+        page.wait_for_load_state("load")
+        yield page
+    finally:
+        page.close()
 
 
 def assert_only_the_viewers_script_ran(page) -> None:
@@ -139,28 +144,27 @@ def test_a_stream_name_made_to_run_script_stays_text_in_written_pages(attacked_s
     out = tmp_path / "pages"
     assert main(["view", attacked_store.url, "--episode", "0", "--episode", "1", "--out", str(out)]) == 0
     for name in ("index.html", "episode_000000.html", "episode_000001.html"):
-        page = opened(browser, (out / name).as_uri())
-        assert_only_the_viewers_script_ran(page)
-        if name == "index.html":
-            assert_every_row_shows(page, attacked_store)
-        else:
-            assert page.locator("video").get_attribute("data-camera") == INJECTED_NAME
-            wait_until(page, "document.querySelector('video').readyState >= 2")  # its file found and played
-            assert page.locator("#task").text_content() == attacked_store.table.column("task")[int(name[8:14])].as_py()
-        page.close()
+        with opened(browser, (out / name).as_uri()) as page:
+            assert_only_the_viewers_script_ran(page)
+            if name == "index.html":
+                assert_every_row_shows(page, attacked_store)
+            else:
+                assert page.locator("video").get_attribute("data-camera") == INJECTED_NAME
+                wait_until(page, "document.querySelector('video').readyState >= 2")  # its file found and played
+                task = attacked_store.table.column("task")[int(name[8:14])].as_py()
+                assert page.locator("#task").text_content() == task
 
 
 def test_a_stream_name_made_to_run_script_stays_text_in_served_pages(attacked_store, browser, tmp_path):
     server, origin = serving(attacked_store, tmp_path / "served")
     try:
         for name in ("index.html", "episode_000002.html"):
-            page = opened(browser, f"{origin}/{name}")
-            assert_only_the_viewers_script_ran(page)
-            if name == "index.html":
-                assert_every_row_shows(page, attacked_store)
-            else:
-                wait_until(page, "document.querySelector('video').readyState >= 2")
-            page.close()
+            with opened(browser, f"{origin}/{name}") as page:
+                assert_only_the_viewers_script_ran(page)
+                if name == "index.html":
+                    assert_every_row_shows(page, attacked_store)
+                else:
+                    wait_until(page, "document.querySelector('video').readyState >= 2")
         connection = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=10)
         connection.request("GET", "/index.html")
         policy = connection.getresponse().getheader("Content-Security-Policy")
@@ -205,18 +209,16 @@ def test_pages_of_stores_holding_any_text_run_only_the_viewers_script_and_show_e
         root = Path(folder)
         store = mmdata.open_store(str(converted(write_raw(root / "raw", [camera], [lowdim], tasks, notes), root / "s")))
         write_site(store, root / "pages", [0, 1])
-        index = opened(browser, (root / "pages" / "index.html").as_uri())
-        assert_only_the_viewers_script_ran(index)
-        assert_every_row_shows(index, store)
-        assert index.locator("canvas.stats").count() == 1, "the low-dim stream's statistics drawn"
-        index.close()
-        episode = opened(browser, (root / "pages" / "episode_000001.html").as_uri())
-        assert_only_the_viewers_script_ran(episode)
-        assert episode.locator("video").get_attribute("data-camera") == camera
-        assert episode.locator("#task").text_content() == tasks[1]
-        assert json.loads(episode.locator("pre").text_content()) == store.metadata_of(store.manifest.row(1))
-        wait_until(episode, "document.querySelector('video').readyState >= 2")
-        episode.close()
+        with opened(browser, (root / "pages" / "index.html").as_uri()) as index:
+            assert_only_the_viewers_script_ran(index)
+            assert_every_row_shows(index, store)
+            assert index.locator("canvas.stats").count() == 1, "the low-dim stream's statistics drawn"
+        with opened(browser, (root / "pages" / "episode_000001.html").as_uri()) as episode:
+            assert_only_the_viewers_script_ran(episode)
+            assert episode.locator("video").get_attribute("data-camera") == camera
+            assert episode.locator("#task").text_content() == tasks[1]
+            assert json.loads(episode.locator("pre").text_content()) == store.metadata_of(store.manifest.row(1))
+            wait_until(episode, "document.querySelector('video').readyState >= 2")
 
 
 def test_malformed_statistics_leave_their_stream_out_of_the_page(stores, tmp_path):

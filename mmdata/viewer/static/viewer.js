@@ -85,6 +85,8 @@ function drawStatistics() {
 }
 
 function episodePage() {
+  // the task as stored: text the HTML parser would change (a NUL dropped, CR made LF) comes from the data
+  document.getElementById("task").textContent = DATA.task;
   const videos = [...document.querySelectorAll("video")];
   const main = videos[0];
   const fps = DATA.fps;
