@@ -164,6 +164,13 @@ def option_number(value: Any, what: str, low: float, high: float, error: type[Op
         raise error(str(exc)) from None
 
 
+def option_bool(value: Any, what: str) -> bool:
+    """A public option that is True or False (not 1, "yes" or None), or an OptionError naming it."""
+    if not isinstance(value, bool):
+        raise OptionError(f"{what} is True or False, not {value!r:.60}")
+    return value
+
+
 def option_int(value: Any, what: str, low: int, high: int, error: type[OptionError] = OptionError) -> int:
     """A public option that is a whole number in [low, high] (not a bool, a float or text), or `error`."""
     try:

@@ -9,6 +9,7 @@ that decoding may start at any key frame. VP9 packets are already what the parse
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from mmdata.errors import DecodeError
@@ -31,17 +32,40 @@ class AnnexB:
         prefix = self.parameter_sets if key else b""
         if not self.length_size:
             return prefix + payload
-        parts, position, size = [prefix], 0, len(payload)
-        while position < size:
-            end = position + self.length_size
-            if end > size:
-                raise DecodeError(f"a packet ends inside a NAL length ({size - position} of {self.length_size} bytes)")
-            length = int.from_bytes(payload[position:end], "big")
-            if length == 0 or end + length > size:
-                raise DecodeError(f"a NAL unit of {length} bytes overruns its packet of {size} bytes")
-            parts += [START_CODE, payload[end : end + length]]
-            position = end + length
+        parts = [prefix]
+        for start, end in length_prefixed_units(payload, self.length_size):
+            parts += [START_CODE, payload[start:end]]
         return b"".join(parts)
+
+
+def length_prefixed_units(payload: bytes, length_size: int) -> Iterator[tuple[int, int]]:
+    """(start, end) of each NAL unit of a packet whose units follow their `length_size`-byte lengths (MP4
+    samples); DecodeError when a length or a unit overruns the packet."""
+    position, size = 0, len(payload)
+    while position < size:
+        end = position + length_size
+        if end > size:
+            raise DecodeError(f"a packet ends inside a NAL length ({size - position} of {length_size} bytes)")
+        length = int.from_bytes(payload[position:end], "big")
+        if length == 0 or end + length > size:
+            raise DecodeError(f"a NAL unit of {length} bytes overruns its packet of {size} bytes")
+        yield end, end + length
+        position = end + length
+
+
+def annex_b_units(data: bytes) -> Iterator[tuple[int, int]]:
+    """(start, end) of each NAL unit of an Annex B byte stream (each after a 3- or 4-byte start code)."""
+    marker = START_CODE[1:]
+    start = data.find(marker)
+    while start >= 0:
+        start += len(marker)
+        end = data.find(marker, start)
+        stop = end if end >= 0 else len(data)
+        while stop > start and data[stop - 1] == 0:  # (the zero before a 4-byte start code)
+            stop -= 1
+        if stop > start:
+            yield start, stop
+        start = end
 
 
 def elementary_stream(codec: str, codec_config: bytes) -> AnnexB | None:

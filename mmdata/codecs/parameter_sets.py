@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-from mmdata.codecs.bitstream import START_CODE, elementary_stream
+from mmdata.codecs.bitstream import annex_b_units, elementary_stream, length_prefixed_units
 from mmdata.errors import DecodeError
 
 H264_SPS = 7
@@ -50,7 +50,8 @@ def sequence_units(codec: str, payload: bytes, size_of_length: int) -> Iterator[
         yield from _av1_sequence_headers(payload)
         return
     wanted = H264_SPS if codec == "h264" else HEVC_SPS
-    for start, end in _nal_spans(payload, size_of_length) if size_of_length else _annex_b_spans(payload):
+    units = length_prefixed_units(payload, size_of_length) if size_of_length else annex_b_units(payload)
+    for start, end in units:
         header = payload[start]
         if (header & 0x1F if codec == "h264" else (header >> 1) & 0x3F) == wanted:
             yield bytes(payload[start:end])
@@ -211,32 +212,6 @@ def _hevc_may_reorder(bits: Bits) -> bool:
         reorder = bits.unsigned()  # sps_max_num_reorder_pics (the highest sub-layer's is read last)
         bits.unsigned()
     return reorder > 0
-
-
-def _nal_spans(payload: bytes, size_of_length: int) -> Iterator[tuple[int, int]]:
-    """(start, end) of each NAL unit of a packet whose units follow their lengths."""
-    position = 0
-    while position + size_of_length <= len(payload):
-        length = int.from_bytes(payload[position : position + size_of_length], "big")
-        start, position = position + size_of_length, position + size_of_length + length
-        if length == 0 or position > len(payload):
-            raise DecodeError(f"a NAL unit of {length} bytes overruns its packet of {len(payload)} bytes")
-        yield start, position
-
-
-def _annex_b_spans(data: bytes) -> Iterator[tuple[int, int]]:
-    """(start, end) of each NAL unit of an Annex B byte stream (each after a 3- or 4-byte start code)."""
-    marker = START_CODE[1:]
-    start = data.find(marker)
-    while start >= 0:
-        start += len(marker)
-        end = data.find(marker, start)
-        stop = end if end >= 0 else len(data)
-        while stop > start and data[stop - 1] == 0:  # (the zero before a 4-byte start code)
-            stop -= 1
-        if stop > start:
-            yield start, stop
-        start = end
 
 
 def _av1_sequence_headers(data: bytes) -> Iterator[bytes]:

@@ -15,8 +15,8 @@ elementary stream (IVF for VP9 and AV1), they go through FFmpeg's demuxer and pa
 which find the key frames. They come in decode order without presentation times, so an H.264 or HEVC stream
 whose sequence parameter sets allow B-frames is decoded once to learn the order its frames are shown in
 (`parameter_sets`): each frame is stored at its place in that order, and the caller gives it the time of the
-message that carried it. The MP4 muxer turns Annex B and
-temporal units into MP4 samples, so those segments' packet indexes are found by demuxing each segment.
+message that carried it. The MP4 muxer turns Annex B and temporal units into MP4 samples, so those segments'
+packet indexes are found by demuxing each segment.
 """
 
 from __future__ import annotations

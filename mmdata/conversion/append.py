@@ -21,7 +21,7 @@ from typing import Any
 
 import fsspec
 
-from mmdata.checks import parse_json
+from mmdata.checks import as_int, parse_json
 from mmdata.codecs.video_encode import VideoEncoding
 from mmdata.conversion.convert_options import ConvertOptions
 from mmdata.errors import DestinationError, MmdataError, SourceError
@@ -30,7 +30,7 @@ from mmdata.moments import Moments
 from mmdata.schema import DatasetSchema, Stream, TextStream, version_file_name
 from mmdata.store.filesystem import join, write_text_atomically
 from mmdata.store.handle import Store, open_store
-from mmdata.store.layout import APPEND_FILE, PARTIAL_DIR, SHARDS_DIR
+from mmdata.store.layout import APPEND_FILE, PARTIAL_DIR, SHARDS_DIR, give_append_up
 from mmdata.store.statistics import read_stats
 from mmdata.store.wds_writer import shard_number
 
@@ -160,7 +160,7 @@ def append_state(
     `SOURCE_DATE_EPOCH` (the reproducible-builds convention) sets the time."""
     path = join(root, f"{PARTIAL_DIR}/{APPEND_FILE}")
     if resume and fs.exists(path):
-        damaged = DestinationError(f"{path} is damaged; delete {PARTIAL_DIR} to give the append up, then append again")
+        damaged = DestinationError(f"{path} is damaged; {give_append_up(PARTIAL_DIR)}")
         try:
             saved = parse_json(fs.cat_file(path))
         except ValueError as exc:
@@ -168,11 +168,11 @@ def append_state(
         lengths = saved.get("array_lengths") if isinstance(saved, dict) else None
         if not isinstance(lengths, dict) or not isinstance(saved.get("time"), str):
             raise damaged
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in lengths.values()):
-            raise damaged
-        shard = saved.get("first_shard")
-        if not isinstance(shard, int) or isinstance(shard, bool) or shard < 0:
-            raise damaged
+        try:
+            for count in [*lengths.values(), saved.get("first_shard")]:
+                as_int(count, "a saved count", 0)
+        except ValueError as exc:
+            raise damaged from exc
         return saved
     epoch = os.environ.get("SOURCE_DATE_EPOCH")
     seconds = int(epoch) if epoch and epoch.isdigit() else time.time()

@@ -18,7 +18,7 @@ from mmdata.schema import DatasetSchema, Layout, Stream, TextStream
 from mmdata.store.dataset import Dataset
 from mmdata.store.filesystem import join, write_text_atomically
 from mmdata.store.handle import Store
-from mmdata.store.layout import CONVERT_AGAIN, DATASET_FILE, PARTIAL_DIR
+from mmdata.store.layout import CONVERT_AGAIN, DATASET_FILE, PARTIAL_DIR, give_append_up
 from mmdata.store.manifest import write_manifest
 from mmdata.store.statistics import compute_stats, write_stats
 
@@ -38,11 +38,7 @@ def complete_store(
     try:
         write_manifest(rows, schema.streams, join(root, schema.manifest_file), fs)
     except (pa.ArrowException, TypeError, ValueError) as exc:
-        restart = (
-            f"give the append up by deleting its {PARTIAL_DIR} folder (the store stays as it was), then append again"
-            if schema.history
-            else CONVERT_AGAIN
-        )
+        restart = give_append_up(PARTIAL_DIR) if schema.history else CONVERT_AGAIN
         raise DestinationError(
             f"'{url}': the manifest rows saved by the interrupted run are malformed ({exc}); {restart}"
         ) from exc

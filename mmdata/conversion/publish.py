@@ -111,10 +111,7 @@ def _size_there(fs: fsspec.AbstractFileSystem, target: str) -> int | None:
 
 
 def _already_there(fs: fsspec.AbstractFileSystem, target: str, size: int) -> bool:
-    try:
-        return int(fs.size(target)) == size
-    except (FileNotFoundError, OSError):
-        return False
+    return _size_there(fs, target) == size
 
 
 def remove_staging(local: Path) -> None:

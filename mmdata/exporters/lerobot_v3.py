@@ -30,7 +30,6 @@ import av
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from fsspec.implementations.local import LocalFileSystem
 from tqdm import tqdm
 
 from mmdata.checks import inside
@@ -189,11 +188,7 @@ def frame_rate(cameras: list[VideoStream]) -> float:
 def _refuse_inside_store(root: Path, store: Store) -> None:
     """A LeRobot dataset written into the store's own folder would sit among its files (where `convert
     --overwrite` of the store would later delete it): refused."""
-    if not isinstance(store.fs, LocalFileSystem):
-        return
-    folder = Path(os.path.realpath(store.root))
-    target = Path(os.path.realpath(root))
-    if target == folder or folder in target.parents:
+    if store.holds(root):
         raise DestinationError(
             f"'{root}' lies inside the store '{store.url}'; export into a folder outside it (the store is not changed)"
         )

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import torch
 
-from mmdata.checks import option_int
+from mmdata.checks import option_bool, option_int
 from mmdata.codecs.decoders import BACKEND_NAMES, VideoDecoder
 from mmdata.errors import OptionError
 from mmdata.loading.collate import LAYOUTS, Layout
@@ -124,8 +124,7 @@ class Runtime:
             raise OptionError(f"decode_in is 'workers' or 'main', not '{self.decode_in}'")
         if not isinstance(self.decoder, VideoDecoder) and self.decoder not in BACKEND_NAMES:
             raise OptionError(f"unknown decoder {self.decoder!r:.60}; choose one of {', '.join(BACKEND_NAMES)}")
-        if not isinstance(self.profiler_ranges, bool):
-            raise OptionError(f"profiler_ranges is True or False, not {self.profiler_ranges!r:.60}")
+        option_bool(self.profiler_ranges, "profiler_ranges")
         try:
             torch.device(self.device)
         except (RuntimeError, TypeError, ValueError) as exc:
@@ -146,8 +145,7 @@ class Reading:
     policy: ReadPolicy = DEFAULT_READ_POLICY
 
     def __post_init__(self):
-        if not isinstance(self.verify, bool):
-            raise OptionError(f"verify is True or False, not {self.verify!r:.60}")
+        option_bool(self.verify, "verify")
         _check_counts(
             cache_bytes=(self.cache_bytes, 0, 1 << 50), frame_cache_bytes=(self.frame_cache_bytes, 0, 1 << 50)
         )

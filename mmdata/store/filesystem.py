@@ -26,7 +26,7 @@ import fsspec
 from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
-from mmdata.checks import option_int, option_number
+from mmdata.checks import option_bool, option_int, option_number
 from mmdata.errors import IntegrityError, OptionError, ReadError, ReadTimeoutError
 
 T = TypeVar("T")
@@ -83,8 +83,7 @@ class ReadPolicy:
         option_number(self.max_backoff_s, "ReadPolicy max_backoff_s", 0.0, 3600.0)
         option_int(self.concurrency, "ReadPolicy concurrency", 1, 1024)
         option_int(self.cache_max_bytes, "ReadPolicy cache_max_bytes", 1, 1 << 60)
-        if not isinstance(self.guard_local_reads, bool):
-            raise OptionError(f"ReadPolicy guard_local_reads is True or False, not {self.guard_local_reads!r}")
+        option_bool(self.guard_local_reads, "ReadPolicy guard_local_reads")
         if self.cache_dir is not None and not isinstance(self.cache_dir, (str, os.PathLike)):
             raise OptionError(f"ReadPolicy cache_dir is a folder path, not {self.cache_dir!r:.60}")
 

@@ -6,6 +6,7 @@ reader's job (`mmdata.store.dataset.Dataset`, or the loader's decode stage)."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,8 +14,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from fsspec.implementations.local import LocalFileSystem
 
-from mmdata.checks import option_int, parse_json
+from mmdata.checks import inside, option_bool, option_int, parse_json
 from mmdata.codecs.align import Interpolation, frame_indices_at, sample_range, values_at
 from mmdata.codecs.audio import AudioClip, AudioLimits, as_float, decode_audio, resample
 from mmdata.codecs.decoders.requests import ClipRequest, SegmentRef
@@ -115,8 +117,7 @@ class Store:
         read_policy: ReadPolicy = DEFAULT_READ_POLICY,
         schema: DatasetSchema | None = None,
     ):
-        if not isinstance(verify, bool):
-            raise OptionError(f"verify is True or False, not {verify!r:.60}")
+        option_bool(verify, "verify")
         option_int(cache_bytes, "cache_bytes", 0, 1 << 50)
         if not isinstance(read_policy, ReadPolicy):
             raise OptionError(f"read_policy is a ReadPolicy, not {read_policy!r:.60}")
@@ -167,6 +168,11 @@ class Store:
             raise StoreError(
                 f"{self.url}/{name} is not a readable Parquet file ({exc}); restore it or convert again"
             ) from exc
+
+    def holds(self, path: str | os.PathLike) -> bool:
+        """Whether the local `path` lies inside this store's folder, links resolved (always False for a store in
+        object storage): what a command writing beside a store must not write into."""
+        return isinstance(self.fs, LocalFileSystem) and inside(self.root, path)
 
     @property
     def damaged(self) -> dict[int, str]:

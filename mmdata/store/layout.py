@@ -10,14 +10,18 @@ APPEND_FILE = "append.json"  # in PARTIAL_DIR while an append is under way
 CONVERT_AGAIN = "convert again with --overwrite, which deletes what the interrupted conversion wrote"
 
 
+def give_append_up(partial: str | Path) -> str:
+    """How to give an interrupted append up: delete its partial folder `partial` (the store stays as it was)."""
+    return (
+        f"delete '{partial}' to give the interrupted append up (the store stays as it was before it), then append again"
+    )
+
+
 def start_again(root: str | Path) -> str:
     """What to do when an interrupted run's saved state under the local folder `root` cannot be used, saying what
     it deletes: an append is given up by deleting its partial folder (the store stays as it was); `--overwrite`,
     which would replace the whole store, is suggested only for a conversion."""
     root = Path(root)
     if (root / DATASET_FILE).exists() or (root / PARTIAL_DIR / APPEND_FILE).exists():
-        return (
-            f"delete '{root / PARTIAL_DIR}' to give the interrupted append up (the store stays as it was before it),"
-            " then append again"
-        )
+        return give_append_up(root / PARTIAL_DIR)
     return CONVERT_AGAIN

@@ -7,15 +7,12 @@ import argparse
 import errno
 import functools
 import http.server
-import os
 import re
 import shutil
 import tempfile
 import textwrap
 import threading
 from pathlib import Path
-
-from fsspec.implementations.local import LocalFileSystem
 
 from mmdata.errors import DestinationError, MmdataError, OptionError
 from mmdata.store.handle import Store
@@ -106,13 +103,10 @@ def _check_out(out: Path, store: Store) -> None:
     files, where `convert --overwrite` of the store deletes them)."""
     if out.exists() and not out.is_dir():
         raise DestinationError(f"--out '{out}' is a file, not a folder; name a folder for the pages")
-    if isinstance(store.fs, LocalFileSystem):
-        root = Path(os.path.realpath(store.root))
-        target = Path(os.path.realpath(out))
-        if target == root or root in target.parents:
-            raise DestinationError(
-                f"--out '{out}' lies inside the store '{store.url}'; write the pages into a folder outside it"
-            )
+    if store.holds(out):
+        raise DestinationError(
+            f"--out '{out}' lies inside the store '{store.url}'; write the pages into a folder outside it"
+        )
 
 
 def view_server(store: Store, out: Path, port: int) -> http.server.ThreadingHTTPServer:

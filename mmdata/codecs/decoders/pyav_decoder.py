@@ -162,7 +162,7 @@ def decode_runs(
     count = 0
     for key_position, last in key_runs(wanted, packets.key_frames, packets.key_positions):
         context.flush_buffers()
-        latest = -1
+        latest = None
         for position in [*range(key_position, packets.count), None]:
             packet = None
             if position is not None:
