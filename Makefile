@@ -22,6 +22,8 @@ $(STAMP): pyproject.toml
 	# The CPU build of torch; the loader's GPU path brings its own CUDA runtime through DALI.
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e '.[dev]'
+	# SPDL ships no FFmpeg: it loads PyAV's, linked under the names it looks for
+	$(BIN)/python -m mmdata.codecs.decoders.link_spdl
 	touch $(STAMP)
 
 $(PINS_STAMP): pyproject.toml

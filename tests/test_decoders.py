@@ -28,7 +28,7 @@ from tests.conftest import GOP, SEGMENT
 # Mean absolute RGB difference allowed against the PyAV reference. PyAV and DALI convert YUV to RGB
 # with exact rounding (identical pixels); decord uses FFmpeg's default conversion, which rounds
 # down, and exposes no option to change it, so its frames sit about 1.25 levels lower.
-RGB_TOLERANCE = {"pyav": 1.0, "dali-cpu": 1.0, "decord": 1.5}
+RGB_TOLERANCE = {"pyav": 1.0, "spdl": 1.0, "dali-cpu": 1.0, "decord": 1.5}
 PAIRS = [
     ("pyav", {}, "h264"),
     ("pyav", {}, "hevc"),
@@ -36,6 +36,9 @@ PAIRS = [
     ("decord", {}, "h264"),
     ("decord", {}, "hevc"),
     ("decord", {}, "vp9"),
+    ("spdl", {"threads": 2}, "h264"),
+    ("spdl", {}, "hevc"),
+    ("spdl", {}, "vp9"),
     ("dali-cpu", {"reuse_sessions": True, "pipelines": 2, "batch_size": 2}, "vp9"),
     ("dali-cpu", {"reuse_sessions": False, "pipelines": 1, "batch_size": 4}, "vp9"),
 ]

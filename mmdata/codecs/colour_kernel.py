@@ -52,3 +52,16 @@ def yuv420_to_rgb(luma: np.ndarray, blue: np.ndarray, red: np.ndarray, out: np.n
             row[3 * j] = np.uint8(np.int32(r[j]))
             row[3 * j + 1] = np.uint8(np.int32(g[j]))
             row[3 * j + 2] = np.uint8(np.int32(b[j]))
+
+
+@numba.njit(cache=True, nogil=True)
+def i420_frames_to_rgb(frames: np.ndarray, out: np.ndarray) -> None:
+    """Packed I420 frames `[N, H * W * 3 / 2]` (luma, then the blue and red planes) into `out` `[N, H, W, 3]`."""
+    count, height, width, _ = out.shape
+    luma_size, chroma_size = height * width, (height // 2) * (width // 2)
+    for n in range(count):
+        packed = frames[n]
+        luma = packed[:luma_size].reshape(height, width)
+        blue = packed[luma_size : luma_size + chroma_size].reshape(height // 2, width // 2)
+        red = packed[luma_size + chroma_size : luma_size + 2 * chroma_size].reshape(height // 2, width // 2)
+        yuv420_to_rgb(luma, blue, red, out[n], False)

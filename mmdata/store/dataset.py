@@ -143,8 +143,8 @@ def open_dataset(
 ) -> Dataset:
     """Open a store written by `mmdata convert` (a local folder or an fsspec URL) to read decoded episodes.
 
-    `decoder` picks the video backend ("auto", "pyav", "decord", "dali-cpu", "dali", "nvdec") or takes a
-    built `VideoDecoder`; a codec it cannot decode fails here. Every piece read is checked against
-    its checksum unless `verify=False`. See `Store` for the rest.
+    `decoder` picks the video backend ("auto", "pyav", "spdl", "decord", "dali-cpu", "dali", "nvdec",
+    "spdl-nvdec") or takes a built `VideoDecoder`; a codec it cannot decode fails here. Every piece read is
+    checked against its checksum unless `verify=False`. See `Store` for the rest.
     """
     return Dataset(str(path_or_url), decoder, verify, cache_bytes, read_policy)

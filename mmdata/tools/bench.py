@@ -64,8 +64,9 @@ def add_parser(commands) -> None:
     loader.add_argument(
         "--decoder",
         default="auto",
-        help="auto, pyav, decord, dali-cpu, dali, nvdec (PyNvVideoCodec fed packets, no container) or hybrid (DALI on"
-        " the GPU and PyAV on the host sharing each batch)",
+        help="auto, pyav, spdl (a segment per call on threads), decord, dali-cpu, dali, nvdec (PyNvVideoCodec fed"
+        " packets, no container), spdl-nvdec (NVDEC through SPDL, a segment per call) or hybrid (DALI on the GPU and"
+        " PyAV on the host sharing each batch)",
     )
     loader.add_argument("--decode-in", choices=("workers", "main"), help="where video is decoded")
     loader.add_argument("--device", default="cpu", help="cpu or cuda[:N]")

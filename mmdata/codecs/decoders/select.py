@@ -11,6 +11,7 @@ from mmdata.codecs.decoders.availability import (
     BACKEND_CODECS,
     CPU_PREFERENCE,
     DEFAULT_CPU_PREFERENCE,
+    cuda_available,
     dali_available,
     pynvvideocodec_available,
 )
@@ -21,9 +22,11 @@ from mmdata.codecs.decoders.hybrid import HybridDecoder, RateSplit
 from mmdata.codecs.decoders.measured import nearest_cell, nvdec_opens
 from mmdata.codecs.decoders.nvdec import NvdecDecoder
 from mmdata.codecs.decoders.pyav_decoder import PyAvDecoder
+from mmdata.codecs.decoders.spdl_decoder import SpdlDecoder, SpdlNvdecDecoder
+from mmdata.codecs.decoders.spdl_libraries import spdl_nvdec_problem, spdl_problem
 from mmdata.errors import MmdataError, UnsupportedCodecError
 
-BACKEND_NAMES = ("auto", "dali", "nvdec", "dali-cpu", "pyav", "decord", "hybrid")
+BACKEND_NAMES = ("auto", "dali", "nvdec", "spdl-nvdec", "dali-cpu", "pyav", "decord", "spdl", "hybrid")
 
 
 # A GPU backend is chosen over the host's cores only when the measured table says it delivers this much more:
@@ -92,14 +95,15 @@ def make_video_decoder(
     device_id: int = 0,
     **options: Any,
 ) -> VideoDecoder:
-    """Build the backend `name` ("auto", "dali", "nvdec" (PyNvVideoCodec, see `nvdec.py`), "dali-cpu", "pyav",
-    "decord", or "hybrid": DALI on the GPU and PyAV on the host sharing each batch, see `hybrid.py`) for `codecs`.
+    """Build the backend `name` ("auto", "dali", "nvdec" (PyNvVideoCodec, see `nvdec.py`), "spdl-nvdec" and
+    "spdl" (whole segments per call, see `spdl_decoder.py`), "dali-cpu", "pyav", "decord", or "hybrid": DALI on the
+    GPU and PyAV on the host sharing each batch, see `hybrid.py`) for `codecs`.
 
     Fails here, not on the first sample, when the backend is missing or cannot decode a codec.
     `device`, `frames_per_request` and `frame_size` (width, height) steer "auto" (see `choose_backend`);
     `device_id` is the CUDA device a GPU backend decodes on; `options` go to the backend (e.g. `pipelines=`,
-    `reuse_sessions=` for DALI, `sessions=` for nvdec, `threads=` for the CPU backends; `helpers=` for "hybrid":
-    how many processes decode its host share at once, the loader's workers).
+    `reuse_sessions=` for DALI, `sessions=` for nvdec, `threads=` for spdl, spdl-nvdec and the CPU backends;
+    `helpers=` for "hybrid": how many processes decode its host share at once, the loader's workers).
     """
     if name not in BACKEND_NAMES:
         raise MmdataError(f"unknown decoder '{name}'; choose one of {', '.join(BACKEND_NAMES)}")
@@ -113,6 +117,10 @@ def make_video_decoder(
         decoder: VideoDecoder = HybridDecoder(gpu, PyAvDecoder(), RateSplit(helpers=helpers))
     elif name == "nvdec":
         decoder = NvdecDecoder(device_id=device_id, **options)
+    elif name == "spdl-nvdec":
+        decoder = SpdlNvdecDecoder(device_id=device_id, **options)
+    elif name == "spdl":
+        decoder = SpdlDecoder(**options)
     elif name == "pyav":
         decoder = PyAvDecoder(**options)
     elif name == "decord":
@@ -126,6 +134,12 @@ def make_video_decoder(
 def _why_unavailable(name: str) -> str:
     if name == "decord":
         return "decoder 'decord' needs the decord package: pip install 'mmdata[decord]' (x86-64 only; no aarch64 wheel)"
+    if name == "spdl":
+        return f"decoder 'spdl' cannot run: {spdl_problem()}"
+    if name == "spdl-nvdec":
+        if not cuda_available():
+            return "decoder 'spdl-nvdec' needs a CUDA GPU visible to torch; use decoder='spdl' or 'pyav'"
+        return f"decoder 'spdl-nvdec' cannot run: {spdl_nvdec_problem()}"
     if name == "nvdec":
         if not pynvvideocodec_available():
             return "decoder 'nvdec' needs NVIDIA's PyNvVideoCodec: pip install 'mmdata[nvdec]'"
