@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 import mmdata
 from mmdata.errors import OptionError, ResumeError
@@ -247,3 +248,49 @@ def test_a_resume_in_the_segments_order_gives_the_uninterrupted_batches(stores):
     resumed = loader(stores["zarr"], "windows", 64 << 20, shuffle="segments")
     resumed.load_state_dict(first.state_dict())
     assert_same_batches(list(resumed), whole[3:])
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_main_process_decoding_follows_the_workers_plan_and_decodes_what_worker_decoding_does(stores, workers):
+    def run(cache_bytes: int, decode_in: str) -> tuple[mmdata.DataLoader, list]:
+        made = loader(stores["wds"], "windows", cache_bytes, workers=workers, shuffle="segments", decode_in=decode_in)
+        return made, list(made)
+
+    off, expected = run(0, "main")
+    on, batches = run(64 << 20, "main")
+    in_workers, worker_batches = run(64 << 20, "workers")
+    assert_same_batches(batches, expected)
+    assert_same_batches(worker_batches, expected)
+    followed, planned = on.stats(), in_workers.stats()
+    assert followed["frames_decoded"] == planned["frames_decoded"] < off.stats()["frames_decoded"]
+    assert followed["decode_waste"] == planned["decode_waste"] < off.stats()["decode_waste"]
+    assert 0 < followed["frame_cache_peak_bytes"] <= 64 << 20
+
+
+def test_a_gpu_decoder_in_the_main_process_keeps_the_frames_later_steps_need(stores):
+    from mmdata.codecs.decoders.spdl_decoder import SpdlNvdecDecoder
+    from tests.test_spdl_decoder import cpu_nvdec
+
+    def run(decoder, cache_bytes: int) -> tuple[mmdata.DataLoader, list]:
+        made = mmdata.DataLoader(
+            str(stores["wds"]),
+            WINDOWS,
+            batching=mmdata.Batching(batch_size=4),
+            shuffling=mmdata.Shuffling(mode="segments", lanes=2),
+            seed=5,
+            runtime=mmdata.Runtime(num_workers=2, decoder=decoder),
+            reading=mmdata.Reading(frame_cache_bytes=cache_bytes),
+        )
+        return made, list(made)
+
+    gpu = SpdlNvdecDecoder(threads=2, decode_segment=cpu_nvdec())  # NVDEC stood in for: device "gpu", main process
+    kept, batches = run(gpu, 64 << 20)
+    assert kept.decode_in_main
+    _, expected = run("pyav", 0)
+    assert len(batches) == len(expected)
+    for got, want in zip(batches, expected):
+        for name in ("sample_index", "cam_high", "cam_wrist"):
+            assert torch.equal(torch.as_tensor(got[name]), torch.as_tensor(want[name])), name
+    without, _ = run(SpdlNvdecDecoder(threads=2, decode_segment=cpu_nvdec()), 0)
+    assert kept.stats()["frames_decoded"] < 0.6 * without.stats()["frames_decoded"]
+    assert kept.stats()["frame_cache_peak_bytes"] > 0

@@ -17,6 +17,7 @@ runs it: the worker when it decodes, the main process when the worker left the v
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any
 
@@ -26,7 +27,7 @@ from mmdata.loading.aligning import Aligner
 from mmdata.loading.collate import collate
 from mmdata.loading.decoding import finish_video, prepare_video, segment_key
 from mmdata.loading.fetching import Fetcher
-from mmdata.loading.frame_cache import FrameCache, Needs
+from mmdata.loading.frame_cache import FrameCache, FrameCacheStats, Needs, ReadPlan
 from mmdata.loading.micro_batch import MicroBatch, OnError, sample_place
 from mmdata.loading.settling import settle
 from mmdata.loading.timing import timed
@@ -44,8 +45,8 @@ class BatchReader:
     they have and their normalizers; `fillers` give each stream's shape for the padding of a
     source that lacks it. `video_decoder` decodes the cameras; with `defer_video` the reader only
     prepares them, for the main process to decode (`finish`). `collate_options` are collate's.
-    `frame_cache_bytes` bounds the decoded frames kept for the reader's next steps (CPU decoding in this
-    process only; see `mmdata.loading.frame_cache`).
+    `frame_cache_bytes` bounds the decoded frames kept for the reader's next steps, where they are decoded:
+    here, or in the main process for a reader that defers its video (see `mmdata.loading.frame_cache`).
     """
 
     def __init__(
@@ -72,8 +73,15 @@ class BatchReader:
         self.cameras = [(name, stream) for name, stream in spec.streams.items() if isinstance(stream, Frames)]
         self.fetch = Fetcher(self.sources, self.align.stored_names)
         self._aligned_ahead: dict[tuple[SampleRef, str], FramePlan] = {}
-        cacheable = not defer_video and video_decoder.device == "cpu" and not hasattr(video_decoder, "prepare")
+        cacheable = not hasattr(video_decoder, "prepare")  # a prepared batch is decoded as prepared
         self.frame_cache = FrameCache(frame_cache_bytes if cacheable else 0)
+        self.followed_stats = FrameCacheStats()
+        self._followers: dict[int, FrameCache] = {}  # per planning worker, in the process that decodes
+
+    @property
+    def followed_bytes(self) -> int:
+        """The frames this process keeps for micro-batches other readers planned (main-process decoding)."""
+        return sum(cache.bytes for cache in self._followers.values())
 
     @property
     def bytes_read(self) -> int:
@@ -107,10 +115,22 @@ class BatchReader:
         """The end of the chain: decode what is pending, settle failed samples, collate."""
         if seconds is not None:
             batch.seconds = seconds
-        finish_video(self.video_decoder, batch, self.on_error, self.frame_cache)
+        finish_video(self.video_decoder, batch, self.on_error, self._cache_for(batch))
         settle(batch, self._read_alone)
         with timed(batch.seconds, "collate"):
             return collate(batch, **self.collate_options)
+
+    def _cache_for(self, batch: MicroBatch) -> FrameCache:
+        """The frame cache that decodes `batch`: this reader's own, or for a micro-batch a reader elsewhere planned
+        (its video decoded here), the one that follows that reader's plan."""
+        plan = batch.read_plan
+        if plan is None:
+            return self.frame_cache
+        cache = self._followers.get(plan.owner)
+        if cache is None:
+            cache = self._followers[plan.owner] = FrameCache(self.frame_cache.max_bytes, self.followed_stats)
+        cache.follow(plan)
+        return cache
 
     def _task(self, sample: SampleRef) -> str:
         return self.sources[sample.source].store.manifest.row(sample.episode)["task"]
@@ -153,12 +173,18 @@ class BatchReader:
         it is read."""
         cache = self.frame_cache
         now = cache.start_read()
+        expected: list[tuple[int, Needs]] = []
         if not cache.knows(now):
             live = ((sample.source, plan) for camera in plans.values() for sample, plan in zip(batch.samples, camera))
-            cache.expect(now, _needs(live))
+            expected.append((now, _needs(live)))
+            cache.expect(*expected[-1])
         for offset, samples in enumerate(horizon, 1):
             if not cache.knows(now + offset):
-                cache.expect(now + offset, _needs((key[0].source, plan) for key, plan in self._plans_ahead(samples)))
+                ahead = self._plans_ahead(samples)
+                expected.append((now + offset, _needs((key[0].source, plan) for key, plan in ahead)))
+                cache.expect(*expected[-1])
+        if self.defer_video:
+            batch.read_plan = ReadPlan(now, os.getpid(), tuple(expected))
 
     def _plans_ahead(self, samples: Sequence[SampleRef]) -> list[tuple[tuple[SampleRef, str], FramePlan]]:
         """The cameras' frame plans of samples read later: those already aligned, else aligned now and kept. A

@@ -407,13 +407,18 @@ class DataLoader:
         main: dict[str, float] = {}
         if isinstance(output, MicroBatch):
             decoded, delivered = self.decoder.stats.frames_decoded, self.decoder.stats.frames_delivered
+            cache = self._reader.followed_stats
+            served, ahead = cache.served, cache.ahead
             collated = self._reader.finish(output, main)
             info["failed"] = dict(output.failed)
             info["borrowed"] = len(output.borrowed)
             info["samples"] = len(output.samples)
             info["sources"] = source_counts(output)
             info["decoded"] += self.decoder.stats.frames_decoded - decoded
-            info["delivered"] += self.decoder.stats.frames_delivered - delivered
+            # frames decoded for a later step count as delivered when that step takes them from the cache
+            delivered = self.decoder.stats.frames_delivered - delivered
+            info["delivered"] += delivered - (cache.ahead - ahead) + (cache.served - served)
+            info["frame_cache_bytes"] = max(info.get("frame_cache_bytes", 0), self._reader.followed_bytes)
             output = collated
         if self.device.type != "cpu":
             with timed(main, "h2d"):

@@ -150,7 +150,7 @@ def decode_with_cache(
     for m, (request, key) in enumerate(zip(requests, keys)):
         kept = cache.cached(key) if key is not None else {}
         if key is not None and all(frame in kept for frame in request.frames):
-            outputs[m] = [kept[frame] for frame in request.frames]
+            outputs[m] = _joined([kept[frame] for frame in request.frames])
             cache.stats.served += len(request.frames)
             continue
         ahead = cache.wanted_ahead(key) - set(request.frames) if key is not None else set()
@@ -164,8 +164,19 @@ def decode_with_cache(
             for frame, row in row_of.items():
                 cache.keep(keys[m], frame, frames[row])
         cache.stats.ahead += ahead
-        outputs[m] = frames if ahead == 0 else [frames[row_of[frame]] for frame in requests[m].frames]
+        outputs[m] = frames if ahead == 0 else _joined([frames[row_of[frame]] for frame in requests[m].frames])
     return outputs
+
+
+def _joined(frames: list[Any]) -> Any:
+    """A request's frames taken one by one, as gathering takes them: host frames as a list (each is copied
+    into place later), device frames as one tensor."""
+    if not frames or isinstance(frames[0], np.ndarray):
+        return frames
+    joined = frames[0].new_empty((len(frames), *frames[0].shape))
+    for row, frame in enumerate(frames):
+        joined[row] = frame
+    return joined
 
 
 def _blank_frames(count: int, shape: tuple[int, ...], like: Any, into: np.ndarray | None = None) -> Any:

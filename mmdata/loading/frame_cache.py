@@ -12,14 +12,18 @@ that segment, frame and geometry.
 A read's needs enter the cache's plan once, when the read first comes into the horizon, and leave it
 once the read is done, so planning costs the same per read however long the horizon is.
 
-Used by the decode stage on the CPU backends in the worker; GPU decoding in the main process does not
-use it.
+The cache holds its frames where they are decoded. A worker that decodes plans and keeps them itself; a
+worker whose video the main process decodes (GPU decoders) only plans, and sends with each micro-batch what
+it added to the plan (`ReadPlan`); the main process keeps one cache per such worker that follows those
+plans (`follow`), so it makes the same choices, holding the frames in the decoder's memory (GPU memory for
+a GPU decoder). Decoders with a host-side preparation (DALI, hybrid) decode without it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -28,6 +32,16 @@ HORIZON = 32
 
 SegmentKey = Hashable  # (source, SegmentRef, FrameGeometry): one segment delivered at one geometry
 Needs = list[tuple[SegmentKey, tuple[int, ...]]]  # one read's frames, per segment key
+
+
+@dataclass(frozen=True)
+class ReadPlan:
+    """What a worker's cache plan gained at one of its reads, for the cache in the process that decodes it:
+    the read's number, the planning worker (its process id) and the (read, needs) it expected then."""
+
+    read: int
+    owner: int
+    expected: tuple[tuple[int, Needs], ...]
 
 
 @dataclass
@@ -48,11 +62,11 @@ class FrameCache:
     or a later one) needs, `keep` offers a decoded frame and `cached` serves the kept ones.
     """
 
-    def __init__(self, max_bytes: int):
+    def __init__(self, max_bytes: int, stats: FrameCacheStats | None = None):
         self.max_bytes = max_bytes
         self.bytes = 0
-        self.stats = FrameCacheStats()
-        self._frames: dict[SegmentKey, dict[int, np.ndarray]] = {}
+        self.stats = stats if stats is not None else FrameCacheStats()
+        self._frames: dict[SegmentKey, dict[int, Any]] = {}
         self._read = -1  # the read in progress
         self._needs: dict[int, Needs] = {}  # per planned read
         self._wanted: dict[SegmentKey, dict[int, int]] = {}  # per key, frame -> planned needs of it
@@ -76,6 +90,14 @@ class FrameCache:
             self._count(self._now.setdefault(key, {}), frames)
         return self._read
 
+    def follow(self, plan: ReadPlan) -> None:
+        """Begin read `plan.read` with the needs its planner expected then: the cache then makes the planner's
+        choices for frames decoded in this process."""
+        self._read = plan.read - 1
+        self.start_read()
+        for read, needs in plan.expected:
+            self.expect(read, needs)
+
     def knows(self, read: int) -> bool:
         return read in self._needs
 
@@ -91,7 +113,7 @@ class FrameCache:
             if read == self._read:
                 self._count(self._now.setdefault(key, {}), frames)
 
-    def cached(self, key: SegmentKey) -> Mapping[int, np.ndarray]:
+    def cached(self, key: SegmentKey) -> Mapping[int, Any]:
         return self._frames.get(key, {})
 
     def serves(self, key: SegmentKey, frames: Iterable[int]) -> bool:
@@ -110,14 +132,14 @@ class FrameCache:
         kept = self.cached(key)
         return {frame for frame in self._wanted.get(key, {}) if frame not in kept and self._needed_later(key, frame)}
 
-    def keep(self, key: SegmentKey, frame: int, pixels: np.ndarray) -> None:
-        """Keep a copy of a decoded frame a later read needs, within the bound."""
+    def keep(self, key: SegmentKey, frame: int, pixels: Any) -> None:
+        """Keep a copy of a decoded frame (a host array or a device tensor) a later read needs, within the bound."""
         if not self.enabled or not self._needed_later(key, frame):
             return
         kept = self._frames.setdefault(key, {})
         if frame in kept:
             return
-        copy = np.array(pixels, copy=True)
+        copy = np.array(pixels, copy=True) if isinstance(pixels, np.ndarray) else pixels.clone()
         kept[frame] = copy
         self.bytes += copy.nbytes
         self._within_bound()
