@@ -27,7 +27,7 @@ from mmdata.loading.aligning import Aligner
 from mmdata.loading.collate import collate
 from mmdata.loading.decoding import finish_video, prepare_video, segment_key
 from mmdata.loading.fetching import Fetcher
-from mmdata.loading.frame_cache import FrameCache, FrameCacheStats, Needs, ReadPlan
+from mmdata.loading.frame_cache import HORIZON, FrameCache, FrameCacheStats, Needs, ReadPlan
 from mmdata.loading.micro_batch import MicroBatch, OnError, sample_place
 from mmdata.loading.settling import settle
 from mmdata.loading.timing import timed
@@ -45,8 +45,8 @@ class BatchReader:
     they have and their normalizers; `fillers` give each stream's shape for the padding of a
     source that lacks it. `video_decoder` decodes the cameras; with `defer_video` the reader only
     prepares them, for the main process to decode (`finish`). `collate_options` are collate's.
-    `frame_cache_bytes` bounds the decoded frames kept for the reader's next steps, where they are decoded:
-    here, or in the main process for a reader that defers its video (see `mmdata.loading.frame_cache`).
+    `frame_cache_bytes` bounds the decoded frames kept for the reader's next `horizon` steps, where they are
+    decoded: here, or in the main process for a reader that defers its video (see `mmdata.loading.frame_cache`).
     """
 
     def __init__(
@@ -59,6 +59,7 @@ class BatchReader:
         defer_video: bool = False,
         collate_options: dict[str, Any] | None = None,
         frame_cache_bytes: int = 0,
+        horizon: int = HORIZON,
     ):
         if on_error not in ("raise", "skip"):
             raise OptionError(f"on_error is 'raise' or 'skip', not '{on_error}'")
@@ -67,6 +68,7 @@ class BatchReader:
         self.fillers = fillers
         self.on_error = on_error
         self.defer_video = defer_video
+        self.horizon = horizon
         self.video_decoder = video_decoder
         self.collate_options = collate_options or {}
         self.align = Aligner(self.sources, spec, fillers)

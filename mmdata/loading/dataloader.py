@@ -24,7 +24,8 @@ from mmdata.checks import option_int
 from mmdata.codecs.decoders import VideoDecoder, make_video_decoder
 from mmdata.errors import OptionError, StoreError
 from mmdata.loading.chain import BatchReader
-from mmdata.loading.feed import Feed, Item, StepSource
+from mmdata.loading.feed import Feed, Item, StepSource, ring_bytes
+from mmdata.loading.frame_budget import FrameBudget, available_host_memory, plan_frame_budget, waste_cause
 from mmdata.loading.loader_options import Batching, Reading, Runtime, Shuffling, grouped_options
 from mmdata.loading.loader_stats import LoaderStats
 from mmdata.loading.micro_batch import MicroBatch, OnError, source_counts
@@ -183,6 +184,7 @@ class DataLoader:
         self._stats = LoaderStats()
         self._feed: Feed | None = None
         self._reader: BatchReader | None = None  # the running feed's; it also ends main-process batches
+        self.frame_budget: FrameBudget | None = None  # the running feed's frame caches' bound and horizon
 
     def _source_samples(self, source: OpenSource) -> SampleTable:
         """The samples of one source's selected, undamaged episodes; damaged ones are refused or left out."""
@@ -348,6 +350,7 @@ class DataLoader:
             "attention_mask": self.attention_mask,
             "pad_to_multiple": self.pad_to_multiple,
         }
+        budget = self.frame_budget = self._plan_frame_budget()
         reader = self._reader = BatchReader(
             self.sources,
             self.spec,
@@ -356,7 +359,8 @@ class DataLoader:
             self.on_error,
             self.decode_in_main,
             collate_options,
-            self.reading.frame_cache_bytes,
+            budget.bound,
+            budget.horizon,
         )
         source = StepSource(reader, self.planner, self._state.seed, self.rank, self.world_size, epoch, steps)
         self._stats.add_main("plan", time.perf_counter() - planning)
@@ -371,6 +375,18 @@ class DataLoader:
             frame_bytes=self._frame_bytes_per_batch(),
         )
         return self._feed
+
+    def _plan_frame_budget(self) -> FrameBudget:
+        """Each frame cache's bound and horizon: the plan's working set within the memory where the frames are kept
+        (the host's; the GPU's for a GPU decoder in the main process), or the bound `Reading` gives."""
+        given = self.reading.frame_cache_bytes
+        read_bytes = self._frame_bytes_per_batch()
+        caches = max(1, self.num_workers)
+        rings = ring_bytes(read_bytes, self.prefetch_factor, MAIN_DECODE_AHEAD) if self.num_workers else 0
+        if self.decode_in_main and self.decoder.device == "gpu" and self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            return plan_frame_budget(read_bytes, caches, 0, _given(given), free, f"GPU {self.device.index}")
+        return plan_frame_budget(read_bytes, caches, rings, _given(given), available_host_memory())
 
     def _frame_bytes_per_batch(self) -> int | None:
         """About what a batch's decoded frames take: frames per sample x frame bytes x samples, for windows and
@@ -408,7 +424,7 @@ class DataLoader:
         if isinstance(output, MicroBatch):
             decoded, delivered = self.decoder.stats.frames_decoded, self.decoder.stats.frames_delivered
             cache = self._reader.followed_stats
-            served, ahead = cache.served, cache.ahead
+            served, ahead, evicted = cache.served, cache.ahead, cache.evicted
             collated = self._reader.finish(output, main)
             info["failed"] = dict(output.failed)
             info["borrowed"] = len(output.borrowed)
@@ -419,6 +435,7 @@ class DataLoader:
             delivered = self.decoder.stats.frames_delivered - delivered
             info["delivered"] += delivered - (cache.ahead - ahead) + (cache.served - served)
             info["frame_cache_bytes"] = max(info.get("frame_cache_bytes", 0), self._reader.followed_bytes)
+            info["evicted"] = info.get("evicted", 0) + cache.evicted - evicted
             output = collated
         if self.device.type != "cpu":
             with timed(main, "h2d"):
@@ -457,13 +474,33 @@ class DataLoader:
         snapshot["sources"] = self._stats.sources([source.name for source in self.sources])
         snapshot["workers"] = self.num_workers
         snapshot["decoder"] = self.decoder.describe()
+        budget = self.frame_budget
+        snapshot["frame_cache"] = budget.snapshot() if budget is not None else None
+        snapshot["decode_waste_cause"] = waste_cause(
+            snapshot["decode_waste"], snapshot["frames_evicted"], budget, self._frame_sizes()
+        )
         if self.decode_in_main:
             snapshot["main_process_decode"] = self.decoder.stats.snapshot()
         return snapshot
 
+    def _frame_sizes(self) -> str:
+        """The cameras' delivered frame sizes, for messages: "cam_high 640x480, cam_wrist 640x480"."""
+        sizes = []
+        for name, stream in self.spec.streams.items():
+            if isinstance(stream, Frames):
+                shape = self.fillers[name].shape
+                height, width = (shape[1], shape[2]) if stream.channels_first else (shape[0], shape[1])
+                sizes.append(f"{name} {width}x{height}")
+        return ", ".join(sizes)
+
     def reset_stats(self) -> None:
         """Start the totals of `stats()` afresh (e.g. after warm-up)."""
         self._stats = LoaderStats()
+
+
+def _given(frame_cache_bytes: int | str) -> int | None:
+    """The bound `Reading(frame_cache_bytes=...)` fixes (None: "auto", derived from the plan)."""
+    return None if frame_cache_bytes == "auto" else int(frame_cache_bytes)
 
 
 def _resolve_device(device: str | torch.device) -> torch.device:

@@ -30,7 +30,6 @@ from torch.utils.data import IterableDataset, get_worker_info
 from mmdata.errors import MmdataError
 from mmdata.lifetime import exit_with_parent
 from mmdata.loading.chain import BatchReader
-from mmdata.loading.frame_cache import HORIZON
 from mmdata.loading.host_memory import (
     ARENA_BYTES_PER_WORKER,
     MAX_ARENA_BYTES,
@@ -110,7 +109,7 @@ class StepSource(IterableDataset):
                         upcoming = upcoming or _next_or_error(epochs)
                         if not isinstance(upcoming, BaseException):
                             fallback += islice(_samples_of(upcoming[1]), FALLBACK_SAMPLES - len(fallback))
-                    later = range(index + count, min(len(steps), index + count * (HORIZON + 1)), count)
+                    later = range(index + count, min(len(steps), index + count * (self.reader.horizon + 1)), count)
                     yield self._read(epoch, step, samples, number, fallback, [steps[k][1] for k in later])
                 position += 1
             if isinstance(upcoming, BaseException):
@@ -137,6 +136,7 @@ class StepSource(IterableDataset):
             read_retries(),
             cache.served,
             cache.ahead,
+            cache.evicted,
         )
         batch = self.reader.read(step, samples, fallback, horizon)
         planning, self._planning_seconds = self._planning_seconds, 0.0
@@ -165,6 +165,7 @@ class StepSource(IterableDataset):
             # frames decoded for a later step count as delivered when that step takes them from the cache
             "delivered": decoder.frames_delivered - before[1] - (cache.ahead - before[5]) + (cache.served - before[4]),
             "frame_cache_bytes": reader.frame_cache.bytes,
+            "evicted": cache.evicted - before[6],
             "peak_rss": peak_rss_bytes(),
         }
         return epoch, step, output, info

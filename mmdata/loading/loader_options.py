@@ -135,20 +135,24 @@ class Runtime:
 class Reading:
     """How stores are read: `verify` checks every piece against the manifest's checksum; `cache_bytes` of
     memory per process keep recently read timestamps, low-dim arrays and audio; `frame_cache_bytes` per
-    worker keep the decoded frames its next steps need, so a segment is decoded once for all of them (0
-    turns it off; see `mmdata.loading.frame_cache`); `policy` sets the timeout, retries, concurrency and
-    disk cache of the stores the loader opens from a path or URL (a `Store` passed in keeps its own)."""
+    worker keep the decoded frames its next steps need, so a segment is decoded once for all of them: "auto"
+    sizes it from the plan within a share of the machine's memory (`mmdata.loading.frame_budget`), a number
+    of bytes fixes it, 0 turns it off; `policy` sets the timeout, retries, concurrency and disk cache of the
+    stores the loader opens from a path or URL (a `Store` passed in keeps its own)."""
 
     verify: bool = True
     cache_bytes: int = 256 << 20
-    frame_cache_bytes: int = 256 << 20
+    frame_cache_bytes: int | Literal["auto"] = "auto"
     policy: ReadPolicy = DEFAULT_READ_POLICY
 
     def __post_init__(self):
         option_bool(self.verify, "verify")
-        _check_counts(
-            cache_bytes=(self.cache_bytes, 0, 1 << 50), frame_cache_bytes=(self.frame_cache_bytes, 0, 1 << 50)
-        )
+        _check_counts(cache_bytes=(self.cache_bytes, 0, 1 << 50))
+        given = self.frame_cache_bytes
+        if isinstance(given, str) and given != "auto":
+            raise OptionError(f"frame_cache_bytes is 'auto' or a number of bytes, not {given!r:.60}")
+        if not isinstance(given, str):
+            _check_counts(frame_cache_bytes=(given, 0, 1 << 50))
         if not isinstance(self.policy, ReadPolicy):
             raise OptionError(f"policy is a ReadPolicy, not {self.policy!r:.60}")
 

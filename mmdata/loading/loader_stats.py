@@ -22,6 +22,7 @@ class LoaderStats:
         self.read_retries = 0
         self.frames_decoded = self.frames_delivered = 0
         self.frame_cache_peak_bytes = 0
+        self.frames_evicted = 0
         self.data_wait = 0.0
         self.ready_when_asked = 0
         self.waits: deque[float] = deque(maxlen=RECENT_STEPS)
@@ -49,6 +50,7 @@ class LoaderStats:
         self.frames_decoded += info["decoded"]
         self.frames_delivered += info["delivered"]
         self.frame_cache_peak_bytes = max(self.frame_cache_peak_bytes, info.get("frame_cache_bytes", 0))
+        self.frames_evicted += info.get("evicted", 0)
         self.data_wait += waited
         self.waits.append(waited)
         self.ready_when_asked += waited < READY_WAIT_SECONDS
@@ -104,6 +106,7 @@ class LoaderStats:
             "frames_decoded": self.frames_decoded,
             "frames_delivered": self.frames_delivered,
             "frame_cache_peak_bytes": self.frame_cache_peak_bytes,
+            "frames_evicted": self.frames_evicted,
             "decode_waste": round(self.frames_decoded / self.frames_delivered, 4) if self.frames_delivered else 0.0,
             "peak_rss_bytes_per_worker": dict(self.peak_rss),
             "worker_pids": sorted(self.worker_pids),

@@ -136,6 +136,10 @@ _FIGURES = (
 )
 _OPTIONAL_FIGURES = (
     "step_ms_measured",
+    "frame_cache_bound_mb",
+    "frame_cache_horizon",
+    "frame_cache_peak_mb",
+    "frames_evicted",
     "episodes_per_batch",
     "episodes_shared_with_previous",
     "episode_lag1_correlation",
@@ -248,6 +252,7 @@ def format_table(document: dict[str, Any]) -> str:
             + (f" (a step took {f['step_ms_measured']:.1f} ms)" if f.get("step_ms_measured") else ""),
         ),
         _row("decode waste", f"{f['decode_waste']:.2f} frames decoded per frame delivered"),
+        *_text_rows(f, ("frame cache", "frame_cache"), ("WHY THE WASTE", "decode_waste_cause")),
         _row("peak RSS per worker", ", ".join(f"{v:,.0f}" for v in f["peak_rss_mb_per_worker"].values()) + " MB"),
     ]
     if "episodes_per_batch" in f:  # (results written before the mixing figures existed have none)
@@ -301,6 +306,11 @@ def format_table(document: dict[str, Any]) -> str:
 
 def _shares_text(stages: dict[str, dict[str, float]]) -> str:
     return " | ".join(f"{name} {value['share']:.1%}" for name, value in stages.items() if value["share"] >= 0.0005)
+
+
+def _text_rows(figures: dict[str, Any], *rows: tuple[str, str]) -> list[str]:
+    """A row per (name, figure) whose figure is text (older results have none)."""
+    return [_row(name, figures[key]) for name, key in rows if isinstance(figures.get(key), str)]
 
 
 def _row(name: str, value: str) -> str:

@@ -82,6 +82,10 @@ def run_loader(loader: DataLoader, steps: int, warmup: int = 3, step_ms: float =
         "mean_stall_ms": stall["mean_stall_ms"],
         "step_ms_measured": round(1000 * stall["compute_seconds"] / max(1, stall["steps"]), 2),
         "decode_waste": stats["decode_waste"],
+        "frame_cache_bound_mb": round(stats["frame_cache"]["bound"] / 2**20, 1) if stats["frame_cache"] else 0.0,
+        "frame_cache_horizon": stats["frame_cache"]["horizon"] if stats["frame_cache"] else 0,
+        "frame_cache_peak_mb": round(stats["frame_cache_peak_bytes"] / 2**20, 1),
+        "frames_evicted": stats["frames_evicted"],
         **mixing_figures(episodes),
         "peak_rss_mb_per_worker": {str(k): round(v / 2**20, 1) for k, v in stats["peak_rss_bytes_per_worker"].items()},
         **plan_figures(loader),
@@ -90,6 +94,10 @@ def run_loader(loader: DataLoader, steps: int, warmup: int = 3, step_ms: float =
     figures["instrumentation_share"] = round(instrumentation_seconds(len(loader.spec.streams) + 6) / per_step, 6)
     if loader.device.type == "cuda":
         figures["gpu_memory_mb"] = round(torch.cuda.max_memory_allocated(loader.device) / 2**20, 1)
+    if stats["decode_waste_cause"]:
+        figures["decode_waste_cause"] = stats["decode_waste_cause"]
+    if stats["frame_cache"]:
+        figures["frame_cache"] = stats["frame_cache"]["describe"]
     return {
         "figures": figures,
         "stages": stage_breakdown(stats, wall, stall["compute_seconds"], loader.num_workers),

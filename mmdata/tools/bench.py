@@ -75,6 +75,13 @@ def add_parser(commands) -> None:
     spec.add_argument("--seed", type=int, default=0)
     reading = parser.add_argument_group("reading (mmdata.Reading)")
     reading.add_argument(
+        "--frame-cache-bytes",
+        type=_frame_cache_bytes,
+        default="auto",
+        help="decoded frames each worker keeps for its next steps: 'auto' (default) sizes the bound from the plan"
+        " within a share of the memory; a number of bytes fixes it; 0 turns the cache off",
+    )
+    reading.add_argument(
         "--cache-dir",
         help="keep pieces fetched from object storage on local disk here (ReadPolicy.cache_dir): a second run reads"
         " them from disk",
@@ -175,6 +182,7 @@ def _measure(args: argparse.Namespace, dataset: str) -> dict[str, Any]:
         "rank": 0,
         "world_size": args.world_size,
         "profiler_ranges": args.profile_ranges,
+        "frame_cache_bytes": args.frame_cache_bytes,
     }
     loader = DataLoader(dataset, spec, seed=args.seed, **_groups(args, options))
     warmup = _warmup(args, options)
@@ -195,6 +203,7 @@ def _measure(args: argparse.Namespace, dataset: str) -> dict[str, Any]:
         "world_size": args.world_size,
         "seed": args.seed,
         "cache_dir": args.cache_dir,
+        "frame_cache_bytes": args.frame_cache_bytes,
         "steps": args.steps,
         "warmup": warmup,
         "step_ms": args.step_ms,
@@ -205,6 +214,16 @@ def _measure(args: argparse.Namespace, dataset: str) -> dict[str, Any]:
     if args.baseline:
         measured.update(_baseline(args, dataset, spec, loader, measured["figures"]))
     return build_document(config, measured)
+
+
+def _frame_cache_bytes(text: str) -> int | str:
+    """`--frame-cache-bytes`: "auto" or a whole number of bytes."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'auto' or a number of bytes, not {text!r}") from None
 
 
 def _groups(args: argparse.Namespace, options: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,131 @@
+"""How many bytes of decoded frames each frame cache may hold, and how many steps ahead it plans: from the
+plan's working set, within a stated share of the machine's memory.
+
+A worker's cache keeps, from each segment it decodes, the frames its next `horizon` reads need (see
+`mmdata.loading.frame_cache`), so at most `horizon + 1` reads' frames at once: reads x frames per read x
+frame bytes (fewer where samples share frames). A bound of that size evicts nothing a later read needs; a
+smaller one evicts frames that come back and are decoded again (at 480x640, a fixed 256 MB made every frame
+decoded 5.7 times). So the bound is that working set, unless it is given. All the caches of a loader and
+the workers' frame rings share `MEMORY_SHARE` of the memory available where the frames are kept (the host's,
+or the GPU's for a GPU decoder in the main process); a working set above a cache's share shortens its
+horizon until it fits, rather than letting it evict: frames needed further ahead are then decoded again
+when their step comes, which `loader.stats()` names (`waste_cause`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+
+from mmdata.loading.frame_cache import HORIZON
+
+# Of the memory available when the loader is built: what its frame caches and frame rings may take in all.
+MEMORY_SHARE = 0.5
+# The bound when a read's frames are not known ahead (token budgets of unbounded sequences).
+UNSIZED_BOUND = 256 << 20
+# Decode waste above this is named in `loader.stats()` and `mmdata bench`, with its cause and fix.
+WASTE_LIMIT = 1.5
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class FrameBudget:
+    """Each frame cache's byte `bound` and `horizon` (reads planned ahead); the `working_set` of one cache at
+    the full horizon (None where a read's frames are unknown ahead); each cache's share of the memory
+    (`share`, its frame ring taken out) and what all caches and rings may take (`total`), of `available`
+    bytes of `memory` ("host" or "GPU n"); `given`: the bound was set (`Reading(frame_cache_bytes=N)`)."""
+
+    bound: int
+    horizon: int
+    working_set: int | None
+    share: int
+    total: int
+    available: int
+    memory: str
+    caches: int
+    given: bool
+
+    def describe(self) -> str:
+        """One line: the bound, where it comes from, and the budget it lies in."""
+        origin = "given" if self.given else "the working set of the plan"
+        if not self.given and self.working_set is None:
+            origin = "a fixed bound: a read's frames are not known ahead"
+        shortened = f", horizon shortened to {self.horizon} of {HORIZON} reads" if self.horizon < HORIZON else ""
+        return (
+            f"{self.bound / MIB:,.0f} MiB per cache ({origin}{shortened}) x {self.caches} in {self.memory} memory;"
+            f" the budget {self.share / MIB:,.0f} MiB per cache, {self.total / MIB:,.0f} MiB in all with the frame"
+            f" rings ({MEMORY_SHARE:.0%} of {self.available / MIB:,.0f} MiB available)"
+        )
+
+    def snapshot(self) -> dict:
+        return {**asdict(self), "describe": self.describe()}
+
+
+def plan_frame_budget(
+    read_bytes: int | None,
+    caches: int,
+    ring_bytes: int,
+    given: int | None,
+    available: int,
+    memory: str = "host",
+) -> FrameBudget:
+    """The budget of `caches` frame caches (one per worker, or the main process's) whose reads hold `read_bytes`
+    of decoded frames (None: unknown ahead), beside `ring_bytes` of frame ring per cache, in `available` bytes
+    of `memory`; `given` is the user's bound (None: derive it)."""
+    caches = max(1, caches)
+    total = int(available * MEMORY_SHARE)
+    share = max(0, total // caches - ring_bytes)
+    working = (HORIZON + 1) * read_bytes if read_bytes else None
+    budget = dict(working_set=working, share=share, total=total, available=available, memory=memory, caches=caches)
+    if given is not None:
+        return FrameBudget(bound=given, horizon=HORIZON, given=True, **budget)
+    if not read_bytes:
+        return FrameBudget(bound=min(UNSIZED_BOUND, share), horizon=HORIZON, given=False, **budget)
+    horizon = min(HORIZON, max(1, share // read_bytes - 1))
+    return FrameBudget(bound=min((horizon + 1) * read_bytes, share), horizon=horizon, given=False, **budget)
+
+
+def available_host_memory() -> int:
+    """Bytes of memory this machine can give without swapping (MemAvailable), else half its memory."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+    except (OSError, ValueError):
+        return 8 << 30
+
+
+def waste_cause(decode_waste: float, evicted: int, budget: FrameBudget | None, frame_sizes: str) -> str | None:
+    """Why frames were decoded more than `WASTE_LIMIT` times each, and what to change; None below it."""
+    if decode_waste <= WASTE_LIMIT:
+        return None
+    waste = f"each delivered frame ({frame_sizes}) was decoded {decode_waste:.2f} times"
+    if budget is None or budget.bound == 0:
+        return f"{waste}: the frame cache is off; leave Reading(frame_cache_bytes='auto') to size it from the plan"
+    if evicted:
+        kept = f"the frame cache's bound ({budget.bound / MIB:,.0f} MiB per cache"
+        if budget.given:
+            return (
+                f"{waste}: {kept}, given) is below the frames of the next {budget.horizon} reads"
+                f" ({(budget.working_set or 0) / MIB:,.0f} MiB), so it evicted {evicted} frames later reads needed"
+                " and they were decoded again; leave Reading(frame_cache_bytes='auto') to size it from the plan"
+            )
+        return (
+            f"{waste}: {kept}, all its memory budget allows) evicted {evicted} frames later reads needed; give it more"
+            " memory (fewer workers, a smaller batch, smaller frames with Frames(resize=...))"
+        )
+    if budget.horizon < HORIZON:
+        return (
+            f"{waste}: the memory budget ({budget.share / MIB:,.0f} MiB per cache) holds only {budget.horizon} of"
+            f" {HORIZON} reads' frames, so frames further ahead are decoded again; give it more memory (fewer workers,"
+            " a smaller batch, smaller frames with Frames(resize=...))"
+        )
+    return (
+        f"{waste}: decoding a wanted frame starts at the key frame before it and passes the frames the spec skips;"
+        " convert with `--access windows` (every frame a key frame) where the spec asks for sparse frames"
+    )
