@@ -153,7 +153,7 @@ def decode_with_cache(
             outputs[m] = _joined([kept[frame] for frame in request.frames])
             cache.stats.served += len(request.frames)
             continue
-        ahead = cache.wanted_ahead(key) - set(request.frames) if key is not None else set()
+        ahead = cache.wanted_ahead(key, _frame_bytes(request)) - set(request.frames) if key is not None else set()
         decode.append(dataclasses.replace(request, frames=tuple(sorted({*request.frames, *ahead}))))
         owners.append((m, len(ahead)))
     for (m, ahead), request, frames in zip(owners, decode, decoder.decode(decode, on_error)):
@@ -166,6 +166,15 @@ def decode_with_cache(
         cache.stats.ahead += ahead
         outputs[m] = frames if ahead == 0 else _joined([frames[row_of[frame]] for frame in requests[m].frames])
     return outputs
+
+
+def _frame_bytes(request: ClipRequest) -> int:
+    """The bytes of one frame the request delivers (RGB at its geometry or the camera's size; 0: unknown)."""
+    if request.geometry is not None:
+        height, width = request.geometry.size
+    else:
+        width, height = request.display_size or request.frame_size or (0, 0)
+    return width * height * 3
 
 
 def _joined(frames: list[Any]) -> Any:

@@ -52,9 +52,9 @@ class FrameBudget:
             origin = "a fixed bound: a read's frames are not known ahead"
         shortened = f", horizon shortened to {self.horizon} of {HORIZON} reads" if self.horizon < HORIZON else ""
         return (
-            f"{self.bound / MIB:,.0f} MiB per cache ({origin}{shortened}) x {self.caches} in {self.memory} memory;"
-            f" the budget {self.share / MIB:,.0f} MiB per cache, {self.total / MIB:,.0f} MiB in all with the frame"
-            f" rings ({MEMORY_SHARE:.0%} of {self.available / MIB:,.0f} MiB available)"
+            f"{size_text(self.bound)} per cache ({origin}{shortened}) x {self.caches} in {self.memory} memory;"
+            f" the budget {size_text(self.share)} per cache, {size_text(self.total)} in all with the frame"
+            f" rings ({MEMORY_SHARE:.0%} of {size_text(self.available)} available)"
         )
 
     def snapshot(self) -> dict:
@@ -108,11 +108,11 @@ def waste_cause(decode_waste: float, evicted: int, budget: FrameBudget | None, f
     if budget is None or budget.bound == 0:
         return f"{waste}: the frame cache is off; leave Reading(frame_cache_bytes='auto') to size it from the plan"
     if evicted:
-        kept = f"the frame cache's bound ({budget.bound / MIB:,.0f} MiB per cache"
+        kept = f"the frame cache's bound ({size_text(budget.bound)} per cache"
         if budget.given:
             return (
                 f"{waste}: {kept}, given) is below the frames of the next {budget.horizon} reads"
-                f" ({(budget.working_set or 0) / MIB:,.0f} MiB), so it evicted {evicted} frames later reads needed"
+                f" ({size_text(budget.working_set or 0)}), so it evicted {evicted} frames later reads needed"
                 " and they were decoded again; leave Reading(frame_cache_bytes='auto') to size it from the plan"
             )
         return (
@@ -121,7 +121,7 @@ def waste_cause(decode_waste: float, evicted: int, budget: FrameBudget | None, f
         )
     if budget.horizon < HORIZON:
         return (
-            f"{waste}: the memory budget ({budget.share / MIB:,.0f} MiB per cache) holds only {budget.horizon} of"
+            f"{waste}: the memory budget ({size_text(budget.share)} per cache) holds only {budget.horizon} of"
             f" {HORIZON} reads' frames, so frames further ahead are decoded again; give it more memory (fewer workers,"
             " a smaller batch, smaller frames with Frames(resize=...))"
         )
@@ -129,3 +129,8 @@ def waste_cause(decode_waste: float, evicted: int, budget: FrameBudget | None, f
         f"{waste}: decoding a wanted frame starts at the key frame before it and passes the frames the spec skips;"
         " convert with `--access windows` (every frame a key frame) where the spec asks for sparse frames"
     )
+
+
+def size_text(count: int) -> str:
+    """Bytes as people read them: "928 MiB", "1,000 bytes"."""
+    return f"{count / MIB:,.0f} MiB" if count >= MIB else f"{count:,} bytes"

@@ -125,12 +125,15 @@ class FrameCache:
         self._pinned.add(key)
         return True
 
-    def wanted_ahead(self, key: SegmentKey) -> set[int]:
-        """The frames of `key` the later reads need that are not kept: worth decoding with this read's."""
+    def wanted_ahead(self, key: SegmentKey, frame_bytes: int = 0) -> set[int]:
+        """The frames of `key` the later reads need that are not kept: worth decoding with this read's when they
+        can be kept (none when frames of `frame_bytes` each would not fit the bound together: decoding them now
+        would only evict them)."""
         if not self.enabled:
             return set()
         kept = self.cached(key)
-        return {frame for frame in self._wanted.get(key, {}) if frame not in kept and self._needed_later(key, frame)}
+        ahead = {frame for frame in self._wanted.get(key, {}) if frame not in kept and self._needed_later(key, frame)}
+        return ahead if len(ahead) * frame_bytes <= self.max_bytes else set()
 
     def keep(self, key: SegmentKey, frame: int, pixels: Any) -> None:
         """Keep a copy of a decoded frame (a host array or a device tensor) a later read needs, within the bound."""
