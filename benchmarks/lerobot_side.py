@@ -1,6 +1,7 @@
 """LeRobot's side of `lerobot_bench.py`, run by the interpreter of a virtual environment holding lerobot.
 
-    write ROOT --episodes N --seconds S   write a LeRobot v3.0 dataset with lerobot's own writer
+    write ROOT --episodes N --seconds S [--height H --width W]   write a LeRobot v3.0 dataset with lerobot's
+                                          own writer (cameras of 224x224 unless given)
     load ROOT --backend B --workers W --seconds S   LeRobotDataset + torch DataLoader throughput (JSON)
     sample ROOT --count N --seed S        N random samples: frame identities, state, action, pads (JSON)
 
@@ -40,9 +41,19 @@ def stripe_value(episode: int, frame: int) -> int:
     return episode * 1000 + frame
 
 
-def write(root: Path, episodes: int, seconds: float) -> dict:
+def textured(frame: np.ndarray, index: int, texture: np.ndarray) -> np.ndarray:
+    """`frame` with a fine noise texture drifting across it (as a camera's scene has): smooth synthetic frames
+    encode and decode far cheaper than recordings do."""
+    shifted = np.roll(texture, (index, 2 * index), axis=(0, 1))
+    return np.clip(frame.astype(np.int16) + shifted, 0, 255).astype(np.uint8)
+
+
+def write(
+    root: Path, episodes: int, seconds: float, height: int = SIZE, width: int = SIZE, texture: bool = False
+) -> dict:
+    video = {"dtype": "video", "shape": (height, width, 3), "names": ["height", "width", "channels"]}
     features = {
-        **{c: {"dtype": "video", "shape": (SIZE, SIZE, 3), "names": ["height", "width", "channels"]} for c in CAMERAS},
+        **{camera: video for camera in CAMERAS},
         "observation.state": {"dtype": "float32", "shape": (DOF,), "names": [f"joint_{i}" for i in range(DOF)]},
         "action": {"dtype": "float32", "shape": (DOF,), "names": [f"joint_{i}" for i in range(DOF)]},
     }
@@ -50,7 +61,10 @@ def write(root: Path, episodes: int, seconds: float) -> dict:
         "mmdata/measure", FPS, features, root=root, robot_type="bench", image_writer_threads=4
     )
     frames = int(seconds * FPS)
-    base = {(c, i): synthetic_frame(i, c, SIZE, SIZE) for c in range(len(CAMERAS)) for i in range(frames)}
+    noise = np.random.default_rng(1).integers(-24, 25, (height, width, 1), dtype=np.int16)
+    base = {(c, i): synthetic_frame(i, c, height, width) for c in range(len(CAMERAS)) for i in range(frames)}
+    if texture:
+        base = {(c, i): textured(frame, i, noise) for (c, i), frame in base.items()}
     rng = np.random.default_rng(0)
     for episode in range(episodes):
         length = frames - int(rng.integers(0, FPS))
@@ -106,13 +120,16 @@ def main() -> None:
     parser.add_argument("root", type=Path)
     parser.add_argument("--episodes", type=int, default=24)
     parser.add_argument("--seconds", type=float, default=6.0)
+    parser.add_argument("--height", type=int, default=SIZE)
+    parser.add_argument("--width", type=int, default=SIZE)
+    parser.add_argument("--texture", action="store_true", help="frames with a drifting noise texture")
     parser.add_argument("--backend", default="torchcodec")
     parser.add_argument("--workers", type=int, default=0)
     parser.add_argument("--count", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     if args.command == "write":
-        result = write(args.root, args.episodes, args.seconds)
+        result = write(args.root, args.episodes, args.seconds, args.height, args.width, args.texture)
     elif args.command == "load":
         result = load(args.root, args.backend, args.workers, args.seconds)
     else:

@@ -17,22 +17,25 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-import fsspec.config
-import s3fs
-import torch
-from machine import machine_name
-from process_time import measure as timed_loop
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: its tests' S3 server
 
-import mmdata
-from mmdata.conversion.pipeline import ConvertOptions, convert
-from mmdata.importers.raw import discover_raw_episodes
-from mmdata.store.piece_readers import WdsPieceReader, ZarrPieceReader
-from mmdata.synthetic import SynthSpec, write_synthetic_dataset
-from tests.s3_server import S3Proxy, local_s3_server
+import fsspec.config  # noqa: E402
+import s3fs  # noqa: E402
+import torch  # noqa: E402
+from machine import machine_name  # noqa: E402
+from process_time import measure as timed_loop  # noqa: E402
+
+import mmdata  # noqa: E402
+from mmdata.conversion.pipeline import ConvertOptions, convert  # noqa: E402
+from mmdata.importers.raw import discover_raw_episodes  # noqa: E402
+from mmdata.store.piece_readers import WdsPieceReader, ZarrPieceReader  # noqa: E402
+from mmdata.synthetic import SynthSpec, write_synthetic_dataset  # noqa: E402
+from tests.s3_server import S3Proxy, local_s3_server  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 SPEC = mmdata.Windows(

@@ -1,0 +1,209 @@
+"""Decode once at every frame size (issue 40): mmdata against LeRobot's own loader on LeRobot-written data at
+224x224, 480x640 and 720x1280, each size measured in one run.
+
+For each size: a LeRobot v3.0 dataset written by lerobot's own writer (`--episodes` x `--episode-seconds`, two
+cameras, AV1 as LeRobot writes it, frames with a drifting noise texture: smooth synthetic frames decode far
+cheaper than recordings), converted with `mmdata convert --from lerobot` and its defaults. In `--rounds` rounds
+whose order rotates, each in a fresh interpreter: LeRobotDataset + torch DataLoader (torchcodec with 0 and 2
+workers, pyav with 2), mmdata.DataLoader with its defaults and mmdata.lerobot.LeRobotLoader (2 workers each),
+on lerobot_bench.py's policy windows, batch 8. Then per size:
+- the decode floor: the store's frames decoded in order by PyAV with RGB conversion (warm; process CPU per
+  frame), times the frames a sample brings when each frame is decoded once; the loader's CPU per sample (its
+  process and workers) against it;
+- `mmdata bench` on the store (policy preset, batch 8, 2 workers): decode waste, frames evicted, the frame
+  cache's budget line, peak memory per worker.
+
+usage: python benchmarks/frame_size_bench.py [--sizes 224x224,480x640,720x1280] [--rounds 3] [--record NAME]
+(sizes are HEIGHTxWIDTH; the LeRobot environment is lerobot_bench.py's). Results go to
+benchmarks/results/NAME.json (default frame_sizes_cpu) with the machine named.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from lerobot_bench import COMPATIBLE_LOADER, HERE, RESULTS, convert, ensure_venv, lerobot_run, mmdata_run
+from machine import machine_name
+
+TREE = HERE.parent
+
+DEFAULT_LOADER = """
+import json, sys
+sys.path.insert(0, {bench!r})
+from process_time import measure
+import mmdata
+spec = mmdata.Windows(anchor_fps=30, streams={{
+    "observation.images.cam_high": mmdata.Frames(offsets=[-0.1, 0.0]),
+    "observation.images.cam_wrist": mmdata.Frames(offsets=[0.0]),
+    "observation.state": mmdata.Values(offsets=[-0.1, 0.0]),
+    "action": mmdata.Values(offsets=[i / 30 for i in range(16)]),
+}})
+loader = mmdata.DataLoader({store!r}, spec, batching=mmdata.Batching(batch_size=8),
+                           runtime=mmdata.Runtime(num_workers={workers}))
+figures = measure(lambda: iter(loader), lambda batch: len(batch["sample_index"]), {seconds})
+stats = loader.stats()
+figures["decode_waste"] = stats["decode_waste"]
+figures["frames_evicted"] = stats["frames_evicted"]
+figures["frame_cache"] = stats["frame_cache"]["describe"]
+figures["frame_cache_peak_bytes"] = stats["frame_cache_peak_bytes"]
+figures["peak_rss_bytes_per_worker"] = stats["peak_rss_bytes_per_worker"]
+figures["decode_waste_cause"] = stats["decode_waste_cause"]
+figures["stages"] = stats["worker_stage_seconds"]
+print("RESULT " + json.dumps(figures))
+"""
+
+FLOOR = """
+import json, time
+import numpy as np
+import mmdata
+from mmdata.codecs.decoders.pyav_decoder import PyAvDecoder
+from mmdata.codecs.decoders.requests import ClipRequest
+store = mmdata.open_dataset({store!r})
+spec = mmdata.Windows(anchor_fps=30, streams={{"observation.images.cam_high": mmdata.Frames(offsets=[0.0])}})
+samples = len(mmdata.DataLoader({store!r}, spec, batching=mmdata.Batching(batch_size=8)).samples)
+cameras = ["observation.images.cam_high", "observation.images.cam_wrist"]
+requests = []
+for episode in range(store.schema.num_episodes):
+    for camera in cameras:
+        times = np.arange(int(float(store.manifest.row(episode)["duration"]) * 30) + 1) / 30
+        plan = store.plan_frames(episode, camera, times[times <= float(store.manifest.row(episode)["duration"])])
+        requests += plan.requests
+decoder = PyAvDecoder()
+decoder.decode(requests)
+started = time.process_time()
+frames = sum(len(out) for out in decoder.decode(requests))
+cpu = time.process_time() - started
+print("RESULT " + json.dumps({{"frames": frames, "samples": samples, "cpu_ms_per_frame": 1000 * cpu / frames,
+                              "frames_per_sample": frames / samples}}))
+"""
+
+
+def lerobot_configurations(python: Path, source: Path, seconds: float) -> dict:
+    configurations = {}
+    for backend, workers in (("torchcodec", 0), ("torchcodec", 2), ("pyav", 2)):
+        configurations[f"lerobot {backend} w{workers}"] = lambda b=backend, w=workers: lerobot_run(
+            python, "load", str(source), "--backend", b, "--workers", str(w), "--seconds", str(seconds)
+        )
+    return configurations
+
+
+def bench_figures(store: Path) -> dict:
+    """`mmdata bench` on the store: the figures it records."""
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "bench.json"
+        command = [sys.executable, "-m", "mmdata", "bench", str(store), "--spec", "policy", "--batch-size", "8"]
+        command += ["--num-workers", "2", "--steps", "60", "--json", str(out)]
+        subprocess.run(command, check=True, capture_output=True, cwd=TREE)
+        return json.loads(out.read_text())["figures"]
+
+
+def measure_size(python: Path, args: argparse.Namespace, height: int, width: int) -> dict:
+    name = f"{args.episodes}x{args.episode_seconds:g}s-{height}x{width}"
+    source = args.workdir / f"sizes-{name}"
+    if not (source / "meta" / "info.json").exists():
+        print(f"writing {source} with lerobot's writer", flush=True)
+        lerobot_run(
+            python, "write", str(source), "--episodes", str(args.episodes), "--seconds", str(args.episode_seconds),
+            "--height", str(height), "--width", str(width), "--texture",
+        )  # fmt: skip
+    store = args.workdir / f"sizes-store-{name}.wds"
+    started = time.perf_counter()
+    convert(TREE, source, store, "wds")
+    print(f"{height}x{width}: store ready ({time.perf_counter() - started:.0f} s)", flush=True)
+    configurations = lerobot_configurations(python, source, args.seconds)
+    configurations["mmdata default w2"] = lambda: mmdata_run(TREE, store, 2, args.seconds, DEFAULT_LOADER)
+    configurations["mmdata LeRobotLoader w2"] = lambda: mmdata_run(
+        TREE, store, 2, args.seconds, COMPATIBLE_LOADER, "auto"
+    )
+    runs: dict[str, list[dict]] = {name: [] for name in configurations}
+    names = list(configurations)
+    for round_number in range(args.rounds):
+        shift = round_number * len(names) // args.rounds
+        for label in names[shift:] + names[:shift]:
+            try:
+                runs[label].append(configurations[label]())
+            except RuntimeError as exc:
+                runs[label].append({"error": str(exc)[-600:]})
+            rate = runs[label][-1].get("samples_per_s")
+            print(f"{height}x{width} round {round_number} {label:24s} {rate}", flush=True)
+    summary = {}
+    for label, results in runs.items():
+        good = [r for r in results if "samples_per_s" in r]
+        if not good:
+            summary[label] = {"error": results[-1].get("error", "")}
+            continue
+        summary[label] = {
+            "samples_per_s": statistics.median(r["samples_per_s"] for r in good),
+            "samples_per_cpu_s": statistics.median(r["samples_per_cpu_s"] for r in good),
+            "runs": [r["samples_per_s"] for r in good],
+            **{k: v for k, v in good[-1].items() if k not in ("samples_per_s", "samples_per_cpu_s")},
+        }
+    lerobot = {k: v for k, v in summary.items() if k.startswith("lerobot") and "samples_per_s" in v}
+    best = max(lerobot.items(), key=lambda item: item[1]["samples_per_s"]) if lerobot else None
+    floor = mmdata_run(TREE, store, 0, 0, FLOOR)
+    floor_ms = floor["cpu_ms_per_frame"] * floor["frames_per_sample"]
+    mmdata = summary.get("mmdata default w2", {})
+    figures = {
+        "lerobot_dataset": str(source),
+        "results": summary,
+        "best_lerobot": best[0] if best else None,
+        "decode_floor": {**floor, "ms_per_sample": round(floor_ms, 3)},
+        "bench": bench_figures(store),
+    }
+    if best and "samples_per_s" in mmdata:
+        figures["mmdata_vs_best_lerobot"] = round(mmdata["samples_per_s"] / best[1]["samples_per_s"], 2)
+        figures["lerobotloader_vs_best_lerobot"] = round(
+            summary.get("mmdata LeRobotLoader w2", {}).get("samples_per_s", 0) / best[1]["samples_per_s"], 2
+        )
+        figures["cpu_per_sample_over_floor"] = round((1000 / mmdata["samples_per_cpu_s"]) / floor_ms, 2)
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="224x224,480x640,720x1280", help="HEIGHTxWIDTH, comma-separated")
+    parser.add_argument("--venv", type=Path, default=Path.home() / ".cache" / "mmdata-bench" / "lerobot-venv")
+    parser.add_argument("--lerobot-version", default="0.4.4")
+    parser.add_argument("--workdir", type=Path, default=Path.home() / ".cache" / "mmdata-bench" / "lerobot-data")
+    parser.add_argument("--episodes", type=int, default=12)
+    parser.add_argument("--episode-seconds", type=float, default=6.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=8.0, help="measuring time per configuration and round")
+    parser.add_argument("--record", default="frame_sizes_cpu", help="results file name, without .json")
+    args = parser.parse_args()
+    python = ensure_venv(args.venv, args.lerobot_version)
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    record: dict = {
+        "benchmark": "frame_size_bench",
+        "machine": machine_name(),
+        "lerobot_version": args.lerobot_version,
+        "dataset": {"episodes": args.episodes, "episode_seconds": args.episode_seconds, "cameras": 2, "codec": "AV1"},
+        "rounds": args.rounds,
+        "seconds_per_run": args.seconds,
+        "sizes": {},
+    }
+    out = RESULTS / f"{args.record}.json"
+    for size in args.sizes.split(","):
+        height, width = (int(side) for side in size.lower().split("x"))
+        record["sizes"][f"{height}x{width}"] = measure_size(python, args, height, width)
+        out.write_text(json.dumps(record, indent=1) + "\n")
+        figures = record["sizes"][f"{height}x{width}"]
+        print(
+            f"{height}x{width}: mmdata {figures.get('mmdata_vs_best_lerobot')}x LeRobot's best"
+            f" ({figures.get('best_lerobot')}), LeRobotLoader {figures.get('lerobotloader_vs_best_lerobot')}x,"
+            f" CPU per sample {figures.get('cpu_per_sample_over_floor')}x the decode floor,"
+            f" decode waste {figures['bench']['decode_waste']}",
+            flush=True,
+        )
+    print(f"written {out}")
+
+
+if __name__ == "__main__":
+    main()
