@@ -195,3 +195,25 @@ def test_pyavs_ffmpeg_is_linked_for_spdl_once_and_a_foreign_file_is_not_replaced
     links[0].write_bytes(b"someone else's library")
     with pytest.raises(MissingDependencyError, match="is a file, not a link mmdata made"):
         spdl_libraries.link_spdl_libraries()
+
+
+def test_hybrid_pairs_pyav_with_spdl_nvdec_and_delivers_pyavs_frames(segments):
+    from mmdata.codecs.decoders import HybridDecoder
+
+    hybrid = HybridDecoder(SpdlNvdecDecoder(threads=2, decode_segment=cpu_nvdec()), PyAvDecoder())
+    requests = requests_of(segments["h264"], "h264", seed=11)
+    expected = PyAvDecoder().decode(requests)
+    for _ in range(2):  # the second batch is split by the rates the first measured
+        for got, want in zip(hybrid.decode(requests), expected):
+            assert np.array_equal(np.asarray(got), want)
+    assert 0 < hybrid.split.first_share < 1 and "spdl-nvdec" in hybrid.describe()
+
+
+def test_hybrids_gpu_side_is_checked_where_it_is_given():
+    with pytest.raises(Exception, match="hybrid pairs PyAV with gpu='dali', 'nvdec' or 'spdl-nvdec'"):
+        make_video_decoder("hybrid", ["h264"], gpu="cuda")
+    from mmdata.codecs.decoders.availability import cuda_available
+
+    if not cuda_available():
+        with pytest.raises(Exception, match="decoder 'spdl-nvdec' needs a CUDA GPU"):
+            make_video_decoder("hybrid", ["h264"], gpu="spdl-nvdec")

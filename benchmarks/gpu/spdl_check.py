@@ -34,7 +34,7 @@ from mmdata.synthetic import read_index_stripe  # noqa: E402
 
 THREADS = (1, 2) if DRY_RUN else (1, 2, 4, 7, 14)
 CURVE_SIZES = {(224, 224)} if DRY_RUN else {(1920, 1080), (640, 480), (224, 224)}
-SECONDS = 0.5 if DRY_RUN else 1.5
+SECONDS = 0.5 if DRY_RUN else 1.0
 
 
 def spdl_nvdec(threads: int) -> SpdlNvdecDecoder:

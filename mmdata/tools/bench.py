@@ -68,6 +68,12 @@ def add_parser(commands) -> None:
         " packets, no container), spdl-nvdec (NVDEC through SPDL, a segment per call) or hybrid (DALI on the GPU and"
         " PyAV on the host sharing each batch)",
     )
+    loader.add_argument(
+        "--hybrid-gpu",
+        choices=("dali", "nvdec", "spdl-nvdec"),
+        default="dali",
+        help="the GPU side of --decoder hybrid (default dali); the host side is PyAV in the workers",
+    )
     loader.add_argument("--decode-in", choices=("workers", "main"), help="where video is decoded")
     loader.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     loader.add_argument("--world-size", type=int, default=1, help="plan for this many ranks (this process is rank 0)")
@@ -176,7 +182,7 @@ def _measure(args: argparse.Namespace, dataset: str) -> dict[str, Any]:
         "layout": args.layout,
         "num_workers": args.num_workers,
         "prefetch_factor": args.prefetch_factor,
-        "decoder": args.decoder,
+        "decoder": _decoder(args),
         "decode_in": args.decode_in,
         "device": args.device,
         "rank": 0,
@@ -214,6 +220,22 @@ def _measure(args: argparse.Namespace, dataset: str) -> dict[str, Any]:
     if args.baseline:
         measured.update(_baseline(args, dataset, spec, loader, measured["figures"]))
     return build_document(config, measured)
+
+
+def _decoder(args: argparse.Namespace) -> Any:
+    """`--decoder` by name, or the hybrid decoder built with `--hybrid-gpu` as its GPU side."""
+    if args.decoder != "hybrid" or args.hybrid_gpu == "dali":
+        return args.decoder
+    from mmdata.codecs.decoders import make_video_decoder
+
+    device = _device_index(args.device)
+    return make_video_decoder("hybrid", [], gpu=args.hybrid_gpu, helpers=max(1, args.num_workers), device_id=device)
+
+
+def _device_index(device: str) -> int:
+    """The GPU number of a "cuda[:N]" device (0 without one)."""
+    _, _, index = device.partition(":")
+    return int(index) if index.isdigit() else 0
 
 
 def _frame_cache_bytes(text: str) -> int | str:

@@ -29,6 +29,9 @@ from mmdata.errors import MmdataError, UnsupportedCodecError
 BACKEND_NAMES = ("auto", "dali", "nvdec", "spdl-nvdec", "dali-cpu", "pyav", "decord", "spdl", "hybrid")
 
 
+# The GPU side a "hybrid" decoder can pair with PyAV on the host (`make_video_decoder("hybrid", gpu=...)`).
+HYBRID_GPU_BACKENDS = ("dali", "nvdec", "spdl-nvdec")
+
 # A GPU backend is chosen over the host's cores only when the measured table says it delivers this much more:
 # single measurements on a shared machine vary by about 15%, and a GPU left to the trainer is worth something.
 GPU_MARGIN = 1.2
@@ -103,17 +106,21 @@ def make_video_decoder(
     `device`, `frames_per_request` and `frame_size` (width, height) steer "auto" (see `choose_backend`);
     `device_id` is the CUDA device a GPU backend decodes on; `options` go to the backend (e.g. `pipelines=`,
     `reuse_sessions=` for DALI, `sessions=` for nvdec, `threads=` for spdl, spdl-nvdec and the CPU backends;
-    `helpers=` for "hybrid": how many processes decode its host share at once, the loader's workers).
+    `helpers=` for "hybrid": how many processes decode its host share at once, the loader's workers, and `gpu=`: its
+    GPU side, "dali" (default), "nvdec" or "spdl-nvdec").
     """
     if name not in BACKEND_NAMES:
         raise MmdataError(f"unknown decoder '{name}'; choose one of {', '.join(BACKEND_NAMES)}")
     if name == "auto":
         name = choose_backend(codecs, device, frames_per_request, frame_size)
-    if not availability.backend_available(name):
-        raise MmdataError(_why_unavailable(name))
+    gpu_side = options.pop("gpu", "dali") if name == "hybrid" else None
+    if gpu_side is not None and gpu_side not in HYBRID_GPU_BACKENDS:
+        raise MmdataError(f"hybrid pairs PyAV with gpu='dali', 'nvdec' or 'spdl-nvdec', not {gpu_side!r:.40}")
+    if not availability.backend_available(gpu_side or name):
+        raise MmdataError(_why_unavailable(gpu_side or name))
     if name == "hybrid":
         helpers = options.pop("helpers", 1)
-        gpu = DaliDecoder(device="gpu", device_id=device_id, **options)
+        gpu = make_video_decoder(gpu_side, codecs, device_id=device_id, **options)
         decoder: VideoDecoder = HybridDecoder(gpu, PyAvDecoder(), RateSplit(helpers=helpers))
     elif name == "nvdec":
         decoder = NvdecDecoder(device_id=device_id, **options)
