@@ -16,13 +16,7 @@ for package in cachetools google-crc32c; do  # mmdata's own dependencies that th
   ls .whl/"${package//-/_}"-*.whl >/dev/null 2>&1 || .venv/bin/pip download -q --no-deps --only-binary=:all: \
     --python-version 3.12 --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whl "$package"
 done
-[ -f .gpudata/curve.pkl ] || .venv/bin/python benchmarks/gpu/nvdec_curve.py --prepare .gpudata/curve.pkl
-if [ ! -f .gpudata/loader_store.wds/dataset.json ]; then
-  raw=$(mktemp -d)
-  .venv/bin/mmdata synth "$raw/raw" --episodes 16 --min-seconds 20 --max-seconds 20
-  .venv/bin/mmdata convert "$raw/raw" .gpudata/loader_store.wds --to wds
-  rm -rf "$raw"
-fi
+source benchmarks/gpu/gpudata.sh
 [ -f .gpudata/sizes.pkl ] || .venv/bin/python benchmarks/gpu/decode_sizes.py --prepare .gpudata/sizes.pkl
 benchmarks/gpu/stage.sh
 du -sh .gpudata/loader_store.wds .gpudata/curve.pkl .gpudata/sizes.pkl

@@ -9,20 +9,10 @@ OUT="${OUT:-/tmp/out}"
 W=/root/proof
 S=/root/stage
 mkdir -p "$W" "$S" /tmp/site "$OUT"
-log() { echo "[$(date +%T)] $*" | tee -a "$W/steps.txt"; }
-pack() { tar cf "$OUT/proof.tar" -C "$W" .; }
+source "$(dirname "$0")/steps.sh"
 source "$(dirname "$0")/unpack_stage.sh"
 D="$S/gpudata"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$W/gpu.txt"
-step() {  # NAME SECONDS COMMAND...: one step, its output in NAME.log; a failure is logged and the next runs
-  local name=$1 limit=$2
-  shift 2
-  log "$name"
-  timeout "$limit" "$@" > "$W/$name.log" 2>&1
-  log "$name exited $?"
-  tail -n 12 "$W/$name.log"
-  pack
-}
 if [ -z "${ONLY_BENCH:-}" ]; then  # ONLY_BENCH=1: the loader figures only (the hardware facts are known)
 step nvdec_probe 60 python3 benchmarks/gpu/nvdec_probe.py "$D/loader_store.wds" "$W/nvdec_probe.json"
 step nvdec_check 120 python3 benchmarks/gpu/nvdec_check.py "$D/loader_store.wds" "$W/nvdec_check.json"

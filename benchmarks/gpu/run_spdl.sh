@@ -11,23 +11,13 @@ W=/root/proof
 S=/root/stage
 D="$S/gpudata"
 mkdir -p "$W" "$S" "$D" /tmp/site "$OUT"
-log() { echo "[$(date +%T)] $*" | tee -a "$W/steps.txt"; }
-pack() { tar cf "$OUT/proof.tar" -C "$W" .; }
+source "$(dirname "$0")/steps.sh"
 log "unpack"
 tar xf .stage_spdl/s2/gpudata.tar -C "$D"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$S"/*.whl 2>&1 | tail -3
 export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$W/gpu.txt"
 python3 -m mmdata.codecs.decoders.link_spdl 2>&1 | tail -2 | tee -a "$W/steps.txt"
-step() {  # NAME SECONDS COMMAND...: one step, its output in NAME.log; a failure is logged and the next runs
-  local name=$1 limit=$2
-  shift 2
-  log "$name"
-  timeout "$limit" "$@" > "$W/$name.log" 2>&1
-  log "$name exited $?"
-  tail -n 12 "$W/$name.log"
-  pack
-}
 step spdl_check 110 python3 benchmarks/gpu/spdl_check.py "$D/loader_store.wds" "$D/curve.pkl" "$W/spdl_check.json"
 bench() {  # NAME ARGS...: mmdata bench on the carried store at a 100 ms simulated step
   local name=$1

@@ -15,13 +15,7 @@ wheel "av==$(.venv/bin/python -c 'import av; print(av.__version__)')"
 wheel "spdl-io==$(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("spdl-io"))')"
 wheel cachetools
 wheel google-crc32c
-[ -f .gpudata/curve.pkl ] || .venv/bin/python benchmarks/gpu/nvdec_curve.py --prepare .gpudata/curve.pkl
-if [ ! -f .gpudata/loader_store.wds/dataset.json ]; then
-  raw=$(mktemp -d)
-  .venv/bin/mmdata synth "$raw/raw" --episodes 16 --min-seconds 20 --max-seconds 20
-  .venv/bin/mmdata convert "$raw/raw" .gpudata/loader_store.wds --to wds
-  rm -rf "$raw"
-fi
+source benchmarks/gpu/gpudata.sh
 rm -rf .stage_spdl && mkdir -p .stage_spdl/s1 .stage_spdl/s2
 cp .whl/av-*.whl .whl/spdl_io-*.whl .whl/cachetools-*.whl .whl/google_crc32c-*.whl .stage_spdl/s1/
 tar cf .stage_spdl/s2/gpudata.tar -C .gpudata loader_store.wds curve.pkl

@@ -79,6 +79,18 @@ class VideoDecoder(ABC):
         self.stats.frames_delivered += len(request.frames)
         self.stats.frames_decoded += decoded
 
+    def _settled(self, requests: Sequence[ClipRequest], outcomes: Sequence[tuple], on_error: OnError) -> list[Any]:
+        """Each request's frames from its (frames, frames decoded, DecodeError or None) outcome, decoded elsewhere
+        (threads): failures raised or skipped as `on_error` says, the rest counted."""
+        results: list[Any] = []
+        for request, (frames, decoded, failure) in zip(requests, outcomes):
+            if failure is not None:
+                results.append(self._failed(request, failure, on_error))
+                continue
+            self._count(request, decoded)
+            results.append(frames)
+        return results
+
     def _failed(self, request: ClipRequest, error: Exception, on_error: OnError) -> None:
         message = f"{request.place()}: {request.codec} video does not decode with '{self.name}': {error}"
         if on_error == "raise":

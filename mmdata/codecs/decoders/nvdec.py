@@ -77,14 +77,7 @@ class NvdecDecoder(VideoDecoder):
     def _decode_batch(self, requests: list[ClipRequest], on_error: OnError) -> list[Any]:
         pool = self.pool
         outcomes = list(self._threads.map(lambda request: self._attempt(pool, request), requests))
-        results: list[Any] = []
-        for request, (frames, decoded, failure) in zip(requests, outcomes):
-            if failure is not None:
-                results.append(self._failed(request, failure, on_error))
-                continue
-            self._count(request, decoded)
-            results.append(frames)
-        return results
+        return self._settled(requests, outcomes, on_error)
 
     def _attempt(self, pool: SessionPool, request: ClipRequest) -> tuple[Any, int, DecodeError | None]:
         try:

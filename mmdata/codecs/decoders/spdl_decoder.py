@@ -63,17 +63,6 @@ class SegmentDecoder(VideoDecoder):
             self._pid = os.getpid()
         return list(self._pool.map(task, requests))
 
-    def _outcomes(self, requests: list[ClipRequest], on_error: OnError, outcomes: list[Any]) -> list[Any]:
-        """Each request's frames, failures raised or skipped as `on_error` says, decoded counts recorded."""
-        results: list[Any] = []
-        for request, (frames, decoded, failure) in zip(requests, outcomes):
-            if failure is not None:
-                results.append(self._failed(request, failure, on_error))
-                continue
-            self._count(request, decoded)
-            results.append(frames)
-        return results
-
 
 class SpdlDecoder(SegmentDecoder):
     """Segments decoded by SPDL's FFmpeg on the host, `threads` at a time (see the module)."""
@@ -89,7 +78,7 @@ class SpdlDecoder(SegmentDecoder):
         return f"spdl (CPU, FFmpeg, {self.threads} thread(s), a segment per call)"
 
     def _decode_batch(self, requests: list[ClipRequest], on_error: OnError) -> list[Any]:
-        return self._outcomes(requests, on_error, self._map(self._attempt, requests))
+        return self._settled(requests, self._map(self._attempt, requests), on_error)
 
     def _attempt(self, request: ClipRequest) -> tuple[Any, int, DecodeError | None]:
         try:
@@ -154,7 +143,7 @@ class SpdlNvdecDecoder(SegmentDecoder):
             (rgb if request.frames else torch.empty((0, 0, 0, 3), dtype=torch.uint8), decoded, failure)
             for request, rgb, (_, decoded, failure) in zip(requests, converted, outcomes)
         ]
-        return self._outcomes(requests, on_error, results)
+        return self._settled(requests, results, on_error)
 
     def _attempt(self, request: ClipRequest) -> tuple[Any, int, DecodeError | None]:
         """(NV12 of the request's frames in its order, frames decoded, failure); no frames for a request of none."""
