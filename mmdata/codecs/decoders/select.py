@@ -116,8 +116,10 @@ def make_video_decoder(
     gpu_side = options.pop("gpu", "dali") if name == "hybrid" else None
     if gpu_side is not None and gpu_side not in HYBRID_GPU_BACKENDS:
         raise MmdataError(f"hybrid pairs PyAV with gpu='dali', 'nvdec' or 'spdl-nvdec', not {gpu_side!r:.40}")
-    if not availability.backend_available(gpu_side or name):
-        raise MmdataError(_why_unavailable(gpu_side or name))
+    if gpu_side is not None and not availability.backend_available(gpu_side):
+        raise MmdataError(f"decoder 'hybrid' needs its GPU side, gpu='{gpu_side}': {_why_unavailable(gpu_side)}")
+    if gpu_side is None and not availability.backend_available(name):
+        raise MmdataError(_why_unavailable(name))
     if name == "hybrid":
         helpers = options.pop("helpers", 1)
         gpu = make_video_decoder(gpu_side, codecs, device_id=device_id, **options)
