@@ -9,7 +9,14 @@ import pytest
 import mmdata
 from mmdata.errors import OptionError
 from mmdata.loading import dataloader as dataloader_module
-from mmdata.loading.frame_budget import MEMORY_SHARE, UNSIZED_BOUND, plan_frame_budget, waste_cause
+from mmdata.loading.frame_budget import (
+    LONGEST_HORIZON,
+    MEMORY_SHARE,
+    UNSIZED_BOUND,
+    available_host_memory,
+    plan_frame_budget,
+    waste_cause,
+)
 from mmdata.loading.frame_cache import HORIZON
 from tests.test_frame_cache import WINDOWS, loader
 from tests.test_loader import assert_same_batches
@@ -20,17 +27,18 @@ GIB = 1 << 30
 
 def test_the_bound_is_the_frames_of_the_reads_planned_ahead_when_the_memory_holds_them():
     budget = plan_frame_budget(read_bytes=3 * MIB, caches=2, ring_bytes=64 * MIB, given=None, available=16 * GIB)
-    assert budget.bound == budget.working_set == (HORIZON + 1) * 3 * MIB and budget.horizon == HORIZON
+    assert budget.bound == budget.working_set == (LONGEST_HORIZON + 1) * 3 * MIB
+    assert budget.horizon == LONGEST_HORIZON
     assert budget.total == int(16 * GIB * MEMORY_SHARE) and budget.share == budget.total // 2 - 64 * MIB
     assert not budget.given and "the working set of the plan" in budget.describe()
 
 
 def test_short_memory_shortens_the_horizon_instead_of_evicting():
-    budget = plan_frame_budget(read_bytes=10 * MIB, caches=4, ring_bytes=10 * MIB, given=None, available=1 * GIB)
-    assert budget.share == 1 * GIB // 2 // 4 - 10 * MIB  # 118 MiB per cache
+    budget = plan_frame_budget(read_bytes=10 * MIB, caches=4, ring_bytes=10 * MIB, given=None, available=2 * GIB)
+    assert budget.share == int(2 * GIB * MEMORY_SHARE) // 4 - 10 * MIB  # 118 MiB per cache
     assert budget.horizon == 10 and budget.bound == 11 * 10 * MIB <= budget.share
-    assert "horizon shortened to 10 of 32 reads" in budget.describe()
-    starved = plan_frame_budget(read_bytes=10 * MIB, caches=4, ring_bytes=200 * MIB, given=None, available=1 * GIB)
+    assert f"horizon shortened to 10 of {LONGEST_HORIZON} reads" in budget.describe()
+    starved = plan_frame_budget(read_bytes=10 * MIB, caches=4, ring_bytes=200 * MIB, given=None, available=2 * GIB)
     assert starved.horizon == 1 and starved.bound == starved.share == 0
 
 
@@ -43,7 +51,7 @@ def test_a_given_bound_is_kept_and_an_unknown_read_size_gets_the_fixed_one():
 
 def test_each_cause_of_waste_is_named_with_its_fix():
     roomy = plan_frame_budget(read_bytes=MIB, caches=1, ring_bytes=0, given=None, available=64 * GIB)
-    short = plan_frame_budget(read_bytes=MIB, caches=1, ring_bytes=0, given=None, available=40 * MIB)
+    short = plan_frame_budget(read_bytes=MIB, caches=1, ring_bytes=0, given=None, available=80 * MIB)
     given = plan_frame_budget(read_bytes=MIB, caches=1, ring_bytes=0, given=MIB, available=64 * GIB)
     off = plan_frame_budget(read_bytes=MIB, caches=1, ring_bytes=0, given=0, available=64 * GIB)
     sizes = "cam 640x480"
@@ -51,7 +59,7 @@ def test_each_cause_of_waste_is_named_with_its_fix():
     assert "given) is below the frames of the next 32 reads (33 MiB)" in waste_cause(4.8, 100, given, sizes)
     assert "frame_cache_bytes='auto'" in waste_cause(4.8, 100, given, sizes)
     assert "frame cache is off" in waste_cause(2.6, 0, off, sizes)
-    assert "holds only 19 of 32 reads' frames" in waste_cause(2.0, 0, short, sizes)
+    assert f"holds only 19 of {LONGEST_HORIZON} reads' frames" in waste_cause(2.0, 0, short, sizes)
     assert "--access windows" in waste_cause(2.0, 0, roomy, sizes)
     assert "cam 640x480" in waste_cause(2.0, 0, roomy, sizes)
 
@@ -62,18 +70,19 @@ def test_the_loaders_bound_follows_its_batch_and_frame_sizes(stores):
         made = mmdata.DataLoader(str(stores["wds"]), WINDOWS, batching=mmdata.Batching(batch_size=batch_size))
         next(iter(made))
         budget = made.stats()["frame_cache"]
-        assert budget["bound"] == budget["working_set"] == (HORIZON + 1) * batch_size * frame_bytes
+        assert budget["bound"] == budget["working_set"] == (LONGEST_HORIZON + 1) * batch_size * frame_bytes
         assert budget["memory"] == "host" and budget["caches"] == 1
         made.close()
 
 
 def test_a_loader_short_of_memory_plans_fewer_reads_ahead_and_gives_the_same_batches(stores, monkeypatch):
     expected = list(loader(stores["wds"], "windows", 0, shuffle="segments"))
-    monkeypatch.setattr(dataloader_module, "available_host_memory", lambda: 2 * MIB)
+    monkeypatch.setattr(dataloader_module, "available_host_memory", lambda: 8 * MIB)
     short = loader(stores["wds"], "windows", "auto", shuffle="segments")
     assert_same_batches(list(short), expected)
     budget = short.stats()["frame_cache"]
-    assert budget["horizon"] < HORIZON and 0 < short.stats()["frame_cache_peak_bytes"] <= budget["bound"] <= MIB
+    assert budget["horizon"] < LONGEST_HORIZON
+    assert 0 < short.stats()["frame_cache_peak_bytes"] <= budget["bound"] <= 2 * MIB
 
 
 def test_a_thrashing_run_names_its_cause_and_the_default_does_not_thrash(stores):
@@ -86,6 +95,13 @@ def test_a_thrashing_run_names_its_cause_and_the_default_does_not_thrash(stores)
     list(sized)
     assert sized.stats()["decode_waste"] < 1.5 and sized.stats()["decode_waste_cause"] is None
     assert sized.stats()["frames_evicted"] == 0
+
+
+def test_the_memory_of_a_node_is_shared_among_its_ranks(monkeypatch):
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    whole = available_host_memory()
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert abs(available_host_memory() - whole / 8) < whole / 40  # MemAvailable moves a little between reads
 
 
 @pytest.mark.parametrize("value", [None, "big", -1, 1.5, True])

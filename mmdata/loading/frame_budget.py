@@ -5,11 +5,17 @@ A worker's cache keeps, from each segment it decodes, the frames its next `horiz
 `mmdata.loading.frame_cache`), so at most `horizon + 1` reads' frames at once: reads x frames per read x
 frame bytes (fewer where samples share frames). A bound of that size evicts nothing a later read needs; a
 smaller one evicts frames that come back and are decoded again (at 480x640, a fixed 256 MB made every frame
-decoded 5.7 times). So the bound is that working set, unless it is given. All the caches of a loader and
-the workers' frame rings share `MEMORY_SHARE` of the memory available where the frames are kept (the host's,
-or the GPU's for a GPU decoder in the main process); a working set above a cache's share shortens its
-horizon until it fits, rather than letting it evict: frames needed further ahead are then decoded again
-when their step comes, which `loader.stats()` names (`waste_cause`).
+decoded 5.7 times). So the bound is that working set, unless it is given.
+
+The longer the horizon, the fewer times a segment is decoded: a segment's samples reach a worker over many
+reads (in the "segments" order a 32-frame segment's 32 anchors span 128 reads of a worker with 8 lanes over 2
+workers), and each pass over it starts again from the key frame before its first wanted frame. A horizon of
+`LONGEST_HORIZON` reads decodes such a segment in one pass (480x640 policy windows: 8.1 ms of CPU per sample
+at 32 reads, 6.3 ms at 128). All the caches of a loader and the workers' frame rings share `MEMORY_SHARE`
+of the memory available where the frames are kept (the host's, shared among the node's ranks, or the GPU's
+for a GPU decoder in the main process); a working set above a cache's share shortens its horizon until it
+fits, rather than letting it evict: frames needed further ahead are then decoded again when their step
+comes, which `loader.stats()` names (`waste_cause`).
 """
 
 from __future__ import annotations
@@ -19,8 +25,10 @@ from dataclasses import asdict, dataclass
 
 from mmdata.loading.frame_cache import HORIZON
 
-# Of the memory available when the loader is built: what its frame caches and frame rings may take in all.
-MEMORY_SHARE = 0.5
+# Of the memory available to this rank when the loader is built: what its frame caches and frame rings may take.
+MEMORY_SHARE = 0.25
+# The most reads a cache plans ahead when its memory allows (a given bound keeps `frame_cache.HORIZON`).
+LONGEST_HORIZON = 128
 # The bound when a read's frames are not known ahead (token budgets of unbounded sequences).
 UNSIZED_BOUND = 256 << 20
 # Decode waste above this is named in `loader.stats()` and `mmdata bench`, with its cause and fix.
@@ -50,7 +58,8 @@ class FrameBudget:
         origin = "given" if self.given else "the working set of the plan"
         if not self.given and self.working_set is None:
             origin = "a fixed bound: a read's frames are not known ahead"
-        shortened = f", horizon shortened to {self.horizon} of {HORIZON} reads" if self.horizon < HORIZON else ""
+        longest = HORIZON if self.given else LONGEST_HORIZON
+        shortened = f", horizon shortened to {self.horizon} of {longest} reads" if self.horizon < longest else ""
         return (
             f"{size_text(self.bound)} per cache ({origin}{shortened}) x {self.caches} in {self.memory} memory;"
             f" the budget {size_text(self.share)} per cache, {size_text(self.total)} in all with the frame"
@@ -75,18 +84,27 @@ def plan_frame_budget(
     caches = max(1, caches)
     total = int(available * MEMORY_SHARE)
     share = max(0, total // caches - ring_bytes)
-    working = (HORIZON + 1) * read_bytes if read_bytes else None
+    working = ((HORIZON if given is not None else LONGEST_HORIZON) + 1) * read_bytes if read_bytes else None
     budget = dict(working_set=working, share=share, total=total, available=available, memory=memory, caches=caches)
     if given is not None:
         return FrameBudget(bound=given, horizon=HORIZON, given=True, **budget)
     if not read_bytes:
         return FrameBudget(bound=min(UNSIZED_BOUND, share), horizon=HORIZON, given=False, **budget)
-    horizon = min(HORIZON, max(1, share // read_bytes - 1))
+    horizon = min(LONGEST_HORIZON, max(1, share // read_bytes - 1))
     return FrameBudget(bound=min((horizon + 1) * read_bytes, share), horizon=horizon, given=False, **budget)
 
 
 def available_host_memory() -> int:
-    """Bytes of memory this machine can give without swapping (MemAvailable), else half its memory."""
+    """Bytes of memory this rank may count on: what the machine can give without swapping (MemAvailable, else
+    half its memory), shared among the ranks of its node (torchrun's LOCAL_WORLD_SIZE)."""
+    try:
+        ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        ranks = 1
+    return _machine_available() // ranks
+
+
+def _machine_available() -> int:
     try:
         with open("/proc/meminfo") as meminfo:
             for line in meminfo:
@@ -119,11 +137,12 @@ def waste_cause(decode_waste: float, evicted: int, budget: FrameBudget | None, f
             f"{waste}: {kept}, all its memory budget allows) evicted {evicted} frames later reads needed; give it more"
             " memory (fewer workers, a smaller batch, smaller frames with Frames(resize=...))"
         )
-    if budget.horizon < HORIZON:
+    longest = HORIZON if budget.given else LONGEST_HORIZON
+    if budget.horizon < longest:
         return (
             f"{waste}: the memory budget ({size_text(budget.share)} per cache) holds only {budget.horizon} of"
-            f" {HORIZON} reads' frames, so frames further ahead are decoded again; give it more memory (fewer workers,"
-            " a smaller batch, smaller frames with Frames(resize=...))"
+            f" {longest} reads' frames, so frames further ahead are decoded again; give it more memory (fewer"
+            " workers, a smaller batch, smaller frames with Frames(resize=...))"
         )
     return (
         f"{waste}: decoding a wanted frame starts at the key frame before it and passes the frames the spec skips;"
