@@ -22,14 +22,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from lerobot_bench import COMPATIBLE_LOADER, HERE, RESULTS, convert, ensure_venv, lerobot_run, mmdata_run
+from lerobot_bench import (
+    COMPATIBLE_LOADER,
+    HERE,
+    RESULTS,
+    convert,
+    ensure_venv,
+    lerobot_run,
+    medians,
+    mmdata_run,
+    run_rounds,
+)
 from machine import machine_name
 
 TREE = HERE.parent
@@ -122,29 +131,7 @@ def measure_size(python: Path, args: argparse.Namespace, height: int, width: int
     configurations["mmdata LeRobotLoader w2"] = lambda: mmdata_run(
         TREE, store, 2, args.seconds, COMPATIBLE_LOADER, "auto"
     )
-    runs: dict[str, list[dict]] = {name: [] for name in configurations}
-    names = list(configurations)
-    for round_number in range(args.rounds):
-        shift = round_number * len(names) // args.rounds
-        for label in names[shift:] + names[:shift]:
-            try:
-                runs[label].append(configurations[label]())
-            except RuntimeError as exc:
-                runs[label].append({"error": str(exc)[-600:]})
-            rate = runs[label][-1].get("samples_per_s")
-            print(f"{height}x{width} round {round_number} {label:24s} {rate}", flush=True)
-    summary = {}
-    for label, results in runs.items():
-        good = [r for r in results if "samples_per_s" in r]
-        if not good:
-            summary[label] = {"error": results[-1].get("error", "")}
-            continue
-        summary[label] = {
-            "samples_per_s": statistics.median(r["samples_per_s"] for r in good),
-            "samples_per_cpu_s": statistics.median(r["samples_per_cpu_s"] for r in good),
-            "runs": [r["samples_per_s"] for r in good],
-            **{k: v for k, v in good[-1].items() if k not in ("samples_per_s", "samples_per_cpu_s")},
-        }
+    summary = medians(run_rounds(configurations, args.rounds, f"{height}x{width} "))
     lerobot = {k: v for k, v in summary.items() if k.startswith("lerobot") and "samples_per_s" in v}
     best = max(lerobot.items(), key=lambda item: item[1]["samples_per_s"]) if lerobot else None
     floor = mmdata_run(TREE, store, 0, 0, FLOOR)

@@ -36,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import venv
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -112,6 +113,50 @@ def ensure_venv(path: Path, version: str) -> Path:
     venv.create(path, with_pip=True)
     subprocess.run([str(python), "-m", "pip", "install", "-q", f"lerobot=={version}", "torchcodec"], check=True)
     return python
+
+
+def run_rounds(configurations: dict[str, Callable[[], dict]], rounds: int, label: str = "") -> dict[str, list[dict]]:
+    """Each configuration's figures per round, the order rotating from round to round (a failure is a row)."""
+    runs: dict[str, list[dict]] = {name: [] for name in configurations}
+    names = list(configurations)
+    for round_number in range(rounds):
+        shift = round_number * len(names) // rounds
+        for name in names[shift:] + names[:shift]:
+            try:
+                runs[name].append(configurations[name]())
+            except RuntimeError as exc:
+                runs[name].append({"error": str(exc)[-600:]})
+            figures = runs[name][-1]
+            print(
+                f"{label}round {round_number} {name:28s} {figures.get('samples_per_s', 'failed')} samples/s"
+                f" {figures.get('samples_per_cpu_s', '')} per CPU-s",
+                flush=True,
+            )
+    return runs
+
+
+def medians(runs: dict[str, list[dict]], figures: tuple[str, ...] | None = None) -> dict[str, dict]:
+    """Per configuration: the medians of its rounds' samples/s and per CPU-second, each round's samples/s, and the
+    last good round's other `figures` (all of them when None); a configuration without a good round, its error."""
+    summary = {}
+    for name, results in runs.items():
+        good = [r for r in results if "samples_per_s" in r]
+        if not good:
+            summary[name] = {"error": results[-1].get("error", "")}
+            continue
+        last = good[-1]
+        kept = (
+            {k: v for k, v in last.items() if k not in ("samples_per_s", "samples_per_cpu_s")}
+            if figures is None
+            else {k: last.get(k) for k in figures}
+        )
+        summary[name] = {
+            "samples_per_s": statistics.median(r["samples_per_s"] for r in good),
+            "samples_per_cpu_s": statistics.median(r["samples_per_cpu_s"] for r in good),
+            "runs": [r["samples_per_s"] for r in good],
+            **kept,
+        }
+    return summary
 
 
 def run_json(command: list[str], environment: dict) -> dict:
@@ -256,36 +301,8 @@ def main() -> None:
             for name, run in configurations.items()
             if name.startswith("lerobot") or any(w in name for w in wanted)
         }
-    runs: dict[str, list[dict]] = {name: [] for name in configurations}
-    names = list(configurations)
-    for round_number in range(args.rounds):
-        shift = round_number * len(names) // args.rounds
-        for name in names[shift:] + names[:shift]:
-            try:
-                runs[name].append(configurations[name]())
-            except RuntimeError as exc:
-                runs[name].append({"error": str(exc)[-600:]})
-            figures = runs[name][-1]
-            print(
-                f"round {round_number} {name:28s} {figures.get('samples_per_s', 'failed')} samples/s"
-                f" {figures.get('samples_per_cpu_s', '')} per CPU-s",
-                flush=True,
-            )
-    summary = {}
-    for name, results in runs.items():
-        good = [r for r in results if "samples_per_s" in r]
-        if not good:
-            summary[name] = {"error": results[-1].get("error", "")}
-            continue
-        summary[name] = {
-            "samples_per_s": statistics.median(r["samples_per_s"] for r in good),
-            "samples_per_cpu_s": statistics.median(r["samples_per_cpu_s"] for r in good),
-            "runs": [r["samples_per_s"] for r in good],
-            "stages": good[-1].get("stages"),
-            "decode_waste": good[-1].get("decode_waste"),
-            "episodes_per_batch": good[-1].get("episodes_per_batch"),
-            "frame_cache_peak_bytes": good[-1].get("frame_cache_peak_bytes"),
-        }
+    runs = run_rounds(configurations, args.rounds)
+    summary = medians(runs, ("stages", "decode_waste", "episodes_per_batch", "frame_cache_peak_bytes"))
     lerobot = {n: s for n, s in summary.items() if n.startswith("lerobot") and "samples_per_s" in s}
     best_rate = max(lerobot.items(), key=lambda item: item[1]["samples_per_s"])
     best_cpu = max(lerobot.items(), key=lambda item: item[1]["samples_per_cpu_s"])
