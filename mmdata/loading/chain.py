@@ -180,9 +180,9 @@ class BatchReader:
             live = ((sample.source, plan) for camera in plans.values() for sample, plan in zip(batch.samples, camera))
             expected.append((now, _needs(live)))
             cache.expect(*expected[-1])
-        for offset, samples in enumerate(horizon, 1):
+        for offset in range(1, len(horizon) + 1):  # a later read's samples are looked at once, as it enters
             if not cache.knows(now + offset):
-                ahead = self._plans_ahead(samples)
+                ahead = self._plans_ahead(horizon[offset - 1])
                 expected.append((now + offset, _needs((key[0].source, plan) for key, plan in ahead)))
                 cache.expect(*expected[-1])
         if self.defer_video:

@@ -21,7 +21,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from itertools import islice
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 import torch
@@ -56,6 +56,26 @@ def _close_open_feeds() -> None:
     decoder (DALI) when the process exits aborts it."""
     for feed in list(_OPEN_FEEDS):
         feed.close()
+
+
+class StepsAhead(Sequence[Sequence[SampleRef]]):
+    """The samples of the steps a worker reads next, each made when it is asked for: the reader looks at a step once,
+    as it enters its horizon, so a horizon of 128 steps costs one step's samples per read, not 128."""
+
+    def __init__(self, steps: RankSteps, positions: range):
+        self.steps, self.positions = steps, positions
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    @overload
+    def __getitem__(self, index: int) -> Sequence[SampleRef]: ...
+    @overload
+    def __getitem__(self, index: slice) -> StepsAhead: ...
+    def __getitem__(self, index: int | slice) -> Sequence[SampleRef] | StepsAhead:
+        if isinstance(index, slice):
+            return StepsAhead(self.steps, self.positions[index])
+        return self.steps[self.positions[index]][1]
 
 
 class StepSource(IterableDataset):
@@ -110,7 +130,7 @@ class StepSource(IterableDataset):
                         if not isinstance(upcoming, BaseException):
                             fallback += islice(_samples_of(upcoming[1]), FALLBACK_SAMPLES - len(fallback))
                     later = range(index + count, min(len(steps), index + count * (self.reader.horizon + 1)), count)
-                    yield self._read(epoch, step, samples, number, fallback, [steps[k][1] for k in later])
+                    yield self._read(epoch, step, samples, number, fallback, StepsAhead(steps, later))
                 position += 1
             if isinstance(upcoming, BaseException):
                 raise upcoming
