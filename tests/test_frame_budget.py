@@ -109,3 +109,22 @@ def test_frame_cache_bytes_is_auto_or_a_count_of_bytes(value):
     with pytest.raises(OptionError, match="frame_cache_bytes"):
         mmdata.Reading(frame_cache_bytes=value)
     assert mmdata.Reading().frame_cache_bytes == "auto"
+
+
+def test_each_step_of_the_horizon_is_made_once_not_once_per_read(stores, monkeypatch):
+    from mmdata.planning.planner import LoaderPlanner
+
+    made = []
+    refs = LoaderPlanner.refs
+
+    def counted(self, plan, slots):
+        made.append(len(slots))
+        return refs(self, plan, slots)
+
+    monkeypatch.setattr(LoaderPlanner, "refs", counted)
+    run = mmdata.DataLoader(str(stores["wds"]), WINDOWS, batching=mmdata.Batching(batch_size=1))
+    steps = sum(1 for _ in run)
+    assert run.stats()["frame_cache"]["horizon"] == LONGEST_HORIZON and steps > 50
+    # a step is made when it enters the horizon, when it is read and for the fallback samples of the reads before it
+    # (was: every read made the samples of all 128 steps ahead of it again: 2,512 here, 11 times more)
+    assert len(made) <= 4 * steps
