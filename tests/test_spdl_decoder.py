@@ -217,3 +217,11 @@ def test_hybrids_gpu_side_is_checked_where_it_is_given():
     if not cuda_available():
         with pytest.raises(Exception, match="decoder 'spdl-nvdec' needs a CUDA GPU"):
             make_video_decoder("hybrid", ["h264"], gpu="spdl-nvdec")
+
+
+def test_nv12_coded_larger_than_displayed_is_cut_to_the_displayed_frames():
+    frames = torch.randint(0, 256, (2, 96, 64), dtype=torch.uint8)  # 64x64 displayed: 64 luma + 32 chroma rows
+    padded = torch.zeros((2, 120, 80), dtype=torch.uint8)  # coded 80x80: 80 luma rows, then 40 chroma rows
+    padded[:, :64, :64], padded[:, 80:112, :64] = frames[:, :64], frames[:, 64:]
+    assert torch.equal(spdl_decoder.displayed_nv12(padded, 64, 64), frames)
+    assert spdl_decoder.displayed_nv12(frames, 64, 64) is frames

@@ -62,19 +62,16 @@ def rates(decoder, requests: list[ClipRequest]) -> dict[str, float]:
     return {"delivered_per_s": round(delivered / seconds, 1), "decoded_per_s": round(decoded / seconds, 1)}
 
 
-def main() -> None:
-    store, curve, out = [a for a in sys.argv[1:] if not a.startswith("--")]
-    record: dict = {"benchmark": "spdl_check", "device": _device(), "date": time.strftime("%Y-%m-%d")}
-
-    def save() -> None:
-        Path(out).write_text(json.dumps(record, indent=1) + "\n")
-
-    requests = clip_requests(store)
+def correctness(requests: list[ClipRequest]) -> dict:
+    """spdl-nvdec's frames against PyAV's on the same requests."""
     reference = PyAvDecoder().decode(requests)
     decoder = spdl_nvdec(7)
     frames = [host(f) for f in decoder.decode(requests)]
+    shapes = [(a.shape, b.shape) for a, b in zip(frames, reference) if a.shape != b.shape]
+    if shapes:
+        return {"requests": len(requests), "shape_mismatches": len(shapes), "first": str(shapes[0])}
     differences = [np.abs(a.astype(np.int16) - b.astype(np.int16)) for a, b in zip(frames, reference)]
-    record["correctness"] = {
+    return {
         "requests": len(requests),
         "mean_abs_difference_max": round(max(float(d.mean()) for d in differences), 4),
         "abs_difference_max": int(max(int(d.max()) for d in differences)),
@@ -83,6 +80,20 @@ def main() -> None:
         ),
         "describe": decoder.describe(),
     }
+
+
+def main() -> None:
+    store, curve, out = [a for a in sys.argv[1:] if not a.startswith("--")]
+    record: dict = {"benchmark": "spdl_check", "device": _device(), "date": time.strftime("%Y-%m-%d")}
+
+    def save() -> None:
+        Path(out).write_text(json.dumps(record, indent=1) + "\n")
+
+    requests = clip_requests(store)
+    try:
+        record["correctness"] = correctness(requests)
+    except Exception as exc:  # recorded; the rates still run
+        record["correctness"] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
     save()
     print(json.dumps(record["correctness"]), flush=True)
 
@@ -92,7 +103,10 @@ def main() -> None:
         clips[name] = rates(build(), requests)
         save()
     for threads in THREADS:
-        clips[f"spdl_nvdec_{threads}"] = rates(spdl_nvdec(threads), requests)
+        try:
+            clips[f"spdl_nvdec_{threads}"] = rates(spdl_nvdec(threads), requests)
+        except Exception as exc:  # recorded; the curve still runs
+            clips[f"spdl_nvdec_{threads}"] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
         save()
         print(json.dumps({threads: clips[f"spdl_nvdec_{threads}"]}), flush=True)
 

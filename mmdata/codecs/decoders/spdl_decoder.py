@@ -205,11 +205,22 @@ def nvdec_segment(request: ClipRequest, device_id: int) -> tuple[Any, int]:
     # the legacy default stream: torch's default stream waits for the frames, whichever thread decoded them
     device = spdl.io.cuda_config(device_index=device_id, stream=0)
     decoder = spdl.io.nvdec_decoder(device, packets.codec)
-    count = len(packets)
-    nv12 = spdl.io.to_torch(decoder.decode_packets(packets))
+    count, width, height = len(packets), packets.codec.width, packets.codec.height
+    nv12 = displayed_nv12(spdl.io.to_torch(decoder.decode_packets(packets)), width, height)
     if len(nv12) != count:
         raise DecodeError(f"NVDEC gave {len(nv12)} frames for a segment of {count}")
     return nv12, count
+
+
+def displayed_nv12(nv12: Any, width: int, height: int) -> Any:
+    """NV12 frames `[N, 3C/2, P]` of a coded size larger than the displayed one (1080p is coded 1088 rows high)
+    cut to the displayed `[N, 3H/2, W]`: the luma rows, then the chroma rows, each cut alone."""
+    import torch
+
+    coded = nv12.shape[1] * 2 // 3
+    if coded != height:
+        nv12 = torch.cat([nv12[:, :height], nv12[:, coded : coded + height // 2]], dim=1)
+    return nv12[:, :, :width] if nv12.shape[2] != width else nv12
 
 
 def batch_nv12_to_rgb(frames: Sequence[Any]) -> list[Any]:

@@ -117,8 +117,8 @@ def spdl_nvdec_problem() -> str | None:
     if not torch.cuda.is_available():
         return "no CUDA GPU is visible to torch"
     try:
-        importlib.import_module("spdl.io.lib")._libspdl_cuda.init()
-    except RuntimeError as exc:
+        built = importlib.import_module("spdl.io.lib")._libspdl_cuda.built_with_nvcodec()
+    except (RuntimeError, ImportError, OSError, AttributeError) as exc:
         first = str(exc).split('", "')[0].strip('" ')
         return f"SPDL's NVDEC extension does not load ({first}); run `{LINK_COMMAND}`"
-    return None
+    return None if built else "this SPDL was built without NVDEC (x86-64 wheels have it; aarch64 ones do not)"
