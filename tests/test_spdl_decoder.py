@@ -18,20 +18,9 @@ from mmdata.codecs.decoders.spdl_decoder import SpdlDecoder, SpdlNvdecDecoder, d
 from mmdata.errors import DecodeError, MissingDependencyError, OptionError
 from mmdata.synthetic import read_index_stripe
 from tests.conftest import GOP, SEGMENT, camera_batches
+from tests.test_decoders import random_requests
 
 CODECS = ["h264", "hevc", "vp9"]
-
-
-def requests_of(segments: list[bytes], codec: str, seed: int, count: int = 12) -> list[ClipRequest]:
-    """`count` requests for random frames (repeats and any order) of random segments of 40 frames."""
-    rng = np.random.default_rng(seed)
-    requests = []
-    for _ in range(count):
-        number = int(rng.integers(len(segments)))
-        length = min(SEGMENT, 40 - SEGMENT * number)
-        frames = tuple(int(f) for f in rng.integers(0, length, size=int(rng.integers(1, 7))))
-        requests.append(ClipRequest(segments[number], frames, codec, SegmentRef("ep", "cam", number), GOP, (128, 64)))
-    return requests
 
 
 def cpu_nvdec(calls: list[str] | None = None):
@@ -56,7 +45,7 @@ def cpu_nvdec(calls: list[str] | None = None):
 @pytest.mark.parametrize("codec", CODECS)
 @pytest.mark.parametrize("threads", [1, 3])
 def test_spdl_delivers_pyavs_very_frames_in_request_order(codec, threads, segments):
-    requests = requests_of(segments[codec], codec, seed=threads + len(codec))
+    requests = random_requests(codec, segments[codec], threads + len(codec), 12)
     expected = PyAvDecoder().decode(requests)
     decoder = make_video_decoder("spdl", [codec], threads=threads)
     for request, got, want in zip(requests, decoder.decode(requests), expected):
@@ -81,13 +70,13 @@ def test_spdl_runs_requests_on_its_pool_of_threads(segments, monkeypatch):
         return decode(self, request)
 
     monkeypatch.setattr(spdl_decoder.SpdlDecoder, "_decode_one", recording)
-    SpdlDecoder(threads=2).decode(requests_of(segments["h264"], "h264", seed=4))
+    SpdlDecoder(threads=2).decode(random_requests("h264", segments["h264"], 4, 12))
     assert names and all(name.startswith("mmdata-spdl") for name in names)
 
 
 def test_a_request_a_segment_cannot_serve_fails_alone_naming_the_segment(segments):
     decoder = SpdlDecoder(threads=2)
-    good = requests_of(segments["h264"], "h264", seed=1, count=2)
+    good = random_requests("h264", segments["h264"], 1, 2)
     beyond = ClipRequest(segments["h264"][0], (SEGMENT,), "h264", SegmentRef("ep7", "cam", 0), GOP, (128, 64))
     outputs = decoder.decode([good[0], beyond, good[1]], on_error="skip")
     assert outputs[1] is None and outputs[0] is not None and outputs[2] is not None
@@ -138,7 +127,7 @@ def test_spdl_nvdec_with_the_cpu_standing_in_delivers_pyavs_frames_in_one_colour
     monkeypatch.setattr(spdl_decoder, "nv12_to_rgb", counting)
     calls: list[str] = []
     decoder = SpdlNvdecDecoder(threads=3, decode_segment=cpu_nvdec(calls))
-    requests = requests_of(segments[codec], codec, seed=9)
+    requests = random_requests(codec, segments[codec], 9, 12)
     expected = PyAvDecoder().decode(requests)
     outputs = decoder.decode(requests)
     for request, got, want in zip(requests, outputs, expected):
@@ -150,7 +139,7 @@ def test_spdl_nvdec_with_the_cpu_standing_in_delivers_pyavs_frames_in_one_colour
 
 def test_spdl_nvdec_skips_a_failing_request_and_delivers_the_rest(segments):
     decoder = SpdlNvdecDecoder(threads=2, decode_segment=cpu_nvdec())
-    good = requests_of(segments["h264"], "h264", seed=2, count=3)
+    good = random_requests("h264", segments["h264"], 2, 3)
     broken = ClipRequest(b"\x00" * 64, (0,), "h264", SegmentRef("ep9", "cam", 1), GOP, (128, 64))
     empty = ClipRequest(segments["h264"][0], (), "h264", SegmentRef("ep", "cam", 0), GOP, (128, 64))
     outputs = decoder.decode([good[0], broken, empty, good[1]], on_error="skip")
@@ -201,7 +190,7 @@ def test_hybrid_pairs_pyav_with_spdl_nvdec_and_delivers_pyavs_frames(segments):
     from mmdata.codecs.decoders import HybridDecoder
 
     hybrid = HybridDecoder(SpdlNvdecDecoder(threads=2, decode_segment=cpu_nvdec()), PyAvDecoder())
-    requests = requests_of(segments["h264"], "h264", seed=11)
+    requests = random_requests("h264", segments["h264"], 11, 12)
     expected = PyAvDecoder().decode(requests)
     for _ in range(2):  # the second batch is split by the rates the first measured
         for got, want in zip(hybrid.decode(requests), expected):

@@ -226,16 +226,12 @@ def _decoder(args: argparse.Namespace) -> Any:
     """`--decoder` by name, or the hybrid decoder built with `--hybrid-gpu` as its GPU side."""
     if args.decoder != "hybrid" or args.hybrid_gpu == "dali":
         return args.decoder
+    import torch
+
     from mmdata.codecs.decoders import make_video_decoder
 
-    device = _device_index(args.device)
+    device = torch.device(args.device).index or 0
     return make_video_decoder("hybrid", [], gpu=args.hybrid_gpu, helpers=max(1, args.num_workers), device_id=device)
-
-
-def _device_index(device: str) -> int:
-    """The GPU number of a "cuda[:N]" device (0 without one)."""
-    _, _, index = device.partition(":")
-    return int(index) if index.isdigit() else 0
 
 
 def _frame_cache_bytes(text: str) -> int | str:

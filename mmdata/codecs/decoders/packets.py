@@ -117,15 +117,15 @@ def indexed_packets(data: bytes, index: PacketIndex) -> SegmentPackets:
     return SegmentPackets(len(index), index.frames, *index.key_frames, packet)
 
 
-def wanted_frames(request: ClipRequest, count: int, key_frames: np.ndarray) -> np.ndarray:
+def wanted_frames(request: ClipRequest, count: int, key_frames: np.ndarray | None = None) -> np.ndarray:
     """The distinct frames `request` asks of a segment of `count` frames, ascending; raises DecodeError when
-    the segment cannot serve them (no frames, too few, or no key frame first)."""
+    the segment cannot serve them (no frames, too few, or, where its `key_frames` are known, no key frame first)."""
     if not count:
         raise DecodeError("segment holds no video packets")
     wanted = np.unique(np.asarray(request.frames, np.int64))
     if wanted[-1] >= count:
         raise DecodeError(f"segment has {count} frames; frame {int(wanted[-1])} requested")
-    if not len(key_frames) or key_frames[0] != 0:
+    if key_frames is not None and (not len(key_frames) or key_frames[0] != 0):
         raise DecodeError("segment does not start with a key frame")
     return wanted
 

@@ -26,7 +26,13 @@ import numpy as np
 from mmdata.codecs.colour import yuv420_frames_to_rgb
 from mmdata.codecs.decoders.availability import SPDL_CODECS, SPDL_NVDEC_CODECS
 from mmdata.codecs.decoders.base import OnError, VideoDecoder
-from mmdata.codecs.decoders.packets import DECODER_NAMES, request_rows, shown_in_order, software_decoder
+from mmdata.codecs.decoders.packets import (
+    DECODER_NAMES,
+    request_rows,
+    shown_in_order,
+    software_decoder,
+    wanted_frames,
+)
 from mmdata.codecs.decoders.requests import ClipRequest
 from mmdata.codecs.nv12 import nv12_to_rgb
 from mmdata.errors import DecodeError, OptionError
@@ -92,7 +98,7 @@ class SpdlDecoder(SegmentDecoder):
         if not request.frames:
             return np.empty((0, 0, 0, 3), np.uint8), 0
         packets = demuxed_segment(request)  # used up by decoding: its sizes are read first
-        wanted = wanted_of(request, len(packets))
+        wanted = wanted_frames(request, len(packets))
         width, height = packets.width, packets.height
         count, last = len(packets), int(wanted[-1])
         decoder = spdl.io.decode_config(decoder=software_decoder(request.codec), decoder_options={"threads": "1"})
@@ -153,7 +159,7 @@ class SpdlNvdecDecoder(SegmentDecoder):
             return None, 0, None
         try:
             nv12, decoded = self._decode_segment(request, self.device_id)
-            wanted = wanted_of(request, len(nv12))
+            wanted = wanted_frames(request, len(nv12))
             rows = request_rows(wanted, request)
             picks = wanted if rows is None else wanted[rows]
             return nv12[torch.as_tensor(picks, device=nv12.device)], decoded, None
@@ -182,16 +188,6 @@ def demuxed_segment(request: ClipRequest) -> Any:
         size = f"{codec.width}x{codec.height}"
         raise DecodeError(f"holds {codec.pix_fmt} frames of {size}; spdl decodes even-sized {YUV420}: use 'pyav'")
     return packets
-
-
-def wanted_of(request: ClipRequest, count: int) -> np.ndarray:
-    """The distinct frames `request` asks of a segment of `count` frames, ascending (DecodeError when it has fewer)."""
-    if not count:
-        raise DecodeError("segment holds no video frames")
-    wanted = np.unique(np.asarray(request.frames, np.int64))
-    if wanted[-1] >= count:
-        raise DecodeError(f"segment has {count} frames; frame {int(wanted[-1])} requested")
-    return wanted
 
 
 def nvdec_segment(request: ClipRequest, device_id: int) -> tuple[Any, int]:
