@@ -30,7 +30,7 @@ $(PINS_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(PINS)
 	$(PINS)/bin/python -m pip install -q --upgrade pip
 	$(PINS)/bin/python -m pip install -q torch==2.13.0 $(LEROBOT_PINS)
-	$(PINS)/bin/python -m pip install -q -e . pytest $(LEROBOT_PINS)
+	$(PINS)/bin/python -m pip install -q -e . pytest pytest-timeout $(LEROBOT_PINS)
 	touch $(PINS_STAMP)
 
 demo: $(STAMP)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import shutil
 import subprocess
 import sys
@@ -16,6 +17,20 @@ from mmdata.codecs.video_encode import VideoEncoding, encode_segments
 from mmdata.conversion.pipeline import ConvertOptions, convert
 from mmdata.importers.raw import discover_raw_episodes
 from mmdata.synthetic import SynthSpec, synthetic_frame, write_synthetic_dataset, write_wav
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """End any child process a test left running: Python's exit waits for every child it started, so one hung
+    child would keep the run from ever finishing. Each is named, and the run fails."""
+    leftover = multiprocessing.active_children()
+    for child in leftover:
+        child.kill()
+        child.join(10)
+    if leftover:
+        names = ", ".join(f"{child.name} (pid {child.pid})" for child in leftover)
+        session.config.get_terminal_writer().line(f"child processes left running by the tests, killed: {names}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
 
 SMALL = SynthSpec(episodes=3, min_seconds=1.5, max_seconds=3.0)
 SEGMENT, GOP = 16, 4  # frames per encoded segment, key-frame interval: the decoder tests' `segments`

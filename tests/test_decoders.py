@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import gc
 import multiprocessing
 import pickle
@@ -208,15 +209,18 @@ def test_decoder_built_before_fork_decodes_in_a_forked_worker(backend, codec, se
 
 
 def _collect_garbage(queue):
+    faulthandler.dump_traceback_later(30, exit=True)  # a hang prints where the child is stuck, then ends it
     gc.collect()
     queue.put("collected")
 
 
 @pytest.mark.slow
 def test_a_dali_decoder_dropped_in_the_parent_is_never_destroyed_in_a_forked_child(segments):
+    gc.collect()  # the child's collector then finds this test's garbage only
     decoder = make_video_decoder("dali-cpu", ["vp9"])
     decoder.decode([ClipRequest(segments["vp9"][0], (0,), "vp9", gop=GOP)])
     gc.disable()
+    child = None
     try:
         cycle = {"decoder": decoder}
         cycle["itself"] = cycle
@@ -229,6 +233,9 @@ def test_a_dali_decoder_dropped_in_the_parent_is_never_destroyed_in_a_forked_chi
         assert child.exitcode == 0 and queue.get(timeout=5) == "collected", f"child ended with {child.exitcode}"
     finally:
         gc.enable()
+        if child is not None and child.is_alive():
+            child.kill()
+            child.join()
     gc.collect()
 
 
