@@ -114,38 +114,46 @@ def test_an_elastic_resume_with_the_cache_gives_the_batches_it_gives_without(sto
         assert_same_batches(with_cache, without)
 
 
+def _decoded(frames: int = 1) -> np.ndarray:
+    """A decoder's output of `frames` frames of 100 bytes, in memory of its own."""
+    return np.zeros((frames, 100), np.uint8)
+
+
 def test_frames_no_planned_read_needs_are_dropped_and_the_furthest_use_goes_first():
     cache = FrameCache(max_bytes=3 * 100)
     now = cache.start_read()
     cache.expect(now + 1, [("near", (0, 1))])
     cache.expect(now + 2, [("near", (1,))])
     cache.expect(now + 9, [("far", (0,))])
-    frame = np.zeros(100, np.uint8)
-    cache.keep("near", 0, frame)
-    cache.keep("near", 1, frame)
-    cache.keep("unplanned", 0, frame)  # no planned read needs it: not kept
-    cache.keep("far", 0, frame)
+    cache.keep_decoded("near", (0, 1), _decoded(2))
+    cache.keep_decoded("unplanned", (0,), _decoded())  # no planned read needs it: not kept
+    cache.keep_decoded("far", (0,), _decoded())
     assert cache.bytes == 300 and set(cache.cached("near")) == {0, 1}
     cache.expect(now + 1, [("nearest", (5,))])
-    cache.keep("nearest", 5, frame)  # over the bound: "far" (needed last) is dropped
+    cache.keep_decoded("nearest", (5,), _decoded())  # over the bound: "far" (needed last) is dropped
     assert cache.bytes == 300 and not cache.cached("far") and cache.stats.evicted == 1
     cache.start_read()
     cache.start_read()  # read 1 is done: frame 0 of "near" and all of "nearest" are needed by no planned read
-    assert set(cache.cached("near")) == {1} and cache.bytes == 100
+    assert set(cache.cached("near")) == {1} and cache.bytes == 200  # frame 1 still views the output of two
 
 
-def test_a_frame_only_the_read_in_progress_needs_is_not_kept():
-    cache = FrameCache(max_bytes=1000)
+def test_kept_frames_view_an_output_mostly_kept_and_copy_out_of_one_mostly_not():
+    cache = FrameCache(max_bytes=1 << 20)
     now = cache.start_read()
-    cache.expect(now, [("segment", (0, 1))])
-    cache.expect(now + 1, [("segment", (1, 2))])
-    assert cache.wanted_ahead("segment") == {1, 2}
-    for frame in (0, 1, 2):
-        cache.keep("segment", frame, np.zeros(10, np.uint8))
-    assert set(cache.cached("segment")) == {1, 2}
-    assert cache.start_read() == now + 1 and set(cache.cached("segment")) == {1, 2}
+    cache.expect(now + 1, [("dense", (0, 1, 2)), ("sparse", (7,))])
+    dense, sparse = _decoded(4), _decoded(8)
+    cache.keep_decoded("dense", (0, 1, 2, 3), dense)
+    cache.keep_decoded("sparse", tuple(range(8)), sparse)
+    assert all(np.shares_memory(cache.cached("dense")[frame], dense) for frame in (0, 1, 2))
+    assert not np.shares_memory(cache.cached("sparse")[7], sparse)
+    assert cache.bytes == 400 + 100  # the dense output whole, once; the sparse one's kept frame alone
+    ring = np.zeros(1000, np.uint8)  # memory that is written again (a frame ring): never viewed
+    cache.expect(now + 1, [("ring", (0,))])
+    cache.keep_decoded("ring", (0,), np.frombuffer(ring.data, np.uint8)[:100].reshape(1, 100))
+    assert not np.shares_memory(cache.cached("ring")[0], ring)
     cache.start_read()
-    assert not cache.cached("segment") and cache.bytes == 0
+    cache.start_read()
+    assert cache.bytes == 0 and not cache.cached("dense")
 
 
 def test_the_segments_order_is_a_permutation_drawn_from_seed_and_epoch():
@@ -156,24 +164,44 @@ def test_the_segments_order_is_a_permutation_drawn_from_seed_and_epoch():
     assert not np.array_equal(first, segment_order(blocks, 3, 1, lanes=2, open_blocks=8, step_samples=8))
 
 
+def _lanes_of_blocks(blocks: np.ndarray, order: np.ndarray, lanes: int, step_samples: int) -> dict[int, set[int]]:
+    """Per block, the lanes (step number modulo `lanes`) whose steps hold its samples."""
+    seen: dict[int, set[int]] = {}
+    for number, start in enumerate(range(0, len(order), step_samples)):
+        for block in blocks[order[start : start + step_samples]].tolist():
+            seen.setdefault(block, set()).add(number % lanes)
+    return seen
+
+
 def test_a_segments_samples_stay_in_one_lane_and_each_step_mixes_the_open_segments():
     blocks = np.repeat(np.arange(40), 30)
     order = segment_order(blocks, 0, 0, lanes=2, open_blocks=8, step_samples=8)
-    steps = blocks[order].reshape(-1, 8)
-    lane_of_block = {}
-    for number, step in enumerate(steps):
-        for block in step.tolist():
-            assert lane_of_block.setdefault(block, number % 2) == number % 2
-    mixed = [len(set(step.tolist())) for step in steps]
+    shared = [block for block, lanes in _lanes_of_blocks(blocks, order, 2, 8).items() if len(lanes) > 1]
+    assert len(shared) <= 1  # the one segment cut between the two lanes, at most
+    mixed = [len(set(step.tolist())) for step in blocks[order].reshape(-1, 8)]
     assert np.mean(mixed) >= 7
 
 
-def test_a_segments_samples_come_in_time_order():
+@pytest.mark.parametrize("lanes", [2, 3, 8])
+def test_each_step_stays_its_lanes_to_the_epochs_end_when_segments_differ_in_length(lanes):
+    # segments of 1 to 32 samples: lanes dealt whole segments would run out at different steps, and from then
+    # on each lane's steps would fall to other workers, which would decode its segments again
+    blocks = np.repeat(np.arange(97), np.arange(97) * 7 % 32 + 1)
+    for epoch in range(3):
+        order = segment_order(blocks, 5, epoch, lanes=lanes, open_blocks=4, step_samples=8)
+        assert sorted(order.tolist()) == list(range(len(blocks)))
+        shared = [block for block, seen in _lanes_of_blocks(blocks, order, lanes, 8).items() if len(seen) > 1]
+        assert len(shared) <= lanes - 1
+
+
+def test_a_segments_samples_come_in_time_order_within_each_lane():
     blocks = np.repeat(np.arange(20), 12)
     order = segment_order(blocks, 4, 0, lanes=3, open_blocks=4, step_samples=8)
+    lane_of_position = (np.arange(len(order)) // 8) % 3
     for block in range(20):
-        mine = order[blocks[order] == block]
-        assert np.array_equal(mine, np.sort(mine))
+        for lane in range(3):
+            mine = order[(blocks[order] == block) & (lane_of_position == lane)]
+            assert np.array_equal(mine, np.sort(mine))
 
 
 def test_the_default_order_is_segments_for_counted_batches_of_video_and_locality_for_token_budgets(stores):

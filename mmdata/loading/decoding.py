@@ -161,8 +161,7 @@ def decode_with_cache(
             continue
         row_of = {frame: row for row, frame in enumerate(request.frames)}
         if keys[m] is not None:
-            for frame, row in row_of.items():
-                cache.keep(keys[m], frame, frames[row])
+            cache.keep_decoded(keys[m], request.frames, frames)
         cache.stats.ahead += ahead
         outputs[m] = frames if ahead == 0 else _joined([frames[row_of[frame]] for frame in requests[m].frames])
     return outputs

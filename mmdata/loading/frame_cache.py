@@ -9,6 +9,10 @@ dropped first (the furthest next use: what the plan knows, not a guess). A frame
 decoded again, never served wrong: the cache holds exact copies of what the decoder produced for
 that segment, frame and geometry.
 
+The cache keeps views of the decoder's outputs, not copies, when most of an output is kept (a segment's frames
+for its next samples, the common case), and counts each output it holds once, whole; an output mostly not needed
+is copied down to the frames kept, so the bound holds either way.
+
 A read's needs enter the cache's plan once, when the read first comes into the horizon, and leave it
 once the read is done, so planning costs the same per read however long the horizon is.
 
@@ -21,7 +25,7 @@ a GPU decoder). Decoders with a host-side preparation (DALI, hybrid) decode with
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,6 +71,8 @@ class FrameCache:
         self.bytes = 0
         self.stats = stats if stats is not None else FrameCacheStats()
         self._frames: dict[SegmentKey, dict[int, Any]] = {}
+        self._holder_of: dict[SegmentKey, dict[int, int]] = {}  # per key, frame -> the holder its pixels view
+        self._holders: dict[int, list[Any]] = {}  # id -> [the memory kept frames view, how many view it]
         self._read = -1  # the read in progress
         self._needs: dict[int, Needs] = {}  # per planned read
         self._wanted: dict[SegmentKey, dict[int, int]] = {}  # per key, frame -> planned needs of it
@@ -135,18 +141,40 @@ class FrameCache:
         ahead = {frame for frame in self._wanted.get(key, {}) if frame not in kept and self._needed_later(key, frame)}
         return ahead if len(ahead) * frame_bytes <= self.max_bytes else set()
 
-    def keep(self, key: SegmentKey, frame: int, pixels: Any) -> None:
-        """Keep a copy of a decoded frame (a host array or a device tensor) a later read needs, within the bound."""
-        if not self.enabled or not self._needed_later(key, frame):
+    def keep_decoded(self, key: SegmentKey, frames: Sequence[int], output: Any) -> None:
+        """Keep the frames of `key` a later read needs from a decoder's `output` (row `i` holds `frames[i]`: a host
+        array or a device tensor), within the bound: as views of `output` when they are at least half of the
+        memory a view of it keeps alive, else as a compact copy of just them."""
+        if not self.enabled:
             return
-        kept = self._frames.setdefault(key, {})
-        if frame in kept:
+        kept = self._frames.get(key, {})
+        rows = [row for row, frame in enumerate(frames) if frame not in kept and self._needed_later(key, frame)]
+        if not rows:
             return
-        copy = np.array(pixels, copy=True) if isinstance(pixels, np.ndarray) else pixels.clone()
-        kept[frame] = copy
-        self.bytes += copy.nbytes
+        memory = _memory_of(output)
+        if memory is None or 2 * len(rows) * output[rows[0]].nbytes < memory[1]:
+            output, frames, rows = _compact(output, rows), [frames[row] for row in rows], range(len(rows))
+            memory = _memory_of(output)
+        identity, size = memory
+        holder = self._holders.setdefault(identity, [size, 0])
+        if not holder[1]:
+            self.bytes += size
+        holder[1] += len(rows)
+        kept, holders = self._frames.setdefault(key, {}), self._holder_of.setdefault(key, {})
+        for row in rows:
+            kept[frames[row]], holders[frames[row]] = output[row], identity
         self._within_bound()
         self.stats.peak_bytes = max(self.stats.peak_bytes, self.bytes)
+
+    def _release(self, key: SegmentKey, frame: int) -> None:
+        """Let go of a kept frame; the memory it views is counted off once no kept frame views it."""
+        del self._frames[key][frame]
+        identity = self._holder_of[key].pop(frame)
+        holder = self._holders[identity]
+        holder[1] -= 1
+        if not holder[1]:
+            del self._holders[identity]
+            self.bytes -= holder[0]
 
     def _needed_later(self, key: SegmentKey, frame: int) -> bool:
         """Whether a read after the one in progress needs `frame` of `key` (more planned needs than this read's)."""
@@ -168,11 +196,11 @@ class FrameCache:
             if not wanted[frame]:
                 del wanted[frame]
                 if frame in kept:
-                    self.bytes -= kept.pop(frame).nbytes
+                    self._release(key, frame)
         if not users:
             del self._users[key], self._wanted[key]
         if key in self._frames and not kept:
-            del self._frames[key]
+            del self._frames[key], self._holder_of[key]
 
     def _within_bound(self) -> None:
         """Drop whole segments, the one needed last first, until the frames fit; a segment the read in progress
@@ -184,6 +212,37 @@ class FrameCache:
         for key in droppable:
             if self.bytes <= self.max_bytes:
                 break
-            dropped = self._frames.pop(key)
-            self.bytes -= sum(frame.nbytes for frame in dropped.values())
-            self.stats.evicted += len(dropped)
+            frames = list(self._frames[key])
+            for frame in frames:
+                self._release(key, frame)
+            del self._frames[key], self._holder_of[key]
+            self.stats.evicted += len(frames)
+
+
+def _memory_of(pixels: Any) -> tuple[Hashable, int] | None:
+    """What a view of `pixels` keeps alive: its identity and bytes (None: memory that may be written again, such
+    as a frame ring's, which is never viewed)."""
+    if isinstance(pixels, np.ndarray):
+        root = pixels
+        while isinstance(root.base, np.ndarray):
+            root = root.base
+        return (id(root), root.nbytes) if root.base is None and root.flags.owndata else None
+    if hasattr(pixels, "untyped_storage"):
+        storage = pixels.untyped_storage()
+        return (str(pixels.device), storage.data_ptr()), storage.nbytes()
+    return None
+
+
+def _compact(output: Any, rows: Sequence[int]) -> Any:
+    """The frames at `rows` of a decoder output (an array, a tensor or a list of frames) in memory of their own."""
+    if isinstance(output, np.ndarray):
+        return output[np.asarray(rows)]
+    if not isinstance(output, list):
+        return output[list(rows)]  # a tensor: indexing by a list copies
+    picked = [output[row] for row in rows]
+    if isinstance(picked[0], np.ndarray):
+        return np.stack(picked)
+    joined = picked[0].new_empty((len(picked), *picked[0].shape))
+    for place, frame in enumerate(picked):
+        joined[place] = frame
+    return joined

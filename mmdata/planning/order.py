@@ -70,13 +70,15 @@ def segment_order(
     same for the samples that read the same stored segment) lie close together in one lane, from (seed,
     epoch) alone.
 
-    The segments are shuffled and dealt to `lanes` lanes in turn; each lane keeps `open_blocks` segments
-    open and draws one sample from each in turn (a segment's samples in the order they are numbered, their
-    time order), opening the lane's next segment in a slot whose segment is used up; the lanes then take turns,
-    `step_samples` samples (one step) at a time. With a multiple of the loader's workers as lanes, each lane
-    goes to one worker, whose frame cache decodes a segment's next frames once for its next samples, while
-    each step mixes `open_blocks` segments (episodes) and consecutive steps come from different lanes. More
-    open segments mix more and keep more decoded frames alive.
+    The segments are shuffled and their samples, in that order, cut into `lanes` lanes of exactly the samples
+    each lane's steps hold (step `k` is lane `k % lanes`'s, to the epoch's last step), so at most `lanes - 1`
+    segments are shared by two lanes. Each lane keeps `open_blocks` segments open and draws one sample from each
+    in turn (a segment's samples in the order they are numbered, their time order), opening the lane's next
+    segment in a slot whose segment is used up; the lanes take turns, `step_samples` samples (one step) at a
+    time. With a multiple of the loader's workers as lanes, each lane goes to one worker for the whole epoch,
+    whose frame cache decodes a segment's next frames once for its next samples, while each step mixes
+    `open_blocks` segments (episodes) and consecutive steps come from different lanes. More open segments mix
+    more and keep more decoded frames alive.
     """
     if lanes < 1 or open_blocks < 1 or step_samples < 1:
         raise OptionError("lanes, open segments and samples per step must each be at least 1")
@@ -86,10 +88,19 @@ def segment_order(
     rng = np.random.default_rng([seed, epoch, _ORDER_STREAM, 1])
     ids, block = np.unique(np.asarray(blocks, dtype=np.int64), return_inverse=True)
     rank = rng.permutation(len(ids))[block]  # each sample's segment's place in the shuffled list
-    lane, slot = rank % lanes, (rank // lanes) % open_blocks
-    # per (lane, slot): its segments in turn, a segment's samples in number (time) order, as the sort is stable:
+    sequence = np.argsort(rank, kind="stable")  # the shuffled segments' samples, each segment's in time order
+    lane = np.empty(count, np.int64)
+    lane[sequence] = np.repeat(np.arange(lanes), _lane_sizes(count, lanes, step_samples))
+    # a segment cut between two lanes is one piece in each; a lane's pieces fill its slots in turn
+    new_piece = np.concatenate([[True], (np.diff(rank[sequence]) != 0) | (np.diff(lane[sequence]) != 0)])
+    piece = np.empty(count, np.int64)
+    piece[sequence] = np.cumsum(new_piece) - 1
+    first_piece = np.full(lanes, count, np.int64)
+    np.minimum.at(first_piece, lane, piece)
+    slot = (piece - first_piece[lane]) % open_blocks
+    # per (lane, slot): its pieces in turn, a piece's samples in time order, as the sort is stable:
     # a worker's next reads need a segment's next frames
-    grouped = np.lexsort((rank, slot, lane))
+    grouped = np.lexsort((piece, slot, lane))
     keys = lane[grouped] * open_blocks + slot[grouped]
     starts = np.concatenate([[0], np.flatnonzero(np.diff(keys)) + 1])
     run = np.arange(count) - np.repeat(starts, np.diff(np.concatenate([starts, [count]])))
@@ -98,6 +109,15 @@ def segment_order(
     lane_starts = np.searchsorted(lane_of, np.arange(lanes))
     position = np.arange(count) - lane_starts[lane_of]
     return drawn[np.lexsort((position, lane_of, position // step_samples))].astype(np.int64)
+
+
+def _lane_sizes(count: int, lanes: int, step_samples: int) -> np.ndarray:
+    """How many of `count` samples each lane holds when step `k` of `step_samples` samples is lane `k % lanes`'s
+    and the last step holds what is left."""
+    steps = -(-count // step_samples)
+    sizes = (steps // lanes + (np.arange(lanes) < steps % lanes)) * step_samples
+    sizes[(steps - 1) % lanes] -= steps * step_samples - count
+    return sizes
 
 
 def _distinct(values: np.ndarray) -> np.ndarray:
