@@ -63,3 +63,27 @@ def measure(batches: Callable[[], Iterator], count: Callable[[object], int], sec
         "cpu_seconds": round(cpu, 3),
         "samples_per_cpu_s": round(samples / cpu, 1) if cpu else None,
     }
+
+
+def measure_epochs(batches: Callable[[], Iterator], count: Callable[[object], int], seconds: float) -> dict:
+    """Whole epochs after a first one drawn unmeasured, as many as `seconds` holds (at least one): samples/s, CPU
+    seconds and samples per CPU-second between two epoch ends. A frame cache's first reads of an epoch decode the
+    frames its later reads take, and workers run ahead into the next epoch, so a window that ends mid-epoch (or
+    starts at one's beginning) counts decoding without the samples it serves; between epoch ends, the work done
+    ahead is alike at both ends."""
+    for _ in batches():
+        pass
+    samples, epochs, cpu_start, start = 0, 0, tree_cpu_seconds(), time.perf_counter()
+    while not epochs or time.perf_counter() - start < seconds:
+        samples += sum(count(batch) for batch in batches())
+        epochs += 1
+    elapsed = time.perf_counter() - start
+    cpu = tree_cpu_seconds() - cpu_start
+    return {
+        "samples": samples,
+        "epochs": epochs,
+        "seconds": round(elapsed, 3),
+        "samples_per_s": round(samples / elapsed, 1),
+        "cpu_seconds": round(cpu, 3),
+        "samples_per_cpu_s": round(samples / cpu, 1) if cpu else None,
+    }

@@ -241,6 +241,19 @@ def test_a_state_saved_in_the_former_default_order_is_refused_with_the_option_th
     build(mode="locality").load_state_dict(saved.state_dict())
 
 
+def test_a_state_saved_in_an_earlier_segment_order_is_refused_by_name_with_how_to_go_on(stores, monkeypatch):
+    def build() -> mmdata.DataLoader:
+        return mmdata.DataLoader(str(stores["wds"]), WINDOWS, batching=mmdata.Batching(batch_size=4))
+
+    with monkeypatch.context() as earlier:  # the loader of the mmdata before lanes were cut to their steps
+        earlier.setattr("mmdata.loading.dataloader.SEGMENT_ORDER_VERSION", "time order")
+        saved = build()
+        next(iter(saved))
+        state = saved.state_dict()
+    with pytest.raises(ResumeError, match=r"'segments' order of an earlier mmdata.*loader.set_epoch\(1\)"):
+        build().load_state_dict(state)
+
+
 def test_the_segments_order_needs_samples_per_batch(stores):
     with pytest.raises(OptionError, match="Batching\\(batch_size=...\\) with Shuffling\\(mode='segments'\\)"):
         mmdata.DataLoader(

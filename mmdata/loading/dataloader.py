@@ -44,7 +44,7 @@ from mmdata.planning.mixture import (
     open_sources,
     source_targets,
 )
-from mmdata.planning.order import resolve_shuffle
+from mmdata.planning.order import SEGMENT_ORDER_VERSION, resolve_shuffle
 from mmdata.planning.planner import LoaderPlanner, PlanSettings
 from mmdata.planning.ranks import rank_and_world
 from mmdata.planning.samples import SampleTable, concatenate_samples, enumerate_samples
@@ -165,7 +165,7 @@ class DataLoader:
         else:
             data = [describe_sources(self.sources), self.mixture.describe()]
 
-        def fingerprint_in(order: str) -> str:
+        def fingerprint_in(order: str, segments_version: str = SEGMENT_ORDER_VERSION) -> str:
             settings = [
                 spec.describe(),
                 episodes.describe() if episodes is not None else None,
@@ -173,12 +173,14 @@ class DataLoader:
                 [batch_tokens, batch_size, balance, order, shuffle_window, shards_per_group],
             ]
             if order == "segments":  # (the other orders' states stay as they were before it existed)
-                settings.append([lanes, shuffling.open_segments, "time order"])
+                settings.append([lanes, shuffling.open_segments, segments_version])
             return fingerprint(*data, *settings)
 
         self._fingerprint = fingerprint_in(shuffle)
         # what a state saved by the loader before "auto" became the default carries ("locality" was)
         self._locality_fingerprint = fingerprint_in("locality")
+        # and one saved in the segment order before its lanes were cut to their steps' samples
+        self._earlier_segments_fingerprint = fingerprint_in(shuffle, "time order")
         self._state = LoaderState(seed, 0, self._fingerprint)
         self._plan_cache: tuple[tuple, EpochPlan] | None = None
         self._stats = LoaderStats()
@@ -284,6 +286,13 @@ class DataLoader:
                 f"the saved loader state was made in the 'locality' order, the default before this loader's"
                 f" '{self.shuffle}' (the \"auto\" default since the segment order and frame cache); pass"
                 " shuffling=mmdata.Shuffling(mode='locality') to resume it"
+            )
+        if loaded.fingerprint != self._fingerprint and loaded.fingerprint == self._earlier_segments_fingerprint:
+            raise ResumeError(
+                "the saved loader state was made in the 'segments' order of an earlier mmdata (lanes of whole"
+                " segments), whose steps this one no longer makes; to go on from the next epoch, build the loader"
+                f" and call loader.set_epoch({loaded.epoch + 1}) instead of load_state_dict; to finish that epoch"
+                " exactly, resume it with the mmdata that saved it"
             )
         saved_counts = state.get("episodes")
         if loaded.fingerprint != self._fingerprint and saved_counts not in (None, self._episode_counts()):

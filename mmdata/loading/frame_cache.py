@@ -10,8 +10,8 @@ decoded again, never served wrong: the cache holds exact copies of what the deco
 that segment, frame and geometry.
 
 The cache keeps views of the decoder's outputs, not copies, when most of an output is kept (a segment's frames
-for its next samples, the common case), and counts each output it holds once, whole; an output mostly not needed
-is copied down to the frames kept, so the bound holds either way.
+for its next samples, the common case), and counts each output it holds once, whole; from any other output it
+copies the kept frames out, so the bound holds either way.
 
 A read's needs enter the cache's plan once, when the read first comes into the horizon, and leave it
 once the read is done, so planning costs the same per read however long the horizon is.
@@ -33,6 +33,9 @@ import numpy as np
 
 # How many of a worker's own next reads the cache plans for.
 HORIZON = 32
+# Kept frames view a decoder's output (no copy) when they are at least this share of the memory the view keeps
+# alive, which then counts against the bound whole: at most a third more memory per kept frame than copies.
+VIEWED_SHARE = 0.75
 
 SegmentKey = Hashable  # (source, SegmentRef, FrameGeometry): one segment delivered at one geometry
 Needs = list[tuple[SegmentKey, tuple[int, ...]]]  # one read's frames, per segment key
@@ -143,8 +146,8 @@ class FrameCache:
 
     def keep_decoded(self, key: SegmentKey, frames: Sequence[int], output: Any) -> None:
         """Keep the frames of `key` a later read needs from a decoder's `output` (row `i` holds `frames[i]`: a host
-        array or a device tensor), within the bound: as views of `output` when they are at least half of the
-        memory a view of it keeps alive, else as a compact copy of just them."""
+        array or a device tensor), within the bound: as views of `output` when they are at least `VIEWED_SHARE` of
+        the memory a view of it keeps alive, else as a compact copy of just them."""
         if not self.enabled:
             return
         kept = self._frames.get(key, {})
@@ -152,7 +155,7 @@ class FrameCache:
         if not rows:
             return
         memory = _memory_of(output)
-        if memory is None or 2 * len(rows) * output[rows[0]].nbytes < memory[1]:
+        if memory is None or len(rows) * output[rows[0]].nbytes < VIEWED_SHARE * memory[1]:
             output, frames, rows = _compact(output, rows), [frames[row] for row in rows], range(len(rows))
             memory = _memory_of(output)
         identity, size = memory

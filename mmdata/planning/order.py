@@ -20,6 +20,9 @@ Shuffle = Literal["auto", "locality", "global", "none", "segments"]
 SHUFFLES = ("locality", "global", "none", "segments")  # the orders an epoch is made in
 SHUFFLE_MODES = ("auto", *SHUFFLES)  # what a loader takes: "auto" is resolved by `resolve_shuffle`
 _ORDER_STREAM = 0x5A3D
+# Names the way `segment_order` makes an epoch's steps; a loader state carries it (in its fingerprint), so a state
+# saved by another way is refused by name rather than resumed into other steps. Changes with the steps it makes.
+SEGMENT_ORDER_VERSION = "lanes cut to their steps"
 
 
 def as_shuffle(value: Shuffle | bool) -> Shuffle:
