@@ -51,6 +51,7 @@ TREE = HERE.parent
 WHOLE_EPOCHS_COMPATIBLE = COMPATIBLE_LOADER.replace(
     "from process_time import measure\n", "from process_time import measure_epochs as measure\n"
 )
+assert WHOLE_EPOCHS_COMPATIBLE != COMPATIBLE_LOADER, "lerobot_bench's COMPATIBLE_LOADER no longer imports measure"
 
 DEFAULT_LOADER = """
 import json, sys

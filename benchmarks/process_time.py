@@ -54,15 +54,7 @@ def measure(batches: Callable[[], Iterator], count: Callable[[object], int], sec
             iterator = batches()
             continue
         samples += count(batch)
-    elapsed = time.perf_counter() - start
-    cpu = tree_cpu_seconds() - cpu_start
-    return {
-        "samples": samples,
-        "seconds": round(elapsed, 3),
-        "samples_per_s": round(samples / elapsed, 1),
-        "cpu_seconds": round(cpu, 3),
-        "samples_per_cpu_s": round(samples / cpu, 1) if cpu else None,
-    }
+    return _figures(samples, time.perf_counter() - start, tree_cpu_seconds() - cpu_start)
 
 
 def measure_epochs(batches: Callable[[], Iterator], count: Callable[[object], int], seconds: float) -> dict:
@@ -77,11 +69,13 @@ def measure_epochs(batches: Callable[[], Iterator], count: Callable[[object], in
     while not epochs or time.perf_counter() - start < seconds:
         samples += sum(count(batch) for batch in batches())
         epochs += 1
-    elapsed = time.perf_counter() - start
-    cpu = tree_cpu_seconds() - cpu_start
+    return {**_figures(samples, time.perf_counter() - start, tree_cpu_seconds() - cpu_start), "epochs": epochs}
+
+
+def _figures(samples: int, elapsed: float, cpu: float) -> dict:
+    """Samples/s, CPU seconds and samples per CPU-second of a measured window."""
     return {
         "samples": samples,
-        "epochs": epochs,
         "seconds": round(elapsed, 3),
         "samples_per_s": round(samples / elapsed, 1),
         "cpu_seconds": round(cpu, 3),

@@ -74,8 +74,8 @@ class FrameCache:
         self.bytes = 0
         self.stats = stats if stats is not None else FrameCacheStats()
         self._frames: dict[SegmentKey, dict[int, Any]] = {}
-        self._holder_of: dict[SegmentKey, dict[int, int]] = {}  # per key, frame -> the holder its pixels view
-        self._holders: dict[int, list[Any]] = {}  # id -> [the memory kept frames view, how many view it]
+        self._holder_of: dict[SegmentKey, dict[int, Hashable]] = {}  # per key, frame -> the memory its pixels view
+        self._holders: dict[Hashable, list[int]] = {}  # per viewed memory: [its bytes, how many kept frames view it]
         self._read = -1  # the read in progress
         self._needs: dict[int, Needs] = {}  # per planned read
         self._wanted: dict[SegmentKey, dict[int, int]] = {}  # per key, frame -> planned needs of it
@@ -170,9 +170,12 @@ class FrameCache:
         self.stats.peak_bytes = max(self.stats.peak_bytes, self.bytes)
 
     def _release(self, key: SegmentKey, frame: int) -> None:
-        """Let go of a kept frame; the memory it views is counted off once no kept frame views it."""
+        """Let go of a kept frame (and of its key once none is kept); the memory it views is counted off once no
+        kept frame views it."""
         del self._frames[key][frame]
         identity = self._holder_of[key].pop(frame)
+        if not self._frames[key]:
+            del self._frames[key], self._holder_of[key]
         holder = self._holders[identity]
         holder[1] -= 1
         if not holder[1]:
@@ -202,8 +205,6 @@ class FrameCache:
                     self._release(key, frame)
         if not users:
             del self._users[key], self._wanted[key]
-        if key in self._frames and not kept:
-            del self._frames[key], self._holder_of[key]
 
     def _within_bound(self) -> None:
         """Drop whole segments, the one needed last first, until the frames fit; a segment the read in progress
@@ -218,7 +219,6 @@ class FrameCache:
             frames = list(self._frames[key])
             for frame in frames:
                 self._release(key, frame)
-            del self._frames[key], self._holder_of[key]
             self.stats.evicted += len(frames)
 
 
