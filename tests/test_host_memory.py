@@ -5,6 +5,10 @@ batches are the same whether they travel through the ring or, when it has no roo
 from __future__ import annotations
 
 import pickle
+import platform
+import resource
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -112,3 +116,32 @@ def test_batches_from_workers_are_the_in_process_batches_through_the_ring_or_wit
         assert len(taken) >= 2 * 4, "both cameras of every batch came through the rings"
     else:
         assert not taken
+
+
+_REALLOCATION = """
+import ctypes, os, resource, sys
+import mmdata.loading.feed as feed
+if sys.argv[1] == "worker":
+    feed.start_worker(os.getppid(), 0)
+libc = ctypes.CDLL(None)
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, (ctypes.c_size_t,)
+libc.free.argtypes, libc.memset.argtypes = (ctypes.c_void_p,), (ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t)
+size = 96 << 20
+block = libc.malloc(size); libc.memset(block, 1, size); libc.free(block)  # a segment's frames, let go
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+block = libc.malloc(size); libc.memset(block, 2, size)  # the next segment's frames
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the allocator policy is glibc's (mallopt)")
+def test_a_loader_worker_decodes_into_memory_it_freed_not_into_fresh_pages_the_kernel_must_zero():
+    def faults(role: str) -> int:
+        run = subprocess.run([sys.executable, "-c", _REALLOCATION, role], capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, run.stderr
+        return int(run.stdout.split()[-1])
+
+    pages = (96 << 20) // resource.getpagesize()
+    in_worker, elsewhere = faults("worker"), faults("main")
+    assert in_worker <= pages // 100, f"a worker faulted {in_worker} pages in for a block it had just freed"
+    assert elsewhere > max(10 * in_worker, 10), "without the worker's policy the block is mapped afresh"

@@ -36,6 +36,7 @@ from mmdata.loading.host_memory import (
     MAX_ARENA_BYTES_PER_WORKER,
     ArenaSpan,
     FrameArena,
+    keep_freed_memory_mapped,
     use_arena,
 )
 from mmdata.loading.micro_batch import source_counts
@@ -224,7 +225,7 @@ class Feed:
                 collate_fn=_unchanged,
                 prefetch_factor=prefetch_factor,
                 pin_memory=pin_memory,
-                worker_init_fn=functools.partial(exit_with_parent, os.getpid()),
+                worker_init_fn=functools.partial(start_worker, os.getpid()),
             )
             with _frozen_for_fork():
                 self._items: Iterator[Item] = iter(loader)  # starts the workers
@@ -293,6 +294,12 @@ class Feed:
             except queue.Full:
                 continue
         return False
+
+
+def start_worker(parent: int, worker_id: int) -> None:
+    """A loader worker's first step: end with the main process, and reuse the memory frames are freed from."""
+    exit_with_parent(parent)
+    keep_freed_memory_mapped()
 
 
 def frame_arena(workers: int, bytes_per_worker: int) -> FrameArena | None:

@@ -11,8 +11,10 @@ other tensor, goes through torch's shared memory as usual (`shared_output`).
 
 from __future__ import annotations
 
+import ctypes
 import math
 import mmap
+import platform
 import threading
 import weakref
 from dataclasses import dataclass
@@ -28,6 +30,11 @@ ARENA_BYTES_PER_WORKER = 64 << 20
 MAX_ARENA_BYTES_PER_WORKER = 1 << 30
 MAX_ARENA_BYTES = 8 << 30  # all workers' rings together
 _ALIGNMENT = 64
+# glibc's mallopt parameters (malloc.h): the free memory at the heap's top it keeps, and how many blocks it may
+# map on their own (0: every block comes from the heap, whose freed memory is reused)
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_MAX = -4
+KEPT_FREE_BYTES = (1 << 31) - 1  # mallopt takes an int
 
 
 def shared_output(like: torch.Tensor, leading: tuple[int, ...]) -> torch.Tensor | None:
@@ -135,6 +142,26 @@ class FrameArena:
                 del in_use[first]
                 released = max(released, first)
             self._positions[worker, 1] = released
+
+
+def keep_freed_memory_mapped() -> bool:
+    """Make this process's allocator reuse the memory it frees rather than hand it back to the system.
+
+    A loader worker decodes frames into new arrays (0.9 MB each at 480x640, a segment's run tens of MB) and
+    frees them when the frame cache lets them go. glibc maps blocks that large on their own and unmaps them
+    when freed, so every decoded frame was written into fresh pages the kernel first had to zero: a sixth of a
+    worker's CPU at 480x640. Here large blocks come from the heap and up to 2 GiB of its free top is kept, so
+    from its second epoch a worker decodes into memory it already has; its peak memory is unchanged (the frame
+    cache's bound holds it). For processes mmdata owns (loader workers) only. True where applied (glibc).
+    """
+    if platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    return bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, KEPT_FREE_BYTES))
 
 
 _worker_arena: tuple[FrameArena, int] | None = None
