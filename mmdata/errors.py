@@ -93,7 +93,7 @@ class ResumeError(MmdataError):
     """A saved loader state does not fit this loader (other data, spec or settings, or a corrupt state)."""
 
 
-class NpyError(ValueError):
+class NpyError(MmdataError, ValueError):
     """`.npy` bytes whose header is malformed or disagrees with their length or with what was expected."""
 
 
@@ -101,5 +101,5 @@ class TFRecordError(MmdataError):
     """A TFRecord file or an Example in it that cannot be read; the message names the file and the record."""
 
 
-class MessageError(ValueError):
+class MessageError(MmdataError, ValueError):
     """A message does not hold what its topic is read for; the message says what it holds."""

@@ -168,6 +168,21 @@ def test_every_exception_class_is_defined_in_errors():
     assert elsewhere == []
 
 
+def test_every_error_is_a_mmdata_error_exported_by_mmdata_and_by_no_other_package():
+    import inspect
+
+    import mmdata
+    import mmdata.errors
+    import mmdata.loading
+
+    errors = {
+        name for name, value in vars(mmdata.errors).items() if inspect.isclass(value) and issubclass(value, Exception)
+    }
+    assert {name for name in errors if not issubclass(getattr(mmdata.errors, name), mmdata.MmdataError)} == set()
+    assert errors - set(mmdata.__all__) == set(), "every error is importable from mmdata"
+    assert errors & set(mmdata.loading.__all__) == set(), "and from mmdata.errors, not from a package besides"
+
+
 def test_every_module_name_is_distinct():
     """Modules and packages alike: no two called `stats`, no module named like a package."""
     names: dict[str, list[str]] = {}

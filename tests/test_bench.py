@@ -14,6 +14,7 @@ import pytest
 
 import mmdata
 from mmdata.measure import StepTimer, run_loader
+from mmdata.measure.floor import decode_floor
 from mmdata.measure.sweep import parse_sweep
 from tests.conftest import run_cli
 
@@ -295,3 +296,30 @@ def test_plot_names_the_file_it_writes_and_refuses_a_folder(bench_result, tmp_pa
     assert "is a folder; name the chart's file, such as" in capsys.readouterr().err
     assert main(["bench", "--from-json", str(output), "--plot", str(tmp_path / "chart.txt")]) == 2
     assert "not .txt" in capsys.readouterr().err and not list(folder.iterdir())
+
+
+def test_the_decode_floor_decodes_each_frame_the_samples_deliver_once(stores):
+    store = mmdata.open_dataset(stores["wds"])
+    fps = store.schema.stream("cam_high").fps
+    # every stored frame an anchor, each sample also asking for the frame before: each frame asked twice
+    spec = mmdata.Windows(anchor_fps=fps, streams={"cam_high": mmdata.Frames(offsets=[-1 / fps, 0.0])})
+    loader = mmdata.DataLoader(stores["wds"], spec, batching=mmdata.Batching(batch_size=4))
+    first_episode = np.flatnonzero(loader.samples.episode == 0)
+    floor = decode_floor(loader, [*first_episode.tolist(), *first_episode[:5].tolist()])
+    assert floor.samples == len(first_episode), "a sample delivered twice is counted once"
+    assert floor.frames == len(first_episode), "one frame decoded per stored frame, though each is asked twice"
+    assert floor.cpu_seconds > 0 and floor.ms_per_sample == 1000 * floor.cpu_seconds / len(first_episode)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_bench_reports_the_loaders_cpu_per_sample_workers_included_against_the_decode_floor(stores, workers):
+    loader = mmdata.DataLoader(
+        stores["wds"], POLICY, batching=mmdata.Batching(batch_size=4), runtime=mmdata.Runtime(num_workers=workers)
+    )
+    measured = run_loader(loader, steps=6, warmup=2)
+    figures, worker_cpu = measured["figures"], measured["loader_stats"]["worker_cpu_seconds"]
+    assert len(worker_cpu) == workers and all(seconds > 0 for seconds in worker_cpu.values())
+    assert figures["cpu_ms_per_sample"] > 0 and figures["decode_floor_ms_per_sample"] > 0
+    ratio = figures["cpu_ms_per_sample"] / figures["decode_floor_ms_per_sample"]
+    assert figures["cpu_over_decode_floor"] == pytest.approx(ratio, rel=0.01)
+    jsonschema.validate(figures, SCHEMA["properties"]["figures"])

@@ -29,3 +29,30 @@ def test_the_documents_hold_python_examples():
 def test_a_documented_example_runs_as_written(stores, document, number, code):
     code = code.replace("/tmp/out.wds", str(stores["wds"])).replace("/tmp/out.zarr", str(stores["zarr"]))
     exec(compile(code, f"{document} example {number}", "exec"), {"__name__": "docs_example"})
+
+
+# a repository path as the documents write it, from a top-level folder of the repository on; one written as a
+# template (`gpu_spdl_<device>/`, `*.json`) is left out
+_REPOSITORY_PATH = re.compile(r"(?<![\w/.~-])((?:mmdata|benchmarks|tests|docs|\.ci)/[\w./-]*+)([<{*]?)")
+
+
+def paths_in(text: str) -> set[str]:
+    return {path.rstrip("./-") for path, template in _REPOSITORY_PATH.findall(text) if not template}
+
+
+def named_paths() -> dict[str, set[str]]:
+    documents = [ROOT / "README.md", *ROOT.glob("docs/*.md"), *ROOT.glob("benchmarks/**/README.md")]
+    return {str(document.relative_to(ROOT)): paths_in(document.read_text()) for document in documents}
+
+
+def test_every_repository_path_a_document_names_exists():
+    missing = {
+        document: sorted(path for path in paths if not (ROOT / path).exists())
+        for document, paths in named_paths().items()
+    }
+    assert {document: paths for document, paths in missing.items() if paths} == {}
+
+
+def test_the_path_finder_finds_paths_and_leaves_templates_out():
+    text = "see `mmdata/loading/feed.py`, benchmarks/results/gpu_spdl_<device>/ and (tests/conftest.py)."
+    assert paths_in(text) == {"mmdata/loading/feed.py", "tests/conftest.py"}

@@ -14,10 +14,9 @@ import pytest
 import torch
 
 from mmdata.conversion.pipeline import ConvertOptions, convert
-from mmdata.errors import IntegrityError, StoreError
+from mmdata.errors import IntegrityError, SpecError, StoreError
 from mmdata.importers import discover_episodes, shipped_stats
 from mmdata.lerobot import LeRobotLoader
-from mmdata.planning.specs import SpecError
 from mmdata.store.dataset import open_dataset
 
 FIXTURE = Path(__file__).parent / "fixtures" / "lerobot_small"

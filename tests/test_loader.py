@@ -564,7 +564,7 @@ def test_shuffle_true_and_false_mean_the_default_shuffle_and_none_as_in_torch(st
     ids=["world-0", "world-negative", "steps-negative", "text", "bool", "not-a-list", "short"],
 )
 def test_a_state_with_an_impossible_world_size_or_step_is_a_resume_error(stores, stretches):
-    from mmdata.planning.epoch_plan import ResumeError
+    from mmdata.errors import ResumeError
 
     loader = mmdata.DataLoader(stores["wds"], LOWDIM_WINDOWS, batch_size=2)
     state = loader.state_dict() | {"stretches": stretches}

@@ -28,14 +28,14 @@ import numpy as np
 import torch
 
 from mmdata.checks import option_int, shown
-from mmdata.errors import OptionError, StoreError
+from mmdata.errors import OptionError, SpecError, StoreError
 from mmdata.lerobot.numbering import EpisodeNumbering
 from mmdata.loading.dataloader import DataLoader
 from mmdata.loading.loader_options import LEGACY_KEYWORDS, Batching, Reading, Runtime, Shuffling
 from mmdata.loading.micro_batch import OnError
 from mmdata.planning.episodes import Episodes
 from mmdata.planning.mixture import Mixture, Source
-from mmdata.planning.specs import MAX_OFFSETS, Frames, SpecError, Values, Windows
+from mmdata.planning.specs import MAX_OFFSETS, Frames, Values, Windows
 from mmdata.schema import LowdimStream, VideoStream
 from mmdata.store.dataset import Dataset
 from mmdata.store.handle import Store, open_store

@@ -10,12 +10,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from mmdata.planning.episodes import Episodes
-from mmdata.planning.specs import Audio, Frames, Resize, Sequences, SpecError, Values, Windows
+from mmdata.planning.specs import Audio, Frames, Resize, Sequences, Values, Windows
 
 if TYPE_CHECKING:
     from mmdata.loading.dataloader import DataLoader
 
-__all__ = ["Audio", "DataLoader", "Episodes", "Frames", "Resize", "Sequences", "SpecError", "Values", "Windows"]
+__all__ = ["Audio", "DataLoader", "Episodes", "Frames", "Resize", "Sequences", "Values", "Windows"]
 
 
 def __getattr__(name: str) -> Any:

@@ -22,7 +22,7 @@ import torch
 
 from mmdata.checks import option_int
 from mmdata.codecs.decoders import VideoDecoder, make_video_decoder
-from mmdata.errors import OptionError, StoreError
+from mmdata.errors import OptionError, ResumeError, SpecError, StoreError
 from mmdata.loading.chain import BatchReader
 from mmdata.loading.feed import Feed, Item, StepSource, ring_bytes
 from mmdata.loading.frame_budget import FrameBudget, available_host_memory, plan_frame_budget, waste_cause
@@ -33,7 +33,7 @@ from mmdata.loading.normalize import attach_normalizers
 from mmdata.loading.state import LoaderState, fingerprint
 from mmdata.loading.timing import enable_profiler_ranges, timed
 from mmdata.planning.episodes import Episodes
-from mmdata.planning.epoch_plan import EpochPlan, ResumeError
+from mmdata.planning.epoch_plan import EpochPlan
 from mmdata.planning.mixture import (
     Mixture,
     OpenSource,
@@ -49,7 +49,7 @@ from mmdata.planning.planner import LoaderPlanner, PlanSettings
 from mmdata.planning.ranks import rank_and_world
 from mmdata.planning.samples import SampleTable, concatenate_samples, enumerate_samples
 from mmdata.planning.segments import segment_blocks
-from mmdata.planning.specs import Frames, Spec, SpecError, Windows
+from mmdata.planning.specs import Frames, Spec, Windows
 from mmdata.schema import VideoStream
 from mmdata.store.dataset import Dataset
 from mmdata.store.handle import Store

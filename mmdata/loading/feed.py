@@ -97,6 +97,7 @@ class StepSource(IterableDataset):
         self.first_epoch, self.first_steps = first_epoch, first_steps
         self.arena: FrameArena | None = None  # set by the Feed that starts workers on it
         self._planning_seconds = 0.0  # next epochs planned here, not yet reported with a batch
+        self._cpu_mark: float | None = None  # in a worker: its process's CPU time when its last item was made
 
     def epochs(self) -> Iterator[tuple[int, RankSteps]]:
         yield self.first_epoch, self.first_steps
@@ -116,6 +117,7 @@ class StepSource(IterableDataset):
         number, count = (worker.id, worker.num_workers) if worker is not None else (0, 1)
         if worker is not None:
             use_arena(self.arena, number)
+            self._cpu_mark = time.process_time()
         position = 0
         epochs = self.epochs()
         epoch, steps = next(epochs)
@@ -188,8 +190,18 @@ class StepSource(IterableDataset):
             "frame_cache_bytes": reader.frame_cache.bytes,
             "evicted": cache.evicted - before[6],
             "peak_rss": peak_rss_bytes(),
+            "cpu": self._worker_cpu(),
         }
         return epoch, step, output, info
+
+    def _worker_cpu(self) -> float | None:
+        """In a worker: the CPU its process (all its threads) spent since its previous item; None in the main
+        process, whose own CPU time covers the reading."""
+        if self._cpu_mark is None:
+            return None
+        now = time.process_time()
+        spent, self._cpu_mark = now - self._cpu_mark, now
+        return spent
 
 
 class Feed:

@@ -29,6 +29,7 @@ class LoaderStats:
         self.worker_seconds: dict[str, float] = {}
         self.main_seconds: dict[str, float] = {}
         self.worker_busy: dict[int, float] = {}
+        self.worker_cpu: dict[int, float] = {}
         self.skipped: list[str] = []
         self.skipped_count = 0
         self.borrowed_count = 0
@@ -61,6 +62,8 @@ class LoaderStats:
         worker = info["worker"]
         self.worker_pids.add(info["pid"])
         self.worker_busy[worker] = self.worker_busy.get(worker, 0.0) + info["busy"]
+        if info.get("cpu") is not None:
+            self.worker_cpu[worker] = self.worker_cpu.get(worker, 0.0) + info["cpu"]
         self.skipped_count += len(info["failed"])
         self.borrowed_count += info.get("borrowed", 0)
         self.skipped += list(info["failed"].values())[: max(0, 100 - len(self.skipped))]
@@ -103,6 +106,7 @@ class LoaderStats:
             "worker_stage_seconds": {k: round(v, 6) for k, v in self.worker_seconds.items()},
             "main_stage_seconds": {k: round(v, 6) for k, v in self.main_seconds.items()},
             "worker_busy_seconds": {k: round(v, 6) for k, v in self.worker_busy.items()},
+            "worker_cpu_seconds": {k: round(v, 6) for k, v in self.worker_cpu.items()},
             "frames_decoded": self.frames_decoded,
             "frames_delivered": self.frames_delivered,
             "frame_cache_peak_bytes": self.frame_cache_peak_bytes,

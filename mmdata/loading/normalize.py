@@ -13,9 +13,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from mmdata.errors import SpecError
 from mmdata.moments import mixture_figures
 from mmdata.planning.mixture import NormalizeWith, OpenSource
-from mmdata.planning.specs import Spec, SpecError, Values
+from mmdata.planning.specs import Spec, Values
 from mmdata.store.statistics import normalizer, read_stats, stream_figures
 
 

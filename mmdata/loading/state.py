@@ -9,7 +9,8 @@ from typing import Any
 import xxhash
 
 from mmdata.checks import as_int
-from mmdata.planning.epoch_plan import ResumeError, Stretch
+from mmdata.errors import ResumeError
+from mmdata.planning.epoch_plan import Stretch
 
 STATE_FORMAT = "mmdata.loader"
 STATE_VERSION = 1

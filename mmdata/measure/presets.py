@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from mmdata.planning.specs import Audio, Frames, Sequences, Spec, SpecError, Values, Windows
+from mmdata.errors import SpecError
+from mmdata.planning.specs import Audio, Frames, Sequences, Spec, Values, Windows
 from mmdata.schema import DatasetSchema, LowdimStream, VideoStream
 
 PRESETS = ("policy", "clips", "sequences")

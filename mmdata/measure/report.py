@@ -252,6 +252,7 @@ def format_table(document: dict[str, Any]) -> str:
             + (f" (a step took {f['step_ms_measured']:.1f} ms)" if f.get("step_ms_measured") else ""),
         ),
         _row("decode waste", f"{f['decode_waste']:.2f} frames decoded per frame delivered"),
+        *_cpu_rows(f),
         *_text_rows(f, ("frame cache", "frame_cache"), ("WHY THE WASTE", "decode_waste_cause")),
         _row("peak RSS per worker", ", ".join(f"{v:,.0f}" for v in f["peak_rss_mb_per_worker"].values()) + " MB"),
     ]
@@ -302,6 +303,19 @@ def format_table(document: dict[str, Any]) -> str:
             f"  mmdata / baseline: {ratios['samples_per_s']:.2f}x samples/s, {ratios['frames_per_s']:.2f}x frames/s",
         ]
     return "\n".join(lines)
+
+
+def _cpu_rows(f: dict[str, Any]) -> list[str]:
+    """The loader's CPU per sample, against the decode floor where it was measured."""
+    if "cpu_ms_per_sample" not in f:  # (results written before these figures existed have none)
+        return []
+    text = f"{f['cpu_ms_per_sample']:.2f} ms per sample"
+    if "cpu_over_decode_floor" in f:
+        text += (
+            f", {f['cpu_over_decode_floor']:.2f}x the decode floor ({f['decode_floor_ms_per_sample']:.2f} ms: the"
+            " frames delivered, decoded once in order with RGB conversion)"
+        )
+    return [_row("loader CPU", text)]
 
 
 def _shares_text(stages: dict[str, dict[str, float]]) -> str:

@@ -13,6 +13,7 @@ import torch
 
 from mmdata.loading import DataLoader, Frames
 from mmdata.loading.timing import timed
+from mmdata.measure.floor import decode_floor
 from mmdata.measure.steps import StepTimer
 from mmdata.planning.packing import PackingPlan, plan_stats
 
@@ -61,11 +62,17 @@ def run_loader(loader: DataLoader, steps: int, warmup: int = 3, step_ms: float =
     timer = StepTimer(islice(batches, steps), synchronize=False)
     samples = frames = 0
     episodes: list[np.ndarray] = []
+    delivered: list[np.ndarray] = []
+    main_cpu = -time.process_time()
     for batch in timer:
         samples += len(batch["sample_index"])
         frames += _frames_in(loader, batch)
         episodes.append(_episodes_in(batch))
+        delivered.append(_host_integers(batch["sample_index"]))
+        stepped = time.process_time()
         step()
+        main_cpu -= time.process_time() - stepped  # the training step's CPU is not the loader's
+    main_cpu += time.process_time()
     loader.close()
     stats = loader.stats()
     wall = timer.wall
@@ -98,11 +105,28 @@ def run_loader(loader: DataLoader, steps: int, warmup: int = 3, step_ms: float =
         figures["decode_waste_cause"] = stats["decode_waste_cause"]
     if stats["frame_cache"]:
         figures["frame_cache"] = stats["frame_cache"]["describe"]
+    figures.update(cpu_figures(loader, main_cpu, stats, samples, delivered))
     return {
         "figures": figures,
         "stages": stage_breakdown(stats, wall, stall["compute_seconds"], loader.num_workers),
         "loader_stats": stats,
     }
+
+
+def cpu_figures(
+    loader: DataLoader, main_cpu: float, stats: dict[str, Any], samples: int, delivered: list[np.ndarray]
+) -> dict[str, float]:
+    """The loader's CPU per sample (its process and its workers) and, for a decoder on the host, the decode
+    floor of the samples delivered (`measure.floor`) and the loader's CPU over it."""
+    cpu = main_cpu + sum(stats["worker_cpu_seconds"].values())
+    figures = {"cpu_ms_per_sample": round(1000 * cpu / max(1, samples), 3)}
+    if loader.decoder.device != "cpu" or not delivered:
+        return figures
+    floor = decode_floor(loader, np.concatenate(delivered))
+    if floor is not None and floor.cpu_seconds > 0:
+        figures["decode_floor_ms_per_sample"] = round(floor.ms_per_sample, 3)
+        figures["cpu_over_decode_floor"] = round(1000 * cpu / max(1, samples) / floor.ms_per_sample, 3)
+    return figures
 
 
 def _episodes_in(batch: dict[str, Any]) -> np.ndarray:

@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mmdata.planning.specs import SpecError
+from mmdata.errors import SpecError
 
 RowTest = Callable[[dict[str, Any]], bool]
 

@@ -21,8 +21,9 @@ from typing import Any, Literal
 
 import numpy as np
 
+from mmdata.errors import SpecError
 from mmdata.planning.episodes import Episodes
-from mmdata.planning.specs import Audio, Frames, Spec, SpecError, Values, option_int, option_number
+from mmdata.planning.specs import Audio, Frames, Spec, Values, option_int, option_number
 from mmdata.schema import AudioStream, LowdimStream, VideoStream
 from mmdata.store.dataset import Dataset
 from mmdata.store.filesystem import DEFAULT_READ_POLICY, ReadPolicy

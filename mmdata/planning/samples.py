@@ -10,8 +10,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from mmdata.errors import SpecError
 from mmdata.planning.packing.cost import TokensPer, token_costs
-from mmdata.planning.specs import Audio, Sequences, Spec, SpecError, Windows
+from mmdata.planning.specs import Audio, Sequences, Spec, Windows
 
 # Times closer than a microsecond compare equal: stores written from float32 times (1.500000031 s for
 # 45 frames at 30 fps) then give 45 anchors, not 46.
