@@ -36,6 +36,7 @@ class PreparingPyAv(PyAvDecoder):
     sets `started` once it runs."""
 
     name = "preparing-pyav"
+    prepares = True
 
     def __init__(self):
         super().__init__()
@@ -45,7 +46,8 @@ class PreparingPyAv(PyAvDecoder):
         self.started.set()
         return [id(r) for r in requests], threading.current_thread().name
 
-    def decode_prepared(self, requests, ids, thread, on_error="raise"):
+    def decode_prepared(self, requests, prepared, on_error="raise"):
+        ids, thread = prepared
         assert ids == [id(r) for r in requests], "prepared for these requests"
         self.prepared_in = thread
         return self.decode(requests, on_error)
@@ -106,7 +108,7 @@ def test_a_worker_prepares_the_head_while_it_decodes_the_tail_and_the_outputs_st
     hybrid = HybridDecoder(first, WaitingForTheHead())
     prepared = hybrid.prepare(requests)
     assert 0 < prepared[0] < len(requests), "both sides had a share"
-    outputs = hybrid.decode_prepared(requests, *prepared)
+    outputs = hybrid.decode_prepared(requests, prepared)
     assert hybrid.first.prepared_in.startswith("mmdata-hybrid"), "prepared on the helper thread"
     assert all(np.array_equal(got, want) for got, want in zip(outputs, expected)), "same frames, same order"
 

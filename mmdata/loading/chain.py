@@ -75,8 +75,7 @@ class BatchReader:
         self.cameras = [(name, stream) for name, stream in spec.streams.items() if isinstance(stream, Frames)]
         self.fetch = Fetcher(self.sources, self.align.stored_names)
         self._aligned_ahead: dict[tuple[SampleRef, str], FramePlan] = {}
-        cacheable = not hasattr(video_decoder, "prepare")  # a prepared batch is decoded as prepared
-        self.frame_cache = FrameCache(frame_cache_bytes if cacheable else 0)
+        self.frame_cache = FrameCache(0 if video_decoder.prepares else frame_cache_bytes)
         self.followed_stats = FrameCacheStats()
         self._followers: dict[int, FrameCache] = {}  # per planning worker, in the process that decodes
 

@@ -49,8 +49,7 @@ def prepare_video(
         for (m, _), scope, request in zip(located, scopes, requests):
             if request.where is not None:
                 keys[m] = segment_key(scope, request)
-        prepare = getattr(decoder, "prepare", None)
-        prepared = prepare(merged) if prepare is not None else None
+        prepared = decoder.prepare(merged) if decoder.prepares else None
         kept = [plans[p] if p in live else None for p in range(len(plans))]
         batch.pending[name] = PendingVideo(
             kept, merged, located, prepared, frame.shape, channels_first, keys, decoded_channels_first=converts
@@ -82,7 +81,7 @@ def _finish_camera(
 ):
     try:
         if pending.prepared is not None:
-            outputs = decoder.decode_prepared(pending.merged, *pending.prepared, on_error)
+            outputs = decoder.decode_prepared(pending.merged, pending.prepared, on_error)
         elif cache is not None and cache.enabled:
             outputs = decode_with_cache(decoder, pending.merged, pending.keys, cache, on_error)
         else:

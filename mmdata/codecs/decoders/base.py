@@ -30,6 +30,10 @@ class VideoDecoder(ABC):
     fits_geometry: bool = False
     # Whether it converts frames straight into `[F, 3, H, W]` when a request asks (`ClipRequest.channels_first`).
     writes_channels_first: bool = False
+    # Whether decoding comes in two halves: `prepare` (host work, done where the micro-batch is read: in a loader
+    # worker) and `decode_prepared` (where the frames are decoded: the GPU's process). A batch is decoded as it was
+    # prepared, so a loader keeps no frame cache for such a decoder (the cache changes what is decoded).
+    prepares: bool = False
 
     def __init__(self) -> None:
         self.stats = DecodeStats()
@@ -52,6 +56,14 @@ class VideoDecoder(ABC):
             return self.fitted(requests, self._decode_batch(list(requests), on_error))
         finally:
             self.stats.seconds += time.perf_counter() - started
+
+    def prepare(self, requests: list[ClipRequest]) -> tuple:
+        """The host half of decoding `requests`, for `decode_prepared` (decoders that `prepares` only)."""
+        raise NotImplementedError(f"decoder '{self.name}' decodes in one call (decode), it prepares nothing")
+
+    def decode_prepared(self, requests: list[ClipRequest], prepared: tuple, on_error: OnError = "raise") -> list[Any]:
+        """Frames for every request from what `prepare(requests)` returned, as `decode` gives them."""
+        raise NotImplementedError(f"decoder '{self.name}' decodes in one call (decode), it prepares nothing")
 
     def fitted(self, requests: Sequence[ClipRequest], outputs: list[Any]) -> list[Any]:
         """Outputs cut to their cameras' own size (`ClipRequest.display_size`), or cropped and scaled to their

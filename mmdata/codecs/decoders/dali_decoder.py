@@ -47,6 +47,8 @@ def _let_go(keys: list[int], owner_pid: int) -> None:
 class DaliDecoder(VideoDecoder):
     """`fn.decoders.video` over external-source bytes; `device` is "gpu" (NVDEC) or "cpu"."""
 
+    prepares = True  # joining segments runs where the micro-batch is read
+
     def __init__(
         self,
         device: str = "gpu",
@@ -126,9 +128,13 @@ class DaliDecoder(VideoDecoder):
         return self._decode_prepared(requests, work, failed, on_error)
 
     def decode_prepared(
-        self, requests: list[ClipRequest], work: list[JoinedStream], failed: dict[int, Exception], on_error: OnError
+        self,
+        requests: list[ClipRequest],
+        prepared: tuple[list[JoinedStream], dict[int, Exception]],
+        on_error: OnError = "raise",
     ) -> list[Any]:
         """Frames per request from prepared work; requests that failed to join are retried alone."""
+        work, failed = prepared
         started = time.perf_counter()
         try:
             return self.fitted(requests, self._decode_prepared(requests, work, failed, on_error))

@@ -75,6 +75,7 @@ class HybridDecoder(VideoDecoder):
     """Decodes each batch with `first` and `second` at once, split by `RateSplit` (see the module)."""
 
     fits_geometry = True  # each side fits its own outputs
+    prepares = True  # the worker decodes the tail and prepares the head (see the module)
 
     def __init__(self, first: VideoDecoder, second: VideoDecoder, split: RateSplit | None = None):
         super().__init__()
@@ -111,9 +112,8 @@ class HybridDecoder(VideoDecoder):
         the head for the first backend (see the module's docstring)."""
         cut = self.split.cut([len(r.frames) for r in requests], float(self._published[0]))
         head, tail = requests[:cut], requests[cut:]
-        first_prepare = getattr(self.first, "prepare", None)
         # the head's reads overlap the tail's decoding
-        preparing = self._helper().submit(first_prepare, head) if head and first_prepare is not None else None
+        preparing = self._helper().submit(self.first.prepare, head) if head and self.first.prepares else None
         failure: DecodeError | None = None
         try:
             tail_outputs, tail_seconds = _timed(self.second, tail, "raise") if tail else ([], 0.0)
@@ -123,18 +123,10 @@ class HybridDecoder(VideoDecoder):
         head_prepared = preparing.result() if preparing is not None else None
         return cut, tail_outputs, tail_seconds, failure, head_prepared
 
-    def decode_prepared(
-        self,
-        requests: Sequence[ClipRequest],
-        cut: int,
-        tail_outputs: list[Any],
-        tail_seconds: float,
-        failure: DecodeError | None,
-        head_prepared: tuple | None,
-        on_error: OnError = "raise",
-    ) -> list[Any]:
+    def decode_prepared(self, requests: list[ClipRequest], prepared: tuple, on_error: OnError = "raise") -> list[Any]:
         """In the main process: decode the head, learn both sides' rates, publish the new share, and return
         every request's frames in order."""
+        cut, tail_outputs, tail_seconds, failure, head_prepared = prepared
         if failure is not None and on_error == "raise":
             raise failure
         head, tail = list(requests[:cut]), list(requests[cut:])
@@ -142,7 +134,7 @@ class HybridDecoder(VideoDecoder):
         if not head:
             head_outputs: list[Any] = []
         elif head_prepared is not None:
-            head_outputs = self.first.decode_prepared(head, *head_prepared, on_error)
+            head_outputs = self.first.decode_prepared(head, head_prepared, on_error)
         else:
             head_outputs = self.first.decode(head, on_error)
         head_seconds = time.perf_counter() - started
