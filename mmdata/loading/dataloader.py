@@ -10,19 +10,17 @@ in plan order whatever the worker count. Workers live across epochs (see `loadin
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import os
 import time
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
 import torch
 
 from mmdata.checks import option_int
 from mmdata.codecs.decoders import VideoDecoder, make_video_decoder
-from mmdata.errors import OptionError, ResumeError, SpecError, StoreError
+from mmdata.errors import OptionError, ResumeError, SpecError
 from mmdata.loading.chain import BatchReader
 from mmdata.loading.feed import Feed, Item, StepSource, ring_bytes
 from mmdata.loading.frame_budget import FrameBudget, available_host_memory, plan_frame_budget, waste_cause
@@ -30,25 +28,19 @@ from mmdata.loading.loader_options import Batching, Reading, Runtime, Shuffling,
 from mmdata.loading.loader_stats import LoaderStats
 from mmdata.loading.micro_batch import MicroBatch, OnError, source_counts
 from mmdata.loading.normalize import attach_normalizers
-from mmdata.loading.state import LoaderState, fingerprint
+from mmdata.loading.state import LoaderState
 from mmdata.loading.timing import enable_profiler_ranges, timed
 from mmdata.planning.episodes import Episodes
 from mmdata.planning.epoch_plan import EpochPlan
+from mmdata.planning.loader_plan import plan_loader
 from mmdata.planning.mixture import (
     Mixture,
-    OpenSource,
     Source,
     check_sources,
-    describe_sources,
-    epoch_composition,
     open_sources,
-    source_targets,
 )
-from mmdata.planning.order import SEGMENT_ORDER_VERSION, resolve_shuffle
-from mmdata.planning.planner import LoaderPlanner, PlanSettings
+from mmdata.planning.planner import PlanSettings
 from mmdata.planning.ranks import rank_and_world
-from mmdata.planning.samples import SampleTable, concatenate_samples, enumerate_samples
-from mmdata.planning.segments import segment_blocks
 from mmdata.planning.specs import Frames, Spec, Windows
 from mmdata.schema import VideoStream
 from mmdata.store.dataset import Dataset
@@ -99,16 +91,12 @@ class DataLoader:
             raise OptionError(f"on_error is 'raise' or 'skip', not '{on_error}'")
         option_int(seed, "seed", 0, 1 << 62)
         self.batching, self.shuffling, self.runtime, self.reading = batching, shuffling, runtime, reading
-        batch_tokens, batch_size, tokens_per = batching.batch_tokens, batching.batch_size, batching.tokens_per
-        balance, layout = batching.balance, batching.layout
-        shuffle, shuffle_window, shards_per_group = shuffling.mode, shuffling.window, shuffling.shards_per_group
-        num_workers, rank, world_size = runtime.num_workers, runtime.rank, runtime.world_size
-        self.rank, self.world_size = rank_and_world(rank, world_size)
+        self.rank, self.world_size = rank_and_world(runtime.rank, runtime.world_size)
         enable_profiler_ranges(runtime.profiler_ranges)
         self.device = _resolve_device(runtime.device)
         self.spec = spec
-        self.layout = layout
-        self.num_workers = num_workers
+        self.layout = batching.layout
+        self.num_workers = runtime.num_workers
         self.prefetch_factor = runtime.prefetch_factor
         self.on_error = on_error
         self.attention_mask = batching.attention_mask
@@ -124,93 +112,30 @@ class DataLoader:
         self.decoder = self._build_decoder(runtime.decoder)
         decode_in = runtime.decode_in
         self.decode_in_main = decode_in == "main" if decode_in else self.decoder.device == "gpu"
-        self.excluded: dict = {}
-        self.samples: SampleTable = concatenate_samples([self._source_samples(s) for s in self.sources])
-        self.costs = self.samples.costs(tokens_per)
-        if batch_tokens is not None and self.costs.max() > batch_tokens:
-            worst = int(np.argmax(self.costs))
-            raise SpecError(
-                f"batch_tokens={batch_tokens} is smaller than one sample: sample {worst} (episode"
-                f" {int(self.samples.episode[worst])}) costs {int(self.costs[worst])} tokens; raise batch_tokens"
-                " to at least that, lower tokens_per, or shorten the samples (Sequences(max_seconds=...))"
-            )
-        counts = np.bincount(self.samples.source, minlength=len(self.sources))
-        mean_costs = [float(self.costs[self.samples.source == n].mean()) if c else 0.0 for n, c in enumerate(counts)]
-        self.source_targets = source_targets(mixture, counts, mean_costs)
-        attach_normalizers(self.sources, spec, self.source_targets.tolist(), mixture.normalize_with)
-        composition = None
-        if self.mixture is not None:
-            composition = functools.partial(epoch_composition, self.samples.source, self.source_targets)
-        cameras = [name for name, stream in spec.streams.items() if isinstance(stream, Frames)]
-        shuffle = resolve_shuffle(shuffle, batch_size is not None, bool(cameras))
-        self.shuffle = shuffle
-        lanes = shuffling.lanes or max(1, num_workers)
-        settings_for_plan = PlanSettings(
-            batch_tokens, batch_size, balance, shuffle, shuffle_window, shards_per_group, lanes, shuffling.open_segments
+        settings = PlanSettings(
+            batching.batch_tokens,
+            batching.batch_size,
+            batching.balance,
+            shuffling.mode,
+            shuffling.window,
+            shuffling.shards_per_group,
+            shuffling.lanes or max(1, runtime.num_workers),
+            shuffling.open_segments,
         )
-        blocks = None
-        if shuffle == "segments":
-            if batch_tokens is not None:
-                raise OptionError(
-                    "the 'segments' order keeps its steps in order, which token-budgeted packing does not:"
-                    " give Batching(batch_size=...) with Shuffling(mode='segments')"
-                )
-            stored = [s.streams.get(cameras[0]) if cameras else None for s in self.sources]
-            blocks = segment_blocks(self.samples, [s.store for s in self.sources], stored)
-        keys = [s.store.table.column("key").to_pylist() for s in self.sources]
-        shards = [s.store.table.column("shard").to_pylist() for s in self.sources]
-        self.planner = LoaderPlanner(self.samples, self.costs, keys, shards, settings_for_plan, composition, blocks)
-        if self.mixture is None:
-            data = [keys[0], self.store.table.column("duration").to_pylist()]
-        else:
-            data = [describe_sources(self.sources), self.mixture.describe()]
-
-        def fingerprint_in(order: str, segments_version: str = SEGMENT_ORDER_VERSION) -> str:
-            settings = [
-                spec.describe(),
-                episodes.describe() if episodes is not None else None,
-                dict(tokens_per or {}),
-                [batch_tokens, batch_size, balance, order, shuffle_window, shards_per_group],
-            ]
-            if order == "segments":  # (the other orders' states stay as they were before it existed)
-                settings.append([lanes, shuffling.open_segments, segments_version])
-            return fingerprint(*data, *settings)
-
-        self._fingerprint = fingerprint_in(shuffle)
-        # what a state saved by the loader before "auto" became the default carries ("locality" was)
-        self._locality_fingerprint = fingerprint_in("locality")
-        # and one saved in the segment order before its lanes were cut to their steps' samples
-        self._earlier_segments_fingerprint = fingerprint_in(shuffle, "time order")
+        mixed = self.mixture is not None
+        plan = plan_loader(self.sources, spec, settings, batching.tokens_per, mixture, mixed, episodes, on_error)
+        self.samples, self.costs, self.planner, self.excluded = plan.samples, plan.costs, plan.planner, plan.excluded
+        self.source_targets, self.shuffle = plan.source_targets, plan.settings.shuffle
+        attach_normalizers(self.sources, spec, self.source_targets.tolist(), mixture.normalize_with)
+        self._fingerprint = plan.fingerprint
+        self._locality_fingerprint = plan.locality_fingerprint
+        self._earlier_segments_fingerprint = plan.earlier_segments_fingerprint
         self._state = LoaderState(seed, 0, self._fingerprint)
         self._plan_cache: tuple[tuple, EpochPlan] | None = None
         self._stats = LoaderStats()
         self._feed: Feed | None = None
         self._reader: BatchReader | None = None  # the running feed's; it also ends main-process batches
         self.frame_budget: FrameBudget | None = None  # the running feed's frame caches' bound and horizon
-
-    def _source_samples(self, source: OpenSource) -> SampleTable:
-        """The samples of one source's selected, undamaged episodes; damaged ones are refused or left out."""
-        table = source.store.table
-        selected = source.episodes.select(table) if source.episodes is not None else np.arange(table.num_rows)
-        damaged = {int(i): source.store.damaged[int(i)] for i in selected if int(i) in source.store.damaged}
-        label = "" if self.mixture is None else f"source '{source.name}': "
-        if damaged and self.on_error == "raise":
-            raise StoreError(
-                f"{label}{len(damaged)} episode(s) have inconsistent manifest rows, the first: "
-                f"{next(iter(damaged.values()))}; run `mmdata verify {source.store.url}`, or pass"
-                " on_error='skip' to leave them out of every epoch (they are listed in stats()['excluded_episodes'])"
-            )
-        self.excluded.update({(i if self.mixture is None else f"{source.name}/{i}"): m for i, m in damaged.items()})
-        if damaged and len(damaged) == len(selected):
-            raise StoreError(
-                f"{label}all {len(selected)} selected episode(s) were left out as damaged (on_error='skip'), the first:"
-                f" {next(iter(damaged.values()))}; run `mmdata verify {source.store.url}` and convert the store again"
-            )
-        selected = np.asarray([i for i in selected if int(i) not in damaged], dtype=np.int64)
-        try:
-            return enumerate_samples(table, self.spec, selected)
-        except SpecError as exc:
-            raise SpecError(f"{label}{exc}") from None
 
     # plan
 

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
-
-import xxhash
 
 from mmdata.checks import as_int
 from mmdata.errors import ResumeError
@@ -68,9 +65,3 @@ class LoaderState:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ResumeError(f"the loader state is incomplete or damaged: {exc}") from exc
-
-
-def fingerprint(*parts: Any) -> str:
-    """A short hash of everything the plan of an epoch depends on, besides seed, epoch and world size."""
-    text = json.dumps(parts, sort_keys=True, default=repr)
-    return xxhash.xxh64_hexdigest(text.encode())
