@@ -19,16 +19,16 @@ from typing import Any
 import torch
 
 from mmdata.checks import option_int
-from mmdata.codecs.decoders import VideoDecoder, make_video_decoder
-from mmdata.errors import OptionError, ResumeError, SpecError
+from mmdata.errors import OptionError, SpecError
 from mmdata.loading.chain import BatchReader
+from mmdata.loading.decoding import loader_decoder
 from mmdata.loading.feed import Feed, Item, StepSource, ring_bytes
 from mmdata.loading.frame_budget import FrameBudget, available_host_memory, plan_frame_budget, waste_cause
 from mmdata.loading.loader_options import Batching, Reading, Runtime, Shuffling, grouped_options
 from mmdata.loading.loader_stats import LoaderStats
 from mmdata.loading.micro_batch import MicroBatch, OnError, source_counts
 from mmdata.loading.normalize import attach_normalizers
-from mmdata.loading.state import LoaderState
+from mmdata.loading.state import LoaderState, check_resumable
 from mmdata.loading.timing import enable_profiler_ranges, timed
 from mmdata.planning.episodes import Episodes
 from mmdata.planning.epoch_plan import EpochPlan
@@ -42,7 +42,6 @@ from mmdata.planning.mixture import (
 from mmdata.planning.planner import PlanSettings
 from mmdata.planning.ranks import rank_and_world
 from mmdata.planning.specs import Frames, Spec, Windows
-from mmdata.schema import VideoStream
 from mmdata.store.dataset import Dataset
 from mmdata.store.handle import Store
 
@@ -109,7 +108,7 @@ class DataLoader:
         self.sources = open_sources(mixture, reading.verify, reading.cache_bytes, reading.policy)
         self.store = self.sources[0].store
         self.fillers = check_sources(spec, self.sources)
-        self.decoder = self._build_decoder(runtime.decoder)
+        self.decoder = loader_decoder(runtime.decoder, spec, self.sources, self.device, runtime.num_workers)
         decode_in = runtime.decode_in
         self.decode_in_main = decode_in == "main" if decode_in else self.decoder.device == "gpu"
         settings = PlanSettings(
@@ -127,10 +126,8 @@ class DataLoader:
         self.samples, self.costs, self.planner, self.excluded = plan.samples, plan.costs, plan.planner, plan.excluded
         self.source_targets, self.shuffle = plan.source_targets, plan.settings.shuffle
         attach_normalizers(self.sources, spec, self.source_targets.tolist(), mixture.normalize_with)
-        self._fingerprint = plan.fingerprint
-        self._locality_fingerprint = plan.locality_fingerprint
-        self._earlier_segments_fingerprint = plan.earlier_segments_fingerprint
-        self._state = LoaderState(seed, 0, self._fingerprint)
+        self._plan = plan
+        self._state = LoaderState(seed, 0, plan.fingerprint)
         self._plan_cache: tuple[tuple, EpochPlan] | None = None
         self._stats = LoaderStats()
         self._feed: Feed | None = None
@@ -138,31 +135,6 @@ class DataLoader:
         self.frame_budget: FrameBudget | None = None  # the running feed's frame caches' bound and horizon
 
     # plan
-
-    def _build_decoder(self, decoder: str | VideoDecoder) -> VideoDecoder:
-        cameras = [
-            source.store.schema.stream(source.streams[n])
-            for n, s in self.spec.streams.items()
-            if isinstance(s, Frames)
-            for source in self.sources
-            if n in source.streams
-        ]
-        codecs = sorted({c.codec for c in cameras if isinstance(c, VideoStream)})
-        if isinstance(decoder, VideoDecoder):
-            decoder.check_codecs(codecs)
-            return decoder
-        frames = max((len(s.offsets) for s in self.spec.streams.values() if isinstance(s, Frames)), default=None)
-        smallest = (min(c.width for c in cameras), min(c.height for c in cameras)) if cameras else None
-        device = "cuda" if self.device.type == "cuda" else "cpu"
-        return make_video_decoder(
-            decoder,
-            codecs,
-            device=device,
-            frames_per_request=frames,
-            frame_size=smallest,
-            device_id=self.device.index or 0,
-            **({"helpers": max(1, self.num_workers)} if decoder == "hybrid" else {}),
-        )
 
     def epoch_plan(self) -> EpochPlan:
         """The plan of the current epoch at this world size, from where the state says the run is."""
@@ -206,39 +178,7 @@ class DataLoader:
         """Continue from `state`: the same batches as the run that saved it, or, at another world size,
         the rest of its epoch with no sample repeated or left out."""
         loaded = LoaderState.from_dict(state)
-        if loaded.fingerprint != self._fingerprint and loaded.fingerprint == self._locality_fingerprint:
-            raise ResumeError(
-                f"the saved loader state was made in the 'locality' order, the default before this loader's"
-                f" '{self.shuffle}' (the \"auto\" default since the segment order and frame cache); pass"
-                " shuffling=mmdata.Shuffling(mode='locality') to resume it"
-            )
-        if loaded.fingerprint != self._fingerprint and loaded.fingerprint == self._earlier_segments_fingerprint:
-            raise ResumeError(
-                "the saved loader state was made in the 'segments' order of an earlier mmdata (lanes of whole"
-                " segments), whose steps this one no longer makes; to go on from the next epoch, build the loader"
-                f" and call loader.set_epoch({loaded.epoch + 1}) instead of load_state_dict; to finish that epoch"
-                " exactly, resume it with the mmdata that saved it"
-            )
-        saved_counts = state.get("episodes")
-        if loaded.fingerprint != self._fingerprint and saved_counts not in (None, self._episode_counts()):
-            grown = [
-                f"'{source.store.url}' held {then} episodes then and holds {len(source.store)} now"
-                for source, then in zip(self.sources, saved_counts)
-                if then != len(source.store)
-            ]
-            raise ResumeError(
-                f"the saved loader state was made over other episodes ({'; '.join(grown) or saved_counts}: episodes"
-                " were appended or the store replaced); its epoch was planned over the episodes of then and cannot"
-                " go on over others. To go on with every episode from the next epoch, build the loader and call"
-                f" loader.set_epoch({loaded.epoch + 1}) instead of load_state_dict; to finish that epoch exactly,"
-                " resume on the store as it was (a copy made before the append)"
-            )
-        if loaded.fingerprint != self._fingerprint:
-            raise ResumeError(
-                "the saved loader state was made for other data or other sampling/batching settings"
-                " (dataset manifest, spec, episode filter, tokens_per, batch size or shuffle differ);"
-                " build the loader as before, or start the run fresh"
-            )
+        check_resumable(loaded, state.get("episodes"), self._plan, [source.store for source in self.sources])
         self._state = loaded
         self.close()
         self.epoch_plan()

@@ -14,15 +14,47 @@ from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import torch
 
-from mmdata.codecs.decoders import ClipRequest, VideoDecoder
+from mmdata.codecs.decoders import ClipRequest, VideoDecoder, make_video_decoder
 from mmdata.errors import DecodeError, SampleError
 from mmdata.loading.frame_cache import FrameCache
 from mmdata.loading.host_memory import host_frames
 from mmdata.loading.micro_batch import MicroBatch, OnError, PendingVideo
 from mmdata.loading.timing import timed
-from mmdata.planning.mixture import Filler
+from mmdata.planning.mixture import Filler, OpenSource
+from mmdata.planning.specs import Frames, Spec
+from mmdata.schema import VideoStream
 from mmdata.store.handle import FramePlan, assemble_frames_at
+
+
+def loader_decoder(
+    choice: str | VideoDecoder, spec: Spec, sources: list[OpenSource], device: torch.device, workers: int
+) -> VideoDecoder:
+    """The decoder a loader of `spec` over `sources` decodes with: `choice` itself, checked against the cameras'
+    codecs, or the backend it names ("auto": the fastest measured for the codecs, frame size and device)."""
+    cameras = [
+        source.store.schema.stream(source.streams[name])
+        for name, stream in spec.streams.items()
+        if isinstance(stream, Frames)
+        for source in sources
+        if name in source.streams
+    ]
+    codecs = sorted({camera.codec for camera in cameras if isinstance(camera, VideoStream)})
+    if isinstance(choice, VideoDecoder):
+        choice.check_codecs(codecs)
+        return choice
+    frames = max((len(s.offsets) for s in spec.streams.values() if isinstance(s, Frames)), default=None)
+    smallest = (min(c.width for c in cameras), min(c.height for c in cameras)) if cameras else None
+    return make_video_decoder(
+        choice,
+        codecs,
+        device="cuda" if device.type == "cuda" else "cpu",
+        frames_per_request=frames,
+        frame_size=smallest,
+        device_id=device.index or 0,
+        **({"helpers": max(1, workers)} if choice == "hybrid" else {}),
+    )
 
 
 def prepare_video(

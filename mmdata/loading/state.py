@@ -8,6 +8,8 @@ from typing import Any
 from mmdata.checks import as_int
 from mmdata.errors import ResumeError
 from mmdata.planning.epoch_plan import Stretch
+from mmdata.planning.loader_plan import LoaderPlan
+from mmdata.store.handle import Store
 
 STATE_FORMAT = "mmdata.loader"
 STATE_VERSION = 1
@@ -65,3 +67,44 @@ class LoaderState:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ResumeError(f"the loader state is incomplete or damaged: {exc}") from exc
+
+
+def check_resumable(loaded: LoaderState, saved_counts: list[int] | None, plan: LoaderPlan, stores: list[Store]) -> None:
+    """Refuse a state a loader of `plan` over `stores` cannot go on from, saying why and how to go on: one made
+    in the order that was the default before, in the "segments" order of an earlier mmdata, over other
+    episodes (`saved_counts`, each store's episodes when it was saved: an append), or for other data or
+    settings."""
+    if loaded.fingerprint == plan.fingerprint:
+        return
+    if loaded.fingerprint == plan.locality_fingerprint:
+        raise ResumeError(
+            f"the saved loader state was made in the 'locality' order, the default before this loader's"
+            f" '{plan.settings.shuffle}' (the \"auto\" default since the segment order and frame cache); pass"
+            " shuffling=mmdata.Shuffling(mode='locality') to resume it"
+        )
+    if loaded.fingerprint == plan.earlier_segments_fingerprint:
+        raise ResumeError(
+            "the saved loader state was made in the 'segments' order of an earlier mmdata (lanes of whole"
+            " segments), whose steps this one no longer makes; to go on from the next epoch, build the loader"
+            f" and call loader.set_epoch({loaded.epoch + 1}) instead of load_state_dict; to finish that epoch"
+            " exactly, resume it with the mmdata that saved it"
+        )
+    counts = [len(store) for store in stores]
+    if saved_counts not in (None, counts):
+        grown = [
+            f"'{store.url}' held {then} episodes then and holds {now} now"
+            for store, then, now in zip(stores, saved_counts, counts)
+            if then != now
+        ]
+        raise ResumeError(
+            f"the saved loader state was made over other episodes ({'; '.join(grown) or saved_counts}: episodes"
+            " were appended or the store replaced); its epoch was planned over the episodes of then and cannot"
+            " go on over others. To go on with every episode from the next epoch, build the loader and call"
+            f" loader.set_epoch({loaded.epoch + 1}) instead of load_state_dict; to finish that epoch exactly,"
+            " resume on the store as it was (a copy made before the append)"
+        )
+    raise ResumeError(
+        "the saved loader state was made for other data or other sampling/batching settings"
+        " (dataset manifest, spec, episode filter, tokens_per, batch size or shuffle differ);"
+        " build the loader as before, or start the run fresh"
+    )
