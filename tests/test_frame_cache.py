@@ -246,7 +246,7 @@ def test_a_state_saved_in_an_earlier_segment_order_is_refused_by_name_with_how_t
         return mmdata.DataLoader(str(stores["wds"]), WINDOWS, batching=mmdata.Batching(batch_size=4))
 
     with monkeypatch.context() as earlier:  # the loader of the mmdata before lanes were cut to their steps
-        earlier.setattr("mmdata.loading.dataloader.SEGMENT_ORDER_VERSION", "time order")
+        earlier.setattr("mmdata.planning.loader_plan.SEGMENT_ORDER_VERSION", "time order")
         saved = build()
         next(iter(saved))
         state = saved.state_dict()

@@ -10,7 +10,6 @@ in plan order whatever the worker count. Workers live across epochs (see `loadin
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import time
 from collections.abc import Iterator
@@ -23,7 +22,14 @@ from mmdata.errors import OptionError, SpecError
 from mmdata.loading.chain import BatchReader
 from mmdata.loading.decoding import loader_decoder
 from mmdata.loading.feed import Feed, Item, StepSource, ring_bytes
-from mmdata.loading.frame_budget import FrameBudget, available_host_memory, plan_frame_budget, waste_cause
+from mmdata.loading.frame_budget import (
+    FrameBudget,
+    available_host_memory,
+    delivered_frame_sizes,
+    frame_bytes_per_batch,
+    plan_frame_budget,
+    waste_cause,
+)
 from mmdata.loading.loader_options import Batching, Reading, Runtime, Shuffling, grouped_options
 from mmdata.loading.loader_stats import LoaderStats
 from mmdata.loading.micro_batch import MicroBatch, OnError, source_counts
@@ -41,7 +47,7 @@ from mmdata.planning.mixture import (
 )
 from mmdata.planning.planner import PlanSettings
 from mmdata.planning.ranks import rank_and_world
-from mmdata.planning.specs import Frames, Spec, Windows
+from mmdata.planning.specs import Spec
 from mmdata.store.dataset import Dataset
 from mmdata.store.handle import Store
 
@@ -98,8 +104,6 @@ class DataLoader:
         self.num_workers = runtime.num_workers
         self.prefetch_factor = runtime.prefetch_factor
         self.on_error = on_error
-        self.attention_mask = batching.attention_mask
-        self.pad_to_multiple = batching.pad_to_multiple
 
         if isinstance(dataset, Mixture) and episodes is not None:
             raise OptionError("a mixture filters episodes per source: give Source(..., episodes=...) instead")
@@ -220,9 +224,9 @@ class DataLoader:
         planning = time.perf_counter()
         steps = self.planner.rank_steps(plan, self.rank)
         collate_options = {
-            "layout": self.layout,
-            "attention_mask": self.attention_mask,
-            "pad_to_multiple": self.pad_to_multiple,
+            "layout": self.batching.layout,
+            "attention_mask": self.batching.attention_mask,
+            "pad_to_multiple": self.batching.pad_to_multiple,
         }
         budget = self.frame_budget = self._plan_frame_budget()
         reader = self._reader = BatchReader(
@@ -246,7 +250,7 @@ class DataLoader:
             pin_memory=self.device.type == "cuda",
             background=self.decode_in_main,
             ahead=MAIN_DECODE_AHEAD,
-            frame_bytes=self._frame_bytes_per_batch(),
+            frame_bytes=frame_bytes_per_batch(self.spec, self.fillers, self.batching.batch_size),
         )
         return self._feed
 
@@ -254,32 +258,13 @@ class DataLoader:
         """Each frame cache's bound and horizon: the plan's working set within the memory where the frames are kept
         (the host's; the GPU's for a GPU decoder in the main process), or the bound `Reading` gives."""
         given = self.reading.frame_cache_bytes
-        read_bytes = self._frame_bytes_per_batch()
+        read_bytes = frame_bytes_per_batch(self.spec, self.fillers, self.batching.batch_size)
         caches = max(1, self.num_workers)
         rings = ring_bytes(read_bytes, self.prefetch_factor, MAIN_DECODE_AHEAD) if self.num_workers else 0
         if self.decode_in_main and self.decoder.device == "gpu" and self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
             return plan_frame_budget(read_bytes, caches, 0, _given(given), free, f"GPU {self.device.index}")
         return plan_frame_budget(read_bytes, caches, rings, _given(given), available_host_memory())
-
-    def _frame_bytes_per_batch(self) -> int | None:
-        """About what a batch's decoded frames take: frames per sample x frame bytes x samples, for windows and
-        bounded sequences in batches of a size (None otherwise)."""
-        batch_size = self.batching.batch_size
-        if batch_size is None:
-            return None
-        total = 0
-        for name, stream in self.spec.streams.items():
-            if not isinstance(stream, Frames):
-                continue
-            if isinstance(self.spec, Windows):
-                count = len(stream.offsets)
-            elif self.spec.max_seconds is not None:
-                count = math.ceil(self.spec.max_seconds * self.spec.rate_of(name)) + 1
-            else:
-                return None
-            total += count * math.prod(self.fillers[name].shape)
-        return total * batch_size
 
     def close(self) -> None:
         """Stop the workers and the receiving thread (they otherwise stay up between epochs)."""
@@ -351,21 +336,11 @@ class DataLoader:
         budget = self.frame_budget
         snapshot["frame_cache"] = budget.snapshot() if budget is not None else None
         snapshot["decode_waste_cause"] = waste_cause(
-            snapshot["decode_waste"], snapshot["frames_evicted"], budget, self._frame_sizes()
+            snapshot["decode_waste"], snapshot["frames_evicted"], budget, delivered_frame_sizes(self.spec, self.fillers)
         )
         if self.decode_in_main:
             snapshot["main_process_decode"] = self.decoder.stats.snapshot()
         return snapshot
-
-    def _frame_sizes(self) -> str:
-        """The cameras' delivered frame sizes, for messages: "cam_high 640x480, cam_wrist 640x480"."""
-        sizes = []
-        for name, stream in self.spec.streams.items():
-            if isinstance(stream, Frames):
-                shape = self.fillers[name].shape
-                height, width = (shape[1], shape[2]) if stream.channels_first else (shape[0], shape[1])
-                sizes.append(f"{name} {width}x{height}")
-        return ", ".join(sizes)
 
     def reset_stats(self) -> None:
         """Start the totals of `stats()` afresh (e.g. after warm-up)."""

@@ -20,10 +20,13 @@ comes, which `loader.stats()` names (`waste_cause`).
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import asdict, dataclass
 
 from mmdata.loading.frame_cache import HORIZON
+from mmdata.planning.mixture import Filler
+from mmdata.planning.specs import Frames, Spec, Windows
 
 # Of the memory available to this rank when the loader is built: what its frame caches and frame rings may take.
 MEMORY_SHARE = 0.25
@@ -92,6 +95,36 @@ def plan_frame_budget(
         return FrameBudget(bound=min(UNSIZED_BOUND, share), horizon=HORIZON, given=False, **budget)
     horizon = min(LONGEST_HORIZON, max(1, share // read_bytes - 1))
     return FrameBudget(bound=min((horizon + 1) * read_bytes, share), horizon=horizon, given=False, **budget)
+
+
+def frame_bytes_per_batch(spec: Spec, fillers: dict[str, Filler], batch_size: int | None) -> int | None:
+    """About what a batch's decoded frames take: frames per sample x frame bytes x samples, for windows and
+    bounded sequences in batches of a size (None otherwise)."""
+    if batch_size is None:
+        return None
+    total = 0
+    for name, stream in spec.streams.items():
+        if not isinstance(stream, Frames):
+            continue
+        if isinstance(spec, Windows):
+            count = len(stream.offsets)
+        elif spec.max_seconds is not None:
+            count = math.ceil(spec.max_seconds * spec.rate_of(name)) + 1
+        else:
+            return None
+        total += count * math.prod(fillers[name].shape)
+    return total * batch_size
+
+
+def delivered_frame_sizes(spec: Spec, fillers: dict[str, Filler]) -> str:
+    """The cameras' delivered frame sizes, for messages: "cam_high 640x480, cam_wrist 640x480"."""
+    sizes = []
+    for name, stream in spec.streams.items():
+        if isinstance(stream, Frames):
+            shape = fillers[name].shape
+            height, width = (shape[1], shape[2]) if stream.channels_first else (shape[0], shape[1])
+            sizes.append(f"{name} {width}x{height}")
+    return ", ".join(sizes)
 
 
 def available_host_memory() -> int:
