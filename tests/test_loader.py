@@ -434,12 +434,10 @@ def test_a_corrupt_shard_stops_the_run_when_video_is_decoded_in_the_main_process
 
 
 def test_a_cuda_device_without_index_follows_local_rank(monkeypatch):
-    from mmdata.loading.dataloader import _resolve_device
-
     monkeypatch.setenv("LOCAL_RANK", "3")
-    assert _resolve_device("cuda") == torch.device("cuda", 3)
-    assert _resolve_device("cuda:1") == torch.device("cuda", 1)
-    assert _resolve_device("cpu") == torch.device("cpu")
+    assert mmdata.Runtime(device="cuda").resolved_device() == torch.device("cuda", 3)
+    assert mmdata.Runtime(device="cuda:1").resolved_device() == torch.device("cuda", 1)
+    assert mmdata.Runtime(device="cpu").resolved_device() == torch.device("cpu")
 
 
 @pytest.mark.slow

@@ -28,7 +28,7 @@ from mmdata.loading.collate import collate
 from mmdata.loading.decoding import finish_video, prepare_video, segment_key
 from mmdata.loading.fetching import Fetcher
 from mmdata.loading.frame_cache import HORIZON, FrameCache, FrameCacheStats, Needs, ReadPlan
-from mmdata.loading.micro_batch import MicroBatch, OnError, sample_place
+from mmdata.loading.micro_batch import MicroBatch, OnError, sample_place, source_counts
 from mmdata.loading.settling import settle
 from mmdata.loading.timing import timed
 from mmdata.planning.mixture import Filler, OpenSource
@@ -120,6 +120,26 @@ class BatchReader:
         settle(batch, self._read_alone)
         with timed(batch.seconds, "collate"):
             return collate(batch, **self.collate_options)
+
+    def finish_counted(self, batch: MicroBatch, info: dict[str, Any], seconds: dict[str, float]) -> dict[str, Any]:
+        """`finish` in the process that decodes a micro-batch another reader read (main-process decoding), its
+        outcome counted into that reader's `info`: samples, failures, frames decoded and delivered, the frame
+        cache's bytes and evictions."""
+        stats, cache = self.video_decoder.stats, self.followed_stats
+        decoded, delivered = stats.frames_decoded, stats.frames_delivered
+        served, ahead, evicted = cache.served, cache.ahead, cache.evicted
+        collated = self.finish(batch, seconds)
+        info["failed"] = dict(batch.failed)
+        info["borrowed"] = len(batch.borrowed)
+        info["samples"] = len(batch.samples)
+        info["sources"] = source_counts(batch)
+        info["decoded"] += stats.frames_decoded - decoded
+        # frames decoded for a later step count as delivered when that step takes them from the cache
+        delivered = stats.frames_delivered - delivered
+        info["delivered"] += delivered - (cache.ahead - ahead) + (cache.served - served)
+        info["frame_cache_bytes"] = max(info.get("frame_cache_bytes", 0), self.followed_bytes)
+        info["evicted"] = info.get("evicted", 0) + cache.evicted - evicted
+        return collated
 
     def _cache_for(self, batch: MicroBatch) -> FrameCache:
         """The frame cache that decodes `batch`: this reader's own, or for a micro-batch a reader elsewhere planned

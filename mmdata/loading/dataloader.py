@@ -10,7 +10,6 @@ in plan order whatever the worker count. Workers live across epochs (see `loadin
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -32,7 +31,7 @@ from mmdata.loading.frame_budget import (
 )
 from mmdata.loading.loader_options import Batching, Reading, Runtime, Shuffling, grouped_options
 from mmdata.loading.loader_stats import LoaderStats
-from mmdata.loading.micro_batch import MicroBatch, OnError, source_counts
+from mmdata.loading.micro_batch import MicroBatch, OnError
 from mmdata.loading.normalize import attach_normalizers
 from mmdata.loading.state import LoaderState, check_resumable
 from mmdata.loading.timing import enable_profiler_ranges, timed
@@ -98,7 +97,7 @@ class DataLoader:
         self.batching, self.shuffling, self.runtime, self.reading = batching, shuffling, runtime, reading
         self.rank, self.world_size = rank_and_world(runtime.rank, runtime.world_size)
         enable_profiler_ranges(runtime.profiler_ranges)
-        self.device = _resolve_device(runtime.device)
+        self.device = runtime.resolved_device()
         self.spec = spec
         self.layout = batching.layout
         self.num_workers = runtime.num_workers
@@ -281,21 +280,7 @@ class DataLoader:
         epoch, step, output, info = item
         main: dict[str, float] = {}
         if isinstance(output, MicroBatch):
-            decoded, delivered = self.decoder.stats.frames_decoded, self.decoder.stats.frames_delivered
-            cache = self._reader.followed_stats
-            served, ahead, evicted = cache.served, cache.ahead, cache.evicted
-            collated = self._reader.finish(output, main)
-            info["failed"] = dict(output.failed)
-            info["borrowed"] = len(output.borrowed)
-            info["samples"] = len(output.samples)
-            info["sources"] = source_counts(output)
-            info["decoded"] += self.decoder.stats.frames_decoded - decoded
-            # frames decoded for a later step count as delivered when that step takes them from the cache
-            delivered = self.decoder.stats.frames_delivered - delivered
-            info["delivered"] += delivered - (cache.ahead - ahead) + (cache.served - served)
-            info["frame_cache_bytes"] = max(info.get("frame_cache_bytes", 0), self._reader.followed_bytes)
-            info["evicted"] = info.get("evicted", 0) + cache.evicted - evicted
-            output = collated
+            output = self._reader.finish_counted(output, info, main)
         if self.device.type != "cpu":
             with timed(main, "h2d"):
                 output = self._to_device(output)
@@ -350,13 +335,3 @@ class DataLoader:
 def _given(frame_cache_bytes: int | str) -> int | None:
     """The bound `Reading(frame_cache_bytes=...)` fixes (None: "auto", derived from the plan)."""
     return None if frame_cache_bytes == "auto" else int(frame_cache_bytes)
-
-
-def _resolve_device(device: str | torch.device) -> torch.device:
-    """A CUDA device without an index means this process's GPU: torchrun's LOCAL_RANK, else the current one."""
-    resolved = torch.device(device)
-    if resolved.type != "cuda" or resolved.index is not None:
-        return resolved
-    if "LOCAL_RANK" in os.environ:
-        return torch.device("cuda", int(os.environ["LOCAL_RANK"]))
-    return torch.device("cuda", torch.cuda.current_device() if torch.cuda.is_available() else 0)

@@ -10,6 +10,7 @@ are the loader's own arguments.
 from __future__ import annotations
 
 import numbers
+import os
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -129,6 +130,15 @@ class Runtime:
             torch.device(self.device)
         except (RuntimeError, TypeError, ValueError) as exc:
             raise OptionError(f"device {self.device!r:.60} is not a torch device ({exc})") from None
+
+    def resolved_device(self) -> torch.device:
+        """A CUDA device without an index means this process's GPU: torchrun's LOCAL_RANK, else the current one."""
+        resolved = torch.device(self.device)
+        if resolved.type != "cuda" or resolved.index is not None:
+            return resolved
+        if "LOCAL_RANK" in os.environ:
+            return torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        return torch.device("cuda", torch.cuda.current_device() if torch.cuda.is_available() else 0)
 
 
 @dataclass(frozen=True)
