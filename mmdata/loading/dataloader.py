@@ -288,21 +288,11 @@ class DataLoader:
         return epoch, step, output, info
 
     def _advance(self, plan: EpochPlan) -> None:
-        """Count one step as consumed; after the epoch's last step, the state points at the next epoch."""
-        state = self._state
-        if not state.stretches or state.stretches[-1].world_size != self.world_size:
-            state.stretches = list(plan.stretches)
-        last = state.stretches[-1]
-        state.stretches[-1] = type(last)(last.world_size, last.steps + 1)
-        state.samples_consumed = plan.samples_consumed(state.stretches[-1].steps)
-        # the cached plan stands where the state does, so a feed started from it (after close())
-        # begins at the next step, not at the step the plan was made at
-        plan.stretches = list(state.stretches)
-        self._plan_cache = ((state.seed, state.epoch, tuple(state.stretches), self.world_size), plan)
-        if state.stretches[-1].steps == len(plan.plan):
-            state.epoch += 1
-            state.stretches = []
-            state.samples_consumed = 0
+        """Count one step as consumed; the cached plan stands where the state does, so a feed started from it
+        (after close()) begins at the next step, not at the step the plan was made at."""
+        epoch = self._state.epoch
+        self._state.advance(plan, self.world_size)
+        self._plan_cache = ((self._state.seed, epoch, tuple(plan.stretches), self.world_size), plan)
 
     def _to_device(self, batch: dict[str, Any]) -> dict[str, Any]:
         return {k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}

@@ -7,7 +7,7 @@ from typing import Any
 
 from mmdata.checks import as_int
 from mmdata.errors import ResumeError
-from mmdata.planning.epoch_plan import Stretch
+from mmdata.planning.epoch_plan import EpochPlan, Stretch
 from mmdata.planning.loader_plan import LoaderPlan
 from mmdata.store.handle import Store
 
@@ -27,6 +27,20 @@ class LoaderState:
     fingerprint: str
     stretches: list[Stretch] = field(default_factory=list)
     samples_consumed: int = 0
+
+    def advance(self, plan: EpochPlan, world_size: int) -> None:
+        """Count one step of `plan` (the epoch's plan at `world_size`) as consumed, and move the plan to where the
+        state now stands; after the epoch's last step, point at the start of the next epoch."""
+        if not self.stretches or self.stretches[-1].world_size != world_size:
+            self.stretches = list(plan.stretches)
+        last = self.stretches[-1]
+        self.stretches[-1] = Stretch(last.world_size, last.steps + 1)
+        self.samples_consumed = plan.samples_consumed(self.stretches[-1].steps)
+        plan.stretches = list(self.stretches)
+        if self.stretches[-1].steps == len(plan.plan):
+            self.epoch += 1
+            self.stretches = []
+            self.samples_consumed = 0
 
     @property
     def steps_in_epoch(self) -> int:
