@@ -311,7 +311,7 @@ def test_the_decode_floor_decodes_each_frame_the_samples_deliver_once(stores):
     assert floor.cpu_seconds > 0 and floor.ms_per_sample == 1000 * floor.cpu_seconds / len(first_episode)
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_bench_reports_the_loaders_cpu_per_sample_workers_included_against_the_decode_floor(stores, workers):
     loader = mmdata.DataLoader(
         stores["wds"], POLICY, batching=mmdata.Batching(batch_size=4), runtime=mmdata.Runtime(num_workers=workers)

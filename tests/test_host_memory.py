@@ -134,6 +134,7 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the allocator policy is glibc's (mallopt)")
 def test_a_loader_worker_decodes_into_memory_it_freed_not_into_fresh_pages_the_kernel_must_zero():
     def faults(role: str) -> int:
