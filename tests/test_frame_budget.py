@@ -8,7 +8,7 @@ import pytest
 
 import mmdata
 from mmdata.errors import OptionError
-from mmdata.loading import dataloader as dataloader_module
+from mmdata.loading import frame_budget as frame_budget_module
 from mmdata.loading.frame_budget import (
     LONGEST_HORIZON,
     MEMORY_SHARE,
@@ -77,7 +77,7 @@ def test_the_loaders_bound_follows_its_batch_and_frame_sizes(stores):
 
 def test_a_loader_short_of_memory_plans_fewer_reads_ahead_and_gives_the_same_batches(stores, monkeypatch):
     expected = list(loader(stores["wds"], "windows", 0, shuffle="segments"))
-    monkeypatch.setattr(dataloader_module, "available_host_memory", lambda: 8 * MIB)
+    monkeypatch.setattr(frame_budget_module, "available_host_memory", lambda: 8 * MIB)
     short = loader(stores["wds"], "windows", "auto", shuffle="segments")
     assert_same_batches(list(short), expected)
     budget = short.stats()["frame_cache"]

@@ -23,10 +23,9 @@ from mmdata.loading.decoding import loader_decoder
 from mmdata.loading.feed import Feed, Item, StepSource, ring_bytes
 from mmdata.loading.frame_budget import (
     FrameBudget,
-    available_host_memory,
     delivered_frame_sizes,
     frame_bytes_per_batch,
-    plan_frame_budget,
+    loader_frame_budget,
     waste_cause,
 )
 from mmdata.loading.loader_options import Batching, Reading, Runtime, Shuffling, grouped_options
@@ -254,16 +253,12 @@ class DataLoader:
         return self._feed
 
     def _plan_frame_budget(self) -> FrameBudget:
-        """Each frame cache's bound and horizon: the plan's working set within the memory where the frames are kept
-        (the host's; the GPU's for a GPU decoder in the main process), or the bound `Reading` gives."""
-        given = self.reading.frame_cache_bytes
+        """Each frame cache's bound and horizon (see `frame_budget.loader_frame_budget`)."""
         read_bytes = frame_bytes_per_batch(self.spec, self.fillers, self.batching.batch_size)
-        caches = max(1, self.num_workers)
         rings = ring_bytes(read_bytes, self.prefetch_factor, MAIN_DECODE_AHEAD) if self.num_workers else 0
-        if self.decode_in_main and self.decoder.device == "gpu" and self.device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(self.device)
-            return plan_frame_budget(read_bytes, caches, 0, _given(given), free, f"GPU {self.device.index}")
-        return plan_frame_budget(read_bytes, caches, rings, _given(given), available_host_memory())
+        on_gpu = self.decode_in_main and self.decoder.device == "gpu" and self.device.type == "cuda"
+        gpu = self.device if on_gpu else None
+        return loader_frame_budget(read_bytes, self.num_workers, rings, self.reading.frame_cache_bytes, gpu)
 
     def close(self) -> None:
         """Stop the workers and the receiving thread (they otherwise stay up between epochs)."""
@@ -320,8 +315,3 @@ class DataLoader:
     def reset_stats(self) -> None:
         """Start the totals of `stats()` afresh (e.g. after warm-up)."""
         self._stats = LoaderStats()
-
-
-def _given(frame_cache_bytes: int | str) -> int | None:
-    """The bound `Reading(frame_cache_bytes=...)` fixes (None: "auto", derived from the plan)."""
-    return None if frame_cache_bytes == "auto" else int(frame_cache_bytes)

@@ -24,6 +24,8 @@ import math
 import os
 from dataclasses import asdict, dataclass
 
+import torch
+
 from mmdata.loading.frame_cache import HORIZON
 from mmdata.planning.mixture import Filler
 from mmdata.planning.specs import Frames, Spec, Windows
@@ -125,6 +127,19 @@ def delivered_frame_sizes(spec: Spec, fillers: dict[str, Filler]) -> str:
             height, width = (shape[1], shape[2]) if stream.channels_first else (shape[0], shape[1])
             sizes.append(f"{name} {width}x{height}")
     return ", ".join(sizes)
+
+
+def loader_frame_budget(
+    read_bytes: int | None, workers: int, ring_bytes: int, given: int | str, gpu: torch.device | None
+) -> FrameBudget:
+    """A loader's frame caches' budget: one cache per worker (or the main process's) whose reads hold `read_bytes`,
+    beside `ring_bytes` of frame ring each, in the host's available memory, or in `gpu`'s free memory for a GPU
+    decoder in the main process; `given` is `Reading(frame_cache_bytes=...)` ("auto": derived from the plan)."""
+    bound = None if given == "auto" else int(given)
+    if gpu is not None:
+        free, _ = torch.cuda.mem_get_info(gpu)
+        return plan_frame_budget(read_bytes, max(1, workers), 0, bound, free, f"GPU {gpu.index}")
+    return plan_frame_budget(read_bytes, max(1, workers), ring_bytes, bound, available_host_memory())
 
 
 def available_host_memory() -> int:
