@@ -58,8 +58,7 @@ def plan_loader(
     refused, or with `on_error="skip"` left out; a sample costlier than the token budget, or the "segments"
     order with a token budget, is refused with what to change."""
     excluded: dict[Any, str] = {}
-    labelled = mixed
-    samples = concatenate_samples([_source_samples(s, spec, labelled, on_error, excluded) for s in sources])
+    samples = concatenate_samples([_source_samples(s, spec, mixed, on_error, excluded) for s in sources])
     costs = samples.costs(tokens_per)
     if settings.batch_tokens is not None and costs.max() > settings.batch_tokens:
         worst = int(np.argmax(costs))
@@ -91,6 +90,7 @@ def plan_loader(
         data = [describe_sources(sources), mixture.describe()]
     else:
         data = [keys[0], sources[0].store.table.column("duration").to_pylist()]
+    data_text = [_json(part) for part in data]  # the manifest's part, written once for the three fingerprints
 
     def fingerprint_in(order: str, segments_version: str = SEGMENT_ORDER_VERSION) -> str:
         planned = [
@@ -108,7 +108,7 @@ def plan_loader(
         ]
         if order == "segments":  # (the other orders' states stay as they were before it existed)
             planned.append([settings.lanes, settings.open_segments, segments_version])
-        return fingerprint(*data, *planned)
+        return _hash_of_list([*data_text, *(_json(part) for part in planned)])
 
     return LoaderPlan(
         samples,
@@ -123,10 +123,15 @@ def plan_loader(
     )
 
 
-def fingerprint(*parts: Any) -> str:
-    """A short hash of everything the plan of an epoch depends on, besides seed, epoch and world size."""
-    text = json.dumps(parts, sort_keys=True, default=repr)
-    return xxhash.xxh64_hexdigest(text.encode())
+def _json(part: Any) -> str:
+    return json.dumps(part, sort_keys=True, default=repr)
+
+
+def _hash_of_list(texts: list[str]) -> str:
+    """A short hash of everything the plan of an epoch depends on besides seed, epoch and world size: the JSON
+    list of the parts written as `texts` (as `json.dumps` writes the list itself, so states saved before keep
+    their fingerprints)."""
+    return xxhash.xxh64_hexdigest(("[" + ", ".join(texts) + "]").encode())
 
 
 def _source_samples(
