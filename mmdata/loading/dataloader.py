@@ -226,7 +226,8 @@ class DataLoader:
             "attention_mask": self.batching.attention_mask,
             "pad_to_multiple": self.batching.pad_to_multiple,
         }
-        budget = self.frame_budget = self._plan_frame_budget()
+        read_bytes = frame_bytes_per_batch(self.spec, self.fillers, self.batching.batch_size)
+        budget = self.frame_budget = self._plan_frame_budget(read_bytes)
         reader = self._reader = BatchReader(
             self.sources,
             self.spec,
@@ -248,13 +249,12 @@ class DataLoader:
             pin_memory=self.device.type == "cuda",
             background=self.decode_in_main,
             ahead=MAIN_DECODE_AHEAD,
-            frame_bytes=frame_bytes_per_batch(self.spec, self.fillers, self.batching.batch_size),
+            frame_bytes=read_bytes,
         )
         return self._feed
 
-    def _plan_frame_budget(self) -> FrameBudget:
-        """Each frame cache's bound and horizon (see `frame_budget.loader_frame_budget`)."""
-        read_bytes = frame_bytes_per_batch(self.spec, self.fillers, self.batching.batch_size)
+    def _plan_frame_budget(self, read_bytes: int | None) -> FrameBudget:
+        """Each frame cache's bound and horizon for reads of `read_bytes` (see `frame_budget.loader_frame_budget`)."""
         rings = ring_bytes(read_bytes, self.prefetch_factor, MAIN_DECODE_AHEAD) if self.num_workers else 0
         on_gpu = self.decode_in_main and self.decoder.device == "gpu" and self.device.type == "cuda"
         gpu = self.device if on_gpu else None
