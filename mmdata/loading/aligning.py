@@ -120,6 +120,12 @@ class Aligner:
         return values, is_pad
 
     def times(self, sample: SampleRef, name: str, stream: Frames | Values) -> np.ndarray:
-        if isinstance(self.spec, Sequences):
-            return grid_times(sample.start, sample.end, self.spec.rate_of(name))
-        return sample.start + np.asarray(stream.offsets)
+        return sample_times(self.spec, name, stream, sample.start, sample.end)
+
+
+def sample_times(spec: Spec, name: str, stream: Frames | Values, start: float, end: float) -> np.ndarray:
+    """Where a sample spanning [start, end) reads stream `name`: its window's offsets from the anchor, or a
+    sequence's grid at the stream's rate."""
+    if isinstance(spec, Sequences):
+        return grid_times(start, end, spec.rate_of(name))
+    return start + np.asarray(stream.offsets)

@@ -13,9 +13,9 @@ import numpy as np
 from mmdata.codecs.decoders.pyav_decoder import PyAvDecoder
 from mmdata.codecs.decoders.requests import ClipRequest
 from mmdata.codecs.geometry import frame_geometry
+from mmdata.loading.aligning import sample_times
 from mmdata.loading.dataloader import DataLoader
-from mmdata.planning.samples import grid_times
-from mmdata.planning.specs import Frames, Sequences
+from mmdata.planning.specs import Frames
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,10 +59,7 @@ def _floor_requests(loader: DataLoader, indices: np.ndarray) -> list[ClipRequest
             stored = loader.sources[source].streams.get(name)
             if stored is None:
                 continue
-            if isinstance(spec, Sequences):
-                times = grid_times(float(table.start[index]), float(table.end[index]), spec.rate_of(name))
-            else:
-                times = float(table.start[index]) + np.asarray(stream.offsets, dtype=np.float64)
+            times = sample_times(spec, name, stream, float(table.start[index]), float(table.end[index]))
             wanted.setdefault((source, int(table.episode[index]), name), []).append(times)
     requests = []
     for (source, episode, name), times in sorted(wanted.items()):
