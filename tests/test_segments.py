@@ -4,12 +4,10 @@ alignment places them."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
 import mmdata
-from mmdata.planning.samples import enumerate_samples
+from mmdata.planning.samples import concatenate_samples, enumerate_samples
 from mmdata.planning.segments import segment_blocks
 
 SPEC = mmdata.Windows(anchor_fps=30, streams={"cam_high": mmdata.Frames(offsets=[0.0])})
@@ -47,19 +45,7 @@ def test_without_a_camera_to_go_by_each_episode_is_one_block(stores):
 def test_the_blocks_of_two_sources_never_meet(stores):
     first, second = mmdata.open_store(stores["wds"]), mmdata.open_store(stores["zarr"])
     one, two = _table(first), _table(second)
-    both = _concatenated(one, two)
+    both = concatenate_samples([one, two])
     blocks = segment_blocks(both, [first, second], ["cam_high", None])
     assert not set(blocks[both.source == 0].tolist()) & set(blocks[both.source == 1].tolist())
     assert len(set(blocks[both.source == 1].tolist())) == second.schema.num_episodes
-
-
-def _concatenated(one, two):
-    """Two sources' sample tables as one, the second's samples marked source 1."""
-    fields = {
-        field.name: np.concatenate([getattr(one, field.name), getattr(two, field.name)])
-        for field in dataclasses.fields(one)
-        if field.name not in ("lengths", "source")
-    }
-    lengths = {name: np.concatenate([one.lengths[name], two.lengths[name]]) for name in one.lengths}
-    source = np.concatenate([np.zeros(len(one), np.int64), np.ones(len(two), np.int64)])
-    return type(one)(**fields, lengths=lengths, source=source)
