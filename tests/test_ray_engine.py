@@ -141,3 +141,20 @@ def test_without_ray_installed_the_error_says_how_to_install_it(raw_dataset, tmp
     monkeypatch.setitem(sys.modules, "ray", None)
     with pytest.raises(mmdata.MmdataError, match=r"pip install 'mmdata\[ray\]'"):
         convert(discover_raw_episodes(raw_dataset), tmp_path / "out", RAY)
+
+
+def test_an_episode_summary_predicts_the_tar_bytes_its_episode_takes_whatever_its_names_and_number(raw_copy):
+    import io
+
+    from mmdata.conversion.encode import EncodeOptions, encode_episode
+    from mmdata.conversion.ray_engine import EpisodeSummary
+    from mmdata.store.wds_writer import ShardTar
+
+    for folder in raw_copy.iterdir():  # a member name past 100 bytes
+        (folder / "cam_wrist.mp4").rename(folder / ("caméra " + "w" * 140 + ".mp4"))
+    episode = encode_episode(discover_raw_episodes(raw_copy)[0], 0, EncodeOptions())
+    summary = EpisodeSummary.from_json(EpisodeSummary.of(episode).to_json().encode(), "summary.json")
+    for index in (0, 41, 1_234_567):  # a 7-digit number lengthens every member's name
+        shard = ShardTar(io.BytesIO(), "shard-000000.tar")
+        shard.add(episode, index)
+        assert summary.shard_bytes(index) == shard.offset

@@ -123,3 +123,35 @@ def test_opus_audio_is_stored_as_recorded(raw_copy, tmp_path):
     assert stored == (raw_copy / "episode_0000" / "audio.opus").read_bytes()
     audio = dataset.read_episode(0, streams=["audio"])["audio"]
     assert audio.values.dtype == np.float32 and len(audio.values) == row["audio/count"]
+
+
+def test_streams_with_long_or_non_ascii_names_convert_and_read_back_as_plain_tar_members(raw_copy, stores, tmp_path):
+    import json
+    import tarfile
+
+    from mmdata.conversion.pipeline import ConvertOptions, convert
+    from mmdata.importers.raw import discover_raw_episodes
+
+    camera, values = "caméra poignet " + "x" * 120, "état " + "é" * 80  # member names of 150-190 bytes
+    for folder in sorted(raw_copy.iterdir()):
+        (folder / "cam_wrist.mp4").rename(folder / f"{camera}.mp4")
+        (folder / "state.npy").rename(folder / f"{values}.npy")
+        meta = json.loads((folder / "meta.json").read_text())
+        meta["rates"][values] = meta["rates"].pop("state")
+        (folder / "meta.json").write_text(json.dumps(meta))
+    convert(discover_raw_episodes(raw_copy), tmp_path / "out", ConvertOptions(shard_bytes=150_000, progress=False))
+    renamed, plain = mmdata.open_dataset(str(tmp_path / "out")), mmdata.open_dataset(str(stores["wds"]))
+    for index in range(len(plain)):
+        got = renamed.read_episode(index, streams=[camera, values])
+        expected = plain.read_episode(index, streams=["cam_wrist", "state"])
+        assert np.array_equal(got[camera].values, expected["cam_wrist"].values)
+        assert np.array_equal(got[values].values, expected["state"].values)
+        assert np.array_equal(got[values].timestamps, expected["state"].timestamps)
+    shards = sorted((tmp_path / "out" / "shards").glob("*.tar"))
+    assert len(shards) > 1
+    names = []
+    for shard in shards:
+        with tarfile.open(shard) as tar:
+            names += tar.getnames()
+    assert f"episode_000000.{values}.timestamps.npy" in names
+    assert sum(name.startswith(f"episode_000002.{camera}.") for name in names) >= 1

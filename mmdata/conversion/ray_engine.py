@@ -50,11 +50,13 @@ from mmdata.store.encoded import EncodedEpisode
 from mmdata.store.episode_file import episode_file_chunks, episode_from_bytes
 from mmdata.store.filesystem import join, resolve, write_bytes_atomically, write_text_atomically, writing_atomically
 from mmdata.store.layout import CONVERT_AGAIN, PARTIAL_DIR, SHARDS_DIR
+from mmdata.store.manifest import episode_key
 from mmdata.store.wds_writer import (
     ShardTar,
     episode_members,
     episode_meta,
     member_disk_bytes,
+    meta_member,
     read_shard_record,
     shard_name,
     shard_record,
@@ -81,11 +83,11 @@ class EpisodeSummary:
     streams: list[Stream]
     moments: dict[str, Moments]
     frames: int
-    data_bytes: int
+    members: tuple[tuple[str, int], ...]  # (name after the episode's key, bytes) of each member but its `.json`
 
     @classmethod
     def of(cls, episode: EncodedEpisode) -> EpisodeSummary:
-        data = episode_members(episode, "", 0)[1:]
+        members = tuple((name, len(data)) for name, data in episode_members(episode, "", 0)[1:])
         return cls(
             position=episode.position,
             source=episode.source,
@@ -95,13 +97,16 @@ class EpisodeSummary:
             streams=episode.streams,
             moments=episode.moments,
             frames=sum(video.count for video in episode.videos),
-            data_bytes=sum(member_disk_bytes(len(member)) for _, member in data),
+            members=members,
         )
 
     def shard_bytes(self, index: int) -> int:
-        """The tar bytes the episode takes as episode number `index` (only its `.json` member depends on it)."""
+        """The tar bytes the episode takes as episode number `index` (its key is in every member's name, and its
+        `.json` member holds the number)."""
+        key = episode_key(index)
         meta = episode_meta(index, self.source, self.task, self.duration, self.metadata)
-        return member_disk_bytes(len(meta)) + self.data_bytes
+        data_bytes = sum(member_disk_bytes(key + name, size) for name, size in self.members)
+        return member_disk_bytes(meta_member(key), len(meta)) + data_bytes
 
     def to_json(self) -> str:
         return json.dumps(
@@ -114,7 +119,7 @@ class EpisodeSummary:
                 "streams": [stream_to_dict(s) for s in self.streams],
                 "moments": {name: figures.to_json() for name, figures in self.moments.items()},
                 "frames": self.frames,
-                "data_bytes": self.data_bytes,
+                "members": self.members,
             }
         )
 
@@ -131,7 +136,7 @@ class EpisodeSummary:
                 streams=[stream_from_dict(entry) for entry in saved["streams"]],
                 moments={str(name): Moments.from_json(f) for name, f in saved["moments"].items()},
                 frames=int(saved["frames"]),
-                data_bytes=int(saved["data_bytes"]),
+                members=tuple((str(name), int(size)) for name, size in saved["members"]),
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise DestinationError(f"{where}: the saved episode summary is damaged ({exc}); {CONVERT_AGAIN}") from exc

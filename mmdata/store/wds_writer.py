@@ -30,6 +30,8 @@ from mmdata.store.layout import CONVERT_AGAIN, PARTIAL_DIR, SHARDS_DIR, start_ag
 from mmdata.store.manifest import PACKETS_SUFFIX, Piece, base_row, episode_key, packets_column, span_columns
 
 TAR_BLOCK = 512
+TAR_ENCODING = "utf-8"
+TAR_ERRORS = "strict"
 _SHARD_FILE = re.compile(r"shard-(\d{6,})\.tar(\.tmp)?")
 
 
@@ -59,6 +61,10 @@ def audio_member(key: str, stream: str, codec: str) -> str:
     return f"{key}.{stream}.{codec}"
 
 
+def meta_member(key: str) -> str:
+    return f"{key}.json"
+
+
 def episode_meta(index: int, source: str, task: str, duration: float, metadata: dict[str, Any]) -> bytes:
     """The `<key>.json` member: the one member whose bytes depend on the episode's number."""
     meta = {"episode_index": index, "source": source, "task": task, "duration": duration, "metadata": metadata}
@@ -68,7 +74,7 @@ def episode_meta(index: int, source: str, task: str, duration: float, metadata: 
 def episode_members(episode: EncodedEpisode, key: str, index: int) -> list[tuple[str, bytes]]:
     """The tar members of one episode, in a fixed order: meta, task, then each stream."""
     members = [
-        (f"{key}.json", episode_meta(index, episode.source, episode.task, episode.duration, episode.metadata)),
+        (meta_member(key), episode_meta(index, episode.source, episode.task, episode.duration, episode.metadata)),
         (f"{key}.task.txt", episode.task.encode()),
     ]
     for video in episode.videos:
@@ -83,9 +89,19 @@ def episode_members(episode: EncodedEpisode, key: str, index: int) -> list[tuple
     return members
 
 
-def member_disk_bytes(size: int) -> int:
-    """Bytes a member of `size` bytes takes in a tar: its header block and its data padded to blocks."""
-    return TAR_BLOCK + -(-size // TAR_BLOCK) * TAR_BLOCK
+def member_header(name: str, size: int) -> tuple[tarfile.TarInfo, bytes]:
+    """The header of member `name` of `size` bytes: one block, or a PAX extended header before it when the
+    name does not fit the 100 ASCII bytes of a plain one (long or non-ASCII stream names)."""
+    info = tarfile.TarInfo(name)
+    info.size = size
+    info.mode = 0o644
+    info.mtime = 0
+    return info, info.tobuf(tarfile.PAX_FORMAT, TAR_ENCODING, TAR_ERRORS)
+
+
+def member_disk_bytes(name: str, size: int) -> int:
+    """Bytes member `name` of `size` bytes takes in a tar: its header and its data padded to blocks."""
+    return len(member_header(name, size)[1]) + -(-size // TAR_BLOCK) * TAR_BLOCK
 
 
 def starts_new_shard(shard_offset: int, episode_bytes: int, shard_bytes: int, shard_has_episodes: bool) -> bool:
@@ -100,7 +116,9 @@ class ShardTar:
     def __init__(self, file: BinaryIO, shard: str):
         self.shard = shard
         self.rows: list[dict[str, Any]] = []
-        self._tar = tarfile.TarFile(fileobj=file, mode="w", format=tarfile.USTAR_FORMAT)
+        self._tar = tarfile.TarFile(
+            fileobj=file, mode="w", format=tarfile.PAX_FORMAT, encoding=TAR_ENCODING, errors=TAR_ERRORS
+        )
 
     @property
     def offset(self) -> int:
@@ -121,11 +139,7 @@ class ShardTar:
         self._tar.close()
 
     def _add_member(self, name: str, data: bytes) -> int:
-        info = tarfile.TarInfo(name)
-        info.size = len(data)
-        info.mode = 0o644
-        info.mtime = 0
-        header = info.tobuf(self._tar.format, self._tar.encoding, self._tar.errors)
+        info, header = member_header(name, len(data))
         data_offset = self._tar.offset + len(header)
         self._tar.addfile(info, io.BytesIO(data))
         return data_offset
@@ -192,7 +206,7 @@ class WdsWriter:
 
     def add(self, episode: EncodedEpisode, index: int, checkpoint: dict[str, Any]) -> None:
         members = episode_members(episode, episode_key(index), index)
-        episode_bytes = sum(member_disk_bytes(len(data)) for _, data in members)
+        episode_bytes = sum(member_disk_bytes(name, len(data)) for name, data in members)
         if self._shard is not None and starts_new_shard(
             self._shard.offset, episode_bytes, self.shard_bytes, bool(self._shard.rows)
         ):
