@@ -21,7 +21,7 @@ from mmdata.errors import OptionError
 
 MAX_JSON_BYTES = 64 << 20
 MAX_JSON_DEPTH = 64
-MAX_NAME_LENGTH = 200
+MAX_NAME_BYTES = 200  # a stream's name is a folder of a Zarr store: file systems hold 255 bytes a component
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -116,11 +116,12 @@ def as_number(value: Any, what: str, low: float | None = None, high: float | Non
 def stream_name_problem(name: Any) -> str | None:
     """Why `name` cannot name a stream, or None. Names become tar member names, Zarr array paths
     and manifest columns (`<name>/count`), so they hold no `/`, `\\`, control characters or a
-    leading dot, and are not `task` (the text stream)."""
+    leading dot, fit a file name (200 bytes in UTF-8), and are not `task` (the text stream)."""
     if not isinstance(name, str) or not name:
         return f"stream name {shown(name)} is not a non-empty text"
-    if len(name) > MAX_NAME_LENGTH:
-        return f"stream name of {len(name)} characters is longer than {MAX_NAME_LENGTH}"
+    size = len(name.encode("utf-8", "surrogatepass"))
+    if size > MAX_NAME_BYTES:
+        return f"stream name of {size} bytes in UTF-8 is longer than {MAX_NAME_BYTES}"
     if "/" in name or "\\" in name or _CONTROL.search(name):
         return f"stream name {name!r} holds '/', '\\' or a control character"
     if name.startswith(".") or name != name.strip():

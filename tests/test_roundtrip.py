@@ -125,28 +125,32 @@ def test_opus_audio_is_stored_as_recorded(raw_copy, tmp_path):
     assert audio.values.dtype == np.float32 and len(audio.values) == row["audio/count"]
 
 
-def test_streams_with_long_or_non_ascii_names_convert_and_read_back_as_plain_tar_members(raw_copy, stores, tmp_path):
+@pytest.mark.parametrize("layout", ["wds", "zarr"])
+def test_streams_with_long_or_non_ascii_names_convert_and_read_back(raw_copy, stores, tmp_path, layout):
     import json
     import tarfile
 
     from mmdata.conversion.pipeline import ConvertOptions, convert
     from mmdata.importers.raw import discover_raw_episodes
 
-    camera, values = "caméra poignet " + "x" * 120, "état " + "é" * 80  # member names of 150-190 bytes
+    camera, values = "caméra poignet " + "x" * 120, "état " + "é" * 95  # 137 and 196 bytes
     for folder in sorted(raw_copy.iterdir()):
         (folder / "cam_wrist.mp4").rename(folder / f"{camera}.mp4")
         (folder / "state.npy").rename(folder / f"{values}.npy")
         meta = json.loads((folder / "meta.json").read_text())
         meta["rates"][values] = meta["rates"].pop("state")
         (folder / "meta.json").write_text(json.dumps(meta))
-    convert(discover_raw_episodes(raw_copy), tmp_path / "out", ConvertOptions(shard_bytes=150_000, progress=False))
-    renamed, plain = mmdata.open_dataset(str(tmp_path / "out")), mmdata.open_dataset(str(stores["wds"]))
+    options = ConvertOptions(layout=layout, shard_bytes=150_000, progress=False)
+    convert(discover_raw_episodes(raw_copy), tmp_path / "out", options)
+    renamed, plain = mmdata.open_dataset(str(tmp_path / "out")), mmdata.open_dataset(str(stores[layout]))
     for index in range(len(plain)):
         got = renamed.read_episode(index, streams=[camera, values])
         expected = plain.read_episode(index, streams=["cam_wrist", "state"])
         assert np.array_equal(got[camera].values, expected["cam_wrist"].values)
         assert np.array_equal(got[values].values, expected["state"].values)
         assert np.array_equal(got[values].timestamps, expected["state"].timestamps)
+    if layout == "zarr":
+        return
     shards = sorted((tmp_path / "out" / "shards").glob("*.tar"))
     assert len(shards) > 1
     names = []
@@ -155,3 +159,10 @@ def test_streams_with_long_or_non_ascii_names_convert_and_read_back_as_plain_tar
             names += tar.getnames()
     assert f"episode_000000.{values}.timestamps.npy" in names
     assert sum(name.startswith(f"episode_000002.{camera}.") for name in names) >= 1
+
+
+def test_a_stream_name_longer_than_a_file_name_holds_is_refused_by_its_bytes_not_its_characters():
+    from mmdata.checks import stream_name_problem
+
+    assert stream_name_problem("é" * 100) is None
+    assert "201 bytes in UTF-8 is longer than 200" in stream_name_problem("é" * 100 + "x")
