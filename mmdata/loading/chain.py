@@ -8,7 +8,7 @@
                                          (worker; or prepared in the worker and decoded in the main process)
     settle   `loading.settling`           substitutes for failed samples (where decoding ran)
     collate  `loading.collate`          packed or padded tensors (where decoding ran)
-    device   `DataLoader`               pinned host tensors to the GPU (main process)
+    device   `loading.assembly`          pinned host tensors to the GPU (main process)
 
 `BatchReader.read` runs fetch, align and the decoder's preparation for one micro-batch, each once;
 `BatchReader.finish` is the one ending of the chain, decode -> settle -> collate, whichever process

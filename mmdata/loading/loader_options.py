@@ -24,6 +24,7 @@ from mmdata.errors import OptionError
 from mmdata.loading.collate import LAYOUTS, Layout
 from mmdata.planning.order import Shuffle, as_shuffle
 from mmdata.planning.packing.layouts import MaskKind
+from mmdata.planning.planner import PlanSettings
 from mmdata.store.filesystem import DEFAULT_READ_POLICY, ReadPolicy
 
 Balance = Literal["tokens", "attention"]
@@ -192,6 +193,20 @@ LEGACY_KEYWORDS: dict[str, tuple[str, str]] = {
     "frame_cache_bytes": ("reading", "frame_cache_bytes"),
 }
 GROUPS = {"batching": Batching, "shuffling": Shuffling, "runtime": Runtime, "reading": Reading}
+
+
+def plan_settings(batching: Batching, shuffling: Shuffling, num_workers: int) -> PlanSettings:
+    """How the planner makes micro-batches from these options (one lane per worker unless lanes are given)."""
+    return PlanSettings(
+        batching.batch_tokens,
+        batching.batch_size,
+        batching.balance,
+        shuffling.mode,
+        shuffling.window,
+        shuffling.shards_per_group,
+        shuffling.lanes or max(1, num_workers),
+        shuffling.open_segments,
+    )
 
 
 def grouped_options(given: dict[str, Any], keywords: dict[str, Any], caller: str = "DataLoader") -> dict[str, Any]:

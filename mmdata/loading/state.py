@@ -122,3 +122,51 @@ def check_resumable(loaded: LoaderState, saved_counts: list[int] | None, plan: L
         " (dataset manifest, spec, episode filter, tokens_per, batch size or shuffle differ);"
         " build the loader as before, or start the run fresh"
     )
+
+
+class RunPosition:
+    """Where a loader's run stands (its `state`) and the plan of the epoch there, made once per position: the
+    planner's plans for `world_size` ranks, resumable from a saved state and moved on step by step."""
+
+    def __init__(self, plan: LoaderPlan, seed: int, world_size: int):
+        self.plan, self.world_size = plan, world_size
+        self.state = LoaderState(seed, 0, plan.fingerprint)
+        self._cached: tuple[tuple, EpochPlan] | None = None
+
+    def epoch_plan(self) -> tuple[EpochPlan, bool]:
+        """The plan of the current epoch at this world size, and whether it was made now (not kept)."""
+        state = self.state
+        key = (state.seed, state.epoch, tuple(state.stretches), self.world_size)
+        made = self._cached is None or self._cached[0] != key
+        if made:
+            self._cached = (key, self.plan.planner.epoch_plan(*key))
+        assert self._cached is not None
+        return self._cached[1], made
+
+    def set_epoch(self, epoch: int) -> bool:
+        """Stand at the start of `epoch`; whether that moved the position."""
+        if epoch == self.state.epoch:
+            return False
+        self.state.epoch, self.state.stretches, self.state.samples_consumed = int(epoch), [], 0
+        return True
+
+    def to_dict(self, stores: list[Store]) -> dict[str, Any]:
+        """The state to save, with each store's episode count (to say why it no longer fits after an append)."""
+        state = self.state.to_dict()
+        if not self.state.stretches:
+            state["world_size"] = self.world_size
+        state["episodes"] = [len(store) for store in stores]
+        return state
+
+    def load(self, state: dict[str, Any], stores: list[Store]) -> None:
+        """Stand where `state` (a `to_dict`) says, refused with the reason where this plan cannot go on from it."""
+        loaded = LoaderState.from_dict(state)
+        check_resumable(loaded, state.get("episodes"), self.plan, stores)
+        self.state = loaded
+
+    def advance(self, plan: EpochPlan) -> None:
+        """Count one step of `plan` as consumed; the kept plan stands where the state does, so a feed started from
+        it (after a close) begins at the next step, not at the step the plan was made at."""
+        epoch = self.state.epoch
+        self.state.advance(plan, self.world_size)
+        self._cached = ((self.state.seed, epoch, tuple(plan.stretches), self.world_size), plan)

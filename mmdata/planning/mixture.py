@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from mmdata.errors import SpecError
+from mmdata.errors import OptionError, SpecError
 from mmdata.planning.episodes import Episodes
 from mmdata.planning.specs import Audio, Frames, Spec, Values, option_int, option_number
 from mmdata.schema import AudioStream, LowdimStream, VideoStream
@@ -146,6 +146,15 @@ class Filler:
     shape: tuple[int, ...]
     dtype: np.dtype
     rate: float | None = None
+
+
+def as_mixture(dataset: Any, episodes: Any = None) -> Mixture:
+    """`dataset` as a mixture: itself, or one source of it (with `episodes`, which a mixture gives per source)."""
+    if not isinstance(dataset, Mixture):
+        return Mixture([Source(dataset, episodes=episodes)])
+    if episodes is not None:
+        raise OptionError("a mixture filters episodes per source: give Source(..., episodes=...) instead")
+    return dataset
 
 
 def open_sources(
