@@ -8,10 +8,12 @@ whose order rotates, each in a fresh interpreter: LeRobotDataset + torch DataLoa
 workers, pyav with 2), mmdata.DataLoader with its defaults and mmdata.lerobot.LeRobotLoader (2 workers each),
 on lerobot_bench.py's policy windows, batch 8 (LeRobot's loaders over a window of `--seconds` after their first
 batch; mmdata's over whole epochs, at least `--seconds`, after a first one unmeasured). Then per size:
-- the decode floor (a configuration of each round): the store's frames decoded in order by PyAV with RGB
-  conversion (warm; process CPU per frame), times the frames a sample brings when each frame is decoded once;
-  the loader's CPU per sample (its process and workers) against it, and mmdata against LeRobot's best, as the
-  median of the ratios within each round (the machine's speed moves between rounds);
+- the decode floor (`mmdata.measure.floor`, as `mmdata bench` reports it): every frame the samples deliver
+  decoded once, in order, by PyAV with RGB conversion (warm; process CPU), measured by the default loader's own
+  run just before and just after its epochs; the loader's CPU per sample (its process and workers) over the
+  mean of the two, per run, then the median over rounds. The VM's speed swings by up to 2x within minutes, so a
+  floor measured in another process at another moment of the round moved this ratio by 0.3 either way;
+- mmdata against LeRobot's best, as the median of the ratios within each round;
 - `mmdata bench` on the store (policy preset, batch 8, 2 workers): decode waste, frames evicted, the frame
   cache's budget line, peak memory per worker.
 
@@ -58,6 +60,7 @@ import json, sys
 sys.path.insert(0, {bench!r})
 from process_time import measure_epochs
 import mmdata
+from mmdata.measure.floor import decode_floor
 spec = mmdata.Windows(anchor_fps=30, streams={{
     "observation.images.cam_high": mmdata.Frames(offsets=[-0.1, 0.0]),
     "observation.images.cam_wrist": mmdata.Frames(offsets=[0.0]),
@@ -66,8 +69,12 @@ spec = mmdata.Windows(anchor_fps=30, streams={{
 }})
 loader = mmdata.DataLoader({store!r}, spec, batching=mmdata.Batching(batch_size=8),
                            runtime=mmdata.Runtime(num_workers={workers}))
+every_sample = range(len(loader.samples))
+floor_before = decode_floor(loader, every_sample)
 figures = measure_epochs(lambda: iter(loader), lambda batch: len(batch["sample_index"]), {seconds})
 stats = loader.stats()
+loader.close()
+floor_after = decode_floor(loader, every_sample)
 figures["decode_waste"] = stats["decode_waste"]
 figures["frames_evicted"] = stats["frames_evicted"]
 figures["frame_cache"] = stats["frame_cache"]["describe"]
@@ -75,32 +82,11 @@ figures["frame_cache_peak_bytes"] = stats["frame_cache_peak_bytes"]
 figures["peak_rss_bytes_per_worker"] = stats["peak_rss_bytes_per_worker"]
 figures["decode_waste_cause"] = stats["decode_waste_cause"]
 figures["stages"] = stats["worker_stage_seconds"]
+figures["cpu_ms_per_sample"] = round(1000 * figures["cpu_seconds"] / figures["samples"], 3)
+figures["floor_ms_per_sample"] = [round(floor.ms_per_sample, 3) for floor in (floor_before, floor_after)]
+figures["floor_frames_per_sample"] = round(floor_after.frames / floor_after.samples, 3)
+figures["cpu_over_floor"] = round(2 * figures["cpu_ms_per_sample"] / sum(figures["floor_ms_per_sample"]), 3)
 print("RESULT " + json.dumps(figures))
-"""
-
-FLOOR = """
-import json, time
-import numpy as np
-import mmdata
-from mmdata.codecs.decoders.pyav_decoder import PyAvDecoder
-from mmdata.codecs.decoders.requests import ClipRequest
-store = mmdata.open_dataset({store!r})
-spec = mmdata.Windows(anchor_fps=30, streams={{"observation.images.cam_high": mmdata.Frames(offsets=[0.0])}})
-samples = len(mmdata.DataLoader({store!r}, spec, batching=mmdata.Batching(batch_size=8)).samples)
-cameras = ["observation.images.cam_high", "observation.images.cam_wrist"]
-requests = []
-for episode in range(store.schema.num_episodes):
-    for camera in cameras:
-        times = np.arange(int(float(store.manifest.row(episode)["duration"]) * 30) + 1) / 30
-        plan = store.plan_frames(episode, camera, times[times <= float(store.manifest.row(episode)["duration"])])
-        requests += plan.requests
-decoder = PyAvDecoder()
-decoder.decode(requests)
-started = time.process_time()
-frames = sum(len(out) for out in decoder.decode(requests))
-cpu = time.process_time() - started
-print("RESULT " + json.dumps({{"frames": frames, "samples": samples, "cpu_ms_per_frame": 1000 * cpu / frames,
-                              "frames_per_sample": frames / samples}}))
 """
 
 
@@ -123,16 +109,15 @@ def bench_figures(store: Path) -> dict:
         return json.loads(out.read_text())["figures"]
 
 
-FLOOR_NAME = "decode floor"
-
-
-def decode_floor(store: Path) -> dict:
-    """The floor as a configuration of the rounds: its CPU per sample as samples per CPU-second (and per second:
-    decoding alone is CPU-bound on one core)."""
-    floor = mmdata_run(TREE, store, 0, 0, FLOOR)
-    ms_per_sample = floor["cpu_ms_per_frame"] * floor["frames_per_sample"]
+def floor_figures(runs: list[dict]) -> dict:
+    """The decode floor as the default loader's runs measured it (before and after their epochs): the median
+    CPU per sample, and samples per CPU-second (decoding alone is CPU-bound on one core)."""
+    measured = [ms for run in runs for ms in run.get("floor_ms_per_sample", [])]
+    if not measured:
+        return {}
+    ms_per_sample = statistics.median(measured)
     rate = round(1000 / ms_per_sample, 1)
-    return {**floor, "ms_per_sample": round(ms_per_sample, 3), "samples_per_s": rate, "samples_per_cpu_s": rate}
+    return {"ms_per_sample": round(ms_per_sample, 3), "runs_ms_per_sample": measured, "samples_per_cpu_s": rate}
 
 
 def round_ratio(runs: dict[str, list[dict]], numerator: str, denominator: str, figure: str) -> float | None:
@@ -163,12 +148,11 @@ def measure_size(python: Path, args: argparse.Namespace, height: int, width: int
     configurations["mmdata LeRobotLoader w2"] = lambda: mmdata_run(
         TREE, store, 2, args.seconds, WHOLE_EPOCHS_COMPATIBLE, "auto"
     )
-    configurations[FLOOR_NAME] = lambda: decode_floor(store)
     runs = run_rounds(configurations, args.rounds, f"{height}x{width} ")
     summary = medians(runs)
     lerobot = {k: v for k, v in summary.items() if k.startswith("lerobot") and "samples_per_s" in v}
     best = max(lerobot.items(), key=lambda item: item[1]["samples_per_s"]) if lerobot else None
-    floor = summary.get(FLOOR_NAME, {})
+    floor = floor_figures(runs.get("mmdata default w2", []))
     figures = {
         "lerobot_dataset": str(source),
         "results": summary,
@@ -182,7 +166,9 @@ def measure_size(python: Path, args: argparse.Namespace, height: int, width: int
         figures["lerobotloader_vs_best_lerobot"] = round_ratio(
             runs, "mmdata LeRobotLoader w2", best[0], "samples_per_s"
         )
-        figures["cpu_per_sample_over_floor"] = round_ratio(runs, FLOOR_NAME, "mmdata default w2", "samples_per_cpu_s")
+        over = [run["cpu_over_floor"] for run in runs["mmdata default w2"] if "cpu_over_floor" in run]
+        figures["cpu_per_sample_over_floor"] = round(statistics.median(over), 2) if over else None
+        figures["cpu_per_sample_over_floor_runs"] = over
     return figures
 
 

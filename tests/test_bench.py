@@ -311,6 +311,24 @@ def test_the_decode_floor_decodes_each_frame_the_samples_deliver_once(stores):
     assert floor.cpu_seconds > 0 and floor.ms_per_sample == 1000 * floor.cpu_seconds / len(first_episode)
 
 
+def test_the_decode_floor_of_scattered_samples_times_whole_segments_and_counts_only_delivered_frames(
+    stores, monkeypatch
+):
+    from mmdata.codecs.decoders.pyav_decoder import PyAvDecoder
+
+    timed = []
+    decode = PyAvDecoder.decode
+    monkeypatch.setattr(
+        PyAvDecoder, "decode", lambda self, requests, *a: timed.extend(requests) or decode(self, requests, *a)
+    )
+    loader = mmdata.DataLoader(stores["wds"], POLICY, batching=mmdata.Batching(batch_size=4))
+    scattered = np.arange(0, len(loader.samples), 7)  # a frame here and there: a short bench's steps
+    floor = decode_floor(loader, scattered)
+    assert floor.samples == len(scattered) and floor.frames <= 3 * len(scattered)
+    assert timed and all(request.frames == tuple(range(len(request.packets))) for request in timed)
+    assert sum(len(request.frames) for request in timed) > floor.frames, "whole segments timed, not the frames"
+
+
 @pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_bench_reports_the_loaders_cpu_per_sample_workers_included_against_the_decode_floor(stores, workers):
     loader = mmdata.DataLoader(

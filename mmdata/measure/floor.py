@@ -1,6 +1,12 @@
-"""The decode floor of measured steps: the CPU time that decoding, once and in order, the frames those steps
-delivered takes, converted to RGB at the size they were delivered at. It is the least any loader of these
-samples must spend on video, so a loader's CPU per sample is reported against it (`mmdata bench`)."""
+"""The decode floor of measured steps: the CPU time that decoding the frames those steps delivered takes when each
+is decoded once, in order, converted to RGB at the size it was delivered at. It is the least any loader of these
+samples must spend on video, so a loader's CPU per sample is reported against it (`mmdata bench`).
+
+The floor is the CPU per frame of decoding the segments that hold those frames whole and in order (up to
+`SEGMENTS_TIMED` of them, spread over the samples), times the frames delivered. Decoding only the delivered
+frames of a few scattered samples would also count the reference frames before each, which a loader reading all
+of a segment's samples decodes once for them all: a short measurement would then put the floor above the loader.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +23,9 @@ from mmdata.loading.aligning import sample_times
 from mmdata.loading.dataloader import DataLoader
 from mmdata.planning.specs import Frames
 
+# The most segments whose decoding is timed for the CPU per frame (a sample of them, spread over the samples).
+SEGMENTS_TIMED = 64
+
 
 @dataclasses.dataclass(frozen=True)
 class DecodeFloor:
@@ -32,27 +41,42 @@ class DecodeFloor:
 
 
 def decode_floor(loader: DataLoader, sample_indices: Iterable[int]) -> DecodeFloor | None:
-    """Decode every frame that the samples `sample_indices` of `loader` deliver once, each camera of each
-    episode in time order, with PyAV on this thread (the segments read first, the decoder warmed up on the
-    first), and measure the process CPU it takes. None where the spec delivers no frames."""
+    """The floor of the samples `sample_indices` of `loader`: per camera of each source, the frames they deliver
+    (each counted once) times the process CPU per frame of decoding whole segments holding them, with PyAV on
+    this thread, one segment at a time (the segments read first, the decoder warmed up). None where the spec
+    delivers no frames."""
     indices = np.unique(np.fromiter(sample_indices, np.int64))
-    requests = [request for request in _floor_requests(loader, indices) if request.frames]
-    if not requests:
+    cameras = _floor_requests(loader, indices)
+    if not cameras:
         return None
     decoder = PyAvDecoder()
-    decoder.decode(requests[:1])
-    started = time.process_time()
-    frames = 0
-    for request in requests:  # one segment at a time: the floor holds no more frames than one segment's
-        frames += sum(len(output) for output in decoder.decode([request]))
-    return DecodeFloor(time.process_time() - started, frames, len(indices))
+    decoder.decode([_whole(next(iter(cameras.values()))[0])])
+    share = max(1, SEGMENTS_TIMED // len(cameras))
+    cpu_seconds, delivered = 0.0, 0
+    for requests in cameras.values():
+        picks = np.unique(np.linspace(0, len(requests) - 1, min(len(requests), share)).round().astype(int))
+        started, decoded = time.process_time(), 0
+        for pick in picks.tolist():  # one segment at a time: the floor holds no more frames than one segment's
+            decoded += sum(len(output) for output in decoder.decode([_whole(requests[pick])]))
+        frames = sum(len(request.frames) for request in requests)
+        cpu_seconds += (time.process_time() - started) / max(1, decoded) * frames
+        delivered += frames
+    return DecodeFloor(cpu_seconds, delivered, len(indices))
 
 
-def _floor_requests(loader: DataLoader, indices: np.ndarray) -> list[ClipRequest]:
-    """Per source, episode and camera in order: the segment requests for the frames the samples deliver."""
+def _whole(request: ClipRequest) -> ClipRequest:
+    """The request for every frame of the segment `request` reads (one packet per frame in its index)."""
+    if request.packets is None:
+        return request
+    return dataclasses.replace(request, frames=tuple(range(len(request.packets))))
+
+
+def _floor_requests(loader: DataLoader, indices: np.ndarray) -> dict[tuple[int, str], list[ClipRequest]]:
+    """Per source and camera, episode by episode in order: the segment requests for the frames the samples
+    deliver (none empty)."""
     table, spec = loader.samples, loader.spec
     cameras = {name: stream for name, stream in spec.streams.items() if isinstance(stream, Frames)}
-    wanted: dict[tuple[int, int, str], list[np.ndarray]] = {}
+    wanted: dict[tuple[int, str, int], list[np.ndarray]] = {}
     for index in indices.tolist():
         source = int(table.source[index])
         for name, stream in cameras.items():
@@ -60,14 +84,14 @@ def _floor_requests(loader: DataLoader, indices: np.ndarray) -> list[ClipRequest
             if stored is None:
                 continue
             times = sample_times(spec, name, stream, float(table.start[index]), float(table.end[index]))
-            wanted.setdefault((source, int(table.episode[index]), name), []).append(times)
-    requests = []
-    for (source, episode, name), times in sorted(wanted.items()):
+            wanted.setdefault((source, name, int(table.episode[index])), []).append(times)
+    requests: dict[tuple[int, str], list[ClipRequest]] = {}
+    for (source, name, episode), times in sorted(wanted.items()):
         store, stored, stream = loader.sources[source].store, loader.sources[source].streams[name], cameras[name]
         plan = store.plan_frames(episode, stored, np.unique(np.concatenate(times)), stream.tolerance)
         if stream.resize is not None:
             camera, resize = store.schema.stream(stored), stream.resize
             geometry = frame_geometry(camera.width, camera.height, resize.size, resize.mode, resize.interpolation)
             plan.requests = [dataclasses.replace(request, geometry=geometry) for request in plan.requests]
-        requests += plan.requests
-    return requests
+        requests.setdefault((source, name), []).extend(request for request in plan.requests if request.frames)
+    return {camera: found for camera, found in requests.items() if found}
