@@ -4,6 +4,7 @@ and again is named with its cause and fix."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import mmdata
@@ -12,12 +13,15 @@ from mmdata.loading import frame_budget as frame_budget_module
 from mmdata.loading.frame_budget import (
     LONGEST_HORIZON,
     MEMORY_SHARE,
+    MOST_READS_AHEAD,
     UNSIZED_BOUND,
     available_host_memory,
+    horizon_for,
     plan_frame_budget,
     waste_cause,
 )
 from mmdata.loading.frame_cache import HORIZON
+from mmdata.planning.segments import segment_life_steps
 from tests.test_frame_cache import WINDOWS, loader
 from tests.test_loader import assert_same_batches
 
@@ -70,7 +74,8 @@ def test_the_loaders_bound_follows_its_batch_and_frame_sizes(stores):
         made = mmdata.DataLoader(str(stores["wds"]), WINDOWS, batching=mmdata.Batching(batch_size=batch_size))
         next(iter(made))
         budget = made.stats()["frame_cache"]
-        assert budget["bound"] == budget["working_set"] == (LONGEST_HORIZON + 1) * batch_size * frame_bytes
+        assert budget["longest"] >= LONGEST_HORIZON  # a segment's life in the main process's reads
+        assert budget["bound"] == budget["working_set"] == (budget["longest"] + 1) * batch_size * frame_bytes
         assert budget["memory"] == "host" and budget["caches"] == 1
         made.close()
 
@@ -124,7 +129,38 @@ def test_each_step_of_the_horizon_is_made_once_not_once_per_read(stores, monkeyp
     monkeypatch.setattr(LoaderPlanner, "refs", counted)
     run = mmdata.DataLoader(str(stores["wds"]), WINDOWS, batching=mmdata.Batching(batch_size=1))
     steps = sum(1 for _ in run)
-    assert run.stats()["frame_cache"]["horizon"] == LONGEST_HORIZON and steps > 50
+    budget = run.stats()["frame_cache"]
+    assert budget["horizon"] == budget["longest"] >= LONGEST_HORIZON and steps > 50
     # a step is made when it enters the horizon, when it is read and for the fallback samples of the reads before it
     # (was: every read made the samples of all 128 steps ahead of it again: 2,512 here, 11 times more)
     assert len(made) <= 4 * steps
+
+
+def test_a_cache_plans_as_many_reads_ahead_as_a_segment_stays_open_in_its_reads():
+    blocks = np.repeat(np.arange(40), 32)  # 40 segments of 32 samples
+    blocks[-5:] = 99  # a short one does not set it
+    assert segment_life_steps(blocks, open_segments=8, step_samples=8) == 32
+    assert segment_life_steps(blocks, open_segments=8, step_samples=16) == 16
+    assert horizon_for(32, lanes=8, workers=2) == 128  # 4 lanes per worker, a lane's step every 4th read
+    assert horizon_for(32, lanes=8, workers=0) == 256  # all 8 lanes in the main process
+    assert horizon_for(4, lanes=8, workers=2) == LONGEST_HORIZON and horizon_for(None, 8, 0) == LONGEST_HORIZON
+    assert horizon_for(10_000, lanes=8, workers=0) == MOST_READS_AHEAD
+    budget = plan_frame_budget(MIB, caches=1, ring_bytes=0, given=None, available=64 * GIB, longest=256)
+    assert budget.horizon == 256 and budget.bound == 257 * MIB
+    short = plan_frame_budget(MIB, caches=1, ring_bytes=0, given=None, available=400 * MIB, longest=256)
+    assert f"horizon shortened to {short.horizon} of 256 reads" in short.describe()
+
+
+def test_a_loaders_caches_plan_ahead_over_a_segments_life_in_their_own_reads(stores):
+    fps = mmdata.open_dataset(str(stores["wds"])).schema.stream("cam_high").fps
+    spec = mmdata.Windows(anchor_fps=fps, streams={"cam_high": mmdata.Frames(offsets=[0.0])})
+    longest = {}
+    for workers in (0, 2):
+        runtime = mmdata.Runtime(num_workers=workers)
+        run = mmdata.DataLoader(str(stores["wds"]), spec, batching=mmdata.Batching(batch_size=1), runtime=runtime)
+        next(iter(run))
+        life = segment_life_steps(run.planner.blocks, open_segments=8, step_samples=1)
+        longest[workers] = run.chain.frame_budget.longest
+        assert longest[workers] == min(1024, max(LONGEST_HORIZON, life * 8 // max(1, workers)))
+        run.close()
+    assert longest[0] == 2 * longest[2] or longest[0] == 1024, "8 lanes in one process: each segment open twice as long"

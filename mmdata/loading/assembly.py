@@ -18,6 +18,7 @@ from mmdata.loading.frame_budget import (
     FrameBudget,
     delivered_frame_sizes,
     frame_bytes_per_batch,
+    horizon_for,
     loader_frame_budget,
     waste_cause,
 )
@@ -26,6 +27,7 @@ from mmdata.loading.micro_batch import MicroBatch, OnError
 from mmdata.loading.timing import timed
 from mmdata.planning.mixture import Filler, OpenSource
 from mmdata.planning.planner import LoaderPlanner, RankSteps
+from mmdata.planning.segments import segment_life_steps
 from mmdata.planning.specs import Spec
 
 # Micro-batches a worker reads ahead of the main process when their video is decoded there.
@@ -63,7 +65,7 @@ class ChainAssembly:
             "pad_to_multiple": batching.pad_to_multiple,
         }
         read_bytes = frame_bytes_per_batch(self.spec, self.fillers, batching.batch_size)
-        budget = self.frame_budget = self._frame_budget(read_bytes)
+        budget = self.frame_budget = self._frame_budget(read_bytes, reads_ahead(planner, world_size, runtime))
         reader = self._reader = BatchReader(
             self.sources,
             self.spec,
@@ -115,10 +117,22 @@ class ChainAssembly:
             figures["main_process_decode"] = self.decoder.stats.snapshot()
         return figures
 
-    def _frame_budget(self, read_bytes: int | None) -> FrameBudget:
-        """Each frame cache's bound and horizon for reads of `read_bytes` (see `frame_budget.loader_frame_budget`)."""
+    def _frame_budget(self, read_bytes: int | None, longest: int) -> FrameBudget:
+        """Each frame cache's bound and horizon for reads of `read_bytes`, planning `longest` reads ahead where the
+        memory holds them (see `frame_budget.loader_frame_budget`)."""
         runtime = self.runtime
         rings = ring_bytes(read_bytes, runtime.prefetch_factor, MAIN_DECODE_AHEAD) if runtime.num_workers else 0
         on_gpu = self.decode_in_main and self.decoder.device == "gpu" and self.device.type == "cuda"
         gpu = self.device if on_gpu else None
-        return loader_frame_budget(read_bytes, runtime.num_workers, rings, self.reading.frame_cache_bytes, gpu)
+        given = self.reading.frame_cache_bytes
+        return loader_frame_budget(read_bytes, runtime.num_workers, rings, given, gpu, longest)
+
+
+def reads_ahead(planner: LoaderPlanner, world_size: int, runtime: Runtime) -> int:
+    """The reads a frame cache plans ahead when its memory allows: a segment's life in one cache's reads in the
+    "segments" order (`frame_budget.horizon_for`), so that each segment is decoded in one pass."""
+    settings = planner.batching
+    life = None
+    if settings.shuffle == "segments" and planner.blocks is not None and settings.batch_size:
+        life = segment_life_steps(planner.blocks, settings.open_segments, settings.batch_size * world_size)
+    return horizon_for(life, settings.lanes, runtime.num_workers)

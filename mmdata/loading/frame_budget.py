@@ -32,8 +32,10 @@ from mmdata.planning.specs import Frames, Spec, Windows
 
 # Of the memory available to this rank when the loader is built: what its frame caches and frame rings may take.
 MEMORY_SHARE = 0.25
-# The most reads a cache plans ahead when its memory allows (a given bound keeps `frame_cache.HORIZON`).
+# The reads a cache plans ahead when its memory allows, unless a segment stays open longer in its reads (a given
+# bound keeps `frame_cache.HORIZON`); and the most it ever plans ahead.
 LONGEST_HORIZON = 128
+MOST_READS_AHEAD = 1024
 # The bound when a read's frames are not known ahead (token budgets of unbounded sequences).
 UNSIZED_BOUND = 256 << 20
 # Decode waste above this is named in `loader.stats()` and `mmdata bench`, with its cause and fix.
@@ -57,13 +59,14 @@ class FrameBudget:
     memory: str
     caches: int
     given: bool
+    longest: int = LONGEST_HORIZON  # the horizon the plan asks for: a segment's life in a cache's reads
 
     def describe(self) -> str:
         """One line: the bound, where it comes from, and the budget it lies in."""
         origin = "given" if self.given else "the working set of the plan"
         if not self.given and self.working_set is None:
             origin = "a fixed bound: a read's frames are not known ahead"
-        longest = HORIZON if self.given else LONGEST_HORIZON
+        longest = HORIZON if self.given else self.longest
         shortened = f", horizon shortened to {self.horizon} of {longest} reads" if self.horizon < longest else ""
         return (
             f"{size_text(self.bound)} per cache ({origin}{shortened}) x {self.caches} in {self.memory} memory;"
@@ -82,20 +85,23 @@ def plan_frame_budget(
     given: int | None,
     available: int,
     memory: str = "host",
+    longest: int = LONGEST_HORIZON,
 ) -> FrameBudget:
     """The budget of `caches` frame caches (one per worker, or the main process's) whose reads hold `read_bytes`
     of decoded frames (None: unknown ahead), beside `ring_bytes` of frame ring per cache, in `available` bytes
-    of `memory`; `given` is the user's bound (None: derive it)."""
+    of `memory`; `given` is the user's bound (None: derive it); `longest`, the reads to plan ahead when the
+    memory holds them (`horizon_for`)."""
     caches = max(1, caches)
     total = int(available * MEMORY_SHARE)
     share = max(0, total // caches - ring_bytes)
-    working = ((HORIZON if given is not None else LONGEST_HORIZON) + 1) * read_bytes if read_bytes else None
-    budget = dict(working_set=working, share=share, total=total, available=available, memory=memory, caches=caches)
+    working = ((HORIZON if given is not None else longest) + 1) * read_bytes if read_bytes else None
+    budget = dict(share=share, total=total, available=available, memory=memory, caches=caches, longest=longest)
+    budget["working_set"] = working
     if given is not None:
         return FrameBudget(bound=given, horizon=HORIZON, given=True, **budget)
     if not read_bytes:
         return FrameBudget(bound=min(UNSIZED_BOUND, share), horizon=HORIZON, given=False, **budget)
-    horizon = min(LONGEST_HORIZON, max(1, share // read_bytes - 1))
+    horizon = min(longest, max(1, share // read_bytes - 1))
     return FrameBudget(bound=min((horizon + 1) * read_bytes, share), horizon=horizon, given=False, **budget)
 
 
@@ -129,17 +135,33 @@ def delivered_frame_sizes(spec: Spec, fillers: dict[str, Filler]) -> str:
     return ", ".join(sizes)
 
 
+def horizon_for(segment_life_steps: int | None, lanes: int, workers: int) -> int:
+    """The reads a cache should plan ahead: in the "segments" order, the reads a segment stays open for in one
+    cache (`segment_life_steps` of its lane, whose steps reach a cache every `lanes / workers` reads, so a
+    segment is decoded in one pass), and never fewer than `LONGEST_HORIZON` nor more than `MOST_READS_AHEAD`."""
+    if segment_life_steps is None:
+        return LONGEST_HORIZON
+    lanes_per_cache = max(1, math.ceil(lanes / max(1, workers)))
+    return min(MOST_READS_AHEAD, max(LONGEST_HORIZON, segment_life_steps * lanes_per_cache))
+
+
 def loader_frame_budget(
-    read_bytes: int | None, workers: int, ring_bytes: int, given: int | str, gpu: torch.device | None
+    read_bytes: int | None,
+    workers: int,
+    ring_bytes: int,
+    given: int | str,
+    gpu: torch.device | None,
+    longest: int = LONGEST_HORIZON,
 ) -> FrameBudget:
     """A loader's frame caches' budget: one cache per worker (or the main process's) whose reads hold `read_bytes`,
     beside `ring_bytes` of frame ring each, in the host's available memory, or in `gpu`'s free memory for a GPU
-    decoder in the main process; `given` is `Reading(frame_cache_bytes=...)` ("auto": derived from the plan)."""
+    decoder in the main process; `given` is `Reading(frame_cache_bytes=...)` ("auto": derived from the plan);
+    `longest`, the reads to plan ahead when the memory holds them (`horizon_for`)."""
     bound = None if given == "auto" else int(given)
     if gpu is not None:
         free, _ = torch.cuda.mem_get_info(gpu)
-        return plan_frame_budget(read_bytes, max(1, workers), 0, bound, free, f"GPU {gpu.index}")
-    return plan_frame_budget(read_bytes, max(1, workers), ring_bytes, bound, available_host_memory())
+        return plan_frame_budget(read_bytes, max(1, workers), 0, bound, free, f"GPU {gpu.index}", longest)
+    return plan_frame_budget(read_bytes, max(1, workers), ring_bytes, bound, available_host_memory(), "host", longest)
 
 
 def available_host_memory() -> int:
@@ -185,7 +207,7 @@ def waste_cause(decode_waste: float, evicted: int, budget: FrameBudget | None, f
             f"{waste}: {kept}, all its memory budget allows) evicted {evicted} frames later reads needed; give it more"
             " memory (fewer workers, a smaller batch, smaller frames with Frames(resize=...))"
         )
-    longest = HORIZON if budget.given else LONGEST_HORIZON
+    longest = HORIZON if budget.given else budget.longest
     if budget.horizon < longest:
         return (
             f"{waste}: the memory budget ({size_text(budget.share)} per cache) holds only {budget.horizon} of"

@@ -6,6 +6,8 @@ rate and first timestamp), and that frame to the segment holding it (the segment
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from mmdata.planning.samples import SampleTable
@@ -39,3 +41,14 @@ def segment_blocks(table: SampleTable, stores: list[Store], cameras: list[str | 
         blocks[mine] = offset + episodes * widest + np.maximum(segment, 0)
         offset += (int(episodes.max(initial=-1)) + 1) * widest
     return blocks
+
+
+def segment_life_steps(blocks: np.ndarray, open_segments: int, step_samples: int) -> int | None:
+    """How many of its lane's steps a segment stays open in the "segments" order (`planning.order`): a lane draws
+    one sample from each of its `open_segments` segments in turn, `step_samples` a step, so a segment of `n`
+    samples is open for `n * open_segments / step_samples` of them; `n` is the 90th percentile over the
+    segments (a few long ones do not set it). None without samples."""
+    if len(blocks) == 0:
+        return None
+    _, counts = np.unique(np.asarray(blocks, dtype=np.int64), return_counts=True)
+    return math.ceil(float(np.percentile(counts, 90)) * open_segments / step_samples)
