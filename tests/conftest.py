@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import shutil
 import subprocess
@@ -21,7 +22,10 @@ from mmdata.synthetic import SynthSpec, synthetic_frame, write_synthetic_dataset
 
 def pytest_sessionfinish(session, exitstatus):
     """End any child process a test left running: Python's exit waits for every child it started, so one hung
-    child would keep the run from ever finishing. Each is named, and the run fails."""
+    child would keep the run from ever finishing. Each is named, and the run fails. Loaders no test refers to
+    any more, kept only by reference cycles (an exception's traceback holds the frame that holds the loader),
+    are collected first: they stop their own workers."""
+    gc.collect()
     leftover = multiprocessing.active_children()
     for child in leftover:
         child.kill()
