@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import multiprocessing
 import shutil
@@ -29,7 +30,8 @@ def pytest_sessionfinish(session, exitstatus):
     leftover = multiprocessing.active_children()
     for child in leftover:
         child.kill()
-        child.join(10)
+        with contextlib.suppress(RuntimeError):  # torch's handler reports a DataLoader worker killed: we know
+            child.join(10)
     if leftover:
         names = ", ".join(f"{child.name} (pid {child.pid})" for child in leftover)
         session.config.get_terminal_writer().line(f"child processes left running by the tests, killed: {names}")
