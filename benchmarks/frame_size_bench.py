@@ -36,6 +36,7 @@ from pathlib import Path
 from lerobot_bench import (
     COMPATIBLE_LOADER,
     HERE,
+    POLICY_SPEC,
     RESULTS,
     convert,
     ensure_venv,
@@ -55,19 +56,16 @@ WHOLE_EPOCHS_COMPATIBLE = COMPATIBLE_LOADER.replace(
 )
 assert WHOLE_EPOCHS_COMPATIBLE != COMPATIBLE_LOADER, "lerobot_bench's COMPATIBLE_LOADER no longer imports measure"
 
-DEFAULT_LOADER = """
+DEFAULT_LOADER = (
+    """
 import json, sys
 sys.path.insert(0, {bench!r})
 from process_time import measure_epochs
 import mmdata
 from mmdata.measure.floor import decode_floor
-spec = mmdata.Windows(anchor_fps=30, streams={{
-    "observation.images.cam_high": mmdata.Frames(offsets=[-0.1, 0.0]),
-    "observation.images.cam_wrist": mmdata.Frames(offsets=[0.0]),
-    "observation.state": mmdata.Values(offsets=[-0.1, 0.0]),
-    "action": mmdata.Values(offsets=[i / 30 for i in range(16)]),
-}})
-loader = mmdata.DataLoader({store!r}, spec, batching=mmdata.Batching(batch_size=8),
+"""
+    + POLICY_SPEC
+    + """loader = mmdata.DataLoader({store!r}, spec, batching=mmdata.Batching(batch_size=8),
                            runtime=mmdata.Runtime(num_workers={workers}))
 every_sample = range(len(loader.samples))
 floor_before = decode_floor(loader, every_sample)
@@ -88,6 +86,7 @@ figures["floor_frames_per_sample"] = round(floor_after.frames / floor_after.samp
 figures["cpu_over_floor"] = round(2 * figures["cpu_ms_per_sample"] / sum(figures["floor_ms_per_sample"]), 3)
 print("RESULT " + json.dumps(figures))
 """
+)
 
 
 def lerobot_configurations(python: Path, source: Path, seconds: float) -> dict:

@@ -19,24 +19,22 @@ import json
 import statistics
 from pathlib import Path
 
+from lerobot_bench import POLICY_SPEC
 from machine import RESULTS, machine_name
 from verify_cost_bench import run
 
 HERE = Path(__file__).resolve().parent
 STORE = Path.home() / ".cache" / "mmdata-bench" / "lerobot-data" / "sizes-store-12x6s-480x640.wds"
-CODE = """
+CODE = (
+    """
 import json, resource, time
 import mmdata
 import mmdata.loading.assembly as assembly
 if {fixed}:
     assembly.horizon_for = lambda life, lanes, workers: 128  # the fixed horizon before horizon_for
-spec = mmdata.Windows(anchor_fps=30, streams={{
-    "observation.images.cam_high": mmdata.Frames(offsets=[-0.1, 0.0]),
-    "observation.images.cam_wrist": mmdata.Frames(offsets=[0.0]),
-    "observation.state": mmdata.Values(offsets=[-0.1, 0.0]),
-    "action": mmdata.Values(offsets=[i / 30 for i in range(16)]),
-}})
-loader = mmdata.DataLoader({store!r}, spec, batching=mmdata.Batching(batch_size=8),
+"""
+    + POLICY_SPEC
+    + """loader = mmdata.DataLoader({store!r}, spec, batching=mmdata.Batching(batch_size=8),
                            runtime=mmdata.Runtime(num_workers={workers}))
 sum(len(batch["sample_index"]) for batch in loader)
 loader.reset_stats()
@@ -50,6 +48,7 @@ print("RESULT " + json.dumps({{
     "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
 }}))
 """
+)
 
 
 def main() -> None:

@@ -70,16 +70,22 @@ print("RESULT " + json.dumps(figures))
 
 # Written with the loader's ungrouped keywords, which a baseline tree takes too. With shuffle="segments" (issue 29)
 # the decoded-frame cache, on by default, serves a segment's samples from one decode.
-MMDATA_LOADER = (
-    """
-import mmdata
+# The policy windows on LeRobot's feature names, as code for a run in a fresh interpreter (`mmdata` imported, then
+# formatted with the run's fields: hence the doubled braces).
+POLICY_SPEC = """
 spec = mmdata.Windows(anchor_fps=30, streams={{
     "observation.images.cam_high": mmdata.Frames(offsets=[-0.1, 0.0]),
     "observation.images.cam_wrist": mmdata.Frames(offsets=[0.0]),
     "observation.state": mmdata.Values(offsets=[-0.1, 0.0]),
     "action": mmdata.Values(offsets=[i / 30 for i in range(16)]),
 }})
-loader = mmdata.DataLoader({store!r}, spec, batch_size=8, num_workers={workers}, shuffle={shuffle!r})
+"""
+MMDATA_LOADER = (
+    """
+import mmdata
+"""
+    + POLICY_SPEC
+    + """loader = mmdata.DataLoader({store!r}, spec, batch_size=8, num_workers={workers}, shuffle={shuffle!r})
 """
     + MEASURE_WITH_MIXING
 )
