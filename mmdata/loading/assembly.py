@@ -54,6 +54,7 @@ class ChainAssembly:
         self.decode_in_main = decode_in == "main" if decode_in else self.decoder.device == "gpu"
         self.frame_budget: FrameBudget | None = None  # the running feed's frame caches' bound and horizon
         self._reader: BatchReader | None = None  # the running feed's; it also ends main-process batches
+        self._reads_ahead: int | None = None  # of this loader's plan: the same for every feed it starts
 
     def start(self, planner: LoaderPlanner, seed: int, ranks: tuple[int, int], epoch: int, steps: RankSteps) -> Feed:
         """A feed of `steps` (the rest of `epoch` for rank `ranks[0]` of `ranks[1]`), then of the epochs after it."""
@@ -65,7 +66,9 @@ class ChainAssembly:
             "pad_to_multiple": batching.pad_to_multiple,
         }
         read_bytes = frame_bytes_per_batch(self.spec, self.fillers, batching.batch_size)
-        budget = self.frame_budget = self._frame_budget(read_bytes, reads_ahead(planner, world_size, runtime))
+        if self._reads_ahead is None:  # a pass over every sample's segment: once, not at every epoch or resume
+            self._reads_ahead = reads_ahead(planner, world_size, runtime)
+        budget = self.frame_budget = self._frame_budget(read_bytes, self._reads_ahead)
         reader = self._reader = BatchReader(
             self.sources,
             self.spec,
