@@ -135,8 +135,7 @@ class RunPosition:
 
     def epoch_plan(self) -> tuple[EpochPlan, bool]:
         """The plan of the current epoch at this world size, and whether it was made now (not kept)."""
-        state = self.state
-        key = (state.seed, state.epoch, tuple(state.stretches), self.world_size)
+        key = self._key(self.state.epoch, self.state.stretches)
         made = self._cached is None or self._cached[0] != key
         if made:
             self._cached = (key, self.plan.planner.epoch_plan(*key))
@@ -169,4 +168,8 @@ class RunPosition:
         it (after a close) begins at the next step, not at the step the plan was made at."""
         epoch = self.state.epoch
         self.state.advance(plan, self.world_size)
-        self._cached = ((self.state.seed, epoch, tuple(plan.stretches), self.world_size), plan)
+        self._cached = (self._key(epoch, plan.stretches), plan)
+
+    def _key(self, epoch: int, stretches: list[Stretch]) -> tuple:
+        """What an epoch's plan is made from: (seed, epoch, the stretches run so far, world size)."""
+        return (self.state.seed, epoch, tuple(stretches), self.world_size)
