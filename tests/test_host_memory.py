@@ -16,7 +16,8 @@ import torch
 
 import mmdata
 import mmdata.loading.feed as feed
-from mmdata.loading.host_memory import ArenaSpan, FrameArena
+from mmdata.loading import host_memory
+from mmdata.loading.host_memory import SHARED_TENSOR_BYTES, ArenaSpan, FrameArena, shared_output
 from tests.test_frame_cache import WINDOWS
 from tests.test_loader import assert_same_batches
 
@@ -95,6 +96,17 @@ def loader_batches(store, workers: int) -> list[dict]:
             runtime=mmdata.Runtime(num_workers=workers, decoder="pyav"),
         )
     )
+
+
+def test_a_worker_puts_only_large_tensors_in_shared_memory_small_ones_cross_inside_the_message(monkeypatch):
+    monkeypatch.setattr(host_memory, "get_worker_info", lambda: object())  # as inside a DataLoader worker
+    like = torch.zeros((0, 16, 14), dtype=torch.float32)
+    rows = SHARED_TENSOR_BYTES // (16 * 14 * 4)
+    assert shared_output(like, (rows - 1,)) is None  # state and action of a batch: no shared-memory file each
+    large = shared_output(like, (rows + 1,))
+    assert large is not None and large.is_shared() and tuple(large.shape) == (rows + 1, 16, 14)
+    monkeypatch.setattr(host_memory, "get_worker_info", lambda: None)
+    assert shared_output(like, (rows + 1,)) is None  # the main process allocates as usual
 
 
 @pytest.mark.slow

@@ -34,6 +34,7 @@ from mmdata.loading.host_memory import (
     ARENA_BYTES_PER_WORKER,
     MAX_ARENA_BYTES,
     MAX_ARENA_BYTES_PER_WORKER,
+    SHARED_TENSOR_BYTES,
     ArenaSpan,
     FrameArena,
     keep_freed_memory_mapped,
@@ -45,8 +46,6 @@ from mmdata.planning.planner import LoaderPlanner, RankSteps
 from mmdata.planning.samples import SampleRef
 from mmdata.store.filesystem import read_retries
 
-# Tensors at least this large cross from workers in shared memory; smaller ones inside the message.
-SHARED_TENSOR_BYTES = 1 << 18
 Item = tuple[int, int, Any, dict]  # (epoch, step, batch or pending micro-batch, what the worker measured)
 _OPEN_FEEDS: weakref.WeakSet = weakref.WeakSet()
 

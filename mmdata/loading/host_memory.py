@@ -35,14 +35,18 @@ _ALIGNMENT = 64
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
 KEPT_FREE_BYTES = (1 << 31) - 1  # mallopt takes an int
+# Tensors at least this large cross from workers in shared memory; smaller ones inside the pickled message.
+SHARED_TENSOR_BYTES = 1 << 18
 
 
 def shared_output(like: torch.Tensor, leading: tuple[int, ...]) -> torch.Tensor | None:
     """In a DataLoader worker, an uninitialised tensor of shape `leading + like.shape[1:]` in shared memory
-    (`out=` for torch.cat/stack). None elsewhere (torch allocates as usual)."""
-    if like.device.type != "cpu" or get_worker_info() is None:
-        return None
+    (`out=` for torch.cat/stack). None elsewhere, and for a tensor under `SHARED_TENSOR_BYTES`, which crosses
+    inside the message (a shared-memory file of its own would cost five system calls here and more there)."""
     shape = (*leading, *like.shape[1:])
+    small = math.prod(shape) * like.element_size() < SHARED_TENSOR_BYTES
+    if like.device.type != "cpu" or small or get_worker_info() is None:
+        return None
     storage = like._typed_storage()._new_shared(math.prod(shape), device=like.device)
     return like.new(storage).resize_(shape)
 
