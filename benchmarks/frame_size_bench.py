@@ -13,6 +13,9 @@ batch; mmdata's over whole epochs, at least `--seconds`, after a first one unmea
   run just before and just after its epochs; the loader's CPU per sample (its process and workers) over the
   mean of the two, per run, then the median over rounds. The VM's speed swings by up to 2x within minutes, so a
   floor measured in another process at another moment of the round moved this ratio by 0.3 either way;
+- that CPU told apart (the last round's): the decoder's own (`decode_cpu_ms_per_sample`, and per frame decoded
+  against the floor's per frame: `decoder_over_floor_per_frame`) and the rest, the work around decoding
+  (`outside_decoder_share` of the loader's CPU);
 - mmdata against LeRobot's best, as the median of the ratios within each round;
 - `mmdata bench` on the store (policy preset, batch 8, 2 workers): decode waste, frames evicted, the frame
   cache's budget line, peak memory per worker.
@@ -84,6 +87,11 @@ figures["cpu_ms_per_sample"] = round(1000 * figures["cpu_seconds"] / figures["sa
 figures["floor_ms_per_sample"] = [round(floor.ms_per_sample, 3) for floor in (floor_before, floor_after)]
 figures["floor_frames_per_sample"] = round(floor_after.frames / floor_after.samples, 3)
 figures["cpu_over_floor"] = round(2 * figures["cpu_ms_per_sample"] / sum(figures["floor_ms_per_sample"]), 3)
+# the loader's CPU told apart: its decoder's (per sample and per frame decoded, over the whole run) and the rest
+figures["decode_cpu_ms_per_sample"] = round(1000 * stats["decode_cpu_seconds"] / stats["samples"], 3)
+figures["decode_cpu_ms_per_frame"] = stats["decode_cpu_ms_per_frame"]
+figures["floor_ms_per_frame"] = round(sum(figures["floor_ms_per_sample"]) / 2 / figures["floor_frames_per_sample"], 3)
+figures["outside_decoder_ms_per_sample"] = round(figures["cpu_ms_per_sample"] - figures["decode_cpu_ms_per_sample"], 3)
 print("RESULT " + json.dumps(figures))
 """
 )
@@ -168,6 +176,15 @@ def measure_size(python: Path, args: argparse.Namespace, height: int, width: int
         over = [run["cpu_over_floor"] for run in runs["mmdata default w2"] if "cpu_over_floor" in run]
         figures["cpu_per_sample_over_floor"] = round(statistics.median(over), 2) if over else None
         figures["cpu_per_sample_over_floor_runs"] = over
+        default = summary["mmdata default w2"]
+        if "decode_cpu_ms_per_frame" in default:
+            # decoding in the loader against decoding alone, per frame; and the share of the CPU around decoding
+            figures["decoder_over_floor_per_frame"] = round(
+                default["decode_cpu_ms_per_frame"] / default["floor_ms_per_frame"], 2
+            )
+            figures["outside_decoder_share"] = round(
+                default["outside_decoder_ms_per_sample"] / default["cpu_ms_per_sample"], 3
+            )
     return figures
 
 

@@ -340,4 +340,5 @@ def test_bench_reports_the_loaders_cpu_per_sample_workers_included_against_the_d
     assert figures["cpu_ms_per_sample"] > 0 and figures["decode_floor_ms_per_sample"] > 0
     ratio = figures["cpu_ms_per_sample"] / figures["decode_floor_ms_per_sample"]
     assert figures["cpu_over_decode_floor"] == pytest.approx(ratio, rel=0.01)
+    assert 0 < figures["decode_cpu_ms_per_sample"] < figures["cpu_ms_per_sample"]  # decoding is a part of it
     jsonschema.validate(figures, SCHEMA["properties"]["figures"])

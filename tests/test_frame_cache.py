@@ -5,6 +5,8 @@ plan whose steps share segments it serves frames instead of decoding them again.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -306,6 +308,18 @@ def test_main_process_decoding_follows_the_workers_plan_and_decodes_what_worker_
     assert followed["frames_decoded"] == planned["frames_decoded"] < off.stats()["frames_decoded"]
     assert followed["decode_waste"] == planned["decode_waste"] < off.stats()["decode_waste"]
     assert 0 < followed["frame_cache_peak_bytes"] <= 64 << 20
+    assert followed["decode_cpu_seconds"] > 0 and planned["decode_cpu_seconds"] > 0  # wherever it decoded
+
+
+def test_the_loader_reports_the_cpu_its_decoder_spent_per_frame_decoded_within_the_cpu_the_run_took(stores):
+    run = loader(stores["wds"], "windows", 64 << 20)
+    started = time.process_time()
+    list(run)
+    spent = time.process_time() - started
+    stats = run.stats()
+    assert 0 < stats["decode_cpu_seconds"] <= spent
+    per_frame = 1000 * stats["decode_cpu_seconds"] / stats["frames_decoded"]
+    assert stats["decode_cpu_ms_per_frame"] == pytest.approx(per_frame, rel=1e-3)
 
 
 def test_a_gpu_decoder_in_the_main_process_keeps_the_frames_later_steps_need(stores):

@@ -126,7 +126,7 @@ class BatchReader:
         outcome counted into that reader's `info`: samples, failures, frames decoded and delivered, the frame
         cache's bytes and evictions."""
         stats, cache = self.video_decoder.stats, self.followed_stats
-        decoded, delivered = stats.frames_decoded, stats.frames_delivered
+        decoded, delivered, cpu = stats.frames_decoded, stats.frames_delivered, stats.cpu_seconds
         served, ahead, evicted = cache.served, cache.ahead, cache.evicted
         collated = self.finish(batch, seconds)
         info["failed"] = dict(batch.failed)
@@ -134,6 +134,7 @@ class BatchReader:
         info["samples"] = len(batch.samples)
         info["sources"] = source_counts(batch)
         info["decoded"] += stats.frames_decoded - decoded
+        info["decode_cpu"] = info.get("decode_cpu", 0.0) + stats.cpu_seconds - cpu
         # frames decoded for a later step count as delivered when that step takes them from the cache
         delivered = stats.frames_delivered - delivered
         info["delivered"] += delivered - (cache.ahead - ahead) + (cache.served - served)

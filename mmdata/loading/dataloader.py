@@ -182,7 +182,8 @@ class DataLoader:
     def stats(self) -> dict[str, Any]:
         """Totals since the loader was built (or `reset_stats`): steps, samples, tokens, bytes read,
         seconds per stage in the workers and in the main process, data wait and its percentiles,
-        frames decoded against delivered, skipped samples, peak RSS per worker."""
+        frames decoded against delivered and the decoder's CPU per frame decoded, skipped samples, peak RSS per
+        worker."""
         snapshot = self._stats.snapshot()
         snapshot["excluded_episodes"] = dict(self.excluded)
         snapshot["sources"] = self._stats.sources([source.name for source in self.sources])

@@ -159,6 +159,7 @@ class StepSource(IterableDataset):
             cache.served,
             cache.ahead,
             cache.evicted,
+            decoder.cpu_seconds,
         )
         batch = self.reader.read(step, samples, fallback, horizon)
         planning, self._planning_seconds = self._planning_seconds, 0.0
@@ -184,6 +185,7 @@ class StepSource(IterableDataset):
             "bytes": reader.bytes_read - before[2],
             "read_retries": read_retries() - before[3],
             "decoded": decoder.frames_decoded - before[0],
+            "decode_cpu": decoder.cpu_seconds - before[7],
             # frames decoded for a later step count as delivered when that step takes them from the cache
             "delivered": decoder.frames_delivered - before[1] - (cache.ahead - before[5]) + (cache.served - before[4]),
             "frame_cache_bytes": reader.frame_cache.bytes,

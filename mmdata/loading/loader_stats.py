@@ -21,6 +21,7 @@ class LoaderStats:
         self.bytes_read = 0
         self.read_retries = 0
         self.frames_decoded = self.frames_delivered = 0
+        self.decode_cpu = 0.0
         self.frame_cache_peak_bytes = 0
         self.frames_evicted = 0
         self.data_wait = 0.0
@@ -50,6 +51,7 @@ class LoaderStats:
         self.read_retries += info.get("read_retries", 0)
         self.frames_decoded += info["decoded"]
         self.frames_delivered += info["delivered"]
+        self.decode_cpu += info.get("decode_cpu", 0.0)
         self.frame_cache_peak_bytes = max(self.frame_cache_peak_bytes, info.get("frame_cache_bytes", 0))
         self.frames_evicted += info.get("evicted", 0)
         self.data_wait += waited
@@ -109,6 +111,10 @@ class LoaderStats:
             "worker_cpu_seconds": {k: round(v, 6) for k, v in self.worker_cpu.items()},
             "frames_decoded": self.frames_decoded,
             "frames_delivered": self.frames_delivered,
+            "decode_cpu_seconds": round(self.decode_cpu, 6),
+            "decode_cpu_ms_per_frame": round(1000 * self.decode_cpu / self.frames_decoded, 4)
+            if self.frames_decoded
+            else None,
             "frame_cache_peak_bytes": self.frame_cache_peak_bytes,
             "frames_evicted": self.frames_evicted,
             "decode_waste": round(self.frames_decoded / self.frames_delivered, 4) if self.frames_delivered else 0.0,

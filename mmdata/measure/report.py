@@ -310,6 +310,8 @@ def _cpu_rows(f: dict[str, Any]) -> list[str]:
     if "cpu_ms_per_sample" not in f:  # (results written before these figures existed have none)
         return []
     text = f"{f['cpu_ms_per_sample']:.2f} ms per sample"
+    if "decode_cpu_ms_per_sample" in f:
+        text += f" ({f['decode_cpu_ms_per_sample']:.2f} ms of it in the decoder)"
     if "cpu_over_decode_floor" in f:
         text += (
             f", {f['cpu_over_decode_floor']:.2f}x the decode floor ({f['decode_floor_ms_per_sample']:.2f} ms: the"

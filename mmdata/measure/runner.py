@@ -116,12 +116,13 @@ def run_loader(loader: DataLoader, steps: int, warmup: int = 3, step_ms: float =
 def cpu_figures(
     loader: DataLoader, main_cpu: float, stats: dict[str, Any], samples: int, delivered: list[np.ndarray]
 ) -> dict[str, float]:
-    """The loader's CPU per sample (its process and its workers) and, for a decoder on the host, the decode
-    floor of the samples delivered (`measure.floor`) and the loader's CPU over it."""
+    """The loader's CPU per sample (its process and its workers) and, for a decoder on the host, the part of it
+    the decoder spent, the decode floor of the samples delivered (`measure.floor`) and the loader's CPU over it."""
     cpu = main_cpu + sum(stats["worker_cpu_seconds"].values())
     figures = {"cpu_ms_per_sample": round(1000 * cpu / max(1, samples), 3)}
     if loader.decoder.device != "cpu" or not delivered:
         return figures
+    figures["decode_cpu_ms_per_sample"] = round(1000 * stats["decode_cpu_seconds"] / max(1, samples), 3)
     floor = decode_floor(loader, np.concatenate(delivered))
     if floor is not None and floor.cpu_seconds > 0:
         figures["decode_floor_ms_per_sample"] = round(floor.ms_per_sample, 3)

@@ -51,11 +51,12 @@ class VideoDecoder(ABC):
 
     def decode(self, requests: Sequence[ClipRequest], on_error: OnError = "raise") -> list[Any]:
         """Frames for every request, in order; with on_error="skip" a request that fails is None."""
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.thread_time()
         try:
             return self.fitted(requests, self._decode_batch(list(requests), on_error))
         finally:
             self.stats.seconds += time.perf_counter() - started
+            self.stats.cpu_seconds += time.thread_time() - cpu_started
 
     def prepare(self, requests: list[ClipRequest]) -> tuple:
         """The host half of decoding `requests`, for `decode_prepared` (decoders that `prepares` only)."""

@@ -59,13 +59,16 @@ class ClipRequest:
 
 @dataclass
 class DecodeStats:
-    """Running totals of one decoder: how much it decoded for how much it delivered."""
+    """Running totals of one decoder: how much it decoded for how much it delivered, and in what time: `seconds`
+    of wall time and `cpu_seconds` of the calling thread's CPU (all of a CPU backend's that decodes on that
+    thread; a backend with threads of its own counts only its hand-off)."""
 
     requests: int = 0
     frames_delivered: int = 0
     frames_decoded: int = 0
     skipped: int = 0
     seconds: float = 0.0
+    cpu_seconds: float = 0.0
     skipped_where: list[str] = field(default_factory=list)
 
     @property
@@ -81,6 +84,7 @@ class DecodeStats:
             "decode_waste": round(self.decode_waste, 4),
             "skipped": self.skipped,
             "seconds": round(self.seconds, 6),
+            "cpu_seconds": round(self.cpu_seconds, 6),
         }
 
 
