@@ -45,7 +45,8 @@ test: $(STAMP) $(PINS_STAMP) check-aarch64 browser
 browser:
 	@test -x $(CHROMIUM) || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
 
-# The inner loop: everything but the tests that start subprocesses, S3 servers or Ray clusters (under 3 minutes).
+# The inner loop: everything but the slow tests (subprocesses, servers, clusters, conversions: see pyproject.toml's
+# markers), about a minute on a 2-core machine.
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
 

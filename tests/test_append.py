@@ -79,6 +79,7 @@ def file_digests(root: Path) -> dict[str, str]:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["wds", "zarr"])
 def test_appended_episodes_follow_the_stores_own_and_read_as_a_store_of_their_own(raws, tmp_path, layout):
     store = converted(raws["first"], tmp_path / "store", layout)
@@ -110,6 +111,7 @@ def test_appended_episodes_follow_the_stores_own_and_read_as_a_store_of_their_ow
     assert not (store / ".mmdata-partial").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["wds", "zarr"])
 def test_the_appended_statistics_equal_those_of_the_whole_store_computed_afresh(raws, tmp_path, layout):
     store = converted(raws["first"], tmp_path / "store", layout)
@@ -127,6 +129,7 @@ def test_the_appended_statistics_equal_those_of_the_whole_store_computed_afresh(
     assert saved["cameras"].keys() == fresh["cameras"].keys()
 
 
+@pytest.mark.slow
 def test_episodes_with_other_streams_are_refused_before_anything_is_written(raws, tmp_path):
     store = converted(raws["first"], tmp_path / "store", "wds")
     before = file_digests(store)
@@ -142,6 +145,7 @@ def test_episodes_with_other_streams_are_refused_before_anything_is_written(raws
     assert len(mmdata.open_dataset(str(store))) == 6
 
 
+@pytest.mark.slow
 def test_an_append_refused_after_episodes_were_kept_resumes_and_never_suggests_overwrite(raws, tmp_path):
     import shutil
 
@@ -163,6 +167,7 @@ def test_an_append_refused_after_episodes_were_kept_resumes_and_never_suggests_o
     assert len(mmdata.open_dataset(str(store))) == 6 and verify_dataset(str(store), progress=False).ok
 
 
+@pytest.mark.slow
 def test_append_options_that_would_store_episodes_otherwise_are_refused(raws, tmp_path):
     store = converted(raws["first"], tmp_path / "store", "wds")
     with pytest.raises(OptionError, match="--overwrite replaces it"):
@@ -175,6 +180,7 @@ def test_append_options_that_would_store_episodes_otherwise_are_refused(raws, tm
     assert refused.returncode != 0 and "is a wds store" in refused.stderr
 
 
+@pytest.mark.slow
 def test_appending_to_an_empty_destination_converts_a_new_store(raws, tmp_path):
     report = appended(raws["first"], tmp_path / "new")
     assert report.converted == 3 and report.first_episode == 0
@@ -226,6 +232,7 @@ def test_a_killed_append_resumes_to_the_bytes_of_an_uninterrupted_one(raws, tmp_
     assert file_digests(resumed) == file_digests(reference)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["wds", "zarr"])
 def test_a_reader_opened_before_the_append_keeps_reading_the_old_episodes(raws, tmp_path, layout):
     store = converted(raws["first"], tmp_path / "store", layout)
@@ -240,6 +247,7 @@ def test_a_reader_opened_before_the_append_keeps_reading_the_old_episodes(raws, 
     assert not (store / "episodes.parquet").exists() and (store / "episodes-000001.parquet").exists()
 
 
+@pytest.mark.slow
 def test_a_loader_state_saved_before_an_append_is_refused_and_new_epochs_hold_the_new_episodes(raws, tmp_path):
     store = converted(raws["first"], tmp_path / "store", "wds")
     spec = mmdata.Windows(anchor_fps=4, streams={"state": mmdata.Values(offsets=[0.0])})
@@ -260,6 +268,7 @@ def test_a_loader_state_saved_before_an_append_is_refused_and_new_epochs_hold_th
     same.load_state_dict(grown.state_dict())  # a state saved after the append resumes as ever
 
 
+@pytest.mark.slow
 def test_inspect_lists_each_append(raws, tmp_path):
     store = converted(raws["first"], tmp_path / "store", "wds")
     appended(raws["second"], store)
@@ -291,6 +300,7 @@ def renumbered_shards(store: Path, first: int) -> None:
         (store / "shards" / old).rename(store / "shards" / new)
 
 
+@pytest.mark.slow
 def test_appends_past_shard_999999_never_write_over_a_shard_and_lose_nothing(raws, tmp_path):
     store = converted(raws["first"], tmp_path / "store", "wds", shard_bytes=10**9)
     renumbered_shards(store, 999_999)
@@ -314,6 +324,7 @@ def test_appends_past_shard_999999_never_write_over_a_shard_and_lose_nothing(raw
         assert_same_episode(episode_values(dataset, 6 + index), episode_values(second, index))
 
 
+@pytest.mark.slow
 def test_an_append_never_writes_over_a_shard_file_no_row_names(raws, tmp_path):
     store = converted(raws["first"], tmp_path / "store", "wds")
     stray = store / "shards" / "shard-000042.tar"

@@ -137,10 +137,12 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+@pytest.mark.slow
 def test_no_module_imports_itself_back_through_others():
     assert cycles(import_graph()) == []
 
 
+@pytest.mark.slow
 def test_no_package_imports_from_a_stage_after_it():
     upward = [
         f"{module} ({STAGES[stage_of(module)][0]}) imports {target} ({STAGES[stage_of(target)][0]})"
@@ -151,6 +153,7 @@ def test_no_package_imports_from_a_stage_after_it():
     assert upward == []
 
 
+@pytest.mark.slow
 def test_every_exception_class_is_defined_in_errors():
     elsewhere = []
     for module, path in modules().items():

@@ -28,6 +28,7 @@ def test_a_cpu_decoder_decodes_where_the_samples_are_read_unless_told_to_decode_
         new_loader(stores["wds"], decode_in="elsewhere")
 
 
+@pytest.mark.slow
 def test_a_feed_started_at_a_step_yields_the_loaders_batches_from_that_step_then_the_next_epochs(stores):
     loader = new_loader(stores["wds"])
     epoch_zero = list(loader)

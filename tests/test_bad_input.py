@@ -31,6 +31,7 @@ def test_missing_camera_file_names_the_episode_and_camera(raw_copy, tmp_path):
     assert_no_store(tmp_path / "out")
 
 
+@pytest.mark.slow
 def test_skip_bad_converts_the_rest_and_reports_what_it_skipped(raw_copy, tmp_path):
     (raw_copy / "episode_0001" / "cam_wrist.mp4").unlink()
     report = convert_raw(raw_copy, tmp_path / "out", skip_bad=True, layout="zarr")
@@ -51,6 +52,7 @@ def test_corrupt_mp4_names_the_episode_and_file(raw_copy, tmp_path):
     assert_no_store(tmp_path / "out")
 
 
+@pytest.mark.slow
 def test_truncated_mp4_is_reported_not_silently_shortened(raw_copy, tmp_path):
     video = raw_copy / "episode_0002" / "cam_high.mp4"
     video.write_bytes(video.read_bytes()[: video.stat().st_size // 3])
@@ -75,6 +77,7 @@ def test_npy_without_a_rate_asks_for_one_in_meta_json(raw_copy, tmp_path):
         convert_raw(raw_copy, tmp_path / "out")
 
 
+@pytest.mark.slow
 def test_unreadable_audio_names_the_episode_and_file(raw_copy, tmp_path):
     (raw_copy / "episode_0001" / "audio.wav").write_bytes(b"RIFF\x10\x00\x00\x00WAVEjunkjunkjunk")
     with pytest.raises(SourceError, match=r"episode 'episode_0001', file '.*audio\.wav': unreadable audio"):
@@ -82,6 +85,7 @@ def test_unreadable_audio_names_the_episode_and_file(raw_copy, tmp_path):
     assert_no_store(tmp_path / "out")
 
 
+@pytest.mark.slow
 def test_non_empty_destination_needs_resume_or_overwrite(raw_dataset, tmp_path):
     destination = tmp_path / "out"
     destination.mkdir()
@@ -96,6 +100,7 @@ def test_non_empty_destination_needs_resume_or_overwrite(raw_dataset, tmp_path):
     assert verify_dataset(str(destination), progress=False).ok
 
 
+@pytest.mark.slow
 def test_resume_refuses_changed_options(raw_copy, tmp_path):
     (raw_copy / "episode_0002" / "audio.wav").write_bytes(b"not audio")
     with pytest.raises(SourceError):
@@ -104,6 +109,7 @@ def test_resume_refuses_changed_options(raw_copy, tmp_path):
         convert_raw(raw_copy, tmp_path / "out", resume=True, shard_bytes=200_000)
 
 
+@pytest.mark.slow
 def test_failed_run_resumes_with_skip_bad_into_a_complete_store(raw_copy, tmp_path):
     (raw_copy / "episode_0002" / "audio.wav").write_bytes(b"not audio")
     with pytest.raises(SourceError):

@@ -85,6 +85,7 @@ def test_compare_exits_non_zero_on_a_planted_regression_and_zero_within_the_limi
     assert code == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 2])
 def test_stage_shares_account_for_the_wall_time_within_five_percent(stores, workers):
     # Without the frame cache, which on this small store would serve most frames and leave little to decode.
@@ -232,6 +233,7 @@ def test_the_simulated_step_takes_the_time_asked_and_the_figures_say_so(stores):
     assert 25.0 <= figures["step_ms_measured"] <= 60.0
 
 
+@pytest.mark.slow
 def test_a_runs_plot_shows_where_the_time_went(tmp_path):
     from mmdata.measure.plots import plot_stages
 

@@ -3,6 +3,7 @@ one shard close together share a request, and no request grows past its limit fo
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -21,6 +22,7 @@ pieces = st.lists(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(pieces, st.integers(0, 2_000), st.integers(1, 8_000))
 def test_every_piece_lies_in_the_request_it_is_assigned_to(wanted, gap, limit):

@@ -23,6 +23,7 @@ from tests.conftest import VFR_TIMES
 FRAMES = [synthetic_frame(i, 0, 64, 128) for i in range(40)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("codec", ["h264", "hevc", "vp9"])
 def test_segments_hold_their_frames_with_key_frames_every_gop(codec):
     encoding = VideoEncoding(codec=codec, segment_frames=16, gop=8)
@@ -95,6 +96,7 @@ def test_sizes_parse_in_decimal_and_binary_units():
         parse_size("lots")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("codec", ["h264", "hevc", "vp9"])
 def test_encoding_the_same_frames_twice_gives_the_same_bytes(codec):
     from fractions import Fraction

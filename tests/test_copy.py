@@ -63,6 +63,7 @@ def lerobot_copy(request, tmp_path_factory) -> Path:
     return destination
 
 
+@pytest.mark.slow
 def test_lerobots_av1_is_stored_packet_for_packet_and_reads_as_its_frames(lerobot_copy):
     store = mmdata.open_dataset(str(lerobot_copy))
     assert verify_dataset(str(lerobot_copy), progress=False).ok
@@ -84,6 +85,7 @@ def test_lerobots_av1_is_stored_packet_for_packet_and_reads_as_its_frames(lerobo
         assert first == len(frames) and stored == packets, "every packet kept as recorded, none added"
 
 
+@pytest.mark.slow
 def test_av1_decodes_on_every_cpu_backend_that_claims_it_and_auto_picks_one(lerobot_copy):
     from mmdata.codecs.decoders.availability import BACKEND_CODECS, backend_available
 
@@ -135,6 +137,7 @@ def raw_with_b_frames(raw_dataset, tmp_path_factory) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_h264_with_b_frames_is_cut_at_its_key_frames_and_reads_as_its_frames(raw_with_b_frames, tmp_path):
     report = convert(discover_raw_episodes(raw_with_b_frames), tmp_path / "out", copy_options(segment_frames=16))
     assert report.converted == 3 and verify_dataset(str(tmp_path / "out"), progress=False).ok
@@ -177,6 +180,7 @@ def video_log(tmp_path: Path, video_format: str, gop: int = 8, count: int = 24, 
 @pytest.mark.parametrize(
     ("video_format", "codec"), [("h264", "h264"), ("h265", "hevc"), ("vp9", "vp9"), ("av1", "av1")]
 )
+@pytest.mark.slow
 def test_compressed_video_topics_are_copied_and_read_as_the_frames_their_messages_decode_to(
     video_format, codec, layout, tmp_path
 ):
@@ -227,6 +231,7 @@ def test_image_topics_of_a_log_are_refused_with_the_way_round(tmp_path):
         convert(sources, tmp_path / "out", copy_options(skip_bad=False))
 
 
+@pytest.mark.slow
 def test_the_command_line_says_when_copy_is_possible_and_copies(tmp_path):
     shown = run_cli("convert", "--help")
     assert "copy" in shown.stdout and "key frame" in shown.stdout
@@ -265,6 +270,7 @@ def b_frame_log(tmp_path: Path, kind: str, video_format: str, stamped_when_sent:
     return rosbag_logs.write_video_bag(tmp_path / "bag", video_format, packets, presented, log_times=sent)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["mcap", "rosbag"])
 @pytest.mark.parametrize(("video_format", "codec"), [("h264", "h264"), ("h265", "hevc")])
 def test_b_frames_from_a_log_are_stored_in_the_order_they_are_shown_at_their_stamps(
@@ -346,6 +352,7 @@ def resized_packets(video_format: str) -> list[bytes]:
     return [data for data, _ in first + second]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("video_format", ["h264", "h265", "vp9", "av1"])
 def test_copy_refuses_video_whose_frames_change_size_mid_stream_as_encoding_does(video_format, tmp_path):
     pytest.importorskip("mcap_protobuf")

@@ -56,6 +56,7 @@ def random_requests(codec: str, segments: list[bytes], seed: int, count: int = 1
     return requests
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("backend", "options", "codec"), PAIRS, ids=[f"{b}-{c}-{o}" for b, o, c in PAIRS])
 def test_backend_frames_match_a_full_pyav_decode(backend, options, codec, segments):
     if not backend_available(backend):

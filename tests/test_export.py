@@ -48,6 +48,7 @@ def video_files(root: Path) -> list[Path]:
     return sorted(root.glob("videos/*/chunk-*/file-*.mp4"))
 
 
+@pytest.mark.slow
 def test_todays_export_of_the_fixture_is_the_dataset_lerobot_read(lerobot_store, tmp_path):
     export_lerobot(str(lerobot_store), tmp_path / "now", episodes=EPISODES, progress=False)
     recorded, now = FIXTURE / "dataset", tmp_path / "now"
@@ -109,6 +110,7 @@ def test_what_lerobot_read_from_the_export_is_the_store(lerobot_store):
     assert image_error and max(image_error) <= COLOUR_CONVERSION_LEVELS, f"{max(image_error):.2f} levels apart"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["wds", "zarr"])
 def test_an_export_imported_again_holds_the_stores_values_and_frames(lerobot_store, tmp_path, layout):
     source = lerobot_store
@@ -185,6 +187,7 @@ def test_what_lerobot_cannot_hold_is_refused_and_nothing_is_left_behind(stores, 
     assert sorted(p.relative_to(store) for p in store.rglob("*")) == before
 
 
+@pytest.mark.slow
 def test_the_export_command_reports_what_it_wrote(stores, tmp_path):
     done = run_cli("export", str(stores["zarr"]), str(tmp_path / "out"), "--episodes", "0,2", "--quiet",
                    "--rename", "state=observation.state")  # fmt: skip

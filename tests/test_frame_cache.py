@@ -38,6 +38,7 @@ def loader(store, kind: str, cache_bytes: int, workers: int = 0, shuffle="global
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(SPECS))
 @pytest.mark.parametrize("layout", ["wds", "zarr"])
 def test_batches_are_identical_with_the_cache_on_and_off_in_one_process(stores, layout, kind):
@@ -87,6 +88,7 @@ def test_the_cache_never_holds_more_than_its_bound(stores):
     assert 0 < run.stats()["frame_cache_peak_bytes"] <= bound
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(SPECS))
 def test_an_exact_resume_with_the_cache_gives_the_uninterrupted_batches(stores, kind):
     whole = list(loader(stores["zarr"], kind, 64 << 20))
@@ -100,6 +102,7 @@ def test_an_exact_resume_with_the_cache_gives_the_uninterrupted_batches(stores, 
     assert_same_batches(list(resumed), whole[k:])
 
 
+@pytest.mark.slow
 def test_an_elastic_resume_with_the_cache_gives_the_batches_it_gives_without(stores):
     def resumed_at(world: int, cache_bytes: int) -> list[list[dict]]:
         first = [loader(stores["wds"], "windows", cache_bytes, rank=rank, world_size=2) for rank in range(2)]
@@ -216,6 +219,7 @@ def test_the_default_order_is_segments_for_counted_batches_of_video_and_locality
     assert shuffle_of(mmdata.Batching(batch_size=4), lowdim) == "locality"
 
 
+@pytest.mark.slow
 def test_the_default_order_does_not_depend_on_the_worker_count(stores):
     def batches(workers: int) -> list[dict]:
         return list(
@@ -293,6 +297,7 @@ def test_a_resume_in_the_segments_order_gives_the_uninterrupted_batches(stores):
     assert_same_batches(list(resumed), whole[3:])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 2])
 def test_main_process_decoding_follows_the_workers_plan_and_decodes_what_worker_decoding_does(stores, workers):
     def run(cache_bytes: int, decode_in: str) -> tuple[mmdata.DataLoader, list]:
@@ -322,6 +327,7 @@ def test_the_loader_reports_the_cpu_its_decoder_spent_per_frame_decoded_within_t
     assert stats["decode_cpu_ms_per_frame"] == pytest.approx(per_frame, rel=1e-3)
 
 
+@pytest.mark.slow
 def test_a_gpu_decoder_in_the_main_process_keeps_the_frames_later_steps_need(stores):
     from mmdata.codecs.decoders.spdl_decoder import SpdlNvdecDecoder
     from tests.test_spdl_decoder import cpu_nvdec

@@ -82,6 +82,7 @@ def test_rate_split_gives_each_side_its_share_of_the_frames_by_measured_rate():
     assert helped.first_share == pytest.approx(0.6), "two workers decoding at once count the second side twice"
 
 
+@pytest.mark.slow
 def test_hybrid_outputs_equal_one_backends_in_request_order_and_the_slower_side_gets_less(stores):
     requests = _requests(stores["wds"])
     expected = PyAvDecoder().decode(requests)

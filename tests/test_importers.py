@@ -43,6 +43,7 @@ def assert_stripes(frames: np.ndarray, first_index: int = 0) -> None:
 # LeRobot v3.0: the fixture written by lerobot 0.4.4's own writer
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["wds", "zarr"])
 def test_lerobot_v3_fixture_converts_to_the_frames_values_and_tasks_its_truth_file_states(tmp_path, layout):
     truth = json.loads((LEROBOT_V3 / "fixture_truth.json").read_text())
@@ -182,6 +183,7 @@ def test_a_lerobot_v21_episode_whose_task_changes_keeps_each_frames_task(tmp_pat
 @pytest.mark.parametrize(
     "values", [np.full(31, -5), np.full(31, 2**40), np.full(31, 0.5)], ids=["neg", "huge", "float"]
 )
+@pytest.mark.slow
 def test_a_task_index_column_out_of_range_is_named_and_can_be_skipped(tmp_path, values):
     source = write_lerobot_v21(tmp_path / "v21")
     path = source / "data" / "chunk-000" / "episode_000001.parquet"
@@ -407,6 +409,7 @@ def write_replay(path: Path, zarr_format: int, lengths=(12, 20, 9)) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("name", "zarr_format"), [("replay.zarr", 2), ("replay.zarr", 3), ("replay.zarr.zip", 2)])
 def test_replay_buffers_convert_episode_by_episode_in_v2_v3_and_zip(tmp_path, name, zarr_format):
     source = write_replay(tmp_path / name, zarr_format)

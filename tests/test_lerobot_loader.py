@@ -122,6 +122,7 @@ def test_each_frame_has_its_own_task_and_one_value_features_are_scalars_as_in_le
     ],
     ids=["text", "repeat", "late", "str", "3", "text-number", "text-empty", "text-list"],
 )
+@pytest.mark.slow
 def test_damaged_frame_runs_in_a_stores_metadata_are_named(damage, tmp_path):
     store = Path(_converted(TASK_FIXTURES[0], "wds", tmp_path))
     table = pq.read_table(store / "episodes.parquet")
@@ -221,6 +222,7 @@ def test_dataset_stats_are_lerobots_own_or_else_mmdatas_in_lerobots_shapes(tmp_p
         "lowdim-entry-number",
     ],
 )
+@pytest.mark.slow
 def test_malformed_statistics_are_a_store_error_from_dataset_stats(tmp_path, edit, complaint):
     store = Path(_converted(TASK_FIXTURES[0], "wds", tmp_path))
     stats = json.loads((store / "stats.json").read_text())
@@ -230,6 +232,7 @@ def test_malformed_statistics_are_a_store_error_from_dataset_stats(tmp_path, edi
         _ = LeRobotLoader(str(store), batch_size=4).dataset_stats
 
 
+@pytest.mark.slow
 def test_uint8_images_unshuffled_order_and_an_unknown_delta_key(store):
     loader = LeRobotLoader(store, {"action": [0.0, 0.1]}, batch_size=16, shuffle=False, images="uint8")
     batches = list(loader)

@@ -52,6 +52,7 @@ def assert_same_batches(first: list[dict], second: list[dict]) -> None:
                 assert a[key] == b[key], key
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world_size", [1, 2, 3, 8])
 @pytest.mark.parametrize("workers", [0, 2])
 def test_every_planned_sample_is_seen_once_per_epoch_across_ranks(stores, world_size, workers):
@@ -89,6 +90,7 @@ def test_same_seed_gives_identical_batches_and_another_seed_or_epoch_does_not(st
     assert sample_ids(run(loader)) != sample_ids(first)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("layout", ["wds", "zarr"])
 def test_resume_after_k_steps_matches_the_uninterrupted_run(stores, layout, workers):
@@ -508,6 +510,7 @@ def test_workers_never_destroy_what_the_parent_left_as_garbage(stores):
     gc.collect()  # here, in the process that made it, it is destroyed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_store_behind_an_fsspec_url_gives_the_same_batches_as_on_disk(stores, workers):
     import fsspec
@@ -544,6 +547,7 @@ def test_a_loader_closed_mid_epoch_continues_at_the_next_step(stores):
     assert head + tail == whole
 
 
+@pytest.mark.slow
 def test_shuffle_true_and_false_mean_the_default_shuffle_and_none_as_in_torch(stores):
     def order(shuffle):
         loader = mmdata.DataLoader(stores["wds"], POLICY_WINDOWS, batch_size=4, shuffle=shuffle, seed=1)

@@ -55,6 +55,7 @@ def check_episode(dataset, index: int, truth: LogTruth) -> None:
     assert metadata["observation.state.names"] == JOINTS and metadata["mcap_start_ns"] == truth.origin
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["wds", "zarr"])
 def test_mcap_logs_convert_and_read_back_as_their_ground_truth(tmp_path, logs, layout):
     folder, truths = logs
@@ -70,6 +71,7 @@ def test_mcap_logs_convert_and_read_back_as_their_ground_truth(tmp_path, logs, l
         check_episode(dataset, index, truth)
 
 
+@pytest.mark.slow
 def test_ros1_logs_convert_and_read_back_as_their_ground_truth_with_the_default_map(tmp_path):
     pytest.importorskip("mcap_ros1", reason="ROS 1 logs need mcap-ros1-support (`pip install 'mmdata[mcap]'`)")
     truths = mcap_logs.write_logs(tmp_path / "ros1", ros=1)
@@ -112,6 +114,7 @@ def test_a_ros1_schema_that_could_escape_its_generated_code_is_refused(tmp_path)
     assert "MMDATA_PWNED" not in __import__("os").environ
 
 
+@pytest.mark.slow
 def test_one_log_split_at_its_gaps_gives_the_episodes_of_separate_logs(tmp_path):
     truths = mcap_logs.write_one_log(tmp_path / "session.mcap", gap_seconds=3.0)
     topic_map = topic_map_from_dict({**TOPIC_MAP, "split": {"gap": 1.0}})
@@ -121,6 +124,7 @@ def test_one_log_split_at_its_gaps_gives_the_episodes_of_separate_logs(tmp_path)
     _convert_and_check(sources, truths, tmp_path)
 
 
+@pytest.mark.slow
 def test_one_log_split_at_a_marker_topic_starts_an_episode_at_each_marker(tmp_path):
     truths = mcap_logs.write_one_log(tmp_path / "marked.mcap", gap_seconds=0.5, marker="/episode_start")
     topic_map = topic_map_from_dict({**TOPIC_MAP, "split": {"topic": "/episode_start"}})
@@ -163,6 +167,7 @@ def test_the_dataloader_delivers_the_nearest_frame_and_the_last_state_at_each_an
     assert seen == sum(int(np.ceil(d * 20 - 1e-9)) for d in durations)
 
 
+@pytest.mark.slow
 def test_a_dropped_camera_frame_is_a_gap_the_default_tolerance_reports(tmp_path, logs):
     folder, truths = logs
     convert(discover_episodes(folder, "mcap", topic_map=topic_map_from_dict(TOPIC_MAP)), tmp_path / "out", OPTIONS)
@@ -205,6 +210,7 @@ def test_the_default_map_leaves_depth_pictures_out_and_lists_them(tmp_path):
     assert convert([source], tmp_path / "out", OPTIONS).converted == 1
 
 
+@pytest.mark.slow
 def test_resample_stores_low_dim_topics_on_a_fixed_grid_by_linear_interpolation(tmp_path, logs):
     folder, truths = logs
     topic_map = topic_map_from_dict(TOPIC_MAP).with_resample(50)
@@ -220,6 +226,7 @@ def test_resample_stores_low_dim_topics_on_a_fixed_grid_by_linear_interpolation(
     assert np.allclose(stored, expected, rtol=0, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_the_cli_converts_logs_with_a_yaml_topic_map(tmp_path, logs, capsys):
     from mmdata.tools.cli import main
 
@@ -254,6 +261,7 @@ def test_a_topic_in_the_map_that_is_not_in_the_file_is_named_with_the_topics_it_
     assert "'/joint_states'" in message, "the topics the file does hold are listed"
 
 
+@pytest.mark.slow
 def test_a_truncated_log_is_an_error_naming_it_and_skip_bad_converts_the_others(tmp_path, logs):
     folder, _ = logs
     copy = _copy_logs(folder, tmp_path)
@@ -501,6 +509,7 @@ def test_a_camera_stamp_that_jumps_30_days_is_refused_at_conversion_not_stored_d
     assert not (tmp_path / "out" / "dataset.json").exists()
 
 
+@pytest.mark.slow
 def test_a_log_split_at_1500_markers_is_read_in_a_few_passes_not_one_per_episode(tmp_path, monkeypatch):
     from mmdata.importers import mcap_log
 

@@ -82,6 +82,7 @@ def _epoch(loaders) -> list[dict]:
     return [batch for loader in loaders for batch in loader]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("world_size", "workers"), [(1, 0), (2, 2), (3, 0), (3, 2)])
 def test_mixture_delivers_each_source_its_weight_over_an_epoch(three_stores, world_size, workers):
     loaders = [
@@ -137,6 +138,7 @@ def test_mixture_without_weights_reads_every_sample_once(three_stores):
     assert np.array_equal(plan.slots, np.arange(len(loader.samples)))
 
 
+@pytest.mark.slow
 def test_stream_map_and_missing_camera_padding_value_by_value(three_stores):
     spec = mmdata.Windows(
         anchor_fps=5,
@@ -238,6 +240,7 @@ def test_mixture_resumes_exactly_and_elastically(three_stores):
     assert max(delivered.values()) > 1, "the epoch up-samples, so some samples come twice, as planned"
 
 
+@pytest.mark.slow
 def test_mixture_normalizes_with_each_source_or_pooled_statistics(three_stores):
     spec = mmdata.Windows(anchor_fps=10, streams={"state": mmdata.Values(normalize="mean_std")})
     sources = [

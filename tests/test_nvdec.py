@@ -223,6 +223,7 @@ def test_decoder_nvdec_needs_pynvvideocodec_and_a_gpu_and_says_which_is_missing(
         make_video_decoder("nvdec", ["h264"])
 
 
+@pytest.mark.slow
 def test_the_dataloader_with_the_nvdec_backend_delivers_pyavs_batches(stores):
     single = camera_batches(stores["wds"], "pyav", seed=3)
     nvdec = camera_batches(stores["wds"], NvdecDecoder(sessions=2, open_session=PyAvSession), seed=3)

@@ -49,6 +49,7 @@ def test_sdpa_with_block_diagonal_mask_equals_attention_per_sample(seed, kind, p
     assert (packed[:, :, :real] - expected).abs().max().item() < 1e-5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("kind", ["causal", "bidirectional"])
 def test_flex_attention_with_document_block_mask_equals_attention_per_sample(seed, kind):

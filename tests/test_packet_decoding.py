@@ -42,6 +42,7 @@ def indexed(data: bytes, frames: int) -> PacketIndex:
     return PacketIndex.from_record(index_segment(data).to_record(), len(data), frames)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("codec", ["h264", "hevc", "vp9"])
 @pytest.mark.parametrize("gop", [1, 8])
 def test_packet_path_gives_the_container_paths_frames_and_the_nearest_frame_by_stripe(codec, gop, encoded):

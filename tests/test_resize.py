@@ -55,6 +55,7 @@ def _reference(full: torch.Tensor, mode: str, interpolation: str) -> torch.Tenso
     return out.permute(0, 2, 3, 1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["stretch", "shorter_side", "pad"])
 @pytest.mark.parametrize("interpolation", ["area", "bilinear"])
 def test_resized_frames_match_torch_resize_of_the_full_frame(store, mode, interpolation):
@@ -128,6 +129,7 @@ def _random_crop_spec() -> mmdata.Windows:
     return mmdata.Windows(anchor_fps=8, streams={"cam_high": mmdata.Frames(offsets=[-0.1, 0.0], resize=resize)})
 
 
+@pytest.mark.slow
 def test_random_crops_are_the_same_across_worker_counts_and_resume(store):
     def build(workers: int = 0):
         return mmdata.DataLoader(str(store), _random_crop_spec(), batch_size=4, seed=5, num_workers=workers)

@@ -123,6 +123,7 @@ def test_bytes_that_are_not_an_example_are_a_clear_error():
         parse_example(b"\x0a\xff\xff\xff\xff\x0f", "record 3")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["wds", "zarr"])
 def test_an_rlds_dataset_converts_and_reads_back_as_its_ground_truth(tmp_path, layout):
     import mmdata

@@ -46,6 +46,7 @@ def map_file(folder: Path, mapping: dict) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["wds", "zarr"])
 def test_bags_convert_and_read_back_as_their_ground_truth(bags, tmp_path, layout):
     folder, truths, _ = bags
@@ -72,6 +73,7 @@ def test_without_a_topic_map_a_bag_gives_the_streams_an_mcap_log_gives(bags):
     assert source.task == truths[0].log.task
 
 
+@pytest.mark.slow
 def test_the_command_line_reads_bags_named_with_from_rosbag(bags, tmp_path):
     folder, _, _ = bags
     done = run_cli("convert", str(folder), str(tmp_path / "out"), "--from", "rosbag", "--workers", "1", "--quiet")
@@ -88,6 +90,7 @@ def truncated(folder: Path, ros: int, destination: Path) -> Path:
     return damaged
 
 
+@pytest.mark.slow
 def test_a_truncated_bag_is_its_episodes_error_and_skip_bad_converts_the_others(bags, tmp_path):
     folder, _, ros = bags
     damaged = truncated(folder, ros, tmp_path / "bags")
@@ -113,6 +116,7 @@ def test_a_ros1_chunk_declaring_gigabytes_is_refused_before_it_is_decompressed(t
     assert sources[0].problem is not None and "declares 4294967280 bytes decompressed" in str(sources[0].problem)
 
 
+@pytest.mark.slow
 def test_a_ros1_connection_header_without_its_topic_is_named(tmp_path):
     rosbag_logs.write_bags(tmp_path / "bags", 1)
     path = tmp_path / "bags" / "episode_0.bag"
@@ -170,6 +174,7 @@ def test_a_message_shorter_than_its_type_is_named_with_its_topic_and_number(tmp_
         convert(sources, tmp_path / "out", OPTIONS)
 
 
+@pytest.mark.slow
 def test_a_ros2_bag_whose_database_is_garbage_is_named(tmp_path):
     rosbag_logs.write_bags(tmp_path / "bags", 2)
     database = tmp_path / "bags" / "episode_2" / "episode_2.db3"

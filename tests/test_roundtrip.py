@@ -32,6 +32,7 @@ def test_lowdim_streams_read_back_bit_exact(store, raw_dataset):
             assert np.array_equal(episode[name].timestamps, np.arange(len(expected)) / 50)
 
 
+@pytest.mark.slow
 def test_every_video_frame_matches_its_source_frame(store, raw_dataset):
     dataset = mmdata.open_dataset(str(store))
     for index in range(len(dataset)):
@@ -98,6 +99,7 @@ def test_fsspec_urls_read_the_same_episode(store, scheme):
         assert np.array_equal(remote[name].values, local[name].values)
 
 
+@pytest.mark.slow
 def test_opus_audio_is_stored_as_recorded(raw_copy, tmp_path):
     import av
 
@@ -125,6 +127,7 @@ def test_opus_audio_is_stored_as_recorded(raw_copy, tmp_path):
     assert audio.values.dtype == np.float32 and len(audio.values) == row["audio/count"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["wds", "zarr"])
 def test_streams_with_long_or_non_ascii_names_convert_and_read_back(raw_copy, stores, tmp_path, layout):
     import json

@@ -78,6 +78,7 @@ def _assert_same_statistics(written: dict, recomputed: dict) -> None:
     assert written["cameras"] == recomputed["cameras"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [1, 2])
 def test_conversion_writes_statistics_merged_from_its_workers(raw_dataset, tmp_path, workers):
     store = tmp_path / "out"
@@ -87,6 +88,7 @@ def test_conversion_writes_statistics_merged_from_its_workers(raw_dataset, tmp_p
     _assert_same_statistics(written, compute_stats(mmdata.open_dataset(str(store))))
 
 
+@pytest.mark.slow
 def test_a_resumed_conversion_has_the_statistics_of_every_episode(raw_copy, tmp_path):
     audio = raw_copy / "episode_0002" / "audio.wav"
     good = audio.read_bytes()

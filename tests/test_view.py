@@ -89,6 +89,7 @@ def codec_stores(raw_dataset, tmp_path_factory) -> dict[str, mmdata.Store]:
     return found
 
 
+@pytest.mark.slow
 def test_vp9_goes_into_webm_unchanged_and_hevc_into_h264_for_browsers(codec_stores, tmp_path):
     vp9 = write_episode_video(codec_stores["vp9"], 0, "cam_high", tmp_path / "vp9", playable_in_browsers=True)
     with av.open(str(vp9.path)) as container:

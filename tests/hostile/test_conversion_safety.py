@@ -51,6 +51,7 @@ def test_a_destination_overlapping_the_source_is_refused_and_the_source_is_untou
     assert fingerprint(raw_copy) == before
 
 
+@pytest.mark.slow
 def test_a_destination_holding_the_source_files_is_refused_even_without_the_source_root(raw_copy):
     before = fingerprint(raw_copy)
     with pytest.raises(DestinationError, match="holds source recordings"):
@@ -78,6 +79,7 @@ def test_a_read_only_destination_is_a_destination_error(raw_dataset, tmp_path, m
         convert(discover_raw_episodes(raw_dataset), tmp_path / "out", ConvertOptions(progress=False, workers=1))
 
 
+@pytest.mark.slow
 def test_a_full_disk_is_a_destination_error_and_resume_completes_the_store(raw_dataset, tmp_path, monkeypatch):
     from mmdata.store.wds_writer import ShardTar
 
@@ -103,6 +105,7 @@ def test_a_full_disk_is_a_destination_error_and_resume_completes_the_store(raw_d
     assert (tmp_path / "out" / "dataset.json").read_text() == (tmp_path / "fresh" / "dataset.json").read_text()
 
 
+@pytest.mark.slow
 def test_resume_state_is_data_and_a_planted_pickle_runs_nothing(raw_copy, tmp_path):
     (raw_copy / "episode_0002" / "audio.wav").write_bytes(b"not audio")
     destination = tmp_path / "out"
@@ -222,6 +225,7 @@ def test_stored_segments_follow_their_own_key_frame_interval_not_the_recordings(
     assert np.flatnonzero(keys).tolist() == list(range(0, len(keys), gop))
 
 
+@pytest.mark.slow
 def test_tampered_shard_records_are_a_destination_error_on_resume(raw_copy, tmp_path):
     import json
 

@@ -57,6 +57,7 @@ def test_a_raw_camera_that_is_no_regular_file_is_named_not_dropped(raw_copy, tmp
     assert "cam_wrist.mp4" in result.stderr and KINDS[kind] in result.stderr
 
 
+@pytest.mark.slow
 def test_with_skip_bad_the_episode_with_a_broken_link_is_skipped_and_the_others_converted(raw_copy, tmp_path):
     replace_with(raw_copy / "episode_0001" / "cam_wrist.mp4", "broken-link", tmp_path)
     report = converted(raw_copy, tmp_path / "out")
@@ -84,6 +85,7 @@ def test_an_rlds_shard_that_is_a_fifo_or_links_out_is_named_without_blocking(tmp
     assert "tfrecord-00000-of-00002" in result.stdout and KINDS[kind] in result.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["fifo", "broken-link", "link-out"])
 def test_an_mcap_log_that_is_no_regular_file_is_named(tmp_path, kind):
     logs = tmp_path / "logs"
@@ -96,6 +98,7 @@ def test_an_mcap_log_that_is_no_regular_file_is_named(tmp_path, kind):
     assert list(problems) == ["b.mcap"] and KINDS[kind] in problems["b.mcap"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["fifo", "broken-link"])
 def test_an_hdf5_episode_that_is_no_regular_file_is_named(tmp_path, kind):
     source = tmp_path / "aloha"

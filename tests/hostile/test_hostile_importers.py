@@ -92,6 +92,7 @@ def test_stream_names_that_could_escape_or_collide_are_refused(raw_copy, tmp_pat
     assert not any(tmp_path.rglob("escape*")), "nothing was written under the name"
 
 
+@pytest.mark.slow
 def test_a_raw_file_linking_outside_the_source_is_refused(raw_copy, tmp_path):
     outside = tmp_path / "elsewhere"
     outside.mkdir()
@@ -102,6 +103,7 @@ def test_a_raw_file_linking_outside_the_source_is_refused(raw_copy, tmp_path):
     assert "outside the source" in skipped_errors(report)["episode_0002"]
 
 
+@pytest.mark.slow
 def test_low_dim_values_of_a_type_a_store_cannot_hold_are_refused(raw_copy, tmp_path):
     np.save(raw_copy / "episode_0000" / "state.npy", np.zeros((10, 14), np.complex64))
     report = converted(raw_copy, tmp_path / "out")
@@ -197,6 +199,7 @@ def test_a_lerobot_feature_key_with_a_slash_is_refused_by_name(tmp_path):
         converted(root, tmp_path / "out", "lerobot")
 
 
+@pytest.mark.slow
 def test_lerobot_float32_times_land_on_the_frame_grid(tmp_path):
     truth = json.loads((LEROBOT_V3 / "fixture_truth.json").read_text())
     report = converted(LEROBOT_V3, tmp_path / "out", "lerobot", skip_bad=False)
@@ -289,6 +292,7 @@ def test_hdf5_attributes_json_cannot_hold_are_kept_as_text(tmp_path):
 # anything unexpected inside one episode
 
 
+@pytest.mark.slow
 def test_an_unexpected_error_in_one_episode_is_its_error_and_skip_bad_goes_on(raw_copy, tmp_path, monkeypatch):
     import mmdata.conversion.encode as encode
 

@@ -42,6 +42,7 @@ def snapshot(batch) -> tuple:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 2])
 def test_micro_batches_whose_samples_all_fail_borrow_and_the_epoch_completes(stores, tmp_path, workers):
     store = damaged_camera(stores["wds"], tmp_path)

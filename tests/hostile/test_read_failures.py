@@ -82,6 +82,7 @@ def data_file(layout: str) -> str:
     return "shards/shard-000000.tar" if layout == "wds" else "data/state/c/0/0"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["wds", "zarr"])
 def test_a_stalled_read_times_out_within_its_deadline(faulty, layout):
     dataset = mmdata.open_dataset(faulty[layout], read_policy=QUICK)

@@ -58,6 +58,7 @@ def convert_code(source, source_format: str, fps: float, destination) -> str:
     """
 
 
+@pytest.mark.slow
 def test_zstd_chunk_expanding_to_gigabytes_is_refused_from_its_header(stores, tmp_path):
     store = copy_store(stores["zarr"], tmp_path / "s.zarr")
     bomb = zstd_rle_frame(int(2.5e9))
@@ -108,6 +109,7 @@ def test_audio_with_other_channels_and_rate_than_declared_is_refused_before_deco
         mmdata.open_dataset(store).audio_between(0, "audio", 0.0, 0.5)
 
 
+@pytest.mark.slow
 def test_audio_holding_hours_more_than_declared_stops_decoding_at_the_declared_count(stores, tmp_path):
     store = copy_store(stores["wds"], tmp_path / "s.wds")
     bomb = flac_silence_bomb(2 * 3600)  # 115 M samples (230 MB) in 25 KB of valid FLAC
@@ -118,6 +120,7 @@ def test_audio_holding_hours_more_than_declared_stops_decoding_at_the_declared_c
     assert "holds more than the" in result["outcome"]
 
 
+@pytest.mark.slow
 def test_manifest_durations_of_a_million_seconds_leave_a_loader_small_and_quick(stores, tmp_path):
     store = copy_store(stores["wds"], tmp_path / "s.wds")
 
@@ -149,6 +152,7 @@ def test_manifest_durations_of_a_million_seconds_leave_a_loader_small_and_quick(
         )
 
 
+@pytest.mark.slow
 def test_hdf5_dataset_declaring_gigabytes_is_refused_before_it_is_read(tmp_path):
     import h5py
 
@@ -164,6 +168,7 @@ def test_hdf5_dataset_declaring_gigabytes_is_refused_before_it_is_read(tmp_path)
     assert "qpos" in result["outcome"] and "declares 30000000 rows" in result["outcome"]
 
 
+@pytest.mark.slow
 def test_hdf5_camera_declaring_100000_unwritten_frames_is_refused_before_a_frame_is_read(tmp_path):
     import h5py
 
@@ -195,6 +200,7 @@ def gif_declaring(width: int, height: int) -> bytes:
     [gif_declaring(16000, 16000), b"\xff\xd8\xff\xe0\x00\x10JFIF" + bytes(20)],
     ids=["gif-16000x16000", "jpeg-without-a-frame-header"],
 )
+@pytest.mark.slow
 def test_an_image_in_a_format_whose_size_is_not_checked_is_refused_before_decoding(picture):
     code = f"""
     from mmdata.importers.arrays import decode_image
@@ -228,6 +234,7 @@ def test_converting_large_frames_holds_neither_a_segment_nor_a_block_of_them(tmp
     assert result["increase"] < 700 << 20, f"{result['increase'] >> 20} MB over the libraries (1.9 GB before)"
 
 
+@pytest.mark.slow
 def test_replay_buffer_of_a_few_kilobytes_declaring_gigabytes_is_refused(tmp_path):
     import zarr
 
@@ -243,6 +250,7 @@ def test_replay_buffer_of_a_few_kilobytes_declaring_gigabytes_is_refused(tmp_pat
     assert "chunks of 2520000000 bytes" in result["outcome"]
 
 
+@pytest.mark.slow
 def test_npy_file_declaring_1e11_rows_is_refused_without_reading(raw_copy):
     from mmdata.conversion.pipeline import ConvertOptions, convert
     from mmdata.importers.raw import discover_raw_episodes

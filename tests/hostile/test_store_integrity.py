@@ -226,6 +226,7 @@ def test_manifest_without_a_column_is_a_store_error(damaged):
         "span-for-few-values",
     ],
 )
+@pytest.mark.slow
 def test_inconsistent_manifest_row_marks_the_episode_damaged(damaged, column, change, message):
     edit_manifest(damaged, lambda rows: change(rows[1]))
     dataset = mmdata.open_dataset(damaged)

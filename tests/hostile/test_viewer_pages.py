@@ -140,6 +140,7 @@ def attacked_store(tmp_path_factory) -> mmdata.Store:
     return mmdata.open_store(str(converted(root / "raw", root / "store.wds")))
 
 
+@pytest.mark.slow
 def test_a_stream_name_made_to_run_script_stays_text_in_written_pages(attacked_store, browser, tmp_path):
     out = tmp_path / "pages"
     assert main(["view", attacked_store.url, "--episode", "0", "--episode", "1", "--out", str(out)]) == 0
@@ -155,6 +156,7 @@ def test_a_stream_name_made_to_run_script_stays_text_in_written_pages(attacked_s
                 assert page.locator("#task").text_content() == task
 
 
+@pytest.mark.slow
 def test_a_stream_name_made_to_run_script_stays_text_in_served_pages(attacked_store, browser, tmp_path):
     server, origin = serving(attacked_store, tmp_path / "served")
     try:
@@ -231,6 +233,7 @@ def test_malformed_statistics_leave_their_stream_out_of_the_page(stores, tmp_pat
     assert set(data["stats"]) == {"action"}
 
 
+@pytest.mark.slow
 def test_ranges_are_streamed_in_bounded_chunks_while_clients_read_nothing(stores, tmp_path):
     store = mmdata.open_store(str(stores["wds"]))
     server, _ = serving(store, tmp_path / "served")
@@ -269,6 +272,7 @@ def resident_bytes() -> int:
     ("header", "status"),
     [("bytes=0-" + "9" * 5000, 200), ("bytes=" + "9" * 30 + "-", 200), ("bytes=10-5", 416), ("bytes=-100", 206)],
 )
+@pytest.mark.slow
 def test_odd_ranges_are_answered_without_a_traceback(stores, tmp_path, header, status):
     store = mmdata.open_store(str(stores["wds"]))
     server, _ = serving(store, tmp_path / "served")
@@ -285,6 +289,7 @@ def test_odd_ranges_are_answered_without_a_traceback(stores, tmp_path, header, s
         server.server_close()
 
 
+@pytest.mark.slow
 def test_a_store_path_with_line_breaks_and_other_scripts_never_reaches_a_header(stores, tmp_path):
     import pyarrow.parquet as pq
 
