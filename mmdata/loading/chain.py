@@ -27,7 +27,7 @@ from mmdata.loading.aligning import Aligner
 from mmdata.loading.collate import collate
 from mmdata.loading.decoding import finish_video, prepare_video, segment_key
 from mmdata.loading.fetching import Fetcher
-from mmdata.loading.frame_cache import HORIZON, FrameCache, FrameCacheStats, Needs, ReadPlan
+from mmdata.loading.frame_cache import HORIZON, CacheSchedule, FrameCache, FrameCacheStats, Needs
 from mmdata.loading.micro_batch import MicroBatch, OnError, sample_place, source_counts
 from mmdata.loading.settling import settle
 from mmdata.loading.timing import timed
@@ -144,14 +144,14 @@ class BatchReader:
 
     def _cache_for(self, batch: MicroBatch) -> FrameCache:
         """The frame cache that decodes `batch`: this reader's own, or for a micro-batch a reader elsewhere planned
-        (its video decoded here), the one that follows that reader's plan."""
-        plan = batch.read_plan
-        if plan is None:
+        (its video decoded here), the one that follows that reader's cache schedule."""
+        schedule = batch.cache_schedule
+        if schedule is None:
             return self.frame_cache
-        cache = self._followers.get(plan.owner)
+        cache = self._followers.get(schedule.owner)
         if cache is None:
-            cache = self._followers[plan.owner] = FrameCache(self.frame_cache.max_bytes, self.followed_stats)
-        cache.follow(plan)
+            cache = self._followers[schedule.owner] = FrameCache(self.frame_cache.max_bytes, self.followed_stats)
+        cache.follow(schedule)
         return cache
 
     def _task(self, sample: SampleRef) -> str:
@@ -206,7 +206,7 @@ class BatchReader:
                 expected.append((now + offset, _needs((key[0].source, plan) for key, plan in ahead)))
                 cache.expect(*expected[-1])
         if self.defer_video:
-            batch.read_plan = ReadPlan(now, os.getpid(), tuple(expected))
+            batch.cache_schedule = CacheSchedule(now, os.getpid(), tuple(expected))
 
     def _plans_ahead(self, samples: Sequence[SampleRef]) -> list[tuple[tuple[SampleRef, str], FramePlan]]:
         """The cameras' frame plans of samples read later: those already aligned, else aligned now and kept. A

@@ -13,13 +13,13 @@ The cache keeps views of the decoder's outputs, not copies, when most of an outp
 for its next samples, the common case), and counts each output it holds once, whole; from any other output it
 copies the kept frames out, so the bound holds either way.
 
-A read's needs enter the cache's plan once, when the read first comes into the horizon, and leave it
+A read's needs enter the cache's schedule once, when the read first comes into the horizon, and leave it
 once the read is done, so planning costs the same per read however long the horizon is.
 
 The cache holds its frames where they are decoded. A worker that decodes plans and keeps them itself; a
 worker whose video the main process decodes (GPU decoders) only plans, and sends with each micro-batch what
-it added to the plan (`ReadPlan`); the main process keeps one cache per such worker that follows those
-plans (`follow`), so it makes the same choices, holding the frames in the decoder's memory (GPU memory for
+it added to its schedule (`CacheSchedule`); the main process keeps one cache per such worker that follows
+those schedules (`follow`), so it makes the same choices, holding the frames in the decoder's memory (GPU memory for
 a GPU decoder). Decoders with a host-side preparation (DALI, hybrid) decode without it.
 """
 
@@ -42,8 +42,8 @@ Needs = list[tuple[SegmentKey, tuple[int, ...]]]  # one read's frames, per segme
 
 
 @dataclass(frozen=True)
-class ReadPlan:
-    """What a worker's cache plan gained at one of its reads, for the cache in the process that decodes it:
+class CacheSchedule:
+    """What a worker's cache schedule gained at one of its reads, for the cache in the process that decodes it:
     the read's number, the planning worker (its process id) and the (read, needs) it expected then."""
 
     read: int
@@ -88,7 +88,7 @@ class FrameCache:
         return self.max_bytes > 0
 
     def start_read(self) -> int:
-        """Begin the next read and return its number; what the reads before it needed leaves the plan, and
+        """Begin the next read and return its number; what the reads before it needed leaves the schedule, and
         frames no planned read needs any more are dropped."""
         self._read += 1
         for number in [number for number in self._needs if number < self._read]:
@@ -99,19 +99,19 @@ class FrameCache:
             self._count(self._now.setdefault(key, {}), frames)
         return self._read
 
-    def follow(self, plan: ReadPlan) -> None:
-        """Begin read `plan.read` with the needs its planner expected then: the cache then makes the planner's
+    def follow(self, schedule: CacheSchedule) -> None:
+        """Begin read `schedule.read` with the needs its planner expected then: the cache then makes the planner's
         choices for frames decoded in this process."""
-        self._read = plan.read - 1
+        self._read = schedule.read - 1
         self.start_read()
-        for read, needs in plan.expected:
+        for read, needs in schedule.expected:
             self.expect(read, needs)
 
     def knows(self, read: int) -> bool:
         return read in self._needs
 
     def expect(self, read: int, needs: Needs) -> None:
-        """Add what `read` (the one in progress or a later one) needs to the plan."""
+        """Add what `read` (the one in progress or a later one) needs to the schedule."""
         if read < self._read:
             return
         self._needs.setdefault(read, []).extend(needs)

@@ -9,7 +9,7 @@ from typing import Any, Literal
 import numpy as np
 
 from mmdata.codecs.decoders import ClipRequest
-from mmdata.loading.frame_cache import ReadPlan
+from mmdata.loading.frame_cache import CacheSchedule
 from mmdata.planning.samples import SampleRef
 from mmdata.store.handle import FramePlan
 
@@ -52,7 +52,7 @@ class MicroBatch:
     place when every sample failed. `dim_is_pad` holds, per `Values(pad_to=...)` stream, each
     sample's mask of padded dimensions. `seconds` is the time each stage took on it. `frame_buffers` holds,
     per camera decoded on the host, the tensor its samples' frames were written into (their values are views
-    of it, in order), which collate hands on as it is when no sample was replaced. `read_plan` is what the
+    of it, in order), which collate hands on as it is when no sample was replaced. `cache_schedule` is what the
     worker's frame cache planned at this read, for the process that decodes its pending video.
     """
 
@@ -70,7 +70,7 @@ class MicroBatch:
     dim_is_pad: dict[str, list[np.ndarray]] = field(default_factory=dict)
     failed_sources: dict[int, int] = field(default_factory=dict)
     frame_buffers: dict[str, Any] = field(default_factory=dict)
-    read_plan: ReadPlan | None = None
+    cache_schedule: CacheSchedule | None = None
 
 
 def sample_place(sample: SampleRef, stream: str) -> str:
