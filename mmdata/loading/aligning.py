@@ -1,7 +1,7 @@
 """Stage 3 of the loading chain, align (runs where the micro-batch is read: a worker, or the main
 process with `num_workers=0`): every stream of a planned sample at the spec's times.
 
-A camera's times map to stored frames and the segments holding them (a `FramePlan`, not yet read:
+A camera's times map to stored frames and the segments holding them (a `FrameRequests`, not yet read:
 the fetch stage fetches the pieces it names and the decode stage decodes them); a low-dim stream's
 values are interpolated at its times; audio is cut to its window. Each sample is read from its
 source's store under that source's names; a stream its source lacks is padding of the shape every
@@ -21,7 +21,7 @@ from mmdata.codecs.geometry import frame_geometry
 from mmdata.planning.mixture import Filler, OpenSource
 from mmdata.planning.samples import SampleRef, audio_samples, grid_times
 from mmdata.planning.specs import Audio, Frames, Sequences, Spec, Values, Windows
-from mmdata.store.handle import FramePlan
+from mmdata.store.handle import FrameRequests
 
 
 class Aligner:
@@ -37,14 +37,14 @@ class Aligner:
         streams = self.sources[sample.source].streams
         return [streams[name] for name in self.spec.streams if name in streams]
 
-    def frames(self, sample: SampleRef, name: str, stream: Frames) -> FramePlan:
+    def frames(self, sample: SampleRef, name: str, stream: Frames) -> FrameRequests:
         """Which frames of which segments camera `name` of `sample` needs, at the size it is delivered at;
         the segments are not read."""
         source = self.sources[sample.source]
         times = self.times(sample, name, stream)
         stored = source.streams.get(name)
         if stored is None:
-            return FramePlan([], np.zeros(len(times), np.int64), times, np.ones(len(times), bool))
+            return FrameRequests([], np.zeros(len(times), np.int64), times, np.ones(len(times), bool))
         plan = source.store.align_frames(sample.episode, stored, times, stream.tolerance)
         if stream.resize is None:
             return plan

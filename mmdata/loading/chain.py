@@ -34,7 +34,7 @@ from mmdata.loading.timing import timed
 from mmdata.planning.mixture import Filler, OpenSource
 from mmdata.planning.samples import SampleRef
 from mmdata.planning.specs import Audio, Frames, Spec, Values
-from mmdata.store.handle import FramePlan
+from mmdata.store.handle import FrameRequests
 from mmdata.store.manifest import Piece
 
 
@@ -74,7 +74,7 @@ class BatchReader:
         self.align = Aligner(self.sources, spec, fillers)
         self.cameras = [(name, stream) for name, stream in spec.streams.items() if isinstance(stream, Frames)]
         self.fetch = Fetcher(self.sources, self.align.stored_names)
-        self._aligned_ahead: dict[tuple[SampleRef, str], FramePlan] = {}
+        self._aligned_ahead: dict[tuple[SampleRef, str], FrameRequests] = {}
         self.frame_cache = FrameCache(0 if video_decoder.prepares else frame_cache_bytes)
         self.followed_stats = FrameCacheStats()
         self._followers: dict[int, FrameCache] = {}  # per planning worker, in the process that decodes
@@ -188,7 +188,7 @@ class BatchReader:
             )
 
     def _plan_cache(
-        self, batch: MicroBatch, plans: dict[str, list[FramePlan | None]], horizon: Sequence[Sequence[SampleRef]]
+        self, batch: MicroBatch, plans: dict[str, list[FrameRequests | None]], horizon: Sequence[Sequence[SampleRef]]
     ) -> None:
         """Tell the frame cache what this read and the next ones (`horizon`, in order) need. A read's needs are
         added once, when it first enters the horizon; its samples are aligned then and the plans kept until
@@ -208,7 +208,7 @@ class BatchReader:
         if self.defer_video:
             batch.cache_schedule = CacheSchedule(now, os.getpid(), tuple(expected))
 
-    def _plans_ahead(self, samples: Sequence[SampleRef]) -> list[tuple[tuple[SampleRef, str], FramePlan]]:
+    def _plans_ahead(self, samples: Sequence[SampleRef]) -> list[tuple[tuple[SampleRef, str], FrameRequests]]:
         """The cameras' frame plans of samples read later: those already aligned, else aligned now and kept. A
         sample that fails here is left out, and aligned again (and reported) when its micro-batch is read."""
         found = []
@@ -224,7 +224,7 @@ class BatchReader:
                 found.append((key, plan))
         return found
 
-    def _align_cameras(self, batch: MicroBatch) -> dict[str, list[FramePlan | None]]:
+    def _align_cameras(self, batch: MicroBatch) -> dict[str, list[FrameRequests | None]]:
         """Each camera's frame plan per sample (None where the sample failed): the ones aligned ahead, else now."""
         carried = self._aligned_ahead
         return {
@@ -236,7 +236,7 @@ class BatchReader:
             for name, stream in self.cameras
         }
 
-    def _live(self, batch: MicroBatch, plans: dict[str, list[FramePlan | None]]) -> list[tuple[int, FramePlan]]:
+    def _live(self, batch: MicroBatch, plans: dict[str, list[FrameRequests | None]]) -> list[tuple[int, FrameRequests]]:
         return [
             (batch.samples[p].source, plan)
             for camera in plans.values()
@@ -244,7 +244,7 @@ class BatchReader:
             if plan is not None and p not in batch.failed
         ]
 
-    def _segment_bytes(self, batch: MicroBatch, name: str, plans: list[FramePlan | None]) -> dict[Hashable, bytes]:
+    def _segment_bytes(self, batch: MicroBatch, name: str, plans: list[FrameRequests | None]) -> dict[Hashable, bytes]:
         """Per segment key, the bytes of each segment the camera's live plans name, read once however many samples
         share it; a segment the frame cache serves whole is not read. A segment that fails to read fails every
         sample that needs it (recorded, or raised)."""
@@ -326,7 +326,7 @@ class BatchReader:
             return None
 
 
-def _needs(plans: Iterable[tuple[int, FramePlan | None]]) -> Needs:
+def _needs(plans: Iterable[tuple[int, FrameRequests | None]]) -> Needs:
     """The frames per segment key that the (source, frame plan) pairs read."""
     return [
         (segment_key(source, request), request.frames)

@@ -25,7 +25,7 @@ from mmdata.loading.timing import timed
 from mmdata.planning.mixture import Filler, OpenSource
 from mmdata.planning.specs import Frames, Spec
 from mmdata.schema import VideoStream
-from mmdata.store.handle import FramePlan, assemble_frames_at
+from mmdata.store.handle import FrameRequests, assemble_frames_at
 
 
 def loader_decoder(
@@ -61,7 +61,7 @@ def prepare_video(
     decoder: VideoDecoder,
     batch: MicroBatch,
     name: str,
-    plans: list[FramePlan | None],
+    plans: list[FrameRequests | None],
     sources: Sequence[int],
     frame: Filler,
     channels_first: bool = False,

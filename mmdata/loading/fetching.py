@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 
 from mmdata.planning.mixture import OpenSource
 from mmdata.planning.samples import SampleRef
-from mmdata.store.handle import FramePlan
+from mmdata.store.handle import FrameRequests
 from mmdata.store.manifest import Piece
 
 
@@ -38,7 +38,7 @@ class Fetcher:
         return wanted
 
     @staticmethod
-    def segments(plans: Iterable[tuple[int, FramePlan]]) -> dict[int, list[Piece]]:
+    def segments(plans: Iterable[tuple[int, FrameRequests]]) -> dict[int, list[Piece]]:
         """Per source, the segments (source number, plan) pairs name."""
         wanted: dict[int, list[Piece]] = {}
         for source, plan in plans:

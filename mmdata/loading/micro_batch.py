@@ -11,7 +11,7 @@ import numpy as np
 from mmdata.codecs.decoders import ClipRequest
 from mmdata.loading.frame_cache import CacheSchedule
 from mmdata.planning.samples import SampleRef
-from mmdata.store.handle import FramePlan
+from mmdata.store.handle import FrameRequests
 
 OnError = Literal["raise", "skip"]
 
@@ -27,7 +27,7 @@ class PendingVideo:
     decoder delivers them channels-first already (else they are transposed when gathered).
     """
 
-    plans: list[FramePlan | None]
+    plans: list[FrameRequests | None]
     merged: list[ClipRequest]
     sources: list[tuple[int, np.ndarray]]
     prepared: Any = None

@@ -53,13 +53,14 @@ class StreamData:
 
 
 @dataclass
-class FramePlan:
-    """What decoding a set of frames of one camera takes: the segment requests, and how to reorder.
+class FrameRequests:
+    """A camera's frame requests: what decoding a set of its frames takes (the segment requests) and how to
+    reorder their outputs (the "plan" of `Store.plan_frames`; the word plan otherwise means the order of samples).
 
     `positions[i]` is where the i-th requested frame lands in the requests' outputs, concatenated.
-    `pieces[j]` is where request j's segment is stored; an aligned plan (`Store.align_frames`) names
-    them without having read them (its requests' `data` is empty) and `Store.read_segments` reads them.
-    Plans of many samples can share one decoder call (one batch for DALI).
+    `pieces[j]` is where request j's segment is stored; aligned requests (`Store.align_frames`) name
+    them without having read them (their `data` is empty) and `Store.read_segments` reads them.
+    The requests of many samples can share one decoder call (one batch for DALI).
     """
 
     requests: list[ClipRequest]
@@ -197,7 +198,7 @@ class Store:
             raise IntegrityError(f"episode '{row['key']}': its metadata is not a JSON object")
         return metadata
 
-    def plan_span(self, index: int, stream: str, start: float, end: float) -> FramePlan:
+    def plan_span(self, index: int, stream: str, start: float, end: float) -> FrameRequests:
         """The segment requests that deliver every frame of camera `stream` stamped in [start, end)."""
         row = self.manifest.row(index)
         timestamps = self.timestamps_of(row, stream)
@@ -205,7 +206,9 @@ class Store:
         spec = self._video_stream(stream)
         return self.read_segments(self._frame_plan(row, spec, wanted, timestamps[wanted], np.zeros(len(wanted), bool)))
 
-    def plan_frames(self, index: int, stream: str, times: Sequence[float], tolerance: float | None = None) -> FramePlan:
+    def plan_frames(
+        self, index: int, stream: str, times: Sequence[float], tolerance: float | None = None
+    ) -> FrameRequests:
         """The segment requests that deliver camera `stream` at `times` (seconds) of episode `index`.
 
         Each time maps to the frame with the nearest stored timestamp, which must lie within
@@ -217,14 +220,14 @@ class Store:
 
     def align_frames(
         self, index: int, stream: str, times: Sequence[float], tolerance: float | None = None
-    ) -> FramePlan:
+    ) -> FrameRequests:
         """`plan_frames` without reading the segments: the frames and the pieces holding them, from the
         stored timestamps alone. A loader aligns a micro-batch once, fetches the pieces the plans name
         (coalesced, ahead of time from object storage), then reads them (`read_segments`) to decode."""
         row, spec, indices, timestamps, is_pad = self._frames_wanted(index, stream, times, tolerance)
         return self._frame_plan(row, spec, indices, timestamps, is_pad)
 
-    def read_segments(self, plan: FramePlan) -> FramePlan:
+    def read_segments(self, plan: FrameRequests) -> FrameRequests:
         """The plan with its segments' bytes read (from what was fetched ahead, the cache or the store)."""
         if plan.is_read:
             return plan
@@ -262,7 +265,7 @@ class Store:
 
     def _frame_plan(
         self, row: dict, spec: VideoStream, indices: np.ndarray, timestamps: np.ndarray, is_pad: np.ndarray
-    ) -> FramePlan:
+    ) -> FrameRequests:
         table, unique, owner = self._segments_holding(row, spec, indices)
         requests, pieces = [], []
         for number in np.unique(owner).tolist():
@@ -280,7 +283,7 @@ class Store:
                     display_size=None if spec.coded_size == (spec.width, spec.height) else (spec.width, spec.height),
                 )
             )
-        return FramePlan(requests, np.searchsorted(unique, indices), timestamps, is_pad, pieces)
+        return FrameRequests(requests, np.searchsorted(unique, indices), timestamps, is_pad, pieces)
 
     def _segments_holding(
         self, row: dict, spec: VideoStream, indices: np.ndarray
@@ -429,7 +432,7 @@ def _pad_by_time(times: np.ndarray, t_start: float, duration: float) -> np.ndarr
     return (times < t_start - 1e-9) | (times >= t_start + duration - 1e-9)
 
 
-def assemble_frames(plan: FramePlan, decoded: list[Any]) -> StreamData:
+def assemble_frames(plan: FrameRequests, decoded: list[Any]) -> StreamData:
     """The frames of a plan in the order they were asked for, from its decoded requests."""
     return StreamData(assemble_frames_at(plan.positions, decoded), plan.timestamps, plan.is_pad)
 
