@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import mmdata
-from mmdata.codecs.align import values_at
+from mmdata.codecs.align import frame_indices_at, values_at
 from mmdata.codecs.audio import AudioClip, as_float, decode_audio
 from mmdata.codecs.audio_features import mel_spectrogram
 from mmdata.errors import AlignmentError, MissingDependencyError
@@ -63,6 +63,31 @@ def test_variable_frame_rate_frames_are_found_by_timestamp_not_index(vfr_store):
     assert index_arithmetic.tolist() != picks, "a constant-rate guess would pick other frames"
     with pytest.raises(AlignmentError, match="nearest is frame 3 at t=0.090000 s"):
         dataset.frames_at(0, "cam", [VFR_TIMES[3] + 0.012], tolerance=0.005)
+
+
+@pytest.mark.parametrize("clamp", [True, False])
+def test_frame_indices_are_the_nearest_frames_flagged_outside_the_episode_and_refused_beyond_tolerance(clamp):
+    rng = np.random.default_rng(4)
+    for _ in range(200):
+        timestamps = np.cumsum(rng.uniform(0.01, 0.05, rng.integers(1, 40)))
+        times = rng.uniform(timestamps[0] - 0.2, timestamps[-1] + 0.2, rng.integers(1, 6))
+        tolerance = float(rng.uniform(0.005, 0.3))
+        pad = (times < timestamps[0] - 1e-6) | (times > timestamps[-1] + 1e-6)
+        at = np.clip(times, timestamps[0], timestamps[-1]) if clamp else times
+        distance = np.abs(at[:, None] - timestamps[None, :])
+        nearest = distance.argmin(axis=1)  # ties go to the earlier frame
+        off = distance[np.arange(len(at)), nearest] > tolerance + 1e-6
+        if off.any():
+            first = int(np.flatnonzero(off)[0])
+            with pytest.raises(AlignmentError, match=f"{off.sum()} of {len(times)} requested times are off") as error:
+                frame_indices_at(timestamps, times, tolerance, episode="e", stream="cam", clamp_to_episode=clamp)
+            assert f"t={times[first]:.6f} s; the nearest is frame {nearest[first]} " in str(error.value)
+            continue
+        indices, is_pad = frame_indices_at(
+            timestamps, times, tolerance, episode="e", stream="cam", clamp_to_episode=clamp
+        )
+        assert indices.tolist() == nearest.tolist()
+        assert is_pad.tolist() == (pad if clamp else np.zeros(len(times), bool)).tolist()
 
 
 def test_values_at_interpolation_modes_match_hand_computed_values():

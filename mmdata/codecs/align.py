@@ -63,21 +63,41 @@ def frame_indices_at(
     times = np.asarray(times, dtype=np.float64)
     if len(timestamps) == 0:
         raise AlignmentError(f"episode '{episode}', stream '{stream}' holds no frames")
-    is_pad = pad_mask(timestamps, times) if clamp_to_episode else np.zeros(len(times), bool)
-    clamped = np.minimum(np.maximum(times, timestamps[0]), timestamps[-1]) if clamp_to_episode else times
-    indices = nearest_indices(timestamps, clamped)
-    distance = np.abs(timestamps[indices] - clamped)
-    outside = np.flatnonzero(distance > tolerance + _EDGE)
-    if len(outside):
-        at = int(outside[0])
-        nearest = int(indices[at])
+    indices, is_pad, outside, first_outside = _frames_at(
+        np.asarray(timestamps, dtype=np.float64), times, float(tolerance) + _EDGE, clamp_to_episode
+    )
+    if outside:
+        nearest = int(indices[first_outside])
         raise AlignmentError(
-            f"episode '{episode}', stream '{stream}': no frame within {tolerance:g} s of t={times[at]:.6f} s;"
-            f" the nearest is frame {nearest} at t={timestamps[nearest]:.6f} s"
-            f" ({len(outside)} of {len(times)} requested times are off; raise the tolerance or request times"
+            f"episode '{episode}', stream '{stream}': no frame within {tolerance:g} s of"
+            f" t={times[first_outside]:.6f} s; the nearest is frame {nearest} at t={timestamps[nearest]:.6f} s"
+            f" ({outside} of {len(times)} requested times are off; raise the tolerance or request times"
             f" the stream was recorded at)"
         )
     return indices, is_pad
+
+
+@numba.njit(cache=True, nogil=True)
+def _frames_at(
+    timestamps: np.ndarray, times: np.ndarray, limit: float, clamp: bool
+) -> tuple[np.ndarray, np.ndarray, int, int]:
+    # `frame_indices_at` in one compiled pass (a sample asks a handful of times): the nearest frame of each time
+    # (clamped to the episode and flagged when `clamp`), how many lie further than `limit` and the first of them.
+    first, last = timestamps[0], timestamps[-1]
+    is_pad = np.zeros(len(times), np.bool_)
+    clamped = times.copy()
+    if clamp:
+        for i in range(len(times)):
+            is_pad[i] = times[i] < first - _EDGE or times[i] > last + _EDGE
+            clamped[i] = min(max(times[i], first), last)
+    indices = _nearest(timestamps, clamped)
+    outside, first_outside = 0, -1
+    for i in range(len(times)):
+        if abs(timestamps[indices[i]] - clamped[i]) > limit:
+            if outside == 0:
+                first_outside = i
+            outside += 1
+    return indices, is_pad, outside, first_outside
 
 
 def values_at(

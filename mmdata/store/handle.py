@@ -6,6 +6,8 @@ reader's job (`mmdata.store.dataset.Dataset`, or the loader's decode stage)."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import operator
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -268,13 +270,15 @@ class Store:
     ) -> FrameRequests:
         table, unique, owner = self._segments_holding(row, spec, indices)
         requests, pieces = [], []
-        for number in np.unique(owner).tolist():
+        # `unique` is sorted, so each segment's frames are one run of `owner`
+        for number, run in itertools.groupby(zip(owner.tolist(), unique.tolist()), key=operator.itemgetter(0)):
             segment = table.segments[number]
             pieces.append(table.pieces[number])
+            first = segment["first_frame"]
             requests.append(
                 ClipRequest(
                     b"",
-                    tuple((unique[owner == number] - segment["first_frame"]).tolist()),
+                    tuple(frame - first for _, frame in run),
                     spec.codec,
                     SegmentRef(row["key"], spec.name, number),
                     spec.gop,
@@ -352,10 +356,9 @@ class Store:
 
     def timestamps_of(self, row: dict, name: str) -> np.ndarray:
         """The stored timestamps of stream `name` in the episode of manifest row `row` (checked, cached)."""
-        piece = Piece.from_dict(row[f"{name}/timestamps"])
-        count = row[f"{name}/count"]
 
         def load() -> np.ndarray:
+            piece, count = Piece.from_dict(row[f"{name}/timestamps"]), row[f"{name}/count"]
             return self._checked_times(row, name, self.pieces.read_rows(piece, (count,), "float64"))
 
         return self.cache.get(("timestamps", row["key"], name), load)
@@ -377,10 +380,13 @@ class Store:
 
     def _lowdim(self, row: dict, name: str) -> tuple[np.ndarray, np.ndarray]:
         """(timestamps, values) of a low-dim stream in one episode."""
-        piece = Piece.from_dict(row[f"{name}/data"])
-        spec = self.schema.stream(name)
-        shape = (row[f"{name}/count"], *spec.shape)
-        values = self.cache.get(("values", row["key"], name), lambda: self.pieces.read_rows(piece, shape, spec.dtype))
+
+        def load() -> np.ndarray:
+            spec = self.schema.stream(name)
+            shape = (row[f"{name}/count"], *spec.shape)
+            return self.pieces.read_rows(Piece.from_dict(row[f"{name}/data"]), shape, spec.dtype)
+
+        values = self.cache.get(("values", row["key"], name), load)
         return self.timestamps_of(row, name), values
 
     def audio_track_of(self, row: dict, name: str) -> tuple[AudioClip, float]:
