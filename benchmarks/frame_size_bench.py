@@ -86,11 +86,12 @@ figures["stages"] = stats["worker_stage_seconds"]
 figures["cpu_ms_per_sample"] = round(1000 * figures["cpu_seconds"] / figures["samples"], 3)
 figures["floor_ms_per_sample"] = [round(floor.ms_per_sample, 3) for floor in (floor_before, floor_after)]
 figures["floor_frames_per_sample"] = round(floor_after.frames / floor_after.samples, 3)
-figures["cpu_over_floor"] = round(2 * figures["cpu_ms_per_sample"] / sum(figures["floor_ms_per_sample"]), 3)
+floor_ms = sum(figures["floor_ms_per_sample"]) / 2  # before and after the epochs
+figures["cpu_over_floor"] = round(figures["cpu_ms_per_sample"] / floor_ms, 3)
 # the loader's CPU told apart: its decoder's (per sample and per frame decoded, over the whole run) and the rest
 figures["decode_cpu_ms_per_sample"] = round(1000 * stats["decode_cpu_seconds"] / stats["samples"], 3)
 figures["decode_cpu_ms_per_frame"] = stats["decode_cpu_ms_per_frame"]
-figures["floor_ms_per_frame"] = round(sum(figures["floor_ms_per_sample"]) / 2 / figures["floor_frames_per_sample"], 3)
+figures["floor_ms_per_frame"] = round(floor_ms / figures["floor_frames_per_sample"], 3)
 figures["outside_decoder_ms_per_sample"] = round(figures["cpu_ms_per_sample"] - figures["decode_cpu_ms_per_sample"], 3)
 print("RESULT " + json.dumps(figures))
 """

@@ -22,9 +22,16 @@ INTERPOLATIONS = ("nearest", "previous", "linear")
 _EDGE = 1e-6
 
 
+@numba.njit(cache=True, nogil=True)
 def pad_mask(timestamps: np.ndarray, times: np.ndarray) -> np.ndarray:
     """True where a requested time lies before the first or after the last stored timestamp."""
     return (times < timestamps[0] - _EDGE) | (times > timestamps[-1] + _EDGE)
+
+
+@numba.njit(cache=True, nogil=True)
+def clamped(timestamps: np.ndarray, times: np.ndarray) -> np.ndarray:
+    """The requested times moved inside the stored span (to its first or last timestamp)."""
+    return np.minimum(np.maximum(times, timestamps[0]), timestamps[-1])
 
 
 def nearest_indices(timestamps: np.ndarray, times: np.ndarray) -> np.ndarray:
@@ -83,17 +90,12 @@ def _frames_at(
 ) -> tuple[np.ndarray, np.ndarray, int, int]:
     # `frame_indices_at` in one compiled pass (a sample asks a handful of times): the nearest frame of each time
     # (clamped to the episode and flagged when `clamp`), how many lie further than `limit` and the first of them.
-    first, last = timestamps[0], timestamps[-1]
-    is_pad = np.zeros(len(times), np.bool_)
-    clamped = times.copy()
-    if clamp:
-        for i in range(len(times)):
-            is_pad[i] = times[i] < first - _EDGE or times[i] > last + _EDGE
-            clamped[i] = min(max(times[i], first), last)
-    indices = _nearest(timestamps, clamped)
+    is_pad = pad_mask(timestamps, times) if clamp else np.zeros(len(times), np.bool_)
+    at = clamped(timestamps, times) if clamp else times
+    indices = _nearest(timestamps, at)
     outside, first_outside = 0, -1
     for i in range(len(times)):
-        if abs(timestamps[indices[i]] - clamped[i]) > limit:
+        if abs(timestamps[indices[i]] - at[i]) > limit:
             if outside == 0:
                 first_outside = i
             outside += 1
@@ -115,16 +117,16 @@ def values_at(
     if len(timestamps) == 0:
         raise AlignmentError("the stream holds no values in this episode")
     is_pad = pad_mask(timestamps, times)
-    clamped = np.minimum(np.maximum(times, timestamps[0]), timestamps[-1])
+    inside = clamped(timestamps, times)
     if mode == "nearest":
-        return values[nearest_indices(timestamps, clamped)], is_pad
-    after = np.searchsorted(timestamps, clamped + _EDGE, side="right")
+        return values[nearest_indices(timestamps, inside)], is_pad
+    after = np.searchsorted(timestamps, inside + _EDGE, side="right")
     before = np.clip(after - 1, 0, len(timestamps) - 1)
     if mode == "previous":
         return values[before], is_pad
     following = np.clip(before + 1, 0, len(timestamps) - 1)
     span = timestamps[following] - timestamps[before]
-    weight = np.divide(clamped - timestamps[before], span, out=np.zeros_like(clamped), where=span > 0)
+    weight = np.divide(inside - timestamps[before], span, out=np.zeros_like(inside), where=span > 0)
     weight = weight.reshape((-1,) + (1,) * (values.ndim - 1))
     low = values[before].astype(np.float64)
     high = values[following].astype(np.float64)

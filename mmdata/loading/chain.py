@@ -134,7 +134,7 @@ class BatchReader:
         info["samples"] = len(batch.samples)
         info["sources"] = source_counts(batch)
         info["decoded"] += stats.frames_decoded - decoded
-        info["decode_cpu"] = info.get("decode_cpu", 0.0) + stats.cpu_seconds - cpu
+        info["decode_cpu"] += stats.cpu_seconds - cpu
         # frames decoded for a later step count as delivered when that step takes them from the cache
         delivered = stats.frames_delivered - delivered
         info["delivered"] += delivered - (cache.ahead - ahead) + (cache.served - served)
