@@ -73,7 +73,7 @@ class VideoStream:
     segment_frames: int
     gop: int
     pix_fmt: str = "yuv420p"
-    crf: int | None = None
+    crf: float | None = None
     kind: Literal["video"] = "video"
 
     @property
@@ -287,8 +287,14 @@ def _video(entry: dict[str, Any]) -> VideoStream:
         segment_frames=segment_frames,
         gop=as_int(entry["gop"], f"{where}: gop", 1, segment_frames),
         pix_fmt=pix_fmt,
-        crf=None if crf is None else as_int(crf, f"{where}: crf", 0, 63),
+        crf=None if crf is None else _crf(crf, f"{where}: crf"),
     )
+
+
+def _crf(value: Any, what: str) -> float:
+    """A stored constant rate factor: a whole number (stores before 0.2 hold only those) or a fraction (x264, x265)."""
+    number = as_number(value, what, 0, 63)
+    return int(number) if number == int(number) else number
 
 
 def _audio(entry: dict[str, Any]) -> AudioStream:

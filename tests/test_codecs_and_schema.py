@@ -13,7 +13,7 @@ import mmdata
 from mmdata.codecs.audio import AudioClip, decode_audio, encode_flac
 from mmdata.codecs.decoders import ClipRequest, make_video_decoder
 from mmdata.codecs.decoders.pyav_decoder import decode_all_frames
-from mmdata.codecs.video_encode import VideoEncoding, encode_segments
+from mmdata.codecs.video_encode import VideoEncoding, encode_segments, encoding_for_access
 from mmdata.errors import MmdataError, StoreError
 from mmdata.schema import DatasetSchema, LowdimStream, TextStream, VideoStream
 from mmdata.synthetic import read_index_stripe, synthetic_frame
@@ -53,6 +53,57 @@ def test_short_hevc_segments_carry_valid_timestamps(count):
 def test_encoding_rejects_a_gop_longer_than_a_segment():
     with pytest.raises(MmdataError, match="--gop 64 exceeds --segment-frames 32"):
         VideoEncoding(segment_frames=32, gop=64)
+
+
+def test_each_codec_encodes_with_its_default_preset_and_crf_unless_told_otherwise():
+    h264, hevc, vp9 = (VideoEncoding(codec=codec) for codec in ("h264", "hevc", "vp9"))
+    assert (h264.preset, h264.crf) == ("medium", 19.5)
+    assert h264.encoder_options()["crf"] == "19.5" and h264.encoder_options()["preset"] == "medium"
+    assert (hevc.preset, hevc.crf) == ("fast", 20) and hevc.encoder_options()["crf"] == "20"
+    assert vp9.encoder_options()["crf"] == "20"
+    told = VideoEncoding(preset="fast", crf=20)
+    assert told.encoder_options()["preset"] == "fast" and told.encoder_options()["crf"] == "20"
+    assert encoding_for_access("both", preset=None, crf=None) == h264, "options not given keep the defaults"
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"preset": "fastest"}, "unknown --preset 'fastest'; choose one of ultrafast"),
+        ({"crf": float("nan")}, "--crf is nan; give a number"),
+        ({"crf": "20"}, "--crf is '20'; give a number"),
+        ({"crf": 52}, r"--crf 52 is outside \[0, 51\] for h264"),
+        ({"crf": -1}, r"--crf -1 is outside \[0, 51\] for h264"),
+        ({"codec": "vp9", "crf": 19.5}, "libvpx takes a whole number for vp9; give 20"),
+    ],
+)
+def test_encoding_options_are_refused_where_given(options, message):
+    with pytest.raises(MmdataError, match=message):
+        VideoEncoding(**options)
+
+
+def test_a_stored_fractional_crf_reads_back_and_a_whole_one_stays_whole():
+    def stored(crf):
+        schema = DatasetSchema(layout="wds", streams=[VideoStream("cam", 30.0, 96, 64, "h264", 32, 8, crf=crf)])
+        return DatasetSchema.from_json(schema.to_json()).stream("cam").crf
+
+    assert stored(19.5) == 19.5 and stored(20) == 20 and isinstance(stored(20), int)
+    with pytest.raises(StoreError, match=r"crf is 64, outside \[0, 63\]"):
+        stored(64)
+
+
+@pytest.mark.parametrize(("codec", "banner"), [("h264", b"x264 - core"), ("hevc", b"x265 (build")])
+def test_segments_leave_out_the_encoders_banner_of_version_and_options(codec, banner):
+    """x264 and x265 write their version and options into every stream (0.6-2 KB): a store of many short
+    segments would carry it in each. The frames decode the same without it."""
+    segments = list(encode_segments(FRAMES[:16], Fraction(30), 128, 64, VideoEncoding(codec, 8, 8)))
+    assert len(segments) == 2 and not any(banner in data for _, data in segments)
+    decoded = [frame for _, data in segments for frame in decode_all_frames(data)]
+    assert [read_index_stripe(frame) for frame in decoded] == list(range(16))
+    with av.open(io.BytesIO(segments[0][1])) as container:
+        packets = [packet for packet in container.demux(video=0) if packet.size]
+    step = packets[1].duration
+    assert packets[0].is_keyframe and sorted(packet.pts for packet in packets) == [p * step for p in range(8)]
 
 
 def test_flac_round_trip_is_sample_exact_for_stereo_int16():

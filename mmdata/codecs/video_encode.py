@@ -8,12 +8,14 @@ clip never needs a seek into a neighbour.
 from __future__ import annotations
 
 import io
+import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 
 import av
 import numpy as np
+from av.bitstream import BitStreamFilterContext
 from av.codec.context import Flags
 from av.video.frame import PictureType
 
@@ -49,6 +51,22 @@ SEGMENT_SUFFIXES = {codec: suffix for codec, (_, _, suffix) in VIDEO_CODECS.item
 ENCODER_FRAME_BUDGET = 512 << 20
 _DEEPEST_DEFAULT_LOOKAHEAD = 60  # x264's placebo preset; every other default is shallower
 
+# The speed presets x264 and x265 share, fastest first.
+PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow", "placebo")
+# Each codec's default preset and constant rate factor, measured by benchmarks/store_size_bench.py. For H.264, x264's
+# "medium" at crf 19.5 stores camera scenes in ~8% fewer bytes than "fast" at crf 20 (mmdata's default until
+# 0.1.x) at the same fidelity to the source (PSNR within 0.03 dB) and decode speed: its finer motion search costs
+# the encoder, not the decoder, and it spends what it saves on a half-step lower crf. HEVC keeps its settings
+# (not measured against LeRobot's data).
+DEFAULT_PRESETS = {"h264": "medium", "hevc": "fast"}
+DEFAULT_CRF = {"h264": 19.5, "hevc": 20, "vp9": 20}
+# x264 writes its version and every option into each stream it starts (an SEI message of ~650 bytes, 3-4% of a
+# 32-frame 224x224 segment) and has no option to leave it out; this bitstream filter drops it from each segment
+# (x264 writes no other SEI message with closed GOPs and no HRD signalling).
+H264_DROP_SEI = "filter_units=remove_types=6"
+# The constant rate factors the encoders take: x264 and x265 any number in [0, 51], libvpx an integer in [0, 63].
+CRF_RANGES = {"h264": 51, "hevc": 51, "vp9": 63}
+
 
 @dataclass(frozen=True)
 class VideoEncoding:
@@ -56,6 +74,8 @@ class VideoEncoding:
 
     `codec="copy"` keeps a recording's H.264, HEVC, AV1 or VP9 packets as they are, cut into segments of at most
     `segment_frames` frames at its key frames (`gop` and `crf` then do not apply; `codecs/video_copy.py`).
+    `preset` is the encoder's speed preset and `crf` its constant rate factor, lower for better quality (defaults:
+    the codec's in DEFAULT_PRESETS and DEFAULT_CRF; VP9 ignores the preset and takes a whole-number crf).
     `fast_decode` tunes H.264/HEVC for decoding speed (x264/x265 `tune=fastdecode`: CAVLC instead
     of CABAC, no deblocking or weighted prediction): about half the decode time for ~20% more bytes
     (on by default: `mmdata convert --access both`; see ACCESS_PATTERNS).
@@ -64,13 +84,20 @@ class VideoEncoding:
     codec: str = "h264"
     segment_frames: int = 32
     gop: int = 8
-    crf: int = 20
-    preset: str = "fast"
+    crf: float | None = None
+    preset: str | None = None
     fast_decode: bool = True
 
     def __post_init__(self):
         if self.codec not in VIDEO_CODECS and self.codec != COPY:
             raise MmdataError(f"unknown video codec '{self.codec}'; choose one of {', '.join(VIDEO_CODECS)} or {COPY}")
+        if self.preset is None:
+            object.__setattr__(self, "preset", DEFAULT_PRESETS.get(self.codec, "medium"))
+        elif self.preset not in PRESETS:
+            raise MmdataError(f"unknown --preset '{self.preset}'; choose one of {', '.join(PRESETS)}")
+        if self.crf is None:
+            object.__setattr__(self, "crf", DEFAULT_CRF.get(self.codec, 20))
+        self._check_crf()
         if self.segment_frames < 1 or self.gop < 1:
             raise MmdataError("--segment-frames and --gop must be at least 1")
         if self.gop > self.segment_frames and self.codec != COPY:
@@ -78,6 +105,15 @@ class VideoEncoding:
                 f"--gop {self.gop} exceeds --segment-frames {self.segment_frames}: a segment holds"
                 " one key frame at least, so the key-frame interval cannot be longer than it"
             )
+
+    def _check_crf(self) -> None:
+        crf, highest = self.crf, CRF_RANGES.get(self.codec)
+        if isinstance(crf, bool) or not isinstance(crf, (int, float)) or not math.isfinite(crf):
+            raise MmdataError(f"--crf is {crf!r}; give a number such as {DEFAULT_CRF['h264']}")
+        if highest is not None and not 0 <= crf <= highest:
+            raise MmdataError(f"--crf {crf:g} is outside [0, {highest}] for {self.codec}")
+        if self.codec == "vp9" and crf != int(crf):
+            raise MmdataError(f"--crf {crf:g}: libvpx takes a whole number for vp9; give {round(crf)}")
 
     def encoder_options(self, frames: int | None = None, frame_size: tuple[int, int] | None = None) -> dict[str, str]:
         """FFmpeg encoder options for a segment of `frames` frames (when known) of `frame_size` (width, height;
@@ -91,17 +127,19 @@ class VideoEncoding:
             params = f"keyint={gop}:min-keyint={gop}:scenecut=0:open-gop=0:threads=1:cpu-independent=1"
             if depth is not None:
                 params += f":rc-lookahead={depth}"
-            return {"crf": str(self.crf), "preset": self.preset, "x264-params": params, **tune}
+            return {"crf": f"{self.crf:g}", "preset": self.preset, "x264-params": params, **tune}
         if self.codec == "hevc":
+            # info=0: no SEI message carrying x265's version and options (~2 KB per segment)
             params = f"keyint={gop}:min-keyint={gop}:scenecut=0:open-gop=0:pools=1:frame-threads=1:log-level=error"
+            params += ":info=0"
             if frames is not None and frames <= X265_SHORT_SEGMENT_FRAMES:
                 params += ":bframes=0"
             if depth is not None:
                 params += f":rc-lookahead={depth}"
-            return {"crf": str(self.crf), "preset": self.preset, "x265-params": params, **tune}
+            return {"crf": f"{self.crf:g}", "preset": self.preset, "x265-params": params, **tune}
         lag = {"lag-in-frames": str(depth)} if depth is not None else {}
         return {
-            "crf": str(self.crf),
+            "crf": str(int(self.crf)),
             "b:v": "0",
             "deadline": "good",
             "cpu-used": "5",
@@ -118,7 +156,8 @@ class VideoEncoding:
 # - clips: runs of consecutive frames (world models). A key frame every 8 frames.
 # - both (the default): a key frame every 8 frames, tuned for decoding speed: with the loader's
 #   "segments" order and frame cache it serves windows faster than the windows setting, at ~1.2x the
-#   bytes of clips (LeRobot's 100 episodes: 29.2 MB against LeRobot's 30.5 MB; 25.0 MB untuned).
+#   bytes of clips (LeRobot's 100 episodes with x264's "fast" preset: 29.2 MB against LeRobot's 30.5 MB; 25.0 MB
+#   untuned; "medium" at crf 19.5, the default since, in about 8% fewer at the same fidelity: see DEFAULT_PRESETS).
 ACCESS_PATTERNS = {
     "windows": {"gop": 1, "fast_decode": True},
     "clips": {"gop": 8, "fast_decode": False},
@@ -189,6 +228,7 @@ class _SegmentEncoder:
         self._buffer = io.BytesIO()
         self._out = None
         self._stream = None
+        self._filter: BitStreamFilterContext | None = None
         frame_bytes = width * height * 3 // 2
         self._hold = 0
         if encoding.codec == "hevc":
@@ -207,18 +247,28 @@ class _SegmentEncoder:
         if self._out is None:
             self._open(frames=None)
         for held in [*self._held, frame]:
-            self._out.mux(self._stream.encode(held))
+            self._mux(self._stream.encode(held))
         self._held = []
 
     def finish(self) -> bytes:
         if self._out is None:
             self._open(frames=self.count)
             for held in self._held:
-                self._out.mux(self._stream.encode(held))
+                self._mux(self._stream.encode(held))
             self._held = []
-        self._out.mux(self._stream.encode(None))
+        self._mux(self._stream.encode(None))
+        if self._filter is not None:
+            self._mux(self._filter.filter(None), filter_first=False)
         self._out.close()
         return self._buffer.getvalue()
+
+    def _mux(self, packets: list[av.Packet], filter_first: bool = True) -> None:
+        """Write the encoder's packets, through the bitstream filter where there is one."""
+        if filter_first and self._filter is not None:
+            packets = [kept for packet in packets for kept in self._filter.filter(packet)]
+        for packet in packets:
+            packet.stream = self._stream
+            self._out.mux(packet)
 
     def _open(self, frames: int | None) -> None:
         encoder_name, container_format, _ = VIDEO_CODECS[self.encoding.codec]
@@ -238,6 +288,8 @@ class _SegmentEncoder:
         stream.codec_context.thread_count = 1
         stream.options = self.encoding.encoder_options(frames, (self.width, self.height))
         self._stream = stream
+        if self.encoding.codec == "h264":
+            self._filter = BitStreamFilterContext(H264_DROP_SEI, stream)
 
 
 def padded_to_even(frame: av.VideoFrame | np.ndarray) -> np.ndarray:

@@ -9,6 +9,9 @@ from mmdata.codecs.video_encode import (
     ACCESS_PATTERNS,
     COPY,
     COPY_SEGMENT_FRAMES,
+    DEFAULT_CRF,
+    DEFAULT_PRESETS,
+    PRESETS,
     VIDEO_CODECS,
     VideoEncoding,
     encoding_for_access,
@@ -138,14 +141,20 @@ def add_parser(commands) -> None:
     )
     video.add_argument(
         "--crf",
-        type=int,
+        type=float,
         default=None,
-        help=f"constant rate factor, lower is better quality (default {DEFAULTS.crf})",
+        help="constant rate factor, lower is better quality and more bytes (default: "
+        + ", ".join(f"{crf:g} for {codec}" for codec, crf in DEFAULT_CRF.items())
+        + "; x264 and x265 take fractions, vp9 whole numbers)",
     )
     video.add_argument(
         "--preset",
         default=None,
-        help=f"encoder speed preset for h264/hevc (default {DEFAULTS.preset})",
+        choices=PRESETS,
+        metavar="PRESET",
+        help="encoder speed preset for h264/hevc, ultrafast to placebo (default: "
+        + ", ".join(f"{preset} for {codec}" for codec, preset in DEFAULT_PRESETS.items())
+        + "; slower presets store fewer bytes at the same quality, at the encoder's cost)",
     )
     parser.add_argument("--shard-size", default=None, help="target size of a WebDataset shard (default 1GB)")
     parser.add_argument(
@@ -221,8 +230,8 @@ def run(args: argparse.Namespace) -> int:
         codec=args.video_codec or DEFAULTS.codec,
         segment_frames=_segment_frames(args),
         gop=args.gop,
-        crf=DEFAULTS.crf if args.crf is None else args.crf,
-        preset=args.preset or DEFAULTS.preset,
+        crf=args.crf,
+        preset=args.preset,
     )
     options = ConvertOptions(
         layout=args.layout or "wds",
