@@ -343,4 +343,7 @@ def test_bench_reports_the_loaders_cpu_per_sample_workers_included_against_the_d
     ratio = figures["cpu_ms_per_sample"] / figures["decode_floor_ms_per_sample"]
     assert figures["cpu_over_decode_floor"] == pytest.approx(ratio, rel=0.01)
     assert 0 < figures["decode_cpu_ms_per_sample"] < figures["cpu_ms_per_sample"]  # decoding is a part of it
+    by_stage = figures["stage_cpu_ms_per_sample"]
+    assert by_stage["video"] >= figures["decode_cpu_ms_per_sample"] and by_stage["read"] > 0
+    assert sum(by_stage.values()) >= figures["cpu_ms_per_sample"] - 0.01  # the parts add up to the whole
     jsonschema.validate(figures, SCHEMA["properties"]["figures"])

@@ -314,6 +314,9 @@ def test_main_process_decoding_follows_the_workers_plan_and_decodes_what_worker_
     assert followed["decode_waste"] == planned["decode_waste"] < off.stats()["decode_waste"]
     assert 0 < followed["frame_cache_peak_bytes"] <= 64 << 20
     assert followed["decode_cpu_seconds"] > 0 and planned["decode_cpu_seconds"] > 0  # wherever it decoded
+    for stats in (followed, planned):  # each stage's CPU wherever it ran, the decoding inside "video"
+        assert {"read", "video_prepare", "video", "collate"} <= set(stats["stage_cpu_seconds"])
+        assert stats["stage_cpu_seconds"]["video"] >= stats["decode_cpu_seconds"] > 0
 
 
 def test_the_loader_reports_the_cpu_its_decoder_spent_per_frame_decoded_within_the_cpu_the_run_took(stores):
@@ -325,6 +328,18 @@ def test_the_loader_reports_the_cpu_its_decoder_spent_per_frame_decoded_within_t
     assert 0 < stats["decode_cpu_seconds"] <= spent
     per_frame = 1000 * stats["decode_cpu_seconds"] / stats["frames_decoded"]
     assert stats["decode_cpu_ms_per_frame"] == pytest.approx(per_frame, rel=1e-3)
+
+
+def test_the_loader_reports_each_stages_cpu_within_its_wall_time_and_the_cpu_the_run_took(stores):
+    run = loader(stores["wds"], "windows", 64 << 20)
+    started = time.process_time()
+    list(run)
+    spent = time.process_time() - started
+    stats = run.stats()
+    cpu, wall = stats["stage_cpu_seconds"], stats["worker_stage_seconds"]
+    assert set(cpu) == set(wall) - {"plan"} == {"read", "video_prepare", "video", "collate"}  # cameras only
+    assert all(0 < cpu[stage] <= wall[stage] + 1e-3 for stage in cpu), (cpu, wall)
+    assert stats["decode_cpu_seconds"] <= cpu["video"] and sum(cpu.values()) <= spent
 
 
 @pytest.mark.slow

@@ -118,7 +118,7 @@ class BatchReader:
             batch.seconds = seconds
         finish_video(self.video_decoder, batch, self.on_error, self._cache_for(batch))
         settle(batch, self._read_alone)
-        with timed(batch.seconds, "collate"):
+        with timed(batch.seconds, "collate", batch.cpu_seconds):
             return collate(batch, **self.collate_options)
 
     def finish_counted(self, batch: MicroBatch, info: dict[str, Any], seconds: dict[str, float]) -> dict[str, Any]:
@@ -135,6 +135,7 @@ class BatchReader:
         info["sources"] = source_counts(batch)
         info["decoded"] += stats.frames_decoded - decoded
         info["decode_cpu"] += stats.cpu_seconds - cpu
+        info["stage_cpu"] = batch.cpu_seconds  # the reader's stages and the ones that ran here
         # frames decoded for a later step count as delivered when that step takes them from the cache
         delivered = stats.frames_delivered - delivered
         info["delivered"] += delivered - (cache.ahead - ahead) + (cache.served - served)
@@ -166,22 +167,22 @@ class BatchReader:
     ) -> None:
         fetching = self.fetch.fetches_ahead
         if fetching:
-            with timed(batch.seconds, "read"):
+            with timed(batch.seconds, "read", batch.cpu_seconds):
                 self.fetch.now(self.fetch.rows([*batch.samples, *upcoming]))
-        with timed(batch.seconds, "read"):
+        with timed(batch.seconds, "read", batch.cpu_seconds):
             plans = self._align_cameras(batch)
         if fetching:
-            with timed(batch.seconds, "read"):
+            with timed(batch.seconds, "read", batch.cpu_seconds):
                 self.fetch.now(self.fetch.segments(self._live(batch, plans)))
                 ahead = [(key[0].source, plan) for key, plan in self._plans_ahead(upcoming)]
                 self.fetch.ahead(self.fetch.rows(upcoming), self.fetch.segments(ahead), self.fetch.rows(after_upcoming))
         if self.frame_cache.enabled:
-            with timed(batch.seconds, "read"):
+            with timed(batch.seconds, "read", batch.cpu_seconds):
                 self._plan_cache(batch, plans, horizon)
         self._read_values(batch)
         origins = [sample.source for sample in batch.samples]
         for name, stream in self.cameras:
-            with timed(batch.seconds, "read"):
+            with timed(batch.seconds, "read", batch.cpu_seconds):
                 data = self._segment_bytes(batch, name, plans[name])
             prepare_video(
                 self.video_decoder, batch, name, plans[name], origins, self.fillers[name], stream.channels_first, data
@@ -277,7 +278,7 @@ class BatchReader:
             if isinstance(stream, Frames):
                 continue
             read = self.align.values if isinstance(stream, Values) else self.align.audio
-            with timed(batch.seconds, "audio" if isinstance(stream, Audio) else "lowdim"):
+            with timed(batch.seconds, "audio" if isinstance(stream, Audio) else "lowdim", batch.cpu_seconds):
                 for position, sample in enumerate(batch.samples):
                     data = self._attempt(batch, position, name, read, sample, name, stream)
                     values, is_pad = data if data is not None else (None, None)

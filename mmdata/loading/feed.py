@@ -181,6 +181,7 @@ class StepSource(IterableDataset):
             "sources": source_counts(batch),
             "borrowed": len(batch.borrowed),
             "seconds": batch.seconds,
+            "stage_cpu": batch.cpu_seconds,
             "busy": time.perf_counter() - started + planning,
             "bytes": reader.bytes_read - before[2],
             "read_retries": read_retries() - before[3],

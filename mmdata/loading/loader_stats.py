@@ -28,6 +28,7 @@ class LoaderStats:
         self.ready_when_asked = 0
         self.waits: deque[float] = deque(maxlen=RECENT_STEPS)
         self.worker_seconds: dict[str, float] = {}
+        self.stage_cpu: dict[str, float] = {}
         self.main_seconds: dict[str, float] = {}
         self.worker_busy: dict[int, float] = {}
         self.worker_cpu: dict[int, float] = {}
@@ -61,6 +62,8 @@ class LoaderStats:
             self.main_queue_depths.append(queue_depth)
         for stage, seconds in info["seconds"].items():
             self.worker_seconds[stage] = self.worker_seconds.get(stage, 0.0) + seconds
+        for stage, seconds in info.get("stage_cpu", {}).items():
+            self.stage_cpu[stage] = self.stage_cpu.get(stage, 0.0) + seconds
         worker = info["worker"]
         self.worker_pids.add(info["pid"])
         self.worker_busy[worker] = self.worker_busy.get(worker, 0.0) + info["busy"]
@@ -107,6 +110,7 @@ class LoaderStats:
             else None,
             "worker_stage_seconds": {k: round(v, 6) for k, v in self.worker_seconds.items()},
             "main_stage_seconds": {k: round(v, 6) for k, v in self.main_seconds.items()},
+            "stage_cpu_seconds": {k: round(v, 6) for k, v in self.stage_cpu.items()},
             "worker_busy_seconds": {k: round(v, 6) for k, v in self.worker_busy.items()},
             "worker_cpu_seconds": {k: round(v, 6) for k, v in self.worker_cpu.items()},
             "frames_decoded": self.frames_decoded,

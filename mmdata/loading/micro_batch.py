@@ -50,7 +50,8 @@ class MicroBatch:
     `replaced` lists (position, substitute position) pairs; `fallback` is the samples planned after
     this micro-batch (in plan order), of which `borrowed` maps a position to the one read in its
     place when every sample failed. `dim_is_pad` holds, per `Values(pad_to=...)` stream, each
-    sample's mask of padded dimensions. `seconds` is the time each stage took on it. `frame_buffers` holds,
+    sample's mask of padded dimensions. `seconds` is the time each stage took on it, `cpu_seconds` the CPU time
+    of the thread that ran it (a stage that runs in the main process adds there). `frame_buffers` holds,
     per camera decoded on the host, the tensor its samples' frames were written into (their values are views
     of it, in order), which collate hands on as it is when no sample was replaced. `cache_schedule` is what the
     worker's frame cache planned at this read, for the process that decodes its pending video.
@@ -65,6 +66,7 @@ class MicroBatch:
     failed: dict[int, str] = field(default_factory=dict)
     replaced: list[tuple[int, int]] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
+    cpu_seconds: dict[str, float] = field(default_factory=dict)
     fallback: list[SampleRef] = field(default_factory=list)
     borrowed: dict[int, SampleRef] = field(default_factory=dict)
     dim_is_pad: dict[str, list[np.ndarray]] = field(default_factory=dict)

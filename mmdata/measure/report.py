@@ -317,7 +317,11 @@ def _cpu_rows(f: dict[str, Any]) -> list[str]:
             f", {f['cpu_over_decode_floor']:.2f}x the decode floor ({f['decode_floor_ms_per_sample']:.2f} ms: the"
             " frames delivered, decoded once in order with RGB conversion)"
         )
-    return [_row("loader CPU", text)]
+    rows = [_row("loader CPU", text)]
+    if "stage_cpu_ms_per_sample" in f:
+        by_stage = ", ".join(f"{stage} {ms:.3f}" for stage, ms in f["stage_cpu_ms_per_sample"].items())
+        rows.append(_row("CPU by stage (ms/sample)", by_stage))
+    return rows
 
 
 def _shares_text(stages: dict[str, dict[str, float]]) -> str:

@@ -117,9 +117,14 @@ def cpu_figures(
     loader: DataLoader, main_cpu: float, stats: dict[str, Any], samples: int, delivered: list[np.ndarray]
 ) -> dict[str, float]:
     """The loader's CPU per sample (its process and its workers) and, for a decoder on the host, the part of it
-    the decoder spent, the decode floor of the samples delivered (`measure.floor`) and the loader's CPU over it."""
+    the decoder spent, the decode floor of the samples delivered (`measure.floor`) and the loader's CPU over it; and
+    that CPU per stage of the chain (wherever the stage ran) with what no stage covered."""
     cpu = main_cpu + sum(stats["worker_cpu_seconds"].values())
-    figures = {"cpu_ms_per_sample": round(1000 * cpu / max(1, samples), 3)}
+    figures: dict[str, Any] = {"cpu_ms_per_sample": round(1000 * cpu / max(1, samples), 3)}
+    stage_cpu = {stage: 1000 * seconds / max(1, samples) for stage, seconds in stats["stage_cpu_seconds"].items()}
+    # the rest: planning, the hand-over between processes, the loops that run the stages
+    stage_cpu["outside_stages"] = max(0.0, figures["cpu_ms_per_sample"] - sum(stage_cpu.values()))
+    figures["stage_cpu_ms_per_sample"] = {stage: round(ms, 4) for stage, ms in stage_cpu.items()}
     if loader.decoder.device != "cpu" or not delivered:
         return figures
     figures["decode_cpu_ms_per_sample"] = round(1000 * stats["decode_cpu_seconds"] / max(1, samples), 3)
