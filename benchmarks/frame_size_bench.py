@@ -93,6 +93,11 @@ figures["decode_cpu_ms_per_sample"] = round(1000 * stats["decode_cpu_seconds"] /
 figures["decode_cpu_ms_per_frame"] = stats["decode_cpu_ms_per_frame"]
 figures["floor_ms_per_frame"] = round(floor_ms / figures["floor_frames_per_sample"], 3)
 figures["outside_decoder_ms_per_sample"] = round(figures["cpu_ms_per_sample"] - figures["decode_cpu_ms_per_sample"], 3)
+# each stage's CPU wherever it ran (the decoder's inside "video"), and what no stage covered: planning, hand-over
+by_stage = {{k: 1000 * v / stats["samples"] for k, v in stats.get("stage_cpu_seconds", {{}}).items()}}
+if by_stage:
+    by_stage["outside_stages"] = figures["cpu_ms_per_sample"] - sum(by_stage.values())
+figures["stage_cpu_ms_per_sample"] = {{k: round(v, 4) for k, v in by_stage.items()}}
 print("RESULT " + json.dumps(figures))
 """
 )
