@@ -54,8 +54,8 @@ _DEEPEST_DEFAULT_LOOKAHEAD = 60  # x264's placebo preset; every other default is
 # The speed presets x264 and x265 share, fastest first.
 PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow", "placebo")
 # Each codec's default preset and constant rate factor, measured by benchmarks/store_size_bench.py. For H.264, x264's
-# "medium" at crf 19.5 stores camera scenes in ~8% fewer bytes than "fast" at crf 20 (mmdata's default until
-# 0.1.x) at the same fidelity to the source (PSNR within 0.03 dB) and decode speed: its finer motion search costs
+# "medium" at crf 19.5 stores camera scenes in ~8% fewer bytes than "fast" at crf 20 (the default before issue
+# 41) at the same fidelity to the source (PSNR within 0.03 dB) and decode speed: its finer motion search costs
 # the encoder, not the decoder, and it spends what it saves on a half-step lower crf. HEVC keeps its settings
 # (not measured against LeRobot's data).
 DEFAULT_PRESETS = {"h264": "medium", "hevc": "fast"}
