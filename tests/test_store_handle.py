@@ -53,3 +53,22 @@ def test_a_span_of_stored_values_holds_exactly_those_stamped_inside_it(handle):
     assert (span.timestamps >= 0.25).all() and (span.timestamps < 0.75).all()
     every = handle.lowdim_span(0, "state", -1.0, 1e9)
     assert np.count_nonzero((every.timestamps >= 0.25) & (every.timestamps < 0.75)) == len(span.timestamps)
+
+
+@pytest.mark.parametrize("layout", ["wds", "zarr"])
+def test_a_store_a_user_opens_reads_an_episodes_timestamps_once_for_repeated_reads(stores, layout):
+    """Per-sample reads (`frames_at`, `values_at`) would otherwise read and verify the episode's timestamps at
+    every call; `cache_bytes=0` still turns the cache off."""
+    for opened in (mmdata.open_store(stores[layout]), mmdata.open_dataset(stores[layout]).store):
+        opened.align_frames(1, "cam_high", [0.5])
+        opened.values_at(1, "state", [0.5])
+        before = opened.pieces.bytes_read
+        for time in (0.1, 0.7, 1.3):
+            opened.align_frames(1, "cam_high", [time])
+            opened.values_at(1, "state", [time])
+        assert opened.pieces.bytes_read == before
+    uncached = mmdata.open_store(stores[layout], cache_bytes=0)
+    uncached.values_at(1, "state", [0.5])
+    before = uncached.pieces.bytes_read
+    uncached.values_at(1, "state", [0.7])
+    assert uncached.pieces.bytes_read > before

@@ -16,7 +16,7 @@ import numpy as np
 from mmdata.codecs.decoders import VideoDecoder, make_video_decoder
 from mmdata.codecs.decoders.base import OnError
 from mmdata.store.filesystem import DEFAULT_READ_POLICY, ReadPolicy
-from mmdata.store.handle import EpisodeData, Store, StreamData, assemble_frames, open_store
+from mmdata.store.handle import OPENED_CACHE_BYTES, EpisodeData, Store, StreamData, assemble_frames, open_store
 
 # What a Dataset offers of its store as its own (the methods documented before the store handle existed).
 STORE_ATTRIBUTES = frozenset(
@@ -63,7 +63,7 @@ class Dataset:
         store: Store | str,
         decoder: str | VideoDecoder = "auto",
         verify: bool = True,
-        cache_bytes: int = 0,
+        cache_bytes: int = OPENED_CACHE_BYTES,
         read_policy: ReadPolicy = DEFAULT_READ_POLICY,
     ):
         if not isinstance(store, Store):
@@ -138,7 +138,7 @@ def open_dataset(
     path_or_url: str,
     decoder: str | VideoDecoder = "auto",
     verify: bool = True,
-    cache_bytes: int = 0,
+    cache_bytes: int = OPENED_CACHE_BYTES,
     read_policy: ReadPolicy = DEFAULT_READ_POLICY,
 ) -> Dataset:
     """Open a store written by `mmdata convert` (a local folder or an fsspec URL) to read decoded episodes.
