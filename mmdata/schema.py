@@ -292,7 +292,8 @@ def _video(entry: dict[str, Any]) -> VideoStream:
 
 
 def _crf(value: Any, what: str) -> float:
-    """A stored constant rate factor: a whole number (stores before 0.2 hold only those) or a fraction (x264, x265)."""
+    """A stored constant rate factor: a whole number (all that stores written before issue 41 hold) or a fraction
+    (x264, x265)."""
     number = as_number(value, what, 0, 63)
     return int(number) if number == int(number) else number
 

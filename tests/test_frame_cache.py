@@ -319,23 +319,23 @@ def test_main_process_decoding_follows_the_workers_plan_and_decodes_what_worker_
         assert stats["stage_cpu_seconds"]["video"] >= stats["decode_cpu_seconds"] > 0
 
 
-def test_the_loader_reports_the_cpu_its_decoder_spent_per_frame_decoded_within_the_cpu_the_run_took(stores):
-    run = loader(stores["wds"], "windows", 64 << 20)
+def stats_and_cpu_of_an_epoch(store) -> tuple[dict, float]:
+    """The stats of a loader (frame cache on, no workers) after one epoch, and the process CPU the epoch took."""
+    run = loader(store, "windows", 64 << 20)
     started = time.process_time()
     list(run)
-    spent = time.process_time() - started
-    stats = run.stats()
+    return run.stats(), time.process_time() - started
+
+
+def test_the_loader_reports_the_cpu_its_decoder_spent_per_frame_decoded_within_the_cpu_the_run_took(stores):
+    stats, spent = stats_and_cpu_of_an_epoch(stores["wds"])
     assert 0 < stats["decode_cpu_seconds"] <= spent
     per_frame = 1000 * stats["decode_cpu_seconds"] / stats["frames_decoded"]
     assert stats["decode_cpu_ms_per_frame"] == pytest.approx(per_frame, rel=1e-3)
 
 
 def test_the_loader_reports_each_stages_cpu_within_its_wall_time_and_the_cpu_the_run_took(stores):
-    run = loader(stores["wds"], "windows", 64 << 20)
-    started = time.process_time()
-    list(run)
-    spent = time.process_time() - started
-    stats = run.stats()
+    stats, spent = stats_and_cpu_of_an_epoch(stores["wds"])
     cpu, wall = stats["stage_cpu_seconds"], stats["worker_stage_seconds"]
     assert set(cpu) == set(wall) - {"plan"} == {"read", "video_prepare", "video", "collate"}  # cameras only
     assert all(0 < cpu[stage] <= wall[stage] + 1e-3 for stage in cpu), (cpu, wall)
