@@ -1,6 +1,7 @@
-"""A worker's decoded frames reach the main process through its ring of shared memory: spans are handed out
-in order, wrap around, are refused (never waited for) when the ring is full, and come back out exactly;
-batches are the same whether they travel through the ring or, when it has no room, torch's shared memory."""
+"""A worker's decoded frames reach the main process through its ring of shared memory: spans take whole
+chunks, follow each other round the ring, are refused (never waited for) when there is no room, are freed in
+whatever order their tensors go, and come back out exactly; batches are the same whether they travel through
+the ring or, when it has no room, torch's shared memory."""
 
 from __future__ import annotations
 
@@ -22,38 +23,61 @@ from tests.test_frame_cache import WINDOWS
 from tests.test_loader import assert_same_batches
 
 
+def sent(arena: FrameArena, worker: int, shape: tuple[int, ...], value: int) -> ArenaSpan:
+    """A worker's span of `shape` filled with `value`, as it leaves in a batch."""
+    view = arena.allocate(worker, shape)
+    assert view is not None
+    view[...] = value
+    return arena.spans_of({"cam": torch.from_numpy(view)})["cam"]
+
+
 def test_spans_come_back_exactly_and_the_ring_refuses_rather_than_overwrites():
-    arena = FrameArena(workers=2, bytes_per_worker=1000)
-    first = arena.allocate(1, (4, 100))
+    arena = FrameArena(workers=2, bytes_per_worker=1024)  # 16 chunks of 64 bytes
+    first = arena.allocate(1, (4, 100))  # 7 chunks
     first[...] = np.arange(400).reshape(4, 100) % 251
     span = arena.spans_of({"cam": torch.from_numpy(first)})["cam"]
     assert isinstance(span, ArenaSpan) and span.worker == 1 and span.shape == (4, 100)
-    assert arena.allocate(1, (7, 100)) is None, "400 + 700 bytes do not fit in 1000 while the first is in flight"
-    second = arena.allocate(1, (5, 100))
+    assert arena.allocate(1, (10, 100)) is None, "7 + 16 chunks do not fit in 16 while the first is in flight"
+    second = arena.allocate(1, (5, 100))  # 8 chunks, after the first
     second[...] = 7
     taken = arena.take(span)
     assert torch.equal(taken, torch.from_numpy(np.arange(400).reshape(4, 100) % 251))
     assert arena.allocate(1, (4, 100)) is None, "the first is still in use by the tensor taken from it"
-    del taken  # the last tensor on the first span is gone: the ring is free up to its end
+    del taken  # the last tensor on the first span is gone: its chunks are free
     wrapped = arena.allocate(1, (4, 100))
     assert wrapped is not None and wrapped.ctypes.data == first.ctypes.data
     assert (second == 7).all(), "the span still in flight is untouched"
     assert arena.allocate(0, (11, 100)) is None, "larger than the ring"
 
 
-def test_a_span_released_before_an_earlier_one_frees_nothing_until_the_earlier_one_is_released_too():
-    arena = FrameArena(workers=1, bytes_per_worker=512)
-    spans = []
-    for number in range(3):
-        view = arena.allocate(0, (2, 64))
-        view[...] = number
-        spans.append(arena.spans_of({"cam": torch.from_numpy(view)})["cam"])
-    held = [arena.take(span) for span in spans]
+def test_a_span_freed_out_of_order_is_room_again_at_once_and_a_batch_kept_for_good_holds_only_its_own():
+    arena = FrameArena(workers=1, bytes_per_worker=512)  # 8 chunks of 64 bytes
+    held = [arena.take(sent(arena, 0, (2, 64), number)) for number in range(3)]  # chunks 0-1, 2-3, 4-5
     del held[1]  # the middle batch is dropped first
-    assert arena.allocate(0, (4, 64)) is None, "128 bytes left at the end; the start is still in use"
-    del held[0]  # now the first two are free: 256 bytes at the start
-    assert arena.allocate(0, (4, 64)) is not None
-    assert (held[0].numpy() == 2).all(), "the batch still held is untouched"
+    assert arena.allocate(0, (4, 64)) is None, "two free chunks at the end and two in the middle: not four in a row"
+    kept_for_good = held.pop(0)
+    for round_ in range(20):  # the training loop keeps the first batch, and goes on
+        held.append(arena.take(sent(arena, 0, (2, 64), round_)))
+        del held[0]
+    assert (kept_for_good.numpy() == 0).all(), "the batch kept is untouched"
+    assert (held[0].numpy() == 19).all()
+
+
+def test_a_span_a_worker_allocated_but_did_not_send_is_free_again():
+    arena = FrameArena(workers=1, bytes_per_worker=512)
+    unsent = arena.allocate(0, (8, 64))  # the whole ring, for a batch that failed before it was sent
+    assert unsent is not None and arena.allocate(0, (1, 64)) is None
+    arena.spans_of({"state": torch.zeros(3)})
+    assert arena.allocate(0, (8, 64)) is not None
+
+
+def test_free_runs_are_found_after_the_cursor_then_from_the_start():
+    taken = np.array([0, 0, 1, 0, 0, 0, 1, 0], np.uint8)
+    assert host_memory._free_run(taken, 2, 3) == 3
+    assert host_memory._free_run(taken, 2, 5) == 0, "chunk 7 alone is too short: wrap to the start"
+    assert host_memory._free_run(taken, 3, 7) == 3
+    assert host_memory._free_run(taken, 4, 0) is None
+    assert host_memory._free_run(np.zeros(4, np.uint8), 4, 2) == 0
 
 
 def test_an_arena_that_reaches_a_process_without_its_memory_gives_no_room():
@@ -61,11 +85,12 @@ def test_an_arena_that_reaches_a_process_without_its_memory_gives_no_room():
     assert arena.allocate(0, (10,)) is None
 
 
-def test_a_worker_tensor_that_is_not_a_whole_span_travels_as_a_tensor():
+def test_a_worker_tensor_that_is_not_a_whole_span_travels_as_a_tensor_and_its_span_stays_taken():
     arena = FrameArena(workers=1, bytes_per_worker=1000)
     view = arena.allocate(0, (10, 10))
     part = torch.from_numpy(view)[5:]
     assert isinstance(arena.spans_of({"cam": part})["cam"], torch.Tensor)
+    assert arena.allocate(0, (14, 64)) is None, "its chunks stay taken: torch copies the part when it pickles it"
 
 
 def test_a_workers_ring_holds_the_batches_it_may_have_in_flight_within_its_bounds():

@@ -5,8 +5,9 @@ Inside a DataLoader worker that is the worker's ring in a `FrameArena`: shared m
 mapped once, before the workers started, so a batch costs neither a new shared-memory file, a file
 descriptor passed over a socket, nor the page faults of fresh pages on both sides (together about as
 much as decoding the frames). The main process hands the frames on as tensors on the ring itself and
-releases a span when the last tensor viewing it is gone. A batch the ring has no room for, and every
-other tensor, goes through torch's shared memory as usual (`shared_output`).
+frees a span when the last tensor viewing it is gone, in any order: a batch the training loop keeps
+holds its own span, not the ring. A batch the ring has no room for, and every other tensor, goes
+through torch's shared memory as usual (`shared_output`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import ctypes
 import math
 import mmap
 import platform
-import threading
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +30,8 @@ ARENA_BYTES_PER_WORKER = 64 << 20
 MAX_ARENA_BYTES_PER_WORKER = 1 << 30
 MAX_ARENA_BYTES = 8 << 30  # all workers' rings together
 _ALIGNMENT = 64
+# A ring is cut into about this many chunks (each a multiple of _ALIGNMENT bytes): a span takes whole chunks.
+CHUNKS_PER_RING = 1024
 # glibc's mallopt parameters (malloc.h): the free memory at the heap's top it keeps, and how many blocks it may
 # map on their own (0: every block comes from the heap, whose freed memory is reused)
 _M_TRIM_THRESHOLD = -1
@@ -53,99 +55,120 @@ def shared_output(like: torch.Tensor, leading: tuple[int, ...]) -> torch.Tensor 
 
 @dataclass(frozen=True)
 class ArenaSpan:
-    """Frames a worker left in its ring: where, their shape, and the ring position releasing them frees up to."""
+    """Frames a worker left in its ring: where they start, and their shape (they fill whole chunks)."""
 
     worker: int
     start: int
     shape: tuple[int, ...]
-    end: int
 
 
 class FrameArena:
     """One ring of shared memory per worker for decoded frames on their way to the main process.
 
     Made by the main process before it forks the workers, which inherit the mapping (a worker started
-    another way gets a copy without rings and uses torch's shared memory). A worker allocates spans of its
-    ring in order and sends `ArenaSpan`s in place of the tensors; the main process makes each a tensor on
-    the ring (`take`), and the ring is free again up to the first span still in use. A worker never waits
-    for room: a batch that does not fit (the training loop holds many batches) gets shared memory of its
-    own.
+    another way gets a copy without rings and uses torch's shared memory). Each ring is cut into chunks,
+    each with a flag shared by both sides: a worker takes the next free run of chunks a camera's frames
+    need and sends `ArenaSpan`s in place of the tensors; the main process makes each a tensor on the ring
+    (`take`) and frees its chunks when the last tensor viewing it is gone, in whatever order that happens,
+    so a batch the training loop keeps for good holds only its own chunks. A worker never waits for room:
+    a batch that does not fit gets shared memory of its own.
     """
 
     def __init__(self, workers: int, bytes_per_worker: int = ARENA_BYTES_PER_WORKER):
         self.workers, self.capacity = workers, bytes_per_worker
-        memory = mmap.mmap(-1, workers * (bytes_per_worker + 16), flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
+        self.chunk = max(_ALIGNMENT, -(-bytes_per_worker // CHUNKS_PER_RING // _ALIGNMENT) * _ALIGNMENT)
+        chunks = bytes_per_worker // self.chunk
+        memory = mmap.mmap(-1, workers * (bytes_per_worker + chunks), flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
         whole = np.frombuffer(memory, np.uint8)  # holds the mapping for as long as a view of it lives
         self._rings: np.ndarray | None = whole[: workers * bytes_per_worker].reshape(workers, bytes_per_worker)
-        # per worker: bytes allocated, bytes released (both only grow; their difference is in flight)
-        self._positions: np.ndarray | None = whole[workers * bytes_per_worker :].view(np.int64).reshape(workers, 2)
+        # per worker and chunk: 1 while a span holds it (set by the worker, cleared by the main process)
+        self._taken: np.ndarray | None = whole[workers * bytes_per_worker :].reshape(workers, chunks)
+        self._cursor = 0  # in a worker: the chunk after its last span, where it looks for room first
         self._recent: dict[int, ArenaSpan] = {}  # in a worker: spans allocated since the last `spans_of`
-        self._lock = threading.Lock()
-        # in the main process, per worker: the spans handed out, by end, in order, and whether they are done
-        self._in_use: list[dict[int, bool]] = [{} for _ in range(workers)]
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"workers": self.workers, "capacity": self.capacity, "_rings": None,
-                "_positions": None, "_recent": {}, "_in_use": []}  # fmt: skip
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state, _lock=threading.Lock())
+        return {"workers": self.workers, "capacity": self.capacity, "chunk": self.chunk,
+                "_rings": None, "_taken": None, "_cursor": 0, "_recent": {}}  # fmt: skip
 
     def allocate(self, worker: int, shape: tuple[int, ...]) -> np.ndarray | None:
         """Room for uint8 `shape` in `worker`'s ring (None when there is none free, or no ring here)."""
-        if self._rings is None or self._positions is None:
+        if self._rings is None or self._taken is None:
             return None
         size = math.prod(shape)
-        padded = -(-size // _ALIGNMENT) * _ALIGNMENT
-        allocated, released = (int(value) for value in self._positions[worker])
-        start = allocated % self.capacity
-        if start + padded > self.capacity:  # it does not fit before the end: start over at the beginning
-            allocated += self.capacity - start
-            start = 0
-        if padded > self.capacity or allocated + padded - released > self.capacity:
+        count = -(-size // self.chunk)
+        first = _free_run(self._taken[worker], count, self._cursor)
+        if first is None:
             return None
-        self._positions[worker, 0] = allocated + padded
+        self._taken[worker, first : first + count] = 1
+        self._cursor = first + count
+        start = first * self.chunk
         view = self._rings[worker, start : start + size].reshape(shape)
-        self._recent[view.ctypes.data] = ArenaSpan(worker, start, tuple(shape), allocated + padded)
+        self._recent[view.ctypes.data] = ArenaSpan(worker, start, tuple(shape))
         return view
 
     def spans_of(self, batch: dict[str, Any]) -> dict[str, Any]:
-        """In a worker: `batch` with each tensor that fills a span of the ring replaced by that span."""
+        """In a worker: `batch` with each tensor that fills a span of the ring replaced by that span. A span
+        allocated since the last call that leaves in no tensor of the batch is free again at once; one that
+        leaves as part of a tensor (torch copies it when it pickles the tensor, later) stays taken."""
         recent, self._recent = self._recent, {}
         spans = {}
         for name, value in batch.items():
-            span = recent.get(value.data_ptr()) if isinstance(value, torch.Tensor) else None
+            span = recent.pop(value.data_ptr(), None) if isinstance(value, torch.Tensor) else None
             if span is not None and value.numel() == math.prod(span.shape) and value.is_contiguous():
-                spans[name] = ArenaSpan(span.worker, span.start, tuple(value.shape), span.end)
+                spans[name] = ArenaSpan(span.worker, span.start, tuple(value.shape))
+            elif span is not None:
+                recent[value.data_ptr()] = span
+        tensors = [value for value in batch.values() if isinstance(value, torch.Tensor)]
+        for span in recent.values():
+            if not any(self._overlaps(span, tensor) for tensor in tensors):
+                self._free(span)
         return {**batch, **spans}
 
     def take(self, span: ArenaSpan, pin_memory: bool = False) -> torch.Tensor:
-        """In the main process: the span's frames as a tensor on the ring itself, its span released when the
-        last tensor viewing it is gone (with `pin_memory`, copied into pinned memory and released now)."""
-        if self._rings is None or self._positions is None:
+        """In the main process: the span's frames as a tensor on the ring itself, its chunks freed when the
+        last tensor viewing it is gone (with `pin_memory`, copied into pinned memory and freed now)."""
+        if self._rings is None or self._taken is None:
             raise RuntimeError("a frame arena span reached a process without the arena's memory")
         view = self._rings[span.worker, span.start : span.start + math.prod(span.shape)].reshape(span.shape)
-        with self._lock:
-            self._in_use[span.worker][span.end] = False
         if pin_memory:
             frames = torch.empty(span.shape, dtype=torch.uint8, pin_memory=True)
             frames.numpy()[...] = view
-            self._release(span.worker, span.end)
+            self._free(span)
             return frames
-        weakref.finalize(view, self._release, span.worker, span.end)
+        weakref.finalize(view, self._free, span)
         return torch.from_numpy(view)
 
-    def _release(self, worker: int, end: int) -> None:
-        """A span is no longer used: the ring is free up to the end of the spans before it that are not either."""
-        assert self._positions is not None
-        with self._lock:
-            in_use = self._in_use[worker]
-            in_use[end] = True
-            released = int(self._positions[worker, 1])
-            while in_use and in_use[first := next(iter(in_use))]:  # received, hence allocated, in order
-                del in_use[first]
-                released = max(released, first)
-            self._positions[worker, 1] = released
+    def _free(self, span: ArenaSpan) -> None:
+        """The span's chunks are free for the worker again (each flag has one writer at a time)."""
+        assert self._taken is not None
+        first = span.start // self.chunk
+        self._taken[span.worker, first : first - (-math.prod(span.shape) // self.chunk)] = 0
+
+    def _overlaps(self, span: ArenaSpan, tensor: torch.Tensor) -> bool:
+        assert self._rings is not None
+        low = self._rings[span.worker].ctypes.data + span.start
+        storage = tensor.untyped_storage()
+        return storage.data_ptr() < low + math.prod(span.shape) and low < storage.data_ptr() + storage.nbytes()
+
+
+def _free_run(taken: np.ndarray, count: int, cursor: int) -> int | None:
+    """The first chunk of `count` free ones in a row, looking from `cursor` to the end and then from the
+    start (next fit: spans follow each other round the ring as they are freed in order)."""
+    chunks = len(taken)
+    if count > chunks or count < 1:
+        return None
+    position, wrapped = (cursor if cursor + count <= chunks else 0), cursor + count > chunks
+    while True:
+        if position + count > chunks:
+            if wrapped:
+                return None
+            position, wrapped = 0, True
+        if wrapped and position >= cursor:  # every start from the cursor on was looked at before wrapping
+            return None
+        held = np.flatnonzero(taken[position : position + count])
+        if not len(held):
+            return position
+        position += int(held[-1]) + 1
 
 
 def keep_freed_memory_mapped() -> bool:
