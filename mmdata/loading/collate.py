@@ -41,20 +41,23 @@ def collate(
     out: dict[str, Any] = {}
     for name, values in batch.values.items():
         whole = _filled_buffer(batch.frame_buffers.get(name), values)
-        tensors = [_tensor(v) for v in values]
-        masks = [_tensor(m).to(torch.bool) for m in batch.is_pad[name]]
-        lengths = [len(t) for t in tensors]
+        masks = batch.is_pad[name]
+        lengths = [len(v) for v in values]
         if layout == "packed":
-            if whole is None:
-                whole = torch.cat(tensors, out=shared_output(tensors[0], (sum(lengths),)))
-            out[name] = whole
-            out[f"{name}_is_pad"] = torch.cat(masks)
+            out[name] = whole if whole is not None else _joined(values, stack=False)
+            out[f"{name}_is_pad"] = _joined_masks(masks, stack=False)
             out[f"{name}_cu_seqlens"] = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32)
         else:
-            if whole is not None and len(set(lengths)) == 1:
-                out[name], out[f"{name}_is_pad"] = whole.view(len(tensors), *tensors[0].shape), torch.stack(masks)
+            if len(set(lengths)) == 1:
+                if whole is not None:
+                    out[name] = whole.view(len(values), lengths[0], *whole.shape[1:])
+                else:
+                    out[name] = _joined(values, stack=True)
+                out[f"{name}_is_pad"] = _joined_masks(masks, stack=True)
             else:
-                out[name], out[f"{name}_is_pad"] = _stack_padded(tensors, masks)
+                out[name], out[f"{name}_is_pad"] = _stack_padded(
+                    [_tensor(v) for v in values], [_tensor(m).to(torch.bool) for m in masks]
+                )
             out[f"{name}_lengths"] = torch.tensor(lengths, dtype=torch.int64)
     for name, masks in batch.dim_is_pad.items():
         out[f"{name}_dim_is_pad"] = torch.from_numpy(np.stack(masks))
@@ -99,6 +102,34 @@ def _filled_buffer(buffer: torch.Tensor | None, values: Sequence[Any]) -> torch.
             return None
         address += len(v) * row_bytes
     return buffer if address == buffer.data_ptr() + len(buffer) * row_bytes else None
+
+
+def _joined(values: Sequence[Any], stack: bool) -> torch.Tensor:
+    """The samples' values stacked (`[B, T, ...]`, equal lengths) or concatenated (`[sum T, ...]`), in a worker's
+    shared memory when large. Host arrays are joined by numpy in one call: a tensor made of each first cost
+    more than copying them."""
+    if not all(isinstance(v, np.ndarray) for v in values):
+        tensors = [_tensor(v) for v in values]
+        if stack:
+            return torch.stack(tensors, out=shared_output(tensors[0], (len(tensors), len(tensors[0]))))
+        return torch.cat(tensors, out=shared_output(tensors[0], (sum(len(t) for t in tensors),)))
+    first = values[0]
+    leading = (len(values), len(first)) if stack else (sum(len(v) for v in values),)
+    shared = shared_output(torch.from_numpy(np.ascontiguousarray(first[:0])), leading)
+    join = np.stack if stack else np.concatenate
+    if shared is None:
+        return torch.from_numpy(join(values))
+    join(values, out=shared.numpy())
+    return shared
+
+
+def _joined_masks(masks: Sequence[Any], stack: bool) -> torch.Tensor:
+    """The samples' `is_pad` masks joined like their values, as bool."""
+    if not all(isinstance(m, np.ndarray) for m in masks):
+        tensors = [_tensor(m).to(torch.bool) for m in masks]
+        return torch.stack(tensors) if stack else torch.cat(tensors)
+    joined = (np.stack if stack else np.concatenate)(masks)
+    return torch.from_numpy(joined.astype(bool, copy=False))
 
 
 def _tensor(value: Any) -> torch.Tensor:

@@ -16,6 +16,8 @@ import functools
 import gc
 import os
 import queue
+import resource
+import sys
 import threading
 import time
 import weakref
@@ -395,14 +397,7 @@ class _Failure:
 
 
 def peak_rss_bytes() -> int:
-    """This process's peak resident memory (VmHWM), in bytes."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    """This process's peak resident memory, in bytes (`getrusage`, where reading /proc/self/status for VmHWM, the
+    same counter, cost 25 times more at every step)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # bytes there, KiB on Linux
