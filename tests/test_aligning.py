@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 import mmdata
+from mmdata.errors import IntegrityError
 from mmdata.loading.aligning import Aligner
 from mmdata.planning.mixture import Filler, OpenSource
 from mmdata.planning.samples import SampleRef
@@ -51,3 +52,28 @@ def test_a_sequence_reads_each_stream_on_its_own_grid_over_the_sample_span(store
     assert len(aligner.times(sample, "state", spec.streams["state"])) == 10
     values, is_pad = aligner.values(sample, "state", spec.streams["state"])
     assert len(values) == 10 and not is_pad.any()
+
+
+def test_a_micro_batchs_values_read_once_per_episode_are_each_samples_own_and_a_failing_episode_is_left_to_read_alone(
+    stores, monkeypatch
+):
+    aligner = _aligner(stores, WINDOWS)
+    store = aligner.sources[0].store
+    episodes = [store.manifest.row(row)["key"] for row in range(2)]
+    samples = [SampleRef(i, row, episodes[row], "shard", start, start, 0, 1) for i, (row, start) in
+               enumerate([(0, 0.2), (1, 0.3), (0, 1.0), (0, 0.0), (1, 2.5)])]  # fmt: skip
+    stream = WINDOWS.streams["state"]
+    together = aligner.values_of(samples, "state", stream)
+    for sample, found in zip(samples, together):
+        alone = aligner.values(sample, "state", stream)
+        assert found is not None and np.array_equal(found[0], alone[0]) and np.array_equal(found[1], alone[1])
+    values_at = store.values_at
+
+    def damaged_second_episode(index, *args, **kwargs):
+        if index == 1:
+            raise IntegrityError("its values are damaged")
+        return values_at(index, *args, **kwargs)
+
+    monkeypatch.setattr(store, "values_at", damaged_second_episode)
+    found = aligner.values_of(samples, "state", stream)
+    assert [f is None for f in found] == [False, True, False, False, True]

@@ -18,6 +18,7 @@ import numpy as np
 
 from mmdata.codecs.audio import as_float
 from mmdata.codecs.geometry import frame_geometry
+from mmdata.errors import MmdataError
 from mmdata.planning.mixture import Filler, OpenSource
 from mmdata.planning.samples import SampleRef, audio_samples, grid_times
 from mmdata.planning.specs import Audio, Frames, Sequences, Spec, Values, Windows
@@ -74,7 +75,38 @@ class Aligner:
             count = len(self.times(sample, name, stream))
             return np.zeros((count, *filler.shape), filler.dtype), np.ones(count, bool)
         data = source.store.values_at(sample.episode, stored, self.times(sample, name, stream), stream.interpolation)
-        values = data.values
+        return self._shared_shape(source, name, data.values), data.is_pad
+
+    def values_of(
+        self, samples: Sequence[SampleRef], name: str, stream: Values
+    ) -> list[tuple[np.ndarray, np.ndarray] | None]:
+        """`values` of a micro-batch's samples, read once per episode for all of its samples' times (values
+        at a time do not depend on the other times asked with it). None for a sample whose source lacks the
+        stream or whose episode failed to read: `values` reads it alone, and names what went wrong."""
+        found: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(samples)
+        episodes: dict[tuple[int, int], list[int]] = {}
+        for position, sample in enumerate(samples):
+            episodes.setdefault((sample.source, sample.episode), []).append(position)
+        for (number, episode), positions in episodes.items():
+            source = self.sources[number]
+            stored = source.streams.get(name)
+            if stored is None:
+                continue
+            times = [self.times(samples[position], name, stream) for position in positions]
+            try:
+                data = source.store.values_at(episode, stored, np.concatenate(times), stream.interpolation)
+            except (MmdataError, OSError):
+                continue
+            values, start = self._shared_shape(source, name, data.values), 0
+            for position, count in zip(positions, map(len, times)):
+                found[position] = values[start : start + count], data.is_pad[start : start + count]
+                start += count
+        return found
+
+    def _shared_shape(self, source: OpenSource, name: str, values: np.ndarray) -> np.ndarray:
+        """A source's values of `name` normalized (where it asks) and widened to the dtype and shape all
+        sources share."""
+        filler = self.fillers[name]
         if name in source.normalizers:
             shift, scale = source.normalizers[name]
             flat = values.reshape(len(values), -1).astype(np.float32)
@@ -85,7 +117,7 @@ class Aligner:
             padded = np.zeros((len(values), *filler.shape), filler.dtype)
             padded[:, : values.shape[1]] = values
             values = padded
-        return values, data.is_pad
+        return values
 
     def dim_is_pad(self, sample: SampleRef, name: str, stream: Values) -> np.ndarray:
         """Which of the `pad_to` dimensions of `name` the sample's source does not have."""

@@ -279,8 +279,11 @@ class BatchReader:
                 continue
             read = self.align.values if isinstance(stream, Values) else self.align.audio
             with timed(batch.seconds, "audio" if isinstance(stream, Audio) else "lowdim", batch.cpu_seconds):
+                together = self.align.values_of(batch.samples, name, stream) if isinstance(stream, Values) else []
                 for position, sample in enumerate(batch.samples):
-                    data = self._attempt(batch, position, name, read, sample, name, stream)
+                    data = together[position] if together and position not in batch.failed else None
+                    if data is None:
+                        data = self._attempt(batch, position, name, read, sample, name, stream)
                     values, is_pad = data if data is not None else (None, None)
                     batch.values.setdefault(name, []).append(values)
                     batch.is_pad.setdefault(name, []).append(is_pad)
