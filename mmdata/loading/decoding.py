@@ -89,8 +89,12 @@ def prepare_video(
 
 
 def segment_key(source: int, request: ClipRequest) -> Hashable:
-    """What identifies a request's decoded frames: its source, segment and delivered geometry."""
-    return (source, request.where, request.geometry)
+    """What identifies a request's decoded frames: its source, segment (episode, stream, number) and delivered
+    geometry, as a flat tuple: hashed and compared without a call into Python (a `SegmentRef` in it cost two
+    per dictionary look-up, and the frame cache looks keys up for every frame)."""
+    where = request.where
+    assert where is not None
+    return (source, where.episode, where.stream, where.segment, request.geometry)
 
 
 def finish_video(decoder: VideoDecoder, batch: MicroBatch, on_error: OnError, cache: FrameCache | None = None) -> None:

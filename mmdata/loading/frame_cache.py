@@ -37,7 +37,7 @@ HORIZON = 32
 # alive, which then counts against the bound whole: at most a third more memory per kept frame than copies.
 VIEWED_SHARE = 0.75
 
-SegmentKey = Hashable  # (source, SegmentRef, FrameGeometry): one segment delivered at one geometry
+SegmentKey = Hashable  # (source, episode, stream, segment, FrameGeometry): one segment delivered at one geometry
 Needs = list[tuple[SegmentKey, tuple[int, ...]]]  # one read's frames, per segment key
 
 

@@ -5,9 +5,9 @@ reader's job (`mmdata.store.dataset.Dataset`, or the loader's decode stage)."""
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
-import itertools
-import operator
+import functools
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -90,6 +90,10 @@ class SegmentTable:
     pieces: list[Piece]
     first_frames: np.ndarray
     indexes: list[PacketIndex | None]
+
+    @functools.cached_property
+    def first_frame_list(self) -> list[int]:
+        return self.first_frames.tolist()
 
 
 @dataclass
@@ -274,34 +278,35 @@ class Store:
     def _frame_plan(
         self, row: dict, spec: VideoStream, indices: np.ndarray, timestamps: np.ndarray, is_pad: np.ndarray
     ) -> FrameRequests:
-        table, unique, owner = self._segments_holding(row, spec, indices)
-        requests, pieces = [], []
-        # `unique` is sorted, so each segment's frames are one run of `owner`
-        for number, run in itertools.groupby(zip(owner.tolist(), unique.tolist()), key=operator.itemgetter(0)):
-            segment = table.segments[number]
-            pieces.append(table.pieces[number])
-            first = segment["first_frame"]
-            requests.append(
-                ClipRequest(
-                    b"",
-                    tuple(frame - first for _, frame in run),
-                    spec.codec,
-                    SegmentRef(row["key"], spec.name, number),
-                    spec.gop,
-                    spec.coded_size,
-                    table.indexes[number],
-                    display_size=None if spec.coded_size == (spec.width, spec.height) else (spec.width, spec.height),
-                )
-            )
-        return FrameRequests(requests, np.searchsorted(unique, indices), timestamps, is_pad, pieces)
-
-    def _segments_holding(
-        self, row: dict, spec: VideoStream, indices: np.ndarray
-    ) -> tuple[SegmentTable, np.ndarray, np.ndarray]:
-        """The camera's segment table, the distinct frames wanted, and the segment holding each of them."""
         table = self.cache.get(("segments", row["key"], spec.name), lambda: self.segment_table(row, spec.name))
-        unique = np.unique(indices)
-        return table, unique, np.searchsorted(table.first_frames, unique, side="right") - 1
+        wanted = indices.tolist()
+        unique = sorted(set(wanted))  # a sample asks a handful of frames: plain Python beats numpy's calls here
+        display_size = None if spec.coded_size == (spec.width, spec.height) else (spec.width, spec.height)
+        requests, pieces = [], []
+        number, frames = -1, []
+        for frame in [*unique, None]:  # `unique` is sorted, so each segment's frames are one run
+            owner = bisect.bisect_right(table.first_frame_list, frame) - 1 if frame is not None else -1
+            if owner != number and frames:
+                first = table.first_frame_list[number]
+                pieces.append(table.pieces[number])
+                requests.append(
+                    ClipRequest(
+                        b"",
+                        tuple(wanted_frame - first for wanted_frame in frames),
+                        spec.codec,
+                        SegmentRef(row["key"], spec.name, number),
+                        spec.gop,
+                        spec.coded_size,
+                        table.indexes[number],
+                        display_size=display_size,
+                    )
+                )
+                frames = []
+            number = owner
+            frames.append(frame)
+        position_of = {frame: position for position, frame in enumerate(unique)}
+        positions = np.array([position_of[frame] for frame in wanted], np.int64)
+        return FrameRequests(requests, positions, timestamps, is_pad, pieces)
 
     @staticmethod
     def segment_table(row: dict, name: str) -> SegmentTable:
