@@ -48,12 +48,10 @@ def rgb_into(frame: av.VideoFrame, out: np.ndarray, reformatter: VideoReformatte
     view of a channels-first frame, `chw.transpose(1, 2, 0)`)."""
     if _kernel_converts(frame):
         width, height = frame.width, frame.height
-        luma, blue, red = (
-            np.frombuffer(plane, np.uint8).reshape(-1, plane.line_size)[:rows, :columns]
-            for plane, rows, columns in zip(
-                frame.planes, (height, height // 2, height // 2), (width, width // 2, width // 2)
-            )
-        )
+        y_plane, u_plane, v_plane = frame.planes
+        luma = np.frombuffer(y_plane, np.uint8).reshape(-1, y_plane.line_size)[:height, :width]
+        blue = np.frombuffer(u_plane, np.uint8).reshape(-1, u_plane.line_size)[: height // 2, : width // 2]
+        red = np.frombuffer(v_plane, np.uint8).reshape(-1, v_plane.line_size)[: height // 2, : width // 2]
         planar = out.transpose(2, 0, 1)  # a channels-first frame's memory, seen as [H, W, 3]: written plane by plane
         if out.flags.c_contiguous or planar.flags.c_contiguous:
             _kernel()(luma, blue, red, out if out.flags.c_contiguous else planar, not out.flags.c_contiguous)

@@ -284,11 +284,11 @@ def merge_requests(
     for key, group in groups.items():
         union = sorted({frame for request in group for frame in request.frames})
         first = group[0]
-        merged.append(
-            dataclasses.replace(
-                first, frames=tuple(union), data=first.data or data.get(key, b""), channels_first=channels_first
-            )
-        )
+        segment = first.data or data.get(key, b"")
+        if tuple(union) == first.frames and segment is first.data and channels_first == first.channels_first:
+            merged.append(first)  # one sample's request, as it is (a frame cache serving it needs no bytes)
+        else:
+            merged.append(dataclasses.replace(first, frames=tuple(union), data=segment, channels_first=channels_first))
         rows_of.append({frame: row for row, frame in enumerate(union)})
     index_of = {key: m for m, key in enumerate(groups)}
     located = []
