@@ -63,3 +63,25 @@ def test_the_frame_cache_changes_what_is_decoded_not_what_is_delivered(planned):
         batch = cached.read(step, samples, horizon=horizons[step])
         assert _same(plain.finish(plain.read(step, samples)), cached.finish(batch))
     assert cached.video_decoder.stats.frames_decoded <= plain.video_decoder.stats.frames_decoded
+
+
+def test_a_ranks_steps_are_made_once_while_the_kept_ones_hold_at_most_their_bound_of_samples(planned, monkeypatch):
+    loader, _ = planned
+    made = []
+    refs = loader.planner.refs
+
+    def counted(plan, slots):
+        made.append(len(slots))
+        return refs(plan, slots)
+
+    monkeypatch.setattr(loader.planner, "refs", counted)
+    steps = loader.planner.rank_steps(loader.planner.epoch_plan(0, 0, [], 1), 0)
+    first = [steps[index][1] for index in range(len(steps))]
+    assert [steps[index][1] for index in range(len(steps))] == first and len(made) == len(steps), "made once each"
+    monkeypatch.setattr(type(steps), "KEPT_SAMPLES", 8)  # two steps of 4
+    small = loader.planner.rank_steps(loader.planner.epoch_plan(0, 0, [], 1), 0)
+    made.clear()
+    assert [small[index][1] for index in range(len(small))] == first
+    assert sum(len(samples) for _, samples in small._made.values()) <= 8
+    assert small[len(small) - 1][1] == first[-1] and len(made) == len(small), "the last step is still kept"
+    assert small[0][1] == first[0] and len(made) == len(small) + 1, "the first was let go and is made again"

@@ -74,7 +74,7 @@ class BatchReader:
         self.align = Aligner(self.sources, spec, fillers)
         self.cameras = [(name, stream) for name, stream in spec.streams.items() if isinstance(stream, Frames)]
         self.fetch = Fetcher(self.sources, self.align.stored_names)
-        self._aligned_ahead: dict[tuple[SampleRef, str], FrameRequests] = {}
+        self._aligned_ahead: dict[Hashable, FrameRequests] = {}  # by `_aligned_key`
         self.frame_cache = FrameCache(0 if video_decoder.prepares else frame_cache_bytes)
         self.followed_stats = FrameCacheStats()
         self._followers: dict[int, FrameCache] = {}  # per planning worker, in the process that decodes
@@ -174,7 +174,7 @@ class BatchReader:
         if fetching:
             with timed(batch.seconds, "read", batch.cpu_seconds):
                 self.fetch.now(self.fetch.segments(self._live(batch, plans)))
-                ahead = [(key[0].source, plan) for key, plan in self._plans_ahead(upcoming)]
+                ahead = [(sample.source, plan) for sample, plan in self._plans_ahead(upcoming)]
                 self.fetch.ahead(self.fetch.rows(upcoming), self.fetch.segments(ahead), self.fetch.rows(after_upcoming))
         if self.frame_cache.enabled:
             with timed(batch.seconds, "read", batch.cpu_seconds):
@@ -204,25 +204,25 @@ class BatchReader:
         for offset in range(1, len(horizon) + 1):  # a later read's samples are looked at once, as it enters
             if not cache.knows(now + offset):
                 ahead = self._plans_ahead(horizon[offset - 1])
-                expected.append((now + offset, _needs((key[0].source, plan) for key, plan in ahead)))
+                expected.append((now + offset, _needs((sample.source, plan) for sample, plan in ahead)))
                 cache.expect(*expected[-1])
         if self.defer_video:
             batch.cache_schedule = CacheSchedule(now, os.getpid(), tuple(expected))
 
-    def _plans_ahead(self, samples: Sequence[SampleRef]) -> list[tuple[tuple[SampleRef, str], FrameRequests]]:
+    def _plans_ahead(self, samples: Sequence[SampleRef]) -> list[tuple[SampleRef, FrameRequests]]:
         """The cameras' frame plans of samples read later: those already aligned, else aligned now and kept. A
         sample that fails here is left out, and aligned again (and reported) when its micro-batch is read."""
         found = []
         for sample in samples:
             for name, stream in self.cameras:
-                key = (sample, name)
+                key = _aligned_key(sample, name)
                 plan = self._aligned_ahead.get(key)
                 if plan is None:
                     try:
                         plan = self._aligned_ahead[key] = self.align.frames(sample, name, stream)
                     except (MmdataError, OSError):
                         continue
-                found.append((key, plan))
+                found.append((sample, plan))
         return found
 
     def _align_cameras(self, batch: MicroBatch) -> dict[str, list[FrameRequests | None]]:
@@ -230,7 +230,7 @@ class BatchReader:
         carried = self._aligned_ahead
         return {
             name: [
-                carried.pop((sample, name), None)
+                carried.pop(_aligned_key(sample, name), None)
                 or self._attempt(batch, p, name, self.align.frames, sample, name, stream)
                 for p, sample in enumerate(batch.samples)
             ]
@@ -328,6 +328,12 @@ class BatchReader:
                 raise SampleError(message) from exc
             batch.failed[position] = message
             return None
+
+
+def _aligned_key(sample: SampleRef, camera: str) -> Hashable:
+    """A planned sample's camera, as a key hashed and compared in C (a `SampleRef` itself costs two calls into
+    Python per look-up): the fields that tell samples apart, its draw (seed, epoch, slot) among them."""
+    return (sample.index, sample.source, sample.episode, sample.start, sample.end, sample.draw, camera)
 
 
 def _needs(plans: Iterable[tuple[int, FrameRequests | None]]) -> Needs:

@@ -136,15 +136,18 @@ class LoaderPlanner:
 
 class RankSteps(Sequence):
     """One rank's steps of an epoch plan from its resume step on, as (epoch step number, samples). A step's
-    samples are made when it is read (and the last few kept), so an epoch of millions of samples costs
-    nothing up front and travels to worker processes as the plan's arrays, not as millions of objects."""
+    samples are made when it is first asked for and kept while the kept steps hold at most `KEPT_SAMPLES`
+    (a step is asked for as it enters the frame cache's horizon, up to a thousand reads ahead, again when it
+    is read, and for the fallback of the steps before it), so an epoch of millions of samples costs nothing
+    up front and travels to worker processes as the plan's arrays, not as millions of objects."""
 
-    KEPT = 64
+    KEPT_SAMPLES = 1 << 16
 
     def __init__(self, planner: LoaderPlanner, plan: EpochPlan, rank: int):
         self.planner, self.plan, self.rank = planner, plan, rank
         self.first = plan.resume_step
         self._made: dict[int, tuple[int, list[SampleRef]]] = {}
+        self._kept_samples = 0
 
     def __len__(self) -> int:
         return max(0, len(self.plan.plan) - self.first)
@@ -157,9 +160,10 @@ class RankSteps(Sequence):
             step = self.first + position
             slots = self.plan.plan.micro_batch(step, self.rank)
             made = (self.plan.steps_before + step, self.planner.refs(self.plan, slots))
-            if len(self._made) >= self.KEPT:
-                self._made.pop(next(iter(self._made)))
+            while self._made and self._kept_samples + len(made[1]) > self.KEPT_SAMPLES:
+                self._kept_samples -= len(self._made.pop(next(iter(self._made)))[1])
             self._made[position] = made
+            self._kept_samples += len(made[1])
         return made
 
     def samples_after(self, position: int, count: int) -> list[SampleRef]:
@@ -172,4 +176,4 @@ class RankSteps(Sequence):
         return found[:count]
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_made": {}}
+        return {**self.__dict__, "_made": {}, "_kept_samples": 0}
