@@ -397,7 +397,14 @@ class _Failure:
 
 
 def peak_rss_bytes() -> int:
-    """This process's peak resident memory, in bytes (`getrusage`, where reading /proc/self/status for VmHWM, the
-    same counter, cost 25 times more at every step)."""
+    """This process's peak resident memory (VmHWM), in bytes. Not `getrusage`'s `ru_maxrss`, ten times cheaper:
+    a worker started by spawn would carry the peak of the process it was forked from over its exec."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024  # bytes there, KiB on Linux
