@@ -83,13 +83,11 @@ class DataLoader:
         mixture = as_mixture(dataset, episodes)
         self.mixture = dataset if isinstance(dataset, Mixture) else None
         self.sources = open_sources(mixture, reading.verify, reading.cache_bytes, reading.policy)
-        self.store = self.sources[0].store
-        self.fillers = check_sources(spec, self.sources)
+        self.store, self.fillers = self.sources[0].store, check_sources(spec, self.sources)
         chain_options = (batching, runtime, reading)
         self.chain = ChainAssembly(self.sources, spec, self.fillers, chain_options, on_error, self.device)
         self.decoder, self.decode_in_main = self.chain.decoder, self.chain.decode_in_main
-        settings = plan_settings(batching, shuffling, runtime.num_workers)
-        mixed = self.mixture is not None
+        settings, mixed = plan_settings(batching, shuffling, runtime.num_workers), self.mixture is not None
         plan = plan_loader(self.sources, spec, settings, batching.tokens_per, mixture, mixed, episodes, on_error)
         self.samples, self.costs, self.planner, self.excluded = plan.samples, plan.costs, plan.planner, plan.excluded
         self.source_targets, self.shuffle = plan.source_targets, plan.settings.shuffle
