@@ -71,6 +71,13 @@ def test_a_span_a_worker_allocated_but_did_not_send_is_free_again():
     assert arena.allocate(0, (8, 64)) is not None
 
 
+def test_a_span_that_leaves_inside_an_array_stays_taken():
+    arena = FrameArena(workers=1, bytes_per_worker=512)
+    view = arena.allocate(0, (8, 64))
+    arena.spans_of({"frames": view[:2]})  # an array viewing it leaves in the message, pickled later
+    assert arena.allocate(0, (1, 64)) is None
+
+
 def test_free_runs_are_found_after_the_cursor_then_from_the_start():
     taken = np.array([0, 0, 1, 0, 0, 0, 1, 0], np.uint8)
     assert host_memory._free_run(taken, 2, 3) == 3

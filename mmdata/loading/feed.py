@@ -171,9 +171,9 @@ class StepSource(IterableDataset):
         if not reader.defer_video:
             output = reader.finish(batch)
             if get_worker_info() is not None:
-                output = small_tensors_as_arrays(output)
-                if self.arena is not None:
+                if self.arena is not None:  # first: frames on the ring cross as spans, however small
                     output = self.arena.spans_of(output)
+                output = small_tensors_as_arrays(output)
         info = {
             "worker": worker,
             "pid": os.getpid(),

@@ -30,6 +30,7 @@ ARENA_BYTES_PER_WORKER = 64 << 20
 MAX_ARENA_BYTES_PER_WORKER = 1 << 30
 MAX_ARENA_BYTES = 8 << 30  # all workers' rings together
 _ALIGNMENT = 64
+_byte_bounds = getattr(getattr(np.lib, "array_utils", None), "byte_bounds", None) or np.byte_bounds  # numpy 2 / 1
 # A ring is cut into about this many chunks (each a multiple of _ALIGNMENT bytes): a span takes whole chunks.
 CHUNKS_PER_RING = 1024
 # glibc's mallopt parameters (malloc.h): the free memory at the heap's top it keeps, and how many blocks it may
@@ -118,9 +119,9 @@ class FrameArena:
                 spans[name] = ArenaSpan(span.worker, span.start, tuple(value.shape))
             elif span is not None:
                 recent[value.data_ptr()] = span
-        tensors = [value for value in batch.values() if isinstance(value, torch.Tensor)]
+        leaving = [memory for value in batch.values() if (memory := _memory_of(value)) is not None]
         for span in recent.values():
-            if not any(self._overlaps(span, tensor) for tensor in tensors):
+            if not any(self._overlaps(span, memory) for memory in leaving):
                 self._free(span)
         return {**batch, **spans}
 
@@ -144,11 +145,20 @@ class FrameArena:
         first = span.start // self.chunk
         self._taken[span.worker, first : first - (-math.prod(span.shape) // self.chunk)] = 0
 
-    def _overlaps(self, span: ArenaSpan, tensor: torch.Tensor) -> bool:
+    def _overlaps(self, span: ArenaSpan, memory: tuple[int, int]) -> bool:
         assert self._rings is not None
         low = self._rings[span.worker].ctypes.data + span.start
-        storage = tensor.untyped_storage()
-        return storage.data_ptr() < low + math.prod(span.shape) and low < storage.data_ptr() + storage.nbytes()
+        return memory[0] < low + math.prod(span.shape) and low < memory[1]
+
+
+def _memory_of(value: Any) -> tuple[int, int] | None:
+    """The host memory [low, high) a batch value views (a tensor's whole storage, an array's extent), if any."""
+    if isinstance(value, torch.Tensor) and value.device.type == "cpu":
+        storage = value.untyped_storage()
+        return storage.data_ptr(), storage.data_ptr() + storage.nbytes()
+    if isinstance(value, np.ndarray):
+        return _byte_bounds(value)
+    return None
 
 
 def _free_run(taken: np.ndarray, count: int, cursor: int) -> int | None:
