@@ -20,8 +20,8 @@ import statistics
 from pathlib import Path
 
 from frame_size_bench import DEFAULT_LOADER, TREE
-from lerobot_bench import RESULTS, mmdata_run, run_rounds
-from machine import machine_name
+from lerobot_bench import mmdata_run, run_rounds
+from machine import machine_name, write_results
 
 STORE = Path.home() / ".cache" / "mmdata-bench" / "lerobot-data" / "sizes-store-12x6s-224x224.wds"
 FIGURES = ("cpu_ms_per_sample", "floor_ms_per_sample", "cpu_over_floor", "decode_cpu_ms_per_sample", "decode_waste")
@@ -68,9 +68,7 @@ def main() -> None:
     for name, figures in report["results"].items():
         print(f"{name}: {json.dumps(figures)}")
     if args.record:
-        path = RESULTS / f"cpu_floor_{args.record}.json"
-        path.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"wrote {path}")
+        write_results(f"cpu_floor_{args.record}", report)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ Results go to benchmarks/results/store_size_<tag>.json with the machine named.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
@@ -26,7 +25,7 @@ from pathlib import Path
 import av
 import numpy as np
 from lerobot_bench import CAMERAS, convert, ensure_venv, folder_bytes, lerobot_run
-from machine import machine_name
+from machine import machine_name, write_results
 
 import mmdata
 from mmdata.codecs.colour import to_rgb
@@ -35,7 +34,6 @@ from mmdata.codecs.decoders.requests import ClipRequest
 
 HERE = Path(__file__).resolve().parent
 TREE = HERE.parent
-RESULTS = HERE / "results"
 # name -> `mmdata convert` options: the encoder settings compared
 SETTINGS = {
     "fast-crf20": ["--preset", "fast", "--crf", "20"],  # the default until x264's medium preset at crf 19.5
@@ -152,9 +150,7 @@ def main() -> None:
             print(f"{content} {setting}: {figures[setting]}", flush=True)
         report["contents"][content] = {"lerobot_bytes": lerobot_bytes, "stores": figures}
     if args.record:
-        path = RESULTS / f"store_size_{args.record}.json"
-        path.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"wrote {path}")
+        write_results(f"store_size_{args.record}", report)
 
 
 if __name__ == "__main__":

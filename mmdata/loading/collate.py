@@ -139,10 +139,9 @@ def _tensor(value: Any) -> torch.Tensor:
 
 
 def _stack_padded(tensors: Sequence[torch.Tensor], masks: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Samples of unequal lengths in `[B, T_max, ...]`, zero-filled, their masks padded with True (equal lengths
+    are `_joined`)."""
     longest = max(len(t) for t in tensors)
-    if all(len(t) == longest for t in tensors):
-        stacked = torch.stack(list(tensors), out=shared_output(tensors[0], (len(tensors), longest)))
-        return stacked, torch.stack(list(masks))
     first = tensors[0]
     stacked = first.new_zeros((len(tensors), longest, *first.shape[1:]))
     is_pad = torch.ones((len(tensors), longest), dtype=torch.bool, device=masks[0].device)

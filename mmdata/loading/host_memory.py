@@ -96,7 +96,7 @@ class FrameArena:
         if self._rings is None or self._taken is None:
             return None
         size = math.prod(shape)
-        count = -(-size // self.chunk)
+        count = self._chunks(size)
         first = _free_run(self._taken[worker], count, self._cursor)
         if first is None:
             return None
@@ -109,16 +109,15 @@ class FrameArena:
 
     def spans_of(self, batch: dict[str, Any]) -> dict[str, Any]:
         """In a worker: `batch` with each tensor that fills a span of the ring replaced by that span. A span
-        allocated since the last call that leaves in no tensor of the batch is free again at once; one that
-        leaves as part of a tensor (torch copies it when it pickles the tensor, later) stays taken."""
+        allocated since the last call that no tensor or array of the batch views is free again at once; one
+        that leaves as part of one (pickled with the message, later) stays taken."""
         recent, self._recent = self._recent, {}
         spans = {}
         for name, value in batch.items():
-            span = recent.pop(value.data_ptr(), None) if isinstance(value, torch.Tensor) else None
+            span = recent.get(value.data_ptr()) if isinstance(value, torch.Tensor) else None
             if span is not None and value.numel() == math.prod(span.shape) and value.is_contiguous():
                 spans[name] = ArenaSpan(span.worker, span.start, tuple(value.shape))
-            elif span is not None:
-                recent[value.data_ptr()] = span
+                del recent[value.data_ptr()]
         leaving = [memory for value in batch.values() if (memory := _memory_of(value)) is not None]
         for span in recent.values():
             if not any(self._overlaps(span, memory) for memory in leaving):
@@ -143,7 +142,11 @@ class FrameArena:
         """The span's chunks are free for the worker again (each flag has one writer at a time)."""
         assert self._taken is not None
         first = span.start // self.chunk
-        self._taken[span.worker, first : first - (-math.prod(span.shape) // self.chunk)] = 0
+        self._taken[span.worker, first : first + self._chunks(math.prod(span.shape))] = 0
+
+    def _chunks(self, size: int) -> int:
+        """The chunks `size` bytes take."""
+        return -(-size // self.chunk)
 
     def _overlaps(self, span: ArenaSpan, memory: tuple[int, int]) -> bool:
         assert self._rings is not None

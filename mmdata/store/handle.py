@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import functools
+import itertools
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -88,12 +88,8 @@ class SegmentTable:
 
     segments: list[dict]
     pieces: list[Piece]
-    first_frames: np.ndarray
+    first_frames: list[int]
     indexes: list[PacketIndex | None]
-
-    @functools.cached_property
-    def first_frame_list(self) -> list[int]:
-        return self.first_frames.tolist()
 
 
 @dataclass
@@ -283,27 +279,22 @@ class Store:
         unique = sorted(set(wanted))  # a sample asks a handful of frames: plain Python beats numpy's calls here
         display_size = None if spec.coded_size == (spec.width, spec.height) else (spec.width, spec.height)
         requests, pieces = [], []
-        number, frames = -1, []
-        for frame in [*unique, None]:  # `unique` is sorted, so each segment's frames are one run
-            owner = bisect.bisect_right(table.first_frame_list, frame) - 1 if frame is not None else -1
-            if owner != number and frames:
-                first = table.first_frame_list[number]
-                pieces.append(table.pieces[number])
-                requests.append(
-                    ClipRequest(
-                        b"",
-                        tuple(wanted_frame - first for wanted_frame in frames),
-                        spec.codec,
-                        SegmentRef(row["key"], spec.name, number),
-                        spec.gop,
-                        spec.coded_size,
-                        table.indexes[number],
-                        display_size=display_size,
-                    )
+        firsts = table.first_frames
+        # `unique` is sorted, so each segment's frames are one run
+        for number, run in itertools.groupby(unique, key=lambda frame: bisect.bisect_right(firsts, frame) - 1):
+            pieces.append(table.pieces[number])
+            requests.append(
+                ClipRequest(
+                    b"",
+                    tuple(frame - firsts[number] for frame in run),
+                    spec.codec,
+                    SegmentRef(row["key"], spec.name, number),
+                    spec.gop,
+                    spec.coded_size,
+                    table.indexes[number],
+                    display_size=display_size,
                 )
-                frames = []
-            number = owner
-            frames.append(frame)
+            )
         position_of = {frame: position for position, frame in enumerate(unique)}
         positions = np.array([position_of[frame] for frame in wanted], np.int64)
         return FrameRequests(requests, positions, timestamps, is_pad, pieces)
@@ -322,7 +313,7 @@ class Store:
             except DecodeError as exc:
                 raise IntegrityError(f"{SegmentRef(row['key'], name, number)}: {exc}; convert the store again") from exc
             indexes.append(index)
-        firsts = np.array([segment["first_frame"] for segment in segments], np.int64)
+        firsts = [int(segment["first_frame"]) for segment in segments]
         return SegmentTable(segments, [Piece.from_dict(s) for s in segments], firsts, indexes)
 
     def values_at(
