@@ -26,8 +26,7 @@ from mmdata.loading.loader_options import Batching, Reading, Runtime
 from mmdata.loading.micro_batch import MicroBatch, OnError
 from mmdata.loading.timing import timed
 from mmdata.planning.mixture import Filler, OpenSource
-from mmdata.planning.planner import LoaderPlanner, RankSteps
-from mmdata.planning.segments import segment_life_steps
+from mmdata.planning.planner import Planner, RankSteps
 from mmdata.planning.specs import Spec
 
 # Micro-batches a worker reads ahead of the main process when their video is decoded there.
@@ -56,7 +55,7 @@ class ChainAssembly:
         self._reader: BatchReader | None = None  # the running feed's; it also ends main-process batches
         self._reads_ahead: int | None = None  # of this loader's plan: the same for every feed it starts
 
-    def start(self, planner: LoaderPlanner, seed: int, ranks: tuple[int, int], epoch: int, steps: RankSteps) -> Feed:
+    def start(self, planner: Planner, seed: int, ranks: tuple[int, int], epoch: int, steps: RankSteps) -> Feed:
         """A feed of `steps` (the rest of `epoch` for rank `ranks[0]` of `ranks[1]`), then of the epochs after it."""
         rank, world_size = ranks
         batching, runtime = self.batching, self.runtime
@@ -131,11 +130,7 @@ class ChainAssembly:
         return loader_frame_budget(read_bytes, runtime.num_workers, rings, given, gpu, longest)
 
 
-def reads_ahead(planner: LoaderPlanner, world_size: int, runtime: Runtime) -> int:
+def reads_ahead(planner: Planner, world_size: int, runtime: Runtime) -> int:
     """The reads a frame cache plans ahead when its memory allows: a segment's life in one cache's reads in the
-    "segments" order (`frame_budget.horizon_for`), so that each segment is decoded in one pass."""
-    settings = planner.batching
-    life = None
-    if settings.shuffle == "segments" and planner.blocks is not None and settings.batch_size:
-        life = segment_life_steps(planner.blocks, settings.open_segments, settings.batch_size * world_size)
-    return horizon_for(life, settings.lanes, runtime.num_workers)
+    "segments" and "blocks" orders (`frame_budget.horizon_for`), so that each segment is decoded in one pass."""
+    return horizon_for(planner.segment_life_steps(world_size), planner.batching.lanes, runtime.num_workers)

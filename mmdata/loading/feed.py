@@ -44,7 +44,7 @@ from mmdata.loading.host_memory import (
 )
 from mmdata.loading.micro_batch import source_counts
 from mmdata.loading.settling import FALLBACK_SAMPLES
-from mmdata.planning.planner import LoaderPlanner, RankSteps
+from mmdata.planning.planner import Planner, RankSteps
 from mmdata.planning.samples import SampleRef
 from mmdata.store.filesystem import read_retries
 
@@ -86,7 +86,7 @@ class StepSource(IterableDataset):
     def __init__(
         self,
         reader: BatchReader,
-        planner: LoaderPlanner,
+        planner: Planner,
         seed: int,
         rank: int,
         world_size: int,

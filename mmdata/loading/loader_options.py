@@ -81,8 +81,12 @@ class Shuffling:
     that read one stored segment close together in one lane of steps, in time order, `open_segments` segments
     mixed in each step, `lanes` lanes taking turns; with `Batching(batch_size=...)`. A lane's steps go to one
     worker when `lanes` is a multiple of `num_workers`, so that its frame cache decodes each frame about once;
-    None gives one lane per worker, an order that then depends on the worker count), or "auto" (the
-    default: "segments" with `Batching(batch_size=...)` and a camera in the spec, else "locality"). `True` /
+    None gives one lane per worker, an order that then depends on the worker count), "blocks" (the same idea for
+    a single store of any size: runs of about a segment's samples, `open_segments` of them dealt in turn, each rank
+    reading its own run of them, planned per rank in the time and memory of its own steps; with
+    `Batching(batch_size=...)`), or "auto" (the default: "blocks" with `Batching(batch_size=...)` over a single
+    store of more than 2**24 samples, else "segments" with `Batching(batch_size=...)` and a camera in the spec,
+    else "locality"). `True` /
     `False` are torch's ("auto" / "none"). `window` bounds the samples the packer looks over at once."""
 
     mode: Shuffle | bool = "auto"

@@ -9,7 +9,6 @@ is packed afresh for the new world size, so no sample repeats and none is droppe
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -21,7 +20,8 @@ from mmdata.errors import ResumeError
 
 class RankPlan(Protocol):
     """What a packer returns: `len()` steps, each of one micro-batch of samples per rank, and the
-    samples `deferred` at the epoch's end (fewer than would give every rank one more micro-batch)."""
+    samples `deferred` at the epoch's end (fewer than would give every rank one more micro-batch), and how many
+    samples the first `steps` steps hold over all ranks."""
 
     steps: np.ndarray
     deferred: np.ndarray
@@ -30,7 +30,7 @@ class RankPlan(Protocol):
 
     def micro_batch(self, step: int, rank: int) -> np.ndarray: ...
 
-    def micro_batch_sizes(self) -> np.ndarray: ...
+    def samples_in_steps(self, steps: int) -> int: ...
 
 
 Packer = Callable[[np.ndarray, int, int], RankPlan]
@@ -81,12 +81,7 @@ class EpochPlan:
 
     def samples_consumed(self, steps_in_plan: int) -> int:
         """Samples consumed by all ranks since the epoch began, after `steps_in_plan` steps of this plan."""
-        return self.samples_before + int(self._consumed_after[min(steps_in_plan, len(self.plan))])
-
-    @functools.cached_property
-    def _consumed_after(self) -> np.ndarray:
-        """Samples of this plan consumed after each number of its steps (asked after every step: summed once)."""
-        return np.concatenate([[0], np.cumsum(self.plan.micro_batch_sizes())]).astype(np.int64)
+        return self.samples_before + self.plan.samples_in_steps(min(steps_in_plan, len(self.plan)))
 
 
 def plan_epoch(order: np.ndarray, pack: Packer, stretches: Sequence[Stretch], world_size: int) -> EpochPlan:

@@ -12,15 +12,19 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
+import pyarrow as pa
 import xxhash
 
 from mmdata.errors import OptionError, SpecError, StoreError
+from mmdata.planning.block_order import BLOCK_ORDER_VERSION
+from mmdata.planning.block_planner import BlockPlanner
 from mmdata.planning.episodes import Episodes
 from mmdata.planning.mixture import Mixture, OpenSource, describe_sources, epoch_composition, source_targets
 from mmdata.planning.order import SEGMENT_ORDER_VERSION, resolve_shuffle
 from mmdata.planning.planner import LoaderPlanner, PlanSettings
+from mmdata.planning.sample_index import SampleIndex
 from mmdata.planning.samples import SampleTable, TokensPer, concatenate_samples, enumerate_samples
-from mmdata.planning.segments import segment_blocks
+from mmdata.planning.segments import block_samples, segment_blocks
 from mmdata.planning.specs import Frames, Spec
 
 
@@ -31,8 +35,8 @@ class LoaderPlan:
     the loader's before "auto" became the default order ("locality" was), and the "segments" order's before its
     lanes were cut to their steps' samples."""
 
-    samples: SampleTable
-    costs: np.ndarray
+    samples: SampleTable | SampleIndex
+    costs: np.ndarray | None  # per sample; None in the "blocks" order, whose costs are worked out per step
     source_targets: np.ndarray
     settings: PlanSettings
     planner: LoaderPlanner
@@ -56,9 +60,22 @@ def plan_loader(
     that is not `mixed`: no source names, no composition), batched and ordered by `settings` (its order may be
     "auto", resolved here); `episodes` is a single store's filter, for the fingerprint. A damaged episode is
     refused, or with `on_error="skip"` left out; a sample costlier than the token budget, or the "segments"
-    order with a token budget, is refused with what to change."""
+    or "blocks" order with a token budget, or "blocks" over a mixture, is refused with what to change."""
     excluded: dict[Any, str] = {}
-    samples = concatenate_samples([_source_samples(s, spec, mixed, on_error, excluded) for s in sources])
+    rows = [_selected_rows(source, mixed, on_error, excluded) for source in sources]
+    counts_samples = settings.batch_size is not None
+    _check_order_applies(settings.shuffle, counts_samples, mixed)
+    index = None
+    if not mixed and counts_samples and settings.shuffle in ("auto", "blocks"):
+        every = len(rows[0]) == sources[0].store.table.num_rows
+        index = SampleIndex(sources[0].store.table, spec, None if every else rows[0], tokens_per)
+    cameras = [name for name, stream in spec.streams.items() if isinstance(stream, Frames)]
+    shuffle = resolve_shuffle(settings.shuffle, counts_samples, bool(cameras), len(index) if index else 0)
+    settings = dataclasses.replace(settings, shuffle=shuffle)
+    if shuffle == "blocks":
+        assert index is not None, "the 'blocks' order was resolved without a sample index"
+        return _blocks_plan(sources[0], spec, settings, tokens_per, index, episodes, excluded)
+    samples = concatenate_samples([_enumerated(s, spec, r, mixed) for s, r in zip(sources, rows)])
     costs = samples.costs(tokens_per)
     if settings.batch_tokens is not None and costs.max() > settings.batch_tokens:
         worst = int(np.argmax(costs))
@@ -71,16 +88,8 @@ def plan_loader(
     mean_costs = [float(costs[samples.source == n].mean()) if c else 0.0 for n, c in enumerate(counts)]
     targets = source_targets(mixture, counts, mean_costs)
     composition = functools.partial(epoch_composition, samples.source, targets) if mixed else None
-    cameras = [name for name, stream in spec.streams.items() if isinstance(stream, Frames)]
-    shuffle = resolve_shuffle(settings.shuffle, settings.batch_size is not None, bool(cameras))
-    settings = dataclasses.replace(settings, shuffle=shuffle)
     blocks = None
     if shuffle == "segments":
-        if settings.batch_tokens is not None:
-            raise OptionError(
-                "the 'segments' order keeps its steps in order, which token-budgeted packing does not:"
-                " give Batching(batch_size=...) with Shuffling(mode='segments')"
-            )
         stored = [s.streams.get(cameras[0]) if cameras else None for s in sources]
         blocks = segment_blocks(samples, [s.store for s in sources], stored)
     keys = [s.store.table.column("key").to_pylist() for s in sources]
@@ -93,19 +102,7 @@ def plan_loader(
     data_text = [_json(part) for part in data]  # the manifest's part, written once for the three fingerprints
 
     def fingerprint_in(order: str, segments_version: str = SEGMENT_ORDER_VERSION) -> str:
-        planned = [
-            spec.describe(),
-            episodes.describe() if episodes is not None else None,
-            dict(tokens_per or {}),
-            [
-                settings.batch_tokens,
-                settings.batch_size,
-                settings.balance,
-                order,
-                settings.shuffle_window,
-                settings.shards_per_group,
-            ],
-        ]
+        planned = _planned(spec, episodes, tokens_per, settings, order)
         if order == "segments":  # (the other orders' states stay as they were before it existed)
             planned.append([settings.lanes, settings.open_segments, segments_version])
         return _hash_of_list([*data_text, *(_json(part) for part in planned)])
@@ -123,8 +120,87 @@ def plan_loader(
     )
 
 
+def _check_order_applies(shuffle: str, counts_samples: bool, mixed: bool) -> None:
+    if shuffle == "segments" and not counts_samples:
+        raise OptionError(
+            "the 'segments' order keeps its steps in order, which token-budgeted packing does not:"
+            " give Batching(batch_size=...) with Shuffling(mode='segments')"
+        )
+    if shuffle == "blocks" and not counts_samples:
+        raise OptionError(
+            "the 'blocks' order deals samples in steps of a fixed count, which token-budgeted packing does not:"
+            " give Batching(batch_size=...) with Shuffling(mode='blocks')"
+        )
+    if shuffle == "blocks" and mixed:
+        raise OptionError(
+            "the 'blocks' order plans a single store; a Mixture is ordered by 'segments' or 'locality'"
+            " (Shuffling(mode='auto') picks one)"
+        )
+
+
+def _blocks_plan(
+    source: OpenSource,
+    spec: Spec,
+    settings: PlanSettings,
+    tokens_per: TokensPer | None,
+    index: SampleIndex,
+    episodes: Episodes | None,
+    excluded: dict[Any, str],
+) -> LoaderPlan:
+    """The plan of a single store in the "blocks" order: nothing of the size of the epoch is made, and the
+    fingerprint hashes the manifest's key and duration columns as bytes rather than as JSON lists."""
+    table = source.store.table
+    cameras = [name for name, stream in spec.streams.items() if isinstance(stream, Frames)]
+    block = block_samples(source.store, source.streams.get(cameras[0]) if cameras else None, spec)
+    planner = BlockPlanner(
+        index, table.column("key").combine_chunks(), table.column("shard").combine_chunks(), settings, block
+    )
+    planned = [
+        *_planned(spec, episodes, tokens_per, settings, "blocks"),
+        [settings.lanes, settings.open_segments, block, BLOCK_ORDER_VERSION],
+    ]
+    fingerprint = _hash_of_list([json.dumps(_columns_digest(table, ("key", "duration"))), *(_json(p) for p in planned)])
+    targets = np.array([len(index)], np.int64)
+    return LoaderPlan(index, None, targets, settings, planner, excluded, fingerprint, fingerprint, fingerprint)
+
+
+def _planned(
+    spec: Spec, episodes: Episodes | None, tokens_per: TokensPer | None, settings: PlanSettings, order: str
+) -> list:
+    """What a plan depends on besides the data, seed, epoch and world size, in the fingerprint's form."""
+    return [
+        spec.describe(),
+        episodes.describe() if episodes is not None else None,
+        dict(tokens_per or {}),
+        [
+            settings.batch_tokens,
+            settings.batch_size,
+            settings.balance,
+            order,
+            settings.shuffle_window,
+            settings.shards_per_group,
+        ],
+    ]
+
+
 def _json(part: Any) -> str:
     return json.dumps(part, sort_keys=True, default=repr)
+
+
+def _columns_digest(table: pa.Table, names: tuple[str, ...]) -> str:
+    """A hash of the values of the manifest's `names` columns, read as bytes (ten million keys in well under a
+    second, where their JSON text takes tens)."""
+    digest = xxhash.xxh64()
+    for name in names:
+        column = table.column(name).combine_chunks()
+        if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+            column = column.cast(pa.large_string())
+            offsets = np.frombuffer(column.buffers()[1], np.int64)[column.offset : column.offset + len(column) + 1]
+            digest.update((offsets - offsets[0]).tobytes())
+            digest.update(memoryview(column.buffers()[2])[offsets[0] : offsets[-1]])
+        else:
+            digest.update(np.ascontiguousarray(column.to_numpy(zero_copy_only=False)).tobytes())
+    return digest.hexdigest()
 
 
 def _hash_of_list(texts: list[str]) -> str:
@@ -134,10 +210,8 @@ def _hash_of_list(texts: list[str]) -> str:
     return xxhash.xxh64_hexdigest(("[" + ", ".join(texts) + "]").encode())
 
 
-def _source_samples(
-    source: OpenSource, spec: Spec, labelled: bool, on_error: str, excluded: dict[Any, str]
-) -> SampleTable:
-    """The samples of one source's selected, undamaged episodes; damaged ones are refused, or left out and
+def _selected_rows(source: OpenSource, labelled: bool, on_error: str, excluded: dict[Any, str]) -> np.ndarray:
+    """The manifest rows of one source's selected, undamaged episodes; damaged ones are refused, or left out and
     named in `excluded` (by row, or `source/row` in a mixture: `labelled`)."""
     table = source.store.table
     selected = source.episodes.select(table) if source.episodes is not None else np.arange(table.num_rows)
@@ -155,8 +229,14 @@ def _source_samples(
             f"{label}all {len(selected)} selected episode(s) were left out as damaged (on_error='skip'), the first:"
             f" {next(iter(damaged.values()))}; run `mmdata verify {source.store.url}` and convert the store again"
         )
-    selected = np.asarray([i for i in selected if int(i) not in damaged], dtype=np.int64)
+    if not damaged:
+        return np.asarray(selected, dtype=np.int64)
+    return np.asarray([i for i in selected if int(i) not in damaged], dtype=np.int64)
+
+
+def _enumerated(source: OpenSource, spec: Spec, rows: np.ndarray, labelled: bool) -> SampleTable:
+    """The samples of one source's manifest `rows`, each its own row of a table."""
     try:
-        return enumerate_samples(table, spec, selected)
+        return enumerate_samples(source.store.table, spec, rows)
     except SpecError as exc:
-        raise SpecError(f"{label}{exc}") from None
+        raise SpecError(f"source '{source.name}': {exc}" if labelled else str(exc)) from None

@@ -4,8 +4,11 @@
 of each group together (as WebDataset's shard shuffle plus sample buffer does, but exactly
 reproducible); "global" is one permutation of every sample; "none" keeps manifest order;
 "segments" (`segment_order`) keeps the samples that read one stored video segment close together
-in one lane of steps, so a worker's decoded-frame cache serves them from one decode. "auto", a
-loader's default, is "segments" where it applies and "locality" elsewhere (`resolve_shuffle`).
+in one lane of steps, so a worker's decoded-frame cache serves them from one decode; "blocks"
+(`planning.block_order`) does the same for epochs too large to order whole, each rank planning
+only its own steps. "auto", a loader's default, is "blocks" for a single store of more than
+`BLOCKS_FROM` samples counted in batches, else "segments" where it applies and "locality"
+elsewhere (`resolve_shuffle`).
 """
 
 from __future__ import annotations
@@ -16,13 +19,16 @@ import numpy as np
 
 from mmdata.errors import OptionError
 
-Shuffle = Literal["auto", "locality", "global", "none", "segments"]
-SHUFFLES = ("locality", "global", "none", "segments")  # the orders an epoch is made in
+Shuffle = Literal["auto", "locality", "global", "none", "segments", "blocks"]
+SHUFFLES = ("locality", "global", "none", "segments", "blocks")  # the orders an epoch is made in
 SHUFFLE_MODES = ("auto", *SHUFFLES)  # what a loader takes: "auto" is resolved by `resolve_shuffle`
 _ORDER_STREAM = 0x5A3D
 # Names the way `segment_order` makes an epoch's steps; a loader state carries it (in its fingerprint), so a state
 # saved by another way is refused by name rather than resumed into other steps. Changes with the steps it makes.
 SEGMENT_ORDER_VERSION = "lanes cut to their steps"
+# Samples from which "auto" plans a single store in the "blocks" order: above it, ordering the whole epoch in every
+# rank takes seconds and hundreds of MB (`benchmarks/scale_bench.py`); below it, the orders keep the batches they made.
+BLOCKS_FROM = 1 << 24
 
 
 def as_shuffle(value: Shuffle | bool) -> Shuffle:
@@ -34,11 +40,15 @@ def as_shuffle(value: Shuffle | bool) -> Shuffle:
     return value
 
 
-def resolve_shuffle(mode: Shuffle, counts_samples: bool, reads_video: bool) -> Shuffle:
-    """The order "auto" stands for: "segments" where batches count samples and the samples read a camera (its
-    frame cache then decodes each frame about once per epoch), else "locality". Other modes are themselves."""
+def resolve_shuffle(mode: Shuffle, counts_samples: bool, reads_video: bool, single_store_samples: int = 0) -> Shuffle:
+    """The order "auto" stands for: "blocks" where batches count samples of one store of more than `BLOCKS_FROM`
+    samples (`single_store_samples`, 0 for a mixture), else "segments" where batches count samples and the samples
+    read a camera (its frame cache then decodes each frame about once per epoch), else "locality". Other modes are
+    themselves."""
     if mode != "auto":
         return mode
+    if counts_samples and single_store_samples > BLOCKS_FROM:
+        return "blocks"
     return "segments" if counts_samples and reads_video else "locality"
 
 
@@ -50,8 +60,8 @@ def sample_order(
         raise OptionError(f"shuffle is one of {', '.join(SHUFFLES)}, not '{shuffle}'")
     if shards_per_group < 1:
         raise OptionError(f"shards_per_group must be at least 1, not {shards_per_group}")
-    if shuffle == "segments":
-        raise OptionError("the 'segments' order is made by segment_order, from the samples' segments")
+    if shuffle in ("segments", "blocks"):
+        raise OptionError(f"the '{shuffle}' order is made from the samples' segments, not by sample_order")
     count = len(shards)
     if shuffle == "none":
         return np.arange(count, dtype=np.int64)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 import numpy as np
 
@@ -19,6 +19,7 @@ from mmdata.planning.epoch_plan import EpochPlan, Stretch, plan_epoch
 from mmdata.planning.order import Shuffle, sample_order, segment_order
 from mmdata.planning.packing import PackingConfig, plan_packing, plan_padded
 from mmdata.planning.samples import SampleRef, SampleTable
+from mmdata.planning.segments import segment_life_steps
 
 Composition = Callable[[int, int], np.ndarray]
 """(seed, epoch) -> the sample of each slot of the epoch."""
@@ -36,6 +37,21 @@ class PlanSettings:
     shards_per_group: int = 8
     lanes: int = 1
     open_segments: int = 8
+
+
+class Planner(Protocol):
+    """What the loading chain asks of a loader's planner (`LoaderPlanner`, or `BlockPlanner` for the "blocks"
+    order): any epoch's plan, a rank's steps of it, the samples of a step, and how long a segment stays open."""
+
+    batching: PlanSettings
+
+    def epoch_plan(self, seed: int, epoch: int, stretches: list[Stretch], world_size: int) -> EpochPlan: ...
+
+    def rank_steps(self, plan: EpochPlan, rank: int) -> RankSteps: ...
+
+    def refs(self, plan: EpochPlan, slots: np.ndarray) -> list[SampleRef]: ...
+
+    def segment_life_steps(self, world_size: int) -> int | None: ...
 
 
 class LoaderPlanner:
@@ -111,6 +127,13 @@ class LoaderPlanner:
             )
         ]
 
+    def segment_life_steps(self, world_size: int) -> int | None:
+        """How many of its lane's steps a segment stays open in the "segments" order (None in the others)."""
+        b = self.batching
+        if b.shuffle != "segments" or self.blocks is None or not b.batch_size:
+            return None
+        return segment_life_steps(self.blocks, b.open_segments, b.batch_size * world_size)
+
     def _pack(self, costs: np.ndarray, order: np.ndarray, ranks: int, stretch: int, seed: int, epoch: int):
         if stretch:
             seed = int(np.random.SeedSequence([seed, stretch]).generate_state(1)[0])
@@ -143,7 +166,7 @@ class RankSteps(Sequence):
 
     KEPT_SAMPLES = 1 << 16
 
-    def __init__(self, planner: LoaderPlanner, plan: EpochPlan, rank: int):
+    def __init__(self, planner: Planner, plan: EpochPlan, rank: int):
         self.planner, self.plan, self.rank = planner, plan, rank
         self.first = plan.resume_step
         self._made: dict[int, tuple[int, list[SampleRef]]] = {}

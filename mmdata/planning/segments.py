@@ -11,6 +11,7 @@ import math
 import numpy as np
 
 from mmdata.planning.samples import SampleTable
+from mmdata.planning.specs import Sequences, Spec
 from mmdata.schema import VideoStream
 from mmdata.store.handle import Store
 
@@ -52,3 +53,25 @@ def segment_life_steps(blocks: np.ndarray, open_segments: int, step_samples: int
         return None
     _, counts = np.unique(np.asarray(blocks, dtype=np.int64), return_counts=True)
     return math.ceil(float(np.percentile(counts, 90)) * open_segments / step_samples)
+
+
+# Samples per block of the "blocks" order when no camera is read (a block then only keeps an episode's
+# low-dim reads together).
+LOW_DIM_BLOCK = 32
+_ROWS_SAMPLED = 16
+
+
+def block_samples(store: Store, camera: str | None, spec: Spec) -> int:
+    """Samples per block of the "blocks" order (`planning.block_order`): the windows a stored segment of
+    `camera` spans (the median segment of the manifest's first rows), so that a block is about one decode; one
+    for sequences (a sequence reads whole segments itself); `LOW_DIM_BLOCK` without a camera."""
+    if isinstance(spec, Sequences):
+        return 1
+    stream = store.schema.stream(camera) if camera is not None else None
+    if not isinstance(stream, VideoStream):
+        return LOW_DIM_BLOCK
+    column = store.table.column(f"{camera}/segments").slice(0, _ROWS_SAMPLED).to_pylist()
+    frames = [segment["num_frames"] for row in column for segment in row or ()]
+    if not frames:
+        return LOW_DIM_BLOCK
+    return max(1, round(float(np.median(frames)) / stream.fps * spec.anchor_fps))

@@ -9,6 +9,7 @@ the ranks, and only fewer than R samples can be left out (reported).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -30,6 +31,14 @@ class PaddedPlan:
 
     def micro_batch(self, step: int, rank: int) -> np.ndarray:
         return self.batches[self.steps[step, rank]]
+
+    def samples_in_steps(self, steps: int) -> int:
+        """Rows of the first `steps` steps, over all ranks (asked after every step: summed once)."""
+        return int(self._rows_after[steps])
+
+    @functools.cached_property
+    def _rows_after(self) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum(self.micro_batch_sizes())]).astype(np.int64)
 
     def micro_batch_sizes(self) -> np.ndarray:
         """Rows per step, summed over ranks."""

@@ -10,6 +10,7 @@ fewer samples remain than there are ranks are they left out, and then they are r
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -77,6 +78,14 @@ class PackingPlan:
         """Row indices (into `rows`) of one rank's micro-batch at one step, in packing order."""
         batch = self.steps[step, rank]
         return self.members[self.batch_offsets[batch] : self.batch_offsets[batch + 1]]
+
+    def samples_in_steps(self, steps: int) -> int:
+        """Rows of the first `steps` steps, over all ranks (asked after every step: summed once)."""
+        return int(self._rows_after[steps])
+
+    @functools.cached_property
+    def _rows_after(self) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum(self.micro_batch_sizes())]).astype(np.int64)
 
     def micro_batch_sizes(self) -> np.ndarray:
         """Rows per step, summed over ranks."""

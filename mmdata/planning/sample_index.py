@@ -1,0 +1,87 @@
+"""The samples of a spec over a store's manifest, numbered as `SampleTable` numbers them (manifest, then time
+order), without a row per sample: per episode its first sample's number, and a sample's episode, time span,
+chunk and cost worked out when it is asked for. A billion samples over a million episodes cost the
+episodes' arrays (tens of MB), not the samples' (tens of GB)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from mmdata.errors import SpecError
+from mmdata.planning.packing.cost import TokensPer, token_costs
+from mmdata.planning.specs import Audio, Sequences, Spec, Windows
+
+_EPS = 1e-6  # as `samples.enumerate_samples`: times closer than a microsecond compare equal
+
+
+class SampleIndex:
+    """The samples of `spec` in the manifest rows `rows` of `table` (ascending; None: every row), one source."""
+
+    def __init__(self, table: pa.Table, spec: Spec, rows: np.ndarray | None, tokens_per: TokensPer | None):
+        if not isinstance(spec, (Windows, Sequences)):
+            raise SpecError(f"spec must be mmdata.Windows or mmdata.Sequences, not {type(spec).__name__}")
+        durations = table.column("duration").to_numpy()
+        self.spec, self.rows = spec, rows
+        self.durations = durations if rows is None else durations[rows]
+        if isinstance(spec, Windows):
+            counts = np.maximum(1, np.ceil(self.durations * spec.anchor_fps - _EPS)).astype(np.int64)
+            self.steps = None
+        else:
+            self.steps = self.durations if spec.max_seconds is None else np.full(len(self.durations), spec.max_seconds)
+            counts = _sequence_counts(self.durations, self.steps, spec.min_seconds)
+        self.firsts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        if self.firsts[-1] == 0:
+            raise SpecError("the spec yields no sample from the selected episodes (are they shorter than min_seconds?)")
+        per = {name: 1.0 for name in spec.streams}
+        unknown = [name for name in (tokens_per or {}) if name not in per]
+        if unknown:
+            raise SpecError(f"tokens_per names streams the spec does not read: {', '.join(unknown)}")
+        self.tokens_per = {**per, **(tokens_per or {})}
+
+    def __len__(self) -> int:
+        return int(self.firsts[-1])
+
+    def episodes_of(self, numbers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each sample's manifest row and its number within the episode (its chunk)."""
+        numbers = np.asarray(numbers, dtype=np.int64)
+        place = np.searchsorted(self.firsts, numbers, side="right") - 1
+        rows = place if self.rows is None else self.rows[place]
+        return rows.astype(np.int64), numbers - self.firsts[place]
+
+    def spans_of(self, numbers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each sample's time span [start, end) in its episode (start == end for a window's anchor)."""
+        numbers = np.asarray(numbers, dtype=np.int64)
+        place = np.searchsorted(self.firsts, numbers, side="right") - 1
+        local = numbers - self.firsts[place]
+        if self.steps is None:
+            start = local / self.spec.anchor_fps
+            return start, start.copy()
+        start = local * self.steps[place]
+        return start, np.minimum(start + self.steps[place], self.durations[place])
+
+    def costs_of(self, numbers: np.ndarray) -> np.ndarray:
+        """Each sample's tokens (streams missing from `tokens_per` count one token per unit)."""
+        start, end = self.spans_of(numbers)
+        return token_costs({name: self._lengths(name, start, end) for name in self.spec.streams}, self.tokens_per)
+
+    def _lengths(self, name: str, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+        stream = self.spec.streams[name]
+        if isinstance(self.spec, Windows):
+            width = stream.window[1] - stream.window[0] if isinstance(stream, Audio) else len(stream.offsets)
+            return np.full(len(start), float(width))
+        if isinstance(stream, Audio):
+            return end - start
+        return np.maximum(1.0, np.ceil((end - start) * self.spec.rate_of(name) - 1e-6))
+
+
+def _sequence_counts(durations: np.ndarray, steps: np.ndarray, min_seconds: float) -> np.ndarray:
+    """Chunks per episode as `enumerate_samples` cuts them: every `step` seconds from 0, the last one cut at the
+    episode's end and left out when shorter than `min_seconds` (all are, when `step` is)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cut = np.where(durations > _EPS, np.ceil((durations - _EPS) / steps), 0).astype(np.int64)
+    last_start = np.maximum(cut - 1, 0) * steps
+    last_length = np.minimum(last_start + steps, durations) - last_start
+    keeps_last = (cut > 0) & (last_length + _EPS >= min_seconds) & (last_length > 0)
+    keeps_whole = steps + _EPS >= min_seconds
+    return np.where(keeps_whole, np.maximum(cut - 1, 0), 0) + keeps_last

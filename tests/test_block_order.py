@@ -1,0 +1,345 @@
+"""The "blocks" order: a keyed permutation evaluated pointwise, blocks of samples dealt in turn, each rank reading
+its own runs of positions, a sample index without a row per sample, and plans that resume exactly and at another
+world size, planned per rank in the memory of its own steps."""
+
+from __future__ import annotations
+
+import json
+import tracemalloc
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import mmdata
+from mmdata.errors import OptionError, ResumeError
+from mmdata.planning import order as order_module
+from mmdata.planning.block_order import BlockOrder, LaneLayout
+from mmdata.planning.block_planner import BlockPlanner
+from mmdata.planning.epoch_plan import Stretch
+from mmdata.planning.permutation import KeyedPermutation
+from mmdata.planning.planner import PlanSettings
+from mmdata.planning.sample_index import SampleIndex
+from mmdata.planning.samples import enumerate_samples
+
+CAMERA_WINDOWS = mmdata.Windows(
+    anchor_fps=10, streams={"cam_high": mmdata.Frames(offsets=[-0.1, 0.0]), "action": mmdata.Values(offsets=[0.0])}
+)
+
+
+def manifest(durations: list[float]) -> pa.Table:
+    """A manifest's planning columns: what a sample index and a block planner read."""
+    count = len(durations)
+    return pa.table(
+        {
+            "episode_index": np.arange(count),
+            "key": [f"episode_{i:07d}" for i in range(count)],
+            "shard": [f"shard-{i // 4:05d}.tar" for i in range(count)],
+            "duration": np.asarray(durations, np.float64),
+        }
+    )
+
+
+def planner(table: pa.Table, spec, batch: int, lanes: int = 2, open_blocks: int = 4, block: int = 5) -> BlockPlanner:
+    settings = PlanSettings(None, batch, shuffle="blocks", lanes=lanes, open_segments=open_blocks)
+    index = SampleIndex(table, spec, None, None)
+    return BlockPlanner(
+        index, table.column("key").combine_chunks(), table.column("shard").combine_chunks(), settings, block
+    )
+
+
+def rank_samples(plan, steps=None) -> list[list[int]]:
+    """Per rank, the sample numbers of its steps (the first `steps`, or all), in order."""
+    taken = len(plan.plan) if steps is None else steps
+    return [
+        [n for step in range(plan.resume_step, taken) for n in plan.plan.micro_batch(step, rank).tolist()]
+        for rank in range(plan.world_size)
+    ]
+
+
+@pytest.mark.parametrize("size", [0, 1, 2, 3, 5, 16, 17, 255, 1000, 4097])
+def test_a_keyed_permutation_is_a_bijection_of_its_range_at_every_size(size):
+    permutation = KeyedPermutation(size, key=12345)
+    assert sorted(permutation(np.arange(size)).tolist()) == list(range(size))
+
+
+def test_a_keyed_permutation_is_the_same_for_the_same_key_and_another_for_another():
+    points = np.arange(1000)
+    assert np.array_equal(KeyedPermutation(1000, 7)(points), KeyedPermutation(1000, 7)(points))
+    assert not np.array_equal(KeyedPermutation(1000, 7)(points), KeyedPermutation(1000, 8)(points))
+    assert KeyedPermutation(10**12, 3)(np.array([10**12 - 1]))[0] < 10**12
+    with pytest.raises(IndexError):
+        KeyedPermutation(10, 1)(np.array([10]))
+
+
+def test_a_keyed_permutation_looks_random_to_a_neighbour_and_a_rank_test():
+    values = KeyedPermutation(100_000, 99)(np.arange(100_000)).astype(np.float64)
+    assert abs(np.corrcoef(np.arange(100_000), values)[0, 1]) < 0.02
+    assert abs(np.corrcoef(values[:-1], values[1:])[0, 1]) < 0.02
+
+
+@pytest.mark.parametrize(
+    ("count", "block", "open_blocks"), [(1, 5, 4), (19, 5, 4), (40, 5, 4), (1234, 7, 8), (100, 1, 1)]
+)
+def test_the_block_order_holds_every_sample_once(count, block, open_blocks):
+    order = BlockOrder(count, block, open_blocks, seed=3, epoch=1)
+    assert sorted(order.samples_at(np.arange(count)).tolist()) == list(range(count))
+
+
+def test_a_group_of_the_block_order_deals_one_sample_from_each_of_its_runs_of_consecutive_samples_in_turn():
+    block, open_blocks = 6, 4
+    order = BlockOrder(10 * block * open_blocks, block, open_blocks, seed=5, epoch=0)
+    group = order.samples_at(np.arange(block * open_blocks)).reshape(block, open_blocks)  # [turn, block]
+    for column in group.T:  # each block: consecutive samples (the order turns them by an offset, modulo count)
+        assert np.all(np.diff(column) % order.count == 1)
+    assert len({int(column[0]) // 1 for column in group.T}) == open_blocks
+
+
+def test_the_block_order_changes_with_the_epoch_and_the_seed_only():
+    positions = np.arange(500)
+    first = BlockOrder(500, 5, 4, seed=1, epoch=0).samples_at(positions)
+    assert np.array_equal(first, BlockOrder(500, 5, 4, seed=1, epoch=0).samples_at(positions))
+    assert not np.array_equal(first, BlockOrder(500, 5, 4, seed=1, epoch=1).samples_at(positions))
+    assert not np.array_equal(first, BlockOrder(500, 5, 4, seed=2, epoch=0).samples_at(positions))
+
+
+def test_a_lane_layout_gives_each_rank_a_run_of_positions_and_its_steps_take_the_runs_lanes_in_turn():
+    layout = LaneLayout(count=103, world=2, batch=4, lanes=3)
+    assert layout.steps == 12
+    rank_one = np.concatenate([layout.positions(step, 1) for step in range(layout.steps)])
+    assert sorted(rank_one.tolist()) == list(range(48, 96))
+    assert layout.positions(0, 0).tolist() == [0, 1, 2, 3]
+    assert layout.positions(1, 0).tolist() == [16, 17, 18, 19]  # lane 1 starts after lane 0's 4 steps
+    assert layout.positions(3, 0).tolist() == [4, 5, 6, 7]  # lane 0's second step
+    assert layout.left_over().tolist() == list(range(96, 103))
+
+
+def test_what_a_stretch_consumed_leaves_the_rest_numbered_afresh_in_order():
+    layout = LaneLayout(count=103, world=2, batch=4, lanes=3)
+    consumed = layout.consumed(steps=5)
+    taken = {int(p) for step in range(5) for rank in range(2) for p in layout.positions(step, rank)}
+    rest = consumed.earlier(np.arange(103 - consumed.total))
+    assert consumed.total == len(taken) == 40
+    assert rest.tolist() == sorted(set(range(103)) - taken)
+    with pytest.raises(ResumeError, match="another run"):
+        layout.consumed(steps=13)
+
+
+def test_the_sample_index_numbers_windows_as_the_sample_table_does():
+    table = manifest([0.0, 0.05, 1.0, 2.34, 7.5])
+    spec = mmdata.Windows(anchor_fps=7.5, streams={"action": mmdata.Values(offsets=[0.0, 0.1])})
+    rows = np.arange(table.num_rows)
+    enumerated = enumerate_samples(table, spec, rows)
+    index = SampleIndex(table, spec, None, None)
+    numbers = np.arange(len(index))
+    assert len(index) == len(enumerated)
+    episodes, chunks = index.episodes_of(numbers)
+    starts, ends = index.spans_of(numbers)
+    assert np.array_equal(episodes, enumerated.episode) and np.array_equal(chunks, enumerated.chunk)
+    assert np.allclose(starts, enumerated.start) and np.allclose(ends, enumerated.end)
+    assert np.array_equal(index.costs_of(numbers), enumerated.costs(None))
+
+
+@pytest.mark.parametrize(("max_seconds", "min_seconds"), [(None, 0.0), (1.0, 0.0), (1.0, 0.5), (0.7, 0.7), (0.3, 0.5)])
+def test_the_sample_index_cuts_sequences_as_the_sample_table_does(max_seconds, min_seconds):
+    durations = [0.0, 0.2, 0.5, 1.0, 1.4, 2.0, 3.3, 10.01]
+    table = manifest(durations)
+    spec = mmdata.Sequences(
+        fps=7,
+        streams={"action": mmdata.Values(), "audio": mmdata.Audio()},
+        max_seconds=max_seconds,
+        min_seconds=min_seconds,
+    )
+    rows = np.array([1, 3, 4, 5, 6, 7])
+    try:
+        enumerated = enumerate_samples(table, spec, rows)
+    except mmdata.errors.SpecError:
+        with pytest.raises(mmdata.errors.SpecError, match="no sample"):
+            SampleIndex(table, spec, rows, None)
+        return
+    index = SampleIndex(table, spec, rows, {"action": 2})
+    numbers = np.arange(len(index))
+    assert len(index) == len(enumerated)
+    episodes, chunks = index.episodes_of(numbers)
+    starts, ends = index.spans_of(numbers)
+    assert np.array_equal(episodes, enumerated.episode) and np.array_equal(chunks, enumerated.chunk)
+    assert np.allclose(starts, enumerated.start) and np.allclose(ends, enumerated.end)
+    assert np.array_equal(index.costs_of(numbers), enumerated.costs({"action": 2}))
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 5])
+def test_every_sample_is_in_one_step_of_one_rank_or_left_out_and_ranks_have_equal_steps(world):
+    table = manifest([3.3, 0.4, 12.0, 5.05, 7.0, 1.0])
+    blocks = planner(table, mmdata.Windows(anchor_fps=10, streams={"action": mmdata.Values()}), batch=4)
+    plan = blocks.epoch_plan(seed=9, epoch=2, stretches=[], world_size=world)
+    per_rank = rank_samples(plan)
+    assert len({len(samples) for samples in per_rank}) == 1
+    seen = [n for samples in per_rank for n in samples]
+    assert len(seen) == len(set(seen))
+    assert sorted(seen + plan.left_out.tolist()) == list(range(len(blocks.samples)))
+    assert len(plan.left_out) < world * 4
+    assert plan.samples_consumed(3) == 3 * world * 4
+
+
+@pytest.mark.parametrize("worlds", [(4, 3), (2, 5), (3, 2, 4)])
+def test_a_resume_at_another_world_size_consumes_the_rest_of_the_epoch_exactly_once(worlds):
+    table = manifest([3.3, 0.4, 12.0, 5.05, 7.0, 1.0, 9.9])
+    blocks = planner(table, mmdata.Windows(anchor_fps=10, streams={"action": mmdata.Values()}), batch=3, lanes=3)
+    stretches: list[Stretch] = []
+    seen: list[int] = []
+    for world in worlds[:-1]:
+        plan = blocks.epoch_plan(4, 0, stretches, world)
+        taken = plan.resume_step + (len(plan.plan) - plan.resume_step) // 3
+        seen += [n for samples in rank_samples(plan, taken) for n in samples]
+        stretches = [*plan.stretches[:-1], Stretch(world, taken)]
+    last = blocks.epoch_plan(4, 0, stretches, worlds[-1])
+    assert last.samples_before == len(seen)
+    seen += [n for samples in rank_samples(last) for n in samples]
+    assert len(seen) == len(set(seen))
+    assert sorted(seen + last.left_out.tolist()) == list(range(len(blocks.samples)))
+
+
+def test_a_resume_at_the_same_world_size_gives_the_same_steps_from_where_it_stopped():
+    table = manifest([3.3, 0.4, 12.0, 5.05, 7.0])
+    blocks = planner(table, mmdata.Windows(anchor_fps=10, streams={"action": mmdata.Values()}), batch=4)
+    whole = blocks.epoch_plan(1, 0, [], 2)
+    resumed = blocks.epoch_plan(1, 0, [Stretch(2, 5)], 2)
+    assert resumed.resume_step == 5 and resumed.samples_before == 0
+    for step in range(5, len(whole.plan)):
+        for rank in range(2):
+            assert np.array_equal(resumed.plan.micro_batch(step, rank), whole.plan.micro_batch(step, rank))
+    steps = blocks.rank_steps(resumed, 1)
+    assert steps[0][0] == 5 and [s.index for s in steps[0][1]] == whole.plan.micro_batch(5, 1).tolist()
+
+
+def test_a_block_stays_with_one_lane_of_one_rank_but_where_lanes_meet():
+    table = manifest([40.0] * 20)  # 8,000 samples: blocks of 5, 4 open, 2 ranks x 2 lanes
+    blocks = planner(table, mmdata.Windows(anchor_fps=10, streams={"action": mmdata.Values()}), batch=4)
+    plan = blocks.epoch_plan(2, 0, [], 2)
+    owner: dict[int, set] = {}
+    for step in range(len(plan.plan)):
+        for rank in range(2):
+            for n in plan.plan.micro_batch(step, rank).tolist():
+                owner.setdefault(n // 5, set()).add((rank, step % 2))
+    # a block of the order is 5 consecutive numbers turned by an offset: at most two of these runs of 5 per block
+    shared = sum(len(lanes) > 1 for lanes in owner.values())
+    assert shared <= 2 * (len(owner) // 5 + 2 * 2 * 2)
+    assert shared / len(owner) < 0.25
+
+
+def test_planning_a_billion_samples_costs_a_rank_the_memory_of_its_first_step_not_of_the_epoch():
+    durations = np.full(1_000_000, 100.0)  # a million episodes of 1,000 windows
+    table = pa.table({"key": pa.array(["k"] * 1), "shard": pa.array(["s"] * 1), "duration": pa.array([1.0])})
+    del table
+    big = pa.table(
+        {
+            "key": pa.DictionaryArray.from_arrays(np.zeros(len(durations), np.int32), ["episode"]).cast(pa.string()),
+            "shard": pa.DictionaryArray.from_arrays(np.zeros(len(durations), np.int32), ["shard"]).cast(pa.string()),
+            "duration": durations,
+        }
+    )
+    blocks = planner(
+        big, mmdata.Windows(anchor_fps=10, streams={"action": mmdata.Values()}), batch=8, lanes=8, block=32
+    )
+    assert len(blocks.samples) == 10**9
+    tracemalloc.start()
+    plan = blocks.epoch_plan(1, 3, [Stretch(1024, 1000)], 512)  # resumed at half the world size
+    steps = blocks.rank_steps(plan, 511)
+    first = steps[0][1]
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert len(first) == 8 and len(steps) == 10**9 // (512 * 8) - 2 * 1000 // 1
+    assert peak < 16 * 1024 * 1024, f"planning took {peak / 1e6:.0f} MB"
+
+
+def test_a_loader_in_the_blocks_order_reads_every_sample_once_per_epoch_with_workers_and_decodes_a_frame_about_once(
+    stores,
+):
+    loader = mmdata.DataLoader(
+        stores["wds"],
+        CAMERA_WINDOWS,
+        batching=mmdata.Batching(batch_size=4),
+        shuffling=mmdata.Shuffling(mode="blocks"),
+        runtime=mmdata.Runtime(num_workers=2),
+        seed=3,
+    )
+    assert loader.shuffle == "blocks"
+    plan = loader.epoch_plan()
+    seen = [i for batch in loader for i in batch["sample_index"].tolist()]
+    assert len(seen) == len(set(seen))
+    assert sorted(seen + plan.left_out.tolist()) == list(range(len(loader.samples)))
+    alone = mmdata.DataLoader(
+        stores["wds"],
+        CAMERA_WINDOWS,
+        batching=mmdata.Batching(batch_size=4),
+        shuffling=mmdata.Shuffling(mode="blocks"),
+        seed=3,
+    )
+    for _ in alone:
+        pass
+    assert alone.stats()["decode_waste"] < 1.2
+
+
+def test_a_loader_in_the_blocks_order_resumes_exactly_and_at_another_world_size(stores):
+    def build(rank=0, world=1):
+        return mmdata.DataLoader(
+            stores["zarr"],
+            CAMERA_WINDOWS,
+            batching=mmdata.Batching(batch_size=2),
+            shuffling=mmdata.Shuffling(mode="blocks", lanes=2),
+            runtime=mmdata.Runtime(rank=rank, world_size=world),
+            seed=5,
+        )
+
+    uninterrupted = [batch["sample_index"].tolist() for batch in build()]
+    interrupted = build()
+    for step, _ in enumerate(interrupted):
+        if step + 1 == 7:
+            break
+    state = json.loads(json.dumps(interrupted.state_dict()))
+    resumed = build()
+    resumed.load_state_dict(state)
+    assert [batch["sample_index"].tolist() for batch in resumed] == uninterrupted[7:]
+    wider = [build(rank, 3) for rank in range(3)]
+    for loader in wider:
+        loader.load_state_dict(state)
+    left_out = wider[0].epoch_plan().left_out.tolist()
+    rest = [[i for batch in loader for i in batch["sample_index"].tolist()] for loader in wider]
+    seen = [i for batch in uninterrupted[:7] for i in batch] + [i for samples in rest for i in samples]
+    assert len({len(samples) for samples in rest}) == 1
+    assert len(seen) == len(set(seen))
+    assert sorted(seen + left_out) == list(range(len(wider[0].samples)))
+
+
+def test_a_state_saved_in_another_order_is_refused_by_the_blocks_order(stores):
+    segments = mmdata.DataLoader(stores["wds"], CAMERA_WINDOWS, batching=mmdata.Batching(batch_size=4))
+    next(iter(segments))
+    blocks = mmdata.DataLoader(
+        stores["wds"], CAMERA_WINDOWS, batching=mmdata.Batching(batch_size=4), shuffling=mmdata.Shuffling(mode="blocks")
+    )
+    with pytest.raises(ResumeError):
+        blocks.load_state_dict(segments.state_dict())
+
+
+def test_auto_orders_a_single_store_of_more_samples_than_the_threshold_in_blocks(stores, monkeypatch):
+    monkeypatch.setattr(order_module, "BLOCKS_FROM", 10)
+    loader = mmdata.DataLoader(stores["wds"], CAMERA_WINDOWS, batching=mmdata.Batching(batch_size=4))
+    assert loader.shuffle == "blocks"
+    monkeypatch.setattr(order_module, "BLOCKS_FROM", 10**9)
+    loader = mmdata.DataLoader(stores["wds"], CAMERA_WINDOWS, batching=mmdata.Batching(batch_size=4))
+    assert loader.shuffle == "segments"
+
+
+def test_the_blocks_order_refuses_a_token_budget_and_a_mixture_with_what_to_give(stores):
+    with pytest.raises(OptionError, match="batch_size"):
+        mmdata.DataLoader(
+            stores["wds"],
+            CAMERA_WINDOWS,
+            batching=mmdata.Batching(batch_tokens=64),
+            shuffling=mmdata.Shuffling(mode="blocks"),
+        )
+    mixture = mmdata.Mixture([mmdata.Source(stores["wds"], name="a"), mmdata.Source(stores["zarr"], name="b")])
+    with pytest.raises(OptionError, match="single store"):
+        mmdata.DataLoader(
+            mixture, CAMERA_WINDOWS, batching=mmdata.Batching(batch_size=4), shuffling=mmdata.Shuffling(mode="blocks")
+        )
