@@ -1,0 +1,266 @@
+"""What planning an epoch costs one rank as stores grow to a billion samples and worlds to 1,024 ranks, in one run.
+
+Three parts, each a curve rather than one point:
+
+- `plan`: manifests of 10^5 to 10^7 episodes (synthetic rows in memory: key, shard, duration; planning reads nothing
+  else), windows giving 10^7 to 10^9 samples. Per (store, world size): one rank's (the last) time to plan the epoch
+  and make its first step, in the "blocks" order and in today's "segments" order where it fits in memory, also
+  resumed at half the world size half-way through; the planner's peak memory (tracemalloc, Python and numpy
+  allocations) and what the planner with its steps pickles to (what a spawned worker receives).
+- `first_batch`: `iter(DataLoader)` to its first batch for the last rank of 1,024 over a real store of 4 episodes
+  of 5 minutes (low-dim only) read at an anchor rate that gives 10^9 samples ("auto" resolves to "blocks"), and
+  the process's resident memory growth.
+- `mixing`: rank 0's micro-batches of 8 over 1,000 episodes of 300 windows (segments of 32 windows): distinct
+  episodes per batch, episodes shared with the batch before, lag-1 correlation of the batches' mean episode, in the
+  "blocks" and "segments" orders (`mmdata bench`'s figures).
+
+usage: python benchmarks/scale_bench.py [--quick] [--record scale_cpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import pickle
+import resource
+import sys
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from machine import RESULTS, machine_name, write_results  # noqa: E402
+
+import mmdata  # noqa: E402
+from mmdata.conversion.pipeline import ConvertOptions, convert  # noqa: E402
+from mmdata.importers.raw import discover_raw_episodes  # noqa: E402
+from mmdata.measure.runner import mixing_figures  # noqa: E402
+from mmdata.planning.block_planner import BlockPlanner  # noqa: E402
+from mmdata.planning.epoch_plan import Stretch  # noqa: E402
+from mmdata.planning.planner import LoaderPlanner, PlanSettings  # noqa: E402
+from mmdata.planning.sample_index import SampleIndex  # noqa: E402
+from mmdata.planning.samples import enumerate_samples  # noqa: E402
+from mmdata.synthetic import SynthSpec, write_synthetic_dataset  # noqa: E402
+
+BATCH, LANES, OPEN, BLOCK = 8, 8, 8, 32
+SPEC_FPS = 10.0
+SEGMENTS_UP_TO = 10**7  # samples: today's order beyond this takes minutes and tens of GB per rank
+
+
+def synthetic_manifest(episodes: int, samples_per_episode: int) -> pa.Table:
+    """The columns planning reads, for `episodes` rows of `samples_per_episode` windows at SPEC_FPS."""
+    rows = np.arange(episodes, dtype=np.int64)
+    keys = pc.binary_join_element_wise("episode_", pc.cast(pa.array(rows), pa.string()), "")
+    shards = pc.binary_join_element_wise("shard-", pc.cast(pa.array(rows // 1000), pa.string()), ".tar", "")
+    return pa.table({"key": keys, "shard": shards, "duration": np.full(episodes, samples_per_episode / SPEC_FPS)})
+
+
+def spec() -> mmdata.Windows:
+    return mmdata.Windows(anchor_fps=SPEC_FPS, streams={"action": mmdata.Values(offsets=[0.0, 0.1])})
+
+
+def block_planner(table: pa.Table) -> BlockPlanner:
+    settings = PlanSettings(None, BATCH, shuffle="blocks", lanes=LANES, open_segments=OPEN)
+    keys, shards = table.column("key").combine_chunks(), table.column("shard").combine_chunks()
+    return BlockPlanner(SampleIndex(table, spec(), None, None), keys, shards, settings, BLOCK)
+
+
+def segments_planner(table: pa.Table) -> LoaderPlanner:
+    samples = enumerate_samples(table, spec(), np.arange(table.num_rows))
+    widest = int(samples.chunk.max()) // BLOCK + 1
+    blocks = samples.episode * widest + samples.chunk // BLOCK  # a stored segment of BLOCK windows each
+    settings = PlanSettings(None, BATCH, shuffle="segments", lanes=LANES, open_segments=OPEN)
+    keys, shards = table.column("key").to_pylist(), table.column("shard").to_pylist()
+    return LoaderPlanner(samples, samples.costs(None), [keys], [shards], settings, None, blocks)
+
+
+def measured(make_planner, table: pa.Table, world: int, stretches: list[Stretch]) -> dict:
+    """One rank's cost: making the planner (what a loader does once), planning the epoch, its first step."""
+    gc.collect()
+    tracemalloc.start()
+    started = time.perf_counter()
+    planner = make_planner(table)
+    made = time.perf_counter()
+    plan = planner.epoch_plan(1, 0, stretches, world)
+    planned = time.perf_counter()
+    steps = planner.rank_steps(plan, world - 1)
+    steps[0]
+    first = time.perf_counter()
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    pickled = len(pickle.dumps((planner, steps)))
+    return {
+        "planner_s": round(made - started, 4),
+        "plan_s": round(planned - made, 4),
+        "first_step_s": round(first - planned, 5),
+        "total_s": round(first - started, 4),
+        "peak_mb": round(peak / 1e6, 1),
+        "pickled_mb": round(pickled / 1e6, 2),
+        "steps": len(steps),
+    }
+
+
+def plan_curve(sizes: list[tuple[int, int]], worlds: list[int]) -> list[dict]:
+    rows = []
+    for episodes, per_episode in sizes:
+        table = synthetic_manifest(episodes, per_episode)
+        samples = episodes * per_episode
+        orders = [("blocks", block_planner)] + ([("segments", segments_planner)] if samples <= SEGMENTS_UP_TO else [])
+        for order, make in orders:
+            for world in worlds:
+                fresh = measured(make, table, world, [])
+                half = fresh["steps"] // 2 // 2  # half the epoch at twice the world size, then this world size
+                elastic = measured(make, table, world, [Stretch(world * 2, half)])
+                row = {"order": order, "episodes": episodes, "samples": samples, "world_size": world}
+                row.update(fresh)
+                row.update({f"elastic_{key}": value for key, value in elastic.items() if key != "steps"})
+                rows.append(row)
+                print(row, flush=True)
+        del table
+    return rows
+
+
+def first_batch(samples: int, world: int) -> dict:
+    """`iter(DataLoader)` to the first batch of the last rank, over a real store read at `samples` windows."""
+    with tempfile.TemporaryDirectory() as folder:
+        root = Path(folder)
+        synth = SynthSpec(episodes=4, min_seconds=300.0, max_seconds=300.0, cameras=())  # windows at < 1 MHz
+        write_synthetic_dataset(root / "raw", synth)
+        convert(discover_raw_episodes(root / "raw"), root / "store.wds", ConvertOptions(progress=False))
+        dataset = mmdata.open_dataset(str(root / "store.wds"))
+        seconds = sum(float(dataset.manifest.row(i)["duration"]) for i in range(len(dataset)))
+        windows = mmdata.Windows(anchor_fps=samples / seconds, streams={"action": mmdata.Values(offsets=[0.0, 0.1])})
+        gc.collect()
+        rss_before = resident_mb()
+        started = time.perf_counter()
+        loader = mmdata.DataLoader(
+            dataset,
+            windows,
+            batching=mmdata.Batching(batch_size=BATCH),
+            runtime=mmdata.Runtime(rank=world - 1, world_size=world),
+            seed=1,
+        )
+        built = time.perf_counter()
+        next(iter(loader))
+        done = time.perf_counter()
+        rss_after = resident_mb()
+        figures = {
+            "samples": len(loader.samples),
+            "world_size": world,
+            "order": loader.shuffle,
+            "build_s": round(built - started, 3),
+            "first_batch_s": round(done - started, 3),
+            "rss_growth_mb": round(rss_after - rss_before, 1),
+            "steps_per_rank": len(loader),
+        }
+        loader.close()
+    print(figures, flush=True)
+    return figures
+
+
+def resident_mb() -> float:
+    """The process's resident memory now (Linux; elsewhere its peak), in MB."""
+    status = Path("/proc/self/status")
+    if status.exists():
+        line = next(line for line in status.read_text().splitlines() if line.startswith("VmRSS:"))
+        return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def mixing(episodes: int = 1000, per_episode: int = 300) -> dict:
+    """`mmdata bench`'s mixing figures over rank 0's whole epoch, in both orders."""
+    table = synthetic_manifest(episodes, per_episode)
+    figures = {}
+    for order, make in (("blocks", block_planner), ("segments", segments_planner)):
+        planner = make(table)
+        plan = planner.epoch_plan(1, 0, [], 1)
+        rank_steps = planner.rank_steps(plan, 0)
+        batches = [np.asarray([s.episode for s in rank_steps[k][1]]) for k in range(len(rank_steps))]
+        figures[order] = mixing_figures(batches)
+    print(figures, flush=True)
+    return figures
+
+
+def growth(rows: list[dict], order: str, world: int, low: int, high: int, field: str) -> float | None:
+    """How much `field` grows from `low` to `high` samples (per the largest manifest at each size)."""
+    picked = {
+        row["samples"]: row[field]
+        for row in sorted(rows, key=lambda r: r["episodes"])
+        if row["order"] == order and row["world_size"] == world
+    }
+    if low not in picked or high not in picked:
+        return None
+    return round(picked[high] / max(picked[low], 1e-9), 2)
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for order, style in (("blocks", "-o"), ("segments", "--s")):
+        for world in sorted({row["world_size"] for row in rows}):
+            picked = [r for r in rows if r["order"] == order and r["world_size"] == world]
+            if not picked:
+                continue
+            by_samples = sorted({r["samples"]: r for r in picked}.values(), key=lambda r: r["samples"])
+            x = [r["samples"] for r in by_samples]
+            axes[0].plot(x, [r["total_s"] for r in by_samples], style, label=f"{order}, world {world}")
+            axes[1].plot(x, [r["peak_mb"] for r in by_samples], style, label=f"{order}, world {world}")
+    for axis, title in zip(
+        axes, ("one rank: planner + epoch plan + first step (s)", "one rank: peak planning memory (MB)")
+    ):
+        axis.set_xscale("log")
+        axis.set_yscale("log")
+        axis.set_xlabel("samples in the epoch")
+        axis.set_title(title)
+        axis.grid(True, which="both", alpha=0.3)
+    axes[0].legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    print(f"wrote {path}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="the smaller sizes only (a minute)")
+    parser.add_argument("--record", default=None, help="write benchmarks/results/<NAME>.json and <NAME>.png")
+    args = parser.parse_args()
+    if args.quick:
+        sizes, worlds, first_samples = [(10**4, 100), (10**5, 100)], [8, 1024], 10**8
+    else:
+        sizes = [(10**5, 100), (10**6, 10), (10**6, 100), (10**6, 1000), (10**7, 100)]
+        worlds, first_samples = [8, 64, 1024], 10**9
+    rows = plan_curve(sizes, worlds)
+    report = {
+        "machine": machine_name(),
+        "batch_size": BATCH,
+        "lanes": LANES,
+        "open_blocks": OPEN,
+        "block": BLOCK,
+        "plan": rows,
+        "first_batch": first_batch(first_samples, 1024),
+        "mixing": mixing(),
+    }
+    top = max(row["samples"] for row in rows)
+    report["growth_blocks_world_1024"] = {
+        "samples": [10**7, top],
+        "total_s": growth(rows, "blocks", 1024, 10**7, top, "total_s"),
+        "peak_mb": growth(rows, "blocks", 1024, 10**7, top, "peak_mb"),
+    }
+    if args.record:
+        write_results(args.record, report)
+        plot(rows, RESULTS / f"{args.record}.png")
+
+
+if __name__ == "__main__":
+    main()
