@@ -68,8 +68,7 @@ def spec() -> mmdata.Windows:
 
 def block_planner(table: pa.Table) -> BlockPlanner:
     settings = PlanSettings(None, BATCH, shuffle="blocks", lanes=LANES, open_segments=OPEN)
-    keys, shards = table.column("key").combine_chunks(), table.column("shard").combine_chunks()
-    return BlockPlanner(SampleIndex(table, spec(), None, None), keys, shards, settings, BLOCK)
+    return BlockPlanner(SampleIndex(table, spec(), None, None), table.column("shard"), settings, BLOCK)
 
 
 def segments_planner(table: pa.Table) -> LoaderPlanner:

@@ -43,9 +43,7 @@ def manifest(durations: list[float]) -> pa.Table:
 def planner(table: pa.Table, spec, batch: int, lanes: int = 2, open_blocks: int = 4, block: int = 5) -> BlockPlanner:
     settings = PlanSettings(None, batch, shuffle="blocks", lanes=lanes, open_segments=open_blocks)
     index = SampleIndex(table, spec, None, None)
-    return BlockPlanner(
-        index, table.column("key").combine_chunks(), table.column("shard").combine_chunks(), settings, block
-    )
+    return BlockPlanner(index, table.column("shard"), settings, block)
 
 
 def rank_samples(plan, steps=None) -> list[list[int]]:

@@ -17,6 +17,7 @@ from mmdata.planning.epoch_plan import EpochPlan, Stretch
 from mmdata.planning.planner import PlanSettings, RankSteps
 from mmdata.planning.sample_index import SampleIndex
 from mmdata.planning.samples import SampleRef
+from mmdata.store.manifest import episode_key
 
 
 @dataclass
@@ -49,10 +50,11 @@ class BlockRankPlan:
 
 class BlockPlanner:
     """Orders and packs (`batch_size` samples per micro-batch) the samples of one store in the "blocks" order for
-    any epoch, world size and point of resumption. `keys` and `shards` are the manifest's columns, read per step."""
+    any epoch, world size and point of resumption. `shards` is the manifest's column, read per step; an episode's
+    key is its row's (`episode_key`: the manifest's checks hold every row to it)."""
 
-    def __init__(self, samples: SampleIndex, keys: pa.Array, shards: pa.Array, batching: PlanSettings, block: int):
-        self.samples, self.keys, self.shards, self.batching, self.block = samples, keys, shards, batching, block
+    def __init__(self, samples: SampleIndex, shards: pa.ChunkedArray, batching: PlanSettings, block: int):
+        self.samples, self.shards, self.batching, self.block = samples, shards, batching, block
 
     def epoch_plan(self, seed: int, epoch: int, stretches: list[Stretch], world_size: int) -> EpochPlan:
         """The epoch's plan at `world_size` after the `stretches` already run; its steps hold sample numbers."""
@@ -83,7 +85,7 @@ class BlockPlanner:
         episodes, chunks = self.samples.episodes_of(numbers)
         starts, ends = self.samples.spans_of(numbers)
         costs = self.samples.costs_of(numbers)
-        keys = self.keys.take(pa.array(episodes)).to_pylist()
+        keys = [episode_key(e) for e in episodes.tolist()]
         shards = self.shards.take(pa.array(episodes)).to_pylist()
         seed, epoch = plan.draw
         return [

@@ -28,6 +28,12 @@ class Episodes:
     tasks: Sequence[str] | None = None
     where: pc.Expression | RowTest | None = None
 
+    def columns(self) -> tuple[str, ...] | None:
+        """The manifest columns `select` reads (None: every column, as a `where` may name any)."""
+        if self.where is not None:
+            return None
+        return tuple(name for name, given in (("episode_index", self.ids), ("task", self.tasks)) if given is not None)
+
     def select(self, table: pa.Table) -> np.ndarray:
         """Row numbers of the manifest `table` that pass, ascending."""
         keep = np.ones(table.num_rows, dtype=bool)

@@ -67,8 +67,8 @@ def plan_loader(
     _check_order_applies(settings.shuffle, counts_samples, mixed)
     index = None
     if not mixed and counts_samples and settings.shuffle in ("auto", "blocks"):
-        every = len(rows[0]) == sources[0].store.table.num_rows
-        index = SampleIndex(sources[0].store.table, spec, None if every else rows[0], tokens_per)
+        every = len(rows[0]) == len(sources[0].store)
+        index = SampleIndex(sources[0].store.columns(["duration"]), spec, None if every else rows[0], tokens_per)
     cameras = [name for name, stream in spec.streams.items() if isinstance(stream, Frames)]
     shuffle = resolve_shuffle(settings.shuffle, counts_samples, bool(cameras), len(index) if index else 0)
     settings = dataclasses.replace(settings, shuffle=shuffle)
@@ -92,13 +92,13 @@ def plan_loader(
     if shuffle == "segments":
         stored = [s.streams.get(cameras[0]) if cameras else None for s in sources]
         blocks = segment_blocks(samples, [s.store for s in sources], stored)
-    keys = [s.store.table.column("key").to_pylist() for s in sources]
-    shards = [s.store.table.column("shard").to_pylist() for s in sources]
+    keys = [s.store.columns(["key"]).column("key").to_pylist() for s in sources]
+    shards = [s.store.columns(["shard"]).column("shard").to_pylist() for s in sources]
     planner = LoaderPlanner(samples, costs, keys, shards, settings, composition, blocks)
     if mixed:
         data = [describe_sources(sources), mixture.describe()]
     else:
-        data = [keys[0], sources[0].store.table.column("duration").to_pylist()]
+        data = [keys[0], sources[0].store.columns(["duration"]).column("duration").to_pylist()]
     data_text = [_json(part) for part in data]  # the manifest's part, written once for the three fingerprints
 
     def fingerprint_in(order: str, segments_version: str = SEGMENT_ORDER_VERSION) -> str:
@@ -149,17 +149,17 @@ def _blocks_plan(
 ) -> LoaderPlan:
     """The plan of a single store in the "blocks" order: nothing of the size of the epoch is made, and the
     fingerprint hashes the manifest's key and duration columns as bytes rather than as JSON lists."""
-    table = source.store.table
+    table = source.store.columns(["duration", "shard"])
     cameras = [name for name, stream in spec.streams.items() if isinstance(stream, Frames)]
     block = block_samples(source.store, source.streams.get(cameras[0]) if cameras else None, spec)
-    planner = BlockPlanner(
-        index, table.column("key").combine_chunks(), table.column("shard").combine_chunks(), settings, block
-    )
+    planner = BlockPlanner(index, table.column("shard"), settings, block)
     planned = [
         *_planned(spec, episodes, tokens_per, settings, "blocks"),
         [settings.lanes, settings.open_segments, block, BLOCK_ORDER_VERSION],
     ]
-    fingerprint = _hash_of_list([json.dumps(_columns_digest(table, ("key", "duration"))), *(_json(p) for p in planned)])
+    fingerprint = _hash_of_list(
+        [json.dumps([table.num_rows, _columns_digest(table, ("duration",))]), *(_json(p) for p in planned)]
+    )
     targets = np.array([len(index)], np.int64)
     return LoaderPlan(index, None, targets, settings, planner, excluded, fingerprint, fingerprint, fingerprint)
 
@@ -188,19 +188,19 @@ def _json(part: Any) -> str:
 
 
 def _columns_digest(table: pa.Table, names: tuple[str, ...]) -> str:
-    """A hash of the values of the manifest's `names` columns, read as bytes (ten million keys in well under a
-    second, where their JSON text takes tens)."""
-    digest = xxhash.xxh64()
+    """A hash of the values of the manifest's `names` columns, read as bytes however they are chunked (ten
+    million keys in well under a second, where their JSON text takes tens)."""
+    lengths, values = xxhash.xxh64(), xxhash.xxh64()
     for name in names:
-        column = table.column(name).combine_chunks()
-        if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
-            column = column.cast(pa.large_string())
-            offsets = np.frombuffer(column.buffers()[1], np.int64)[column.offset : column.offset + len(column) + 1]
-            digest.update((offsets - offsets[0]).tobytes())
-            digest.update(memoryview(column.buffers()[2])[offsets[0] : offsets[-1]])
-        else:
-            digest.update(np.ascontiguousarray(column.to_numpy(zero_copy_only=False)).tobytes())
-    return digest.hexdigest()
+        for chunk in table.column(name).chunks:
+            if pa.types.is_string(chunk.type) or pa.types.is_large_string(chunk.type):
+                wide = np.int64 if pa.types.is_large_string(chunk.type) else np.int32
+                offsets = np.frombuffer(chunk.buffers()[1], wide)[chunk.offset : chunk.offset + len(chunk) + 1]
+                lengths.update(np.diff(offsets).astype(np.int64).tobytes())
+                values.update(memoryview(chunk.buffers()[2])[int(offsets[0]) : int(offsets[-1])])
+            else:
+                values.update(np.ascontiguousarray(chunk.to_numpy(zero_copy_only=False)).tobytes())
+    return lengths.hexdigest() + values.hexdigest()
 
 
 def _hash_of_list(texts: list[str]) -> str:
@@ -213,9 +213,14 @@ def _hash_of_list(texts: list[str]) -> str:
 def _selected_rows(source: OpenSource, labelled: bool, on_error: str, excluded: dict[Any, str]) -> np.ndarray:
     """The manifest rows of one source's selected, undamaged episodes; damaged ones are refused, or left out and
     named in `excluded` (by row, or `source/row` in a mixture: `labelled`)."""
-    table = source.store.table
-    selected = source.episodes.select(table) if source.episodes is not None else np.arange(table.num_rows)
-    damaged = {int(i): source.store.damaged[int(i)] for i in selected if int(i) in source.store.damaged}
+    store, episodes = source.store, source.episodes
+    if episodes is None:
+        selected = np.arange(len(store))
+    else:
+        needed = episodes.columns()
+        selected = episodes.select(store.table if needed is None else store.columns(needed))
+    known = np.fromiter(store.damaged, np.int64, len(store.damaged))
+    damaged = {int(i): store.damaged[int(i)] for i in np.sort(known[np.isin(known, selected)])}
     label = f"source '{source.name}': " if labelled else ""
     if damaged and on_error == "raise":
         raise StoreError(
@@ -229,14 +234,13 @@ def _selected_rows(source: OpenSource, labelled: bool, on_error: str, excluded: 
             f"{label}all {len(selected)} selected episode(s) were left out as damaged (on_error='skip'), the first:"
             f" {next(iter(damaged.values()))}; run `mmdata verify {source.store.url}` and convert the store again"
         )
-    if not damaged:
-        return np.asarray(selected, dtype=np.int64)
-    return np.asarray([i for i in selected if int(i) not in damaged], dtype=np.int64)
+    selected = np.asarray(selected, dtype=np.int64)
+    return selected[~np.isin(selected, list(damaged))] if damaged else selected
 
 
 def _enumerated(source: OpenSource, spec: Spec, rows: np.ndarray, labelled: bool) -> SampleTable:
     """The samples of one source's manifest `rows`, each its own row of a table."""
     try:
-        return enumerate_samples(source.store.table, spec, rows)
+        return enumerate_samples(source.store.columns(["duration", "shard"]), spec, rows)
     except SpecError as exc:
         raise SpecError(f"source '{source.name}': {exc}" if labelled else str(exc)) from None

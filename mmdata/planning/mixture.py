@@ -314,8 +314,8 @@ def describe_sources(sources: list[OpenSource]) -> list[dict[str, Any]]:
     return [
         {
             "name": s.name,
-            "keys": s.store.table.column("key").to_pylist(),
-            "durations": s.store.table.column("duration").to_pylist(),
+            "keys": s.store.columns(["key"]).column("key").to_pylist(),
+            "durations": s.store.columns(["duration"]).column("duration").to_pylist(),
             "streams": s.streams,
         }
         for s in sources

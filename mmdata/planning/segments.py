@@ -70,8 +70,8 @@ def block_samples(store: Store, camera: str | None, spec: Spec) -> int:
     stream = store.schema.stream(camera) if camera is not None else None
     if not isinstance(stream, VideoStream):
         return LOW_DIM_BLOCK
-    column = store.table.column(f"{camera}/segments").slice(0, _ROWS_SAMPLED).to_pylist()
-    frames = [segment["num_frames"] for row in column for segment in row or ()]
+    rows = [store.manifest.row(i) for i in range(min(_ROWS_SAMPLED, len(store))) if i not in store.damaged]
+    frames = [segment["num_frames"] for row in rows for segment in row[f"{camera}/segments"] or ()]
     if not frames:
         return LOW_DIM_BLOCK
     return max(1, round(float(np.median(frames)) / stream.fps * spec.anchor_fps))

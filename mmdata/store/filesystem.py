@@ -173,6 +173,11 @@ def read_file(
     return data
 
 
+def file_size(fs: fsspec.AbstractFileSystem, path: str, policy: ReadPolicy = DEFAULT_READ_POLICY) -> int:
+    """The length of `path` in bytes (no byte of it read)."""
+    return _retried(fs, path, policy, "its size", lambda: _size(fs, path))
+
+
 def read_tail(
     fs: fsspec.AbstractFileSystem, path: str, size: int, policy: ReadPolicy = DEFAULT_READ_POLICY
 ) -> tuple[bytes, int]:

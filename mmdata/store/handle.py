@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 
 from mmdata.checks import inside, option_bool, option_int, parse_json
@@ -28,15 +27,11 @@ from mmdata.schema import DatasetSchema, VideoStream
 from mmdata.store.filesystem import DEFAULT_READ_POLICY, ReadPolicy, join, read_file, resolve
 from mmdata.store.layout import DATASET_FILE, PARTIAL_DIR
 from mmdata.store.lru import ByteBudgetCache
-from mmdata.store.manifest import Manifest, Piece, packets_column
-from mmdata.store.manifest_checks import check_manifest
+from mmdata.store.manifest import Piece, packets_column
+from mmdata.store.manifest_reader import open_manifest
 from mmdata.store.piece_readers import PieceReader, ZarrPieceReader, piece_reader, zarr_array_paths
 
 MAX_SCHEMA_BYTES = 16 << 20
-MAX_MANIFEST_BYTES = 8 << 30
-# A Parquet footer may not declare more than this many times its file's size in row data (zstd
-# on a manifest gives 3-10x); beyond it the file is refused before its pages are decompressed.
-MANIFEST_EXPANSION = 64
 # Decoded audio may run past the manifest's sample count by at most one codec frame (FLAC: 65535).
 MAX_AUDIO_FRAME_SAMPLES = 65536
 
@@ -134,9 +129,9 @@ class Store:
         self.read_policy = read_policy
         self.fs, self.root = resolve(url)
         self.schema = schema if schema is not None else self._read_schema()
-        table = self._read_manifest()
         where = f"{self.url}/{self.schema.manifest_file}"
-        self.manifest = Manifest(table, check_manifest(table, self.schema, where))
+        path = join(self.root, self.schema.manifest_file)
+        self.manifest = open_manifest(self.fs, path, read_policy, self.schema, where)
         self.pieces: PieceReader = piece_reader(self.schema.layout, self.fs, self.root, verify, read_policy)
         if isinstance(self.pieces, ZarrPieceReader):
             for path in zarr_array_paths(self.schema.streams):
@@ -160,24 +155,6 @@ class Store:
             raise StoreError(f"'{self.url}' has no {DATASET_FILE}: {hint}") from exc
         return DatasetSchema.from_json(data, where=f"{self.url}/{DATASET_FILE}")
 
-    def _read_manifest(self) -> pa.Table:
-        name = self.schema.manifest_file
-        path = join(self.root, name)
-        data = read_file(self.fs, path, MAX_MANIFEST_BYTES, self.read_policy)
-        try:
-            parquet = pq.ParquetFile(pa.BufferReader(arrow_owned(data)), pre_buffer=False)
-            declared = sum(parquet.metadata.row_group(g).total_byte_size for g in range(parquet.num_row_groups))
-            if declared > MANIFEST_EXPANSION * len(data) + (64 << 20):
-                raise StoreError(
-                    f"{self.url}/{name} declares {declared} bytes of rows in a {len(data)}-byte file;"
-                    " it is damaged or hostile: restore it or convert again"
-                )
-            return parquet.read(use_threads=False)
-        except (pa.ArrowException, OSError, ValueError, IndexError) as exc:
-            raise StoreError(
-                f"{self.url}/{name} is not a readable Parquet file ({exc}); restore it or convert again"
-            ) from exc
-
     def holds(self, path: str | os.PathLike) -> bool:
         """Whether the local `path` lies inside this store's folder, links resolved (always False for a store in
         object storage): what a command writing beside a store must not write into."""
@@ -190,8 +167,14 @@ class Store:
 
     @property
     def table(self) -> pa.Table:
-        """The manifest as a pyarrow Table, one row per episode."""
+        """The manifest as a pyarrow Table, one row per episode (of a manifest read by row group, every row group
+        is read: a loader plans from `columns` and reads rows one by one)."""
         return self.manifest.table
+
+    def columns(self, names: Sequence[str]) -> pa.Table:
+        """The manifest's columns `names`, every row: what a loader plans from (keys, durations, shards), read
+        without the rows' pieces (see `store.manifest_reader`)."""
+        return self.manifest.columns(names)
 
     def __len__(self) -> int:
         return len(self.manifest)
@@ -464,12 +447,3 @@ def open_store(
     to `cache_bytes` of the timestamps, low-dim arrays and audio it read (0: none), so that reading an episode's
     frames or values again does not read and verify its timestamps again."""
     return Store(str(path_or_url), verify, cache_bytes, read_policy)
-
-
-def arrow_owned(data: bytes) -> pa.Buffer:
-    """`data` copied into memory Arrow owns. A buffer Arrow wraps around a Python object must take the interpreter
-    lock to be freed, and a reader Arrow's thread pool frees while the interpreter shuts down then aborts the
-    process ("terminate called without an active exception"); freeing Arrow's own memory needs no lock."""
-    stream = pa.BufferOutputStream()
-    stream.write(data)
-    return stream.getvalue()

@@ -7,6 +7,7 @@ Per stream `s` the row has `s/count` (frames, samples or rows), `s/t_start` and 
 Video rows list `s/segments` (a piece plus `first_frame`, `num_frames` each), a
 `s/timestamps` piece and `s/packets` (each segment's packet index, or null; absent in stores
 written before it existed); audio has `s/data`; low-dim streams have `s/data` and `s/timestamps`.
+Written in row groups of `ROW_GROUP_ROWS` rows; `manifest_reader` reads it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from mmdata.errors import IntegrityError
 from mmdata.schema import Stream
 from mmdata.store.filesystem import write_bytes_atomically
 
@@ -30,6 +30,12 @@ SEGMENT = pa.struct([("first_frame", pa.int64()), ("num_frames", pa.int64()), *[
 PACKETS_SUFFIX = "/packets"
 LEGACY_PACKET_INDEX = pa.struct([("codec_config", pa.binary()), ("packets", pa.binary())])
 PACKET_INDEX = pa.struct([*LEGACY_PACKET_INDEX, ("checksum", pa.string())])
+# Rows per Parquet row group: a reader of a large manifest reads the row groups of the episodes it reads
+# (`manifest_reader`), a few MB each even with every segment's packet index.
+ROW_GROUP_ROWS = 4096
+# Columns with statistics in the footer: the footer of ten million rows is read whole when a store opens, and
+# statistics on every piece's fields would double it for nothing a reader uses.
+STATISTICS = ["episode_index", "duration"]
 MEMBER = pa.struct([("name", pa.string()), ("offset", pa.int64()), ("size", pa.int64()), ("checksum", pa.string())])
 
 
@@ -116,30 +122,5 @@ def write_manifest(
     """Write the manifest atomically (local, or on `fs`): a reader sees the old file or the whole new one."""
     table = pa.Table.from_pylist(rows, schema=manifest_schema(streams))
     sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, compression="zstd")
+    pq.write_table(table, sink, compression="zstd", row_group_size=ROW_GROUP_ROWS, write_statistics=STATISTICS)
     write_bytes_atomically(path, [sink.getvalue().to_pybytes()], fs)
-
-
-class Manifest:
-    """Read access to `episodes.parquet`, row by row as plain dicts.
-
-    `damaged` maps the rows that failed the manifest checks to why; reading one raises
-    IntegrityError, so nothing is ever read through an inconsistent address.
-    """
-
-    def __init__(self, table: pa.Table, damaged: dict[int, str] | None = None):
-        self.table = table
-        self.damaged = dict(damaged or {})
-        self._rows: list[dict[str, Any]] | None = None
-
-    def __len__(self) -> int:
-        return self.table.num_rows
-
-    def row(self, index: int) -> dict[str, Any]:
-        if not 0 <= index < len(self):
-            raise IndexError(f"episode {index} out of range: the dataset has {len(self)} episodes")
-        if index in self.damaged:
-            raise IntegrityError(f"{self.damaged[index]}; run `mmdata verify` to list every damaged episode")
-        if self._rows is None:
-            self._rows = self.table.to_pylist()
-        return self._rows[index]

@@ -33,6 +33,7 @@ NPY_HEADER_MAX = 65536 + 16
 TIME_TOLERANCE = 1e-6
 SHARD_PATTERN = r"^shards/[A-Za-z0-9_.-]+\.tar$"
 CHECKSUM_PATTERN = r"^[0-9a-f]{16}$"
+_POWERS_OF_TEN = 10 ** np.arange(1, 19, dtype=np.int64)  # a row number's digits: one more than the powers below it
 
 
 def optional_columns(schema: DatasetSchema) -> set[str]:
@@ -40,10 +41,14 @@ def optional_columns(schema: DatasetSchema) -> set[str]:
     return {packets_column(stream.name) for stream in schema.streams if isinstance(stream, VideoStream)}
 
 
-def check_manifest(table: pa.Table, schema: DatasetSchema, where: str) -> dict[int, str]:
-    """Raise StoreError if the manifest's structure is wrong; return the damaged rows and why."""
-    _check_structure(table, schema, where)
-    rows = _RowProblems(table.column("key").to_pylist())
+def check_manifest(table: pa.Table, schema: DatasetSchema, where: str, first_row: int | None = None) -> dict[int, str]:
+    """Raise StoreError if the manifest's structure is wrong; return the damaged rows and why. `first_row` set:
+    `table` is one row group of a larger manifest (its rows numbered from `first_row`), whose column types and
+    row count were checked on their own (`check_manifest_columns`)."""
+    if first_row is None:
+        check_manifest_columns(table.schema, table.num_rows, schema, where)
+    _check_numbering(table, where, first_row or 0)
+    rows = _RowProblems(table.column("key").to_pylist(), first_row or 0)
     counts = _check_times(table, schema.streams, rows)
     for stream in schema.streams:
         if isinstance(stream, VideoStream):
@@ -97,8 +102,8 @@ def _check_times(table: pa.Table, streams: list, rows: _RowProblems) -> dict[str
 
 
 class _RowProblems:
-    def __init__(self, keys: list[str]):
-        self.keys = keys
+    def __init__(self, keys: list[str], first_row: int = 0):
+        self.keys, self.first_row = keys, first_row
         self.problems: dict[int, list[str]] = {}
 
     def flag(self, mask: np.ndarray, message: Callable[[int], str]) -> None:
@@ -109,51 +114,58 @@ class _RowProblems:
         damaged = {}
         for row, problems in self.problems.items():
             shown = "; ".join(problems[:3]) + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else "")
-            damaged[row] = f"episode '{self.keys[row]}' (row {row}) has an inconsistent manifest row: {shown}"
+            number = self.first_row + row
+            damaged[number] = f"episode '{self.keys[row]}' (row {number}) has an inconsistent manifest row: {shown}"
         return damaged
 
 
-def _check_structure(table: pa.Table, schema: DatasetSchema, where: str) -> None:
+def check_manifest_columns(found_schema: pa.Schema, num_rows: int, schema: DatasetSchema, where: str) -> None:
+    """Raise StoreError unless the manifest has every column `schema` implies, with its type, and one row per
+    episode `dataset.json` counts."""
     expected = manifest_schema(schema.streams)
     optional = optional_columns(schema)
     for field in expected:
-        if field.name in optional and field.name not in table.column_names:
+        if field.name in optional and field.name not in found_schema.names:
             continue
-        if field.name not in table.column_names:
+        if field.name not in found_schema.names:
             raise StoreError(f"{where} lacks column '{field.name}'; the store is damaged: convert it again")
-        found = table.schema.field(field.name).type
+        found = found_schema.field(field.name).type
         if field.name in optional and found == pa.list_(LEGACY_PACKET_INDEX):
             continue
         if found != field.type:
             raise StoreError(f"{where}: column '{field.name}' is {found}, not {field.type}; convert the store again")
-    if table.num_rows != schema.num_episodes:
+    if num_rows != schema.num_episodes:
         raise StoreError(
-            f"{where} holds {table.num_rows} rows but dataset.json says {schema.num_episodes} episodes;"
+            f"{where} holds {num_rows} rows but dataset.json says {schema.num_episodes} episodes;"
             " rows were lost or duplicated: restore the manifest or convert again"
         )
-    if table.num_rows == 0:
+    if num_rows == 0:
         raise StoreError(f"{where} holds no episode")
+
+
+def _check_numbering(table: pa.Table, where: str, first_row: int) -> None:
+    """Rows are episodes first_row.. in order, each keyed by its number."""
     index = table.column("episode_index")
     keys = table.column("key")
     if index.null_count or keys.null_count:
         raise StoreError(f"{where}: episode_index or key is missing in some rows; convert the store again")
     numbers = index.to_numpy()
-    wrong = np.flatnonzero(numbers != np.arange(table.num_rows))
+    rows = np.arange(first_row, first_row + table.num_rows)
+    wrong = np.flatnonzero(numbers != rows)
     if len(wrong):
         row = int(wrong[0])
         raise StoreError(
-            f"{where}: row {row} holds episode_index {int(numbers[row])}; rows must be episodes 0..N-1 in order"
-            " (rows were duplicated, dropped or reordered): restore the manifest or convert again"
+            f"{where}: row {first_row + row} holds episode_index {int(numbers[row])}; rows must be episodes 0..N-1 in"
+            " order (rows were duplicated, dropped or reordered): restore the manifest or convert again"
         )
     prefix = pc.fill_null(pc.match_substring_regex(keys, r"^episode_[0-9]{6,}$"), False).to_numpy(zero_copy_only=False)
-    rows = np.arange(table.num_rows)
     if prefix.all():
         numbers = pc.cast(pc.utf8_slice_codeunits(keys, len("episode_")), pa.int64(), safe=False).to_numpy()
-        digits = np.maximum(6, np.char.str_len(rows.astype(str)))
+        digits = np.maximum(6, 1 + np.searchsorted(_POWERS_OF_TEN, rows, side="right"))
         prefix = (numbers == rows) & (pc.utf8_length(keys).to_numpy() == len("episode_") + digits)
     wrong = np.flatnonzero(~prefix)
     if len(wrong):
-        row, key = int(wrong[0]), keys[int(wrong[0])].as_py()
+        row, key = first_row + int(wrong[0]), keys[int(wrong[0])].as_py()
         raise StoreError(f"{where}: row {row} has key {key!r}, not '{episode_key(row)}'; convert the store again")
 
 

@@ -1,0 +1,244 @@
+"""Reading `episodes.parquet`: whole and checked at once when it is small, by row group and by column when it is
+large, so that a rank of a job over ten million episodes holds the columns it plans with and the row groups it
+reads rather than the whole manifest (whose segment lists and packet indexes take kilobytes per episode).
+
+A manifest of at most `EAGER_ROWS` rows in a file of at most `EAGER_BYTES` is read in one request and checked
+whole when the store opens, as it always was: `Store.damaged` then lists every damaged episode. A larger one is
+opened from its footer; the columns a planner asks for are read column by column (`columns`), and a row group is
+read, checked and kept (within `ROW_GROUP_CACHE_BYTES`) when one of its rows is first read (`row`). Its damaged
+episodes are found as their row groups are read, and `mmdata verify` reads every one.
+"""
+
+from __future__ import annotations
+
+import bisect
+import io
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+from cachetools import LRUCache
+
+from mmdata.errors import IntegrityError, StoreError
+from mmdata.schema import DatasetSchema
+from mmdata.store.filesystem import ReadPolicy, file_size, read_file, read_range
+from mmdata.store.manifest_checks import check_manifest, check_manifest_columns
+
+# Columns read as dictionaries when read whole from a large manifest: a few distinct values over millions of rows.
+DICTIONARY_COLUMNS = ("shard", "task", "source")
+EAGER_ROWS = 1 << 16
+EAGER_BYTES = 64 << 20
+ROW_GROUP_CACHE_BYTES = 256 << 20
+ROWS_KEPT = 8192  # rows kept as dicts: a loader reads an episode's row for each of its samples
+# A Parquet footer may not declare more than this many times its file's size in row data (zstd
+# on a manifest gives 3-10x); beyond it the file is refused before its pages are decompressed.
+MANIFEST_EXPANSION = 64
+
+Check = Callable[[pa.Table, int], dict[int, str]]
+"""(a row group, its first row's number) -> its damaged rows and why; raises StoreError."""
+
+
+class RangeFile(io.RawIOBase):
+    """A file of a store read by byte ranges, each with the store's timeouts and retries: what Parquet reads a
+    large manifest's footer, columns and row groups through. Counts its reads (`requests`)."""
+
+    def __init__(self, fs: fsspec.AbstractFileSystem, path: str, size: int, policy: ReadPolicy):
+        self.fs, self.path, self.size, self.policy = fs, path, size, policy
+        self.position = self.requests = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.position, io.SEEK_END: self.size}[whence]
+        self.position = base + offset
+        return self.position
+
+    def read(self, size: int = -1) -> bytes:
+        end = self.size if size is None or size < 0 else min(self.size, self.position + size)
+        data = read_range(self.fs, self.path, self.position, max(0, end - self.position), self.policy)
+        self.requests += 1
+        self.position += len(data)
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+
+class Manifest:
+    """Read access to `episodes.parquet`: rows as plain dicts, columns as pyarrow arrays (see the module).
+
+    `damaged` maps the rows that failed the manifest checks (so far, for a manifest read by row group) to why;
+    reading one raises IntegrityError, so nothing is ever read through an inconsistent address.
+    """
+
+    def __init__(self, table: pa.Table, damaged: dict[int, str] | None = None):
+        self._table: pa.Table | None = table
+        self.damaged = dict(damaged or {})
+        self.num_rows = table.num_rows
+        self._opener: ParquetOpener | None = None
+        self._check: Check | None = None
+        self._starts = [0]
+        self._setup_caches()
+
+    @classmethod
+    def by_row_group(cls, opener: ParquetOpener, check: Check, parquet: pq.ParquetFile | None = None) -> Manifest:
+        """A manifest read by row group and column from the Parquet file `opener` opens (again in each process;
+        `parquet`: the file opened already, in this process)."""
+        manifest = cls.__new__(cls)
+        parquet = parquet if parquet is not None else opener()
+        manifest._table, manifest.damaged = None, {}
+        manifest.num_rows = parquet.metadata.num_rows
+        manifest._opener, manifest._check = opener, check
+        counts = [parquet.metadata.row_group(g).num_rows for g in range(parquet.num_row_groups)]
+        manifest._starts = [sum(counts[:g]) for g in range(len(counts))]
+        manifest._setup_caches()
+        manifest._parquet = parquet
+        return manifest
+
+    def _setup_caches(self) -> None:
+        self._parquet: pq.ParquetFile | None = None
+        self._groups: LRUCache = LRUCache(maxsize=ROW_GROUP_CACHE_BYTES, getsizeof=lambda table: table.nbytes or 1)
+        self._rows: LRUCache = LRUCache(maxsize=ROWS_KEPT)
+        self._columns: dict[str, pa.ChunkedArray] = {}
+
+    @property
+    def read_whole(self) -> bool:
+        """Whether the manifest was read and checked whole when opened (`damaged` then lists every damaged row)."""
+        return self._opener is None
+
+    def __len__(self) -> int:
+        return self.num_rows
+
+    def row(self, index: int) -> dict[str, Any]:
+        if not 0 <= index < self.num_rows:
+            raise IndexError(f"episode {index} out of range: the dataset has {self.num_rows} episodes")
+        found = self._rows.get(index)
+        if found is None:
+            group, start = self._group_of(index)
+            if index in self.damaged:
+                raise IntegrityError(f"{self.damaged[index]}; run `mmdata verify` to list every damaged episode")
+            found = self._rows[index] = group.slice(index - start, 1).to_pylist()[0]
+        return found
+
+    @property
+    def table(self) -> pa.Table:
+        """The whole manifest as a table (for a manifest read by row group, every row group is read: tools that
+        look at a whole store use it; loaders use `columns` and `row`)."""
+        if self._table is not None:
+            return self._table
+        return self._file().read(use_threads=False)
+
+    def columns(self, names: Sequence[str]) -> pa.Table:
+        """The manifest's columns `names`, every row (read column by column, and kept, for a large manifest)."""
+        if self._table is not None:
+            return self._table.select(list(names))
+        missing = [name for name in names if name not in self._columns]
+        if missing:
+            assert self._opener is not None, "a manifest read whole has no file to read again"
+            read = self._opener(DICTIONARY_COLUMNS).read(columns=missing, use_threads=False)
+            self._columns.update({name: read.column(name) for name in missing})
+            del read
+            pa.default_memory_pool().release_unused()  # the pages decoded on the way, kept by the allocator
+        return pa.table({name: self._columns[name] for name in names})
+
+    def _group_of(self, index: int) -> tuple[pa.Table, int]:
+        """The row group holding row `index` (read and checked when first asked for) and its first row."""
+        if self._table is not None:
+            return self._table, 0
+        number = bisect.bisect_right(self._starts, index) - 1
+        group = self._groups.get(number)
+        if group is None:
+            group = self._file().read_row_group(number, use_threads=False)
+            assert self._check is not None
+            self.damaged.update(self._check(group, self._starts[number]))
+            if group.nbytes <= ROW_GROUP_CACHE_BYTES:  # (a manifest written in larger groups is read again)
+                self._groups[number] = group
+        return group, self._starts[number]
+
+    def _file(self) -> pq.ParquetFile:
+        if self._parquet is None:
+            assert self._opener is not None, "a manifest read whole has no file to read again"
+            self._parquet = self._opener()
+        return self._parquet
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.update(_parquet=None, _groups=None, _rows=None, _columns={})
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        columns = self._columns
+        self._setup_caches()
+        self._columns = columns
+
+
+class ParquetOpener:
+    """Opens a store's manifest file for reading by range (picklable: a worker process opens it again)."""
+
+    def __init__(self, fs: fsspec.AbstractFileSystem, path: str, size: int, policy: ReadPolicy, where: str):
+        self.fs, self.path, self.size, self.policy, self.where = fs, path, size, policy, where
+
+    def __call__(self, dictionaries: Sequence[str] = ()) -> pq.ParquetFile:
+        """The file; string columns named in `dictionaries` read as dictionary arrays."""
+        return _parquet_file(RangeFile(self.fs, self.path, self.size, self.policy), self.where, dictionaries)
+
+
+def open_manifest(
+    fs: fsspec.AbstractFileSystem, path: str, policy: ReadPolicy, schema: DatasetSchema, where: str
+) -> Manifest:
+    """The manifest at `path` of a store of `schema`: read in one request and checked whole when it is small,
+    else read by row group and column (see the module). A footer that declares far more row data than the file
+    could hold is refused before any page is decompressed."""
+    size = file_size(fs, path, policy)
+    if size <= EAGER_BYTES:
+        source: Any = pa.BufferReader(arrow_owned(read_file(fs, path, EAGER_BYTES, policy)))
+    else:
+        source = RangeFile(fs, path, size, policy)
+    parquet = _parquet_file(source, where)
+    metadata = parquet.metadata
+    declared = sum(metadata.row_group(g).total_byte_size for g in range(parquet.num_row_groups))
+    if declared > MANIFEST_EXPANSION * size + (64 << 20):
+        raise StoreError(
+            f"{where} declares {declared} bytes of rows in a {size}-byte file;"
+            " it is damaged or hostile: restore it or convert again"
+        )
+    if size <= EAGER_BYTES and metadata.num_rows <= EAGER_ROWS:
+        try:
+            table = parquet.read(use_threads=False)
+        except (pa.ArrowException, OSError, ValueError, IndexError) as exc:
+            raise StoreError(f"{where} is not a readable Parquet file ({exc}); restore it or convert again") from exc
+        return Manifest(table, check_manifest(table, schema, where))
+    check_manifest_columns(parquet.schema_arrow, metadata.num_rows, schema, where)
+
+    def check(group: pa.Table, first_row: int) -> dict[int, str]:
+        return check_manifest(group, schema, where, first_row)
+
+    return Manifest.by_row_group(ParquetOpener(fs, path, size, policy, where), check, parquet)
+
+
+def arrow_owned(data: bytes) -> pa.Buffer:
+    """`data` copied into memory Arrow owns. A buffer Arrow wraps around a Python object must take the interpreter
+    lock to be freed, and a reader Arrow's thread pool frees while the interpreter shuts down then aborts the
+    process ("terminate called without an active exception"); freeing Arrow's own memory needs no lock."""
+    stream = pa.BufferOutputStream()
+    stream.write(data)
+    return stream.getvalue()
+
+
+def _parquet_file(source: Any, where: str, dictionaries: Sequence[str] = ()) -> pq.ParquetFile:
+    try:
+        return pq.ParquetFile(source, pre_buffer=False, read_dictionary=list(dictionaries) or None)
+    except (pa.ArrowException, OSError, ValueError, IndexError) as exc:
+        raise StoreError(f"{where} is not a readable Parquet file ({exc}); restore it or convert again") from exc
