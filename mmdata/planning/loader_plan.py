@@ -65,16 +65,17 @@ def plan_loader(
     rows = [_selected_rows(source, mixed, on_error, excluded) for source in sources]
     counts_samples = settings.batch_size is not None
     _check_order_applies(settings.shuffle, counts_samples, mixed)
-    index = None
+    index = planning = None
     if not mixed and counts_samples and settings.shuffle in ("auto", "blocks"):
         every = len(rows[0]) == len(sources[0].store)
-        index = SampleIndex(sources[0].store.columns(["duration"]), spec, None if every else rows[0], tokens_per)
+        planning = sources[0].store.columns(["duration", "shard"])
+        index = SampleIndex(planning, spec, None if every else rows[0], tokens_per)
     cameras = [name for name, stream in spec.streams.items() if isinstance(stream, Frames)]
     shuffle = resolve_shuffle(settings.shuffle, counts_samples, bool(cameras), len(index) if index else 0)
     settings = dataclasses.replace(settings, shuffle=shuffle)
     if shuffle == "blocks":
-        assert index is not None, "the 'blocks' order was resolved without a sample index"
-        return _blocks_plan(sources[0], spec, settings, tokens_per, index, episodes, excluded)
+        assert index is not None and planning is not None, "the 'blocks' order was resolved without a sample index"
+        return _blocks_plan(sources[0], planning, spec, settings, tokens_per, index, episodes, excluded)
     samples = concatenate_samples([_enumerated(s, spec, r, mixed) for s, r in zip(sources, rows)])
     costs = samples.costs(tokens_per)
     if settings.batch_tokens is not None and costs.max() > settings.batch_tokens:
@@ -140,6 +141,7 @@ def _check_order_applies(shuffle: str, counts_samples: bool, mixed: bool) -> Non
 
 def _blocks_plan(
     source: OpenSource,
+    table: pa.Table,
     spec: Spec,
     settings: PlanSettings,
     tokens_per: TokensPer | None,
@@ -147,9 +149,9 @@ def _blocks_plan(
     episodes: Episodes | None,
     excluded: dict[Any, str],
 ) -> LoaderPlan:
-    """The plan of a single store in the "blocks" order: nothing of the size of the epoch is made, and the
-    fingerprint hashes the manifest's key and duration columns as bytes rather than as JSON lists."""
-    table = source.store.columns(["duration", "shard"])
+    """The plan of a single store in the "blocks" order from its manifest's duration and shard columns (`table`):
+    nothing of the size of the epoch is made, and the fingerprint hashes the durations as bytes rather than as a
+    JSON list (the keys are the rows' numbers)."""
     cameras = [name for name, stream in spec.streams.items() if isinstance(stream, Frames)]
     block = block_samples(source.store, source.streams.get(cameras[0]) if cameras else None, spec)
     planner = BlockPlanner(index, table.column("shard"), settings, block)

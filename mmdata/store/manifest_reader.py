@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import bisect
 import io
+import itertools
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import fsspec
@@ -31,6 +33,7 @@ DICTIONARY_COLUMNS = ("shard", "task", "source")
 EAGER_ROWS = 1 << 16
 EAGER_BYTES = 64 << 20
 ROW_GROUP_CACHE_BYTES = 256 << 20
+FETCH_THREADS = 16  # byte ranges of a large manifest in object storage read at once
 ROWS_KEPT = 8192  # rows kept as dicts: a loader reads an episode's row for each of its samples
 # A Parquet footer may not declare more than this many times its file's size in row data (zstd
 # on a manifest gives 3-10x); beyond it the file is refused before its pages are decompressed.
@@ -42,11 +45,29 @@ Check = Callable[[pa.Table, int], dict[int, str]]
 
 class RangeFile(io.RawIOBase):
     """A file of a store read by byte ranges, each with the store's timeouts and retries: what Parquet reads a
-    large manifest's footer, columns and row groups through. Counts its reads (`requests`)."""
+    large manifest's footer, columns and row groups through. Ranges `prefetch`ed together (a row group's span,
+    a column's chunks, `FETCH_THREADS` at a time) serve the reads inside them, so that Parquet's read per column
+    chunk is not a request each from object storage."""
 
     def __init__(self, fs: fsspec.AbstractFileSystem, path: str, size: int, policy: ReadPolicy):
         self.fs, self.path, self.size, self.policy = fs, path, size, policy
-        self.position = self.requests = 0
+        self.position = 0
+        self._spans: list[tuple[int, bytes]] = []  # (offset, bytes), ascending and apart
+
+    def prefetch(self, ranges: Sequence[tuple[int, int]]) -> None:
+        """Read the (offset, size) `ranges` (merged where they touch) for the reads that follow; until `forget`."""
+        merged: list[list[int]] = []
+        for offset, size in sorted(ranges):
+            if merged and offset <= merged[-1][0] + merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], offset + size - merged[-1][0])
+            else:
+                merged.append([offset, size])
+        with ThreadPoolExecutor(min(FETCH_THREADS, max(1, len(merged)))) as pool:
+            read = list(pool.map(lambda span: read_range(self.fs, self.path, span[0], span[1], self.policy), merged))
+        self._spans = sorted([*self._spans, *((offset, data) for (offset, _), data in zip(merged, read))])
+
+    def forget(self) -> None:
+        self._spans = []
 
     def readable(self) -> bool:
         return True
@@ -64,10 +85,19 @@ class RangeFile(io.RawIOBase):
 
     def read(self, size: int = -1) -> bytes:
         end = self.size if size is None or size < 0 else min(self.size, self.position + size)
-        data = read_range(self.fs, self.path, self.position, max(0, end - self.position), self.policy)
-        self.requests += 1
+        data = self._prefetched(self.position, end)
+        if data is None:
+            data = read_range(self.fs, self.path, self.position, max(0, end - self.position), self.policy)
         self.position += len(data)
         return data
+
+    def _prefetched(self, start: int, end: int) -> bytes | None:
+        place = bisect.bisect_right(self._spans, (start, b"\xff")) - 1
+        if place >= 0:
+            offset, data = self._spans[place]
+            if offset <= start and end <= offset + len(data):
+                return data[start - offset : end - offset]
+        return None
 
     def readinto(self, buffer: Any) -> int:
         data = self.read(len(buffer))
@@ -92,25 +122,27 @@ class Manifest:
         self._setup_caches()
 
     @classmethod
-    def by_row_group(cls, opener: ParquetOpener, check: Check, parquet: pq.ParquetFile | None = None) -> Manifest:
+    def by_row_group(
+        cls, opener: ParquetOpener, check: Check, opened: tuple[pq.ParquetFile, Any] | None = None
+    ) -> Manifest:
         """A manifest read by row group and column from the Parquet file `opener` opens (again in each process;
-        `parquet`: the file opened already, in this process)."""
+        `opened`: the file opened already in this process, and what it reads through)."""
         manifest = cls.__new__(cls)
-        parquet = parquet if parquet is not None else opener()
+        parquet, source = opened if opened is not None else opener()
         manifest._table, manifest.damaged = None, {}
         manifest.num_rows = parquet.metadata.num_rows
         manifest._opener, manifest._check = opener, check
         counts = [parquet.metadata.row_group(g).num_rows for g in range(parquet.num_row_groups)]
-        manifest._starts = [sum(counts[:g]) for g in range(len(counts))]
+        manifest._starts = [0, *itertools.accumulate(counts)][:-1] if counts else [0]
         manifest._setup_caches()
-        manifest._parquet = parquet
+        manifest._parquet, manifest._source = parquet, source
         return manifest
 
     def _setup_caches(self) -> None:
         self._parquet: pq.ParquetFile | None = None
+        self._source: Any = None
         self._groups: LRUCache = LRUCache(maxsize=ROW_GROUP_CACHE_BYTES, getsizeof=lambda table: table.nbytes or 1)
         self._rows: LRUCache = LRUCache(maxsize=ROWS_KEPT)
-        self._columns: dict[str, pa.ChunkedArray] = {}
 
     @property
     def read_whole(self) -> bool:
@@ -137,20 +169,20 @@ class Manifest:
         look at a whole store use it; loaders use `columns` and `row`)."""
         if self._table is not None:
             return self._table
-        return self._file().read(use_threads=False)
+        return self._file()[0].read(use_threads=False)
 
     def columns(self, names: Sequence[str]) -> pa.Table:
-        """The manifest's columns `names`, every row (read column by column, and kept, for a large manifest)."""
+        """The manifest's columns `names`, every row (of a large manifest: read column by column, string columns of
+        few values as dictionaries; not kept, as a loader reads each once)."""
         if self._table is not None:
             return self._table.select(list(names))
-        missing = [name for name in names if name not in self._columns]
-        if missing:
-            assert self._opener is not None, "a manifest read whole has no file to read again"
-            read = self._opener(DICTIONARY_COLUMNS).read(columns=missing, use_threads=False)
-            self._columns.update({name: read.column(name) for name in missing})
-            del read
-            pa.default_memory_pool().release_unused()  # the pages decoded on the way, kept by the allocator
-        return pa.table({name: self._columns[name] for name in names})
+        assert self._opener is not None, "a manifest read whole has no file to read again"
+        parquet, source = self._opener(DICTIONARY_COLUMNS)
+        _prefetch(parquet, source, range(parquet.num_row_groups), names)
+        read = parquet.read(columns=list(names), use_threads=False)
+        source.forget()
+        pa.default_memory_pool().release_unused()  # the pages decoded on the way, kept by the allocator
+        return read
 
     def _group_of(self, index: int) -> tuple[pa.Table, int]:
         """The row group holding row `index` (read and checked when first asked for) and its first row."""
@@ -159,29 +191,32 @@ class Manifest:
         number = bisect.bisect_right(self._starts, index) - 1
         group = self._groups.get(number)
         if group is None:
-            group = self._file().read_row_group(number, use_threads=False)
+            parquet, source = self._file()
+            _prefetch(parquet, source, [number], None)
+            group = parquet.read_row_group(number, use_threads=False)
+            if isinstance(source, RangeFile):
+                source.forget()
             assert self._check is not None
             self.damaged.update(self._check(group, self._starts[number]))
             if group.nbytes <= ROW_GROUP_CACHE_BYTES:  # (a manifest written in larger groups is read again)
                 self._groups[number] = group
         return group, self._starts[number]
 
-    def _file(self) -> pq.ParquetFile:
+    def _file(self) -> tuple[pq.ParquetFile, Any]:
+        """The manifest file and what it reads through (opened again in a new process)."""
         if self._parquet is None:
             assert self._opener is not None, "a manifest read whole has no file to read again"
-            self._parquet = self._opener()
-        return self._parquet
+            self._parquet, self._source = self._opener()
+        return self._parquet, self._source
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state.update(_parquet=None, _groups=None, _rows=None, _columns={})
+        state.update(_parquet=None, _source=None, _groups=None, _rows=None)
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        columns = self._columns
         self._setup_caches()
-        self._columns = columns
 
 
 class ParquetOpener:
@@ -190,9 +225,10 @@ class ParquetOpener:
     def __init__(self, fs: fsspec.AbstractFileSystem, path: str, size: int, policy: ReadPolicy, where: str):
         self.fs, self.path, self.size, self.policy, self.where = fs, path, size, policy, where
 
-    def __call__(self, dictionaries: Sequence[str] = ()) -> pq.ParquetFile:
-        """The file; string columns named in `dictionaries` read as dictionary arrays."""
-        return _parquet_file(RangeFile(self.fs, self.path, self.size, self.policy), self.where, dictionaries)
+    def __call__(self, dictionaries: Sequence[str] = ()) -> tuple[pq.ParquetFile, RangeFile]:
+        """The file, and what it reads through; string columns named in `dictionaries` read as dictionaries."""
+        source = RangeFile(self.fs, self.path, self.size, self.policy)
+        return _parquet_file(source, self.where, dictionaries), source
 
 
 def open_manifest(
@@ -225,7 +261,7 @@ def open_manifest(
     def check(group: pa.Table, first_row: int) -> dict[int, str]:
         return check_manifest(group, schema, where, first_row)
 
-    return Manifest.by_row_group(ParquetOpener(fs, path, size, policy, where), check, parquet)
+    return Manifest.by_row_group(ParquetOpener(fs, path, size, policy, where), check, (parquet, source))
 
 
 def arrow_owned(data: bytes) -> pa.Buffer:
@@ -235,6 +271,23 @@ def arrow_owned(data: bytes) -> pa.Buffer:
     stream = pa.BufferOutputStream()
     stream.write(data)
     return stream.getvalue()
+
+
+def _prefetch(parquet: pq.ParquetFile, source: Any, groups: Sequence[int], columns: Sequence[str] | None) -> None:
+    """Have `source` (the file under `parquet`) read the column chunks of `columns` (None: all) in row `groups` in
+    a few requests at once, when it is read by range."""
+    if not isinstance(source, RangeFile):
+        return
+    ranges = []
+    for group in groups:
+        metadata = parquet.metadata.row_group(group)
+        for number in range(metadata.num_columns):
+            chunk = metadata.column(number)
+            if columns is not None and chunk.path_in_schema.split(".")[0] not in columns:
+                continue
+            start = chunk.dictionary_page_offset if chunk.has_dictionary_page else chunk.data_page_offset
+            ranges.append((start, chunk.total_compressed_size))
+    source.prefetch(ranges)
 
 
 def _parquet_file(source: Any, where: str, dictionaries: Sequence[str] = ()) -> pq.ParquetFile:

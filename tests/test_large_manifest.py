@@ -1,0 +1,113 @@
+"""A large manifest is read from its footer, by column for planning and by row group for rows, each row group checked
+when it is first read; a loader over it gives the batches it gives over the manifest read whole, locally and from
+object storage, where opening it reads a few byte ranges rather than the file."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import mmdata
+from mmdata.errors import IntegrityError
+from mmdata.store import manifest as manifest_module
+from mmdata.store import manifest_reader
+from mmdata.synthetic import write_scaled_store
+from tests.test_loader import assert_same_batches
+
+EPISODES, GROUP_ROWS = 40, 8
+SPEC = mmdata.Windows(anchor_fps=5, streams={"cam_high": mmdata.Frames(offsets=[-0.1, 0.0]), "state": mmdata.Values()})
+
+
+@pytest.fixture(scope="module")
+def scaled(stores, tmp_path_factory) -> Path:
+    """40 episodes over the session's WebDataset store, in row groups of 8 rows."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(manifest_module, "ROW_GROUP_ROWS", GROUP_ROWS)
+        return write_scaled_store(stores["wds"], tmp_path_factory.mktemp("scaled") / "store.wds", EPISODES)
+
+
+@pytest.fixture
+def by_row_group(monkeypatch):
+    """Stores opened from now on read a manifest of more than 16 rows by row group."""
+    monkeypatch.setattr(manifest_reader, "EAGER_ROWS", 16)
+
+
+def test_a_large_manifest_opens_from_its_footer_and_reads_each_row_as_the_whole_one_does(scaled, by_row_group):
+    lazy = mmdata.open_dataset(str(scaled)).store
+    assert pq.ParquetFile(scaled / "episodes.parquet").num_row_groups == EPISODES // GROUP_ROWS
+    assert not lazy.manifest.read_whole and len(lazy) == EPISODES
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(manifest_reader, "EAGER_ROWS", 1 << 16)
+        whole = mmdata.open_dataset(str(scaled)).store
+    assert whole.manifest.read_whole
+    for index in (0, 39, 17, 8, 7):
+        assert lazy.manifest.row(index) == whole.manifest.row(index)
+    columns = lazy.columns(["duration", "shard"])
+    assert columns.column("duration").to_pylist() == whole.table.column("duration").to_pylist()
+    assert columns.column("shard").to_pylist() == whole.table.column("shard").to_pylist()
+    assert lazy.table.equals(whole.table)
+
+
+def test_a_damaged_row_of_a_large_manifest_is_found_when_its_row_group_is_read(scaled, tmp_path, by_row_group):
+    damaged = tmp_path / "damaged.wds"
+    damaged.mkdir()
+    for entry in scaled.iterdir():
+        if entry.name != "episodes.parquet":
+            (damaged / entry.name).symlink_to(entry.resolve(), target_is_directory=entry.is_dir())
+    table = pq.read_table(scaled / "episodes.parquet")
+    counts = table.column("cam_high/count").to_pylist()
+    counts[21] = -1
+    table = table.set_column(table.schema.get_field_index("cam_high/count"), "cam_high/count", pa.array(counts))
+    pq.write_table(table, damaged / "episodes.parquet", row_group_size=GROUP_ROWS)
+    store = mmdata.open_dataset(str(damaged)).store
+    assert store.damaged == {}, "nothing of row group 2 was read yet"
+    assert store.manifest.row(3)["key"] == "episode_000003"
+    with pytest.raises(IntegrityError, match="episode_000021"):
+        store.manifest.row(21)
+    assert list(store.damaged) == [21]
+    assert store.manifest.row(22)["key"] == "episode_000022", "the rest of the row group reads"
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_loader_over_a_large_manifest_gives_the_batches_it_gives_over_the_whole_one(scaled, workers, monkeypatch):
+    whole = list(mmdata.DataLoader(str(scaled), SPEC, batch_size=4, num_workers=workers, seed=2))
+    monkeypatch.setattr(manifest_reader, "EAGER_ROWS", 16)
+    dataset = mmdata.open_dataset(str(scaled))
+    assert not dataset.store.manifest.read_whole
+    lazy = list(mmdata.DataLoader(dataset, SPEC, batch_size=4, num_workers=workers, seed=2))
+    assert_same_batches(lazy, whole)
+
+
+def test_a_large_manifest_in_object_storage_opens_with_a_few_byte_ranges(scaled, tmp_path, monkeypatch):
+    pytest.importorskip("moto.server", reason="the S3 tests need moto[server] (pip install -e .[dev])")
+    s3fs = pytest.importorskip("s3fs", reason="the S3 tests need s3fs (pip install -e .[dev])")
+    import fsspec.config
+
+    from tests.s3_server import S3Proxy, local_s3_server
+
+    monkeypatch.setattr(manifest_reader, "EAGER_BYTES", 0)  # read by range whatever its size
+    monkeypatch.setattr(manifest_reader, "EAGER_ROWS", 16)
+    with local_s3_server() as endpoint:
+        filesystem = s3fs.S3FileSystem(endpoint_url=endpoint)
+        if not filesystem.exists("mmdata-large"):
+            filesystem.mkdir("mmdata-large")
+        filesystem.put(str(scaled), "mmdata-large/store.wds", recursive=True)
+        proxy = S3Proxy(os.environ["FSSPEC_S3_ENDPOINT_URL"])
+        try:
+            monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": proxy.url})
+            s3fs.S3FileSystem.clear_instance_cache()
+            store = mmdata.open_dataset("s3://mmdata-large/store.wds").store
+            opened = proxy.ranged
+            row = store.manifest.row(30)
+            read_row = proxy.ranged - opened
+        finally:
+            proxy.close()
+            s3fs.S3FileSystem.clear_instance_cache()
+    assert not store.manifest.read_whole
+    assert row["key"] == "episode_000030"
+    assert 1 <= opened <= 4, f"opening read {opened} byte ranges"
+    assert read_row == 1, f"a row group read {read_row} byte ranges, not its one span"
