@@ -10,6 +10,9 @@ Three parts, each a curve rather than one point:
 - `first_batch`: `iter(DataLoader)` to its first batch for the last rank of 1,024 over a real store of 4 episodes
   of 5 minutes (low-dim only) read at an anchor rate that gives 10^9 samples ("auto" resolves to "blocks"), and
   the process's resident memory growth.
+- `manifest`: stores of 10^5 to 10^7 episodes (`write_scaled_store`: synthetic rows over a small real store's
+  shards), each opened in a fresh process: `open_dataset` time, a loader's plan and first step for the last of 1,024
+  ranks, the first batch, and the process's resident memory after each (torch and every import included).
 - `mixing`: rank 0's micro-batches of 8 over 1,000 episodes of 300 windows (segments of 32 windows): distinct
   episodes per batch, episodes shared with the batch before, lag-1 correlation of the batches' mean episode, in the
   "blocks" and "segments" orders (`mmdata bench`'s figures).
@@ -21,8 +24,11 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import pickle
 import resource
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -47,7 +53,7 @@ from mmdata.planning.epoch_plan import Stretch  # noqa: E402
 from mmdata.planning.planner import LoaderPlanner, PlanSettings  # noqa: E402
 from mmdata.planning.sample_index import SampleIndex  # noqa: E402
 from mmdata.planning.samples import enumerate_samples  # noqa: E402
-from mmdata.synthetic import SynthSpec, write_synthetic_dataset  # noqa: E402
+from mmdata.synthetic import SynthSpec, write_scaled_store, write_synthetic_dataset  # noqa: E402
 
 BATCH, LANES, OPEN, BLOCK = 8, 8, 8, 32
 SPEC_FPS = 10.0
@@ -173,6 +179,51 @@ def resident_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+MANIFEST_CHILD = """
+import json, sys, time
+sys.path[:0] = [{root!r}]
+import mmdata
+def resident():
+    return int(next(l for l in open('/proc/self/status') if l.startswith('VmRSS')).split()[1]) / 1024
+streams = {{"cam_high": mmdata.Frames(offsets=[-0.1, 0.0]), "state": mmdata.Values()}}
+spec = mmdata.Windows(anchor_fps=10, streams=streams)
+started = time.perf_counter()
+dataset = mmdata.open_dataset({store!r})
+opened = time.perf_counter()
+figures = {{"open_s": round(opened - started, 3), "open_rss_mb": round(resident())}}
+loader = mmdata.DataLoader(dataset, spec, batching=mmdata.Batching(batch_size=8),
+                           runtime=mmdata.Runtime(rank=1023, world_size=1024), seed=1)
+plan = loader.epoch_plan()
+loader.planner.rank_steps(plan, 1023)[0]
+planned = time.perf_counter()
+figures.update(order=loader.shuffle, samples=len(loader.samples), plan_s=round(planned - opened, 3),
+               open_and_plan_s=round(planned - started, 3), plan_rss_mb=round(resident()))
+next(iter(loader))
+figures.update(first_batch_s=round(time.perf_counter() - planned, 3), first_batch_rss_mb=round(resident()))
+loader.close()
+print(json.dumps(figures))
+"""
+
+
+def manifest_curve(sizes: list[int]) -> list[dict]:
+    """Open, plan and first batch over stores of `sizes` episodes, each in a fresh process."""
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        root = Path(folder)
+        write_synthetic_dataset(root / "raw", SynthSpec(episodes=3, min_seconds=1.5, max_seconds=3.0))
+        convert(discover_raw_episodes(root / "raw"), root / "real.wds", ConvertOptions(progress=False))
+        for episodes in sizes:
+            store = write_scaled_store(root / "real.wds", root / f"scaled-{episodes}.wds", episodes)
+            code = MANIFEST_CHILD.format(root=str(Path(__file__).resolve().parents[1]), store=str(store))
+            child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+            row = {"episodes": episodes, "manifest_mb": round((store / "episodes.parquet").stat().st_size / 1e6, 1)}
+            row.update(json.loads(child.stdout.strip().splitlines()[-1]))
+            rows.append(row)
+            print(row, flush=True)
+            shutil.rmtree(store)
+    return rows
+
+
 def mixing(episodes: int = 1000, per_episode: int = 300) -> dict:
     """`mmdata bench`'s mixing figures over rank 0's whole epoch, in both orders."""
     table = synthetic_manifest(episodes, per_episode)
@@ -235,10 +286,10 @@ def main() -> None:
     parser.add_argument("--record", default=None, help="write benchmarks/results/<NAME>.json and <NAME>.png")
     args = parser.parse_args()
     if args.quick:
-        sizes, worlds, first_samples = [(10**4, 100), (10**5, 100)], [8, 1024], 10**8
+        sizes, worlds, first_samples, manifests = [(10**4, 100), (10**5, 100)], [8, 1024], 10**8, [10**5]
     else:
         sizes = [(10**5, 100), (10**6, 10), (10**6, 100), (10**6, 1000), (10**7, 100)]
-        worlds, first_samples = [8, 64, 1024], 10**9
+        worlds, first_samples, manifests = [8, 64, 1024], 10**9, [10**5, 10**6, 10**7]
     rows = plan_curve(sizes, worlds)
     report = {
         "machine": machine_name(),
@@ -248,6 +299,7 @@ def main() -> None:
         "block": BLOCK,
         "plan": rows,
         "first_batch": first_batch(first_samples, 1024),
+        "manifest": manifest_curve(manifests),
         "mixing": mixing(),
     }
     top = max(row["samples"] for row in rows)

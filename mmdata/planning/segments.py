@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pyarrow.compute as pc
 
 from mmdata.planning.samples import SampleTable
 from mmdata.planning.specs import Sequences, Spec
@@ -29,19 +30,25 @@ def segment_blocks(table: SampleTable, stores: list[Store], cameras: list[str | 
             blocks[mine] = offset + episodes
             offset += int(episodes.max(initial=-1)) + 1
             continue
-        segment = np.zeros(len(mine), np.int64)
-        starts = table.start[mine]
-        by_episode = np.argsort(episodes, kind="stable")  # one pass per episode, not a mask over all samples each
-        bounds = np.flatnonzero(np.diff(episodes[by_episode])) + 1
-        for here in np.split(by_episode, bounds) if len(mine) else ():
-            row = store.manifest.row(int(episodes[here[0]]))
-            firsts = np.asarray([s["first_frame"] for s in row[f"{camera}/segments"]], np.int64)
-            frames = np.rint((starts[here] - row[f"{camera}/t_start"]) * spec.fps).astype(np.int64)
-            segment[here] = np.searchsorted(firsts, frames, side="right") - 1
+        segment = _segment_of(store, camera, spec.fps, episodes, table.start[mine])
         widest = int(segment.max(initial=0)) + 1
         blocks[mine] = offset + episodes * widest + np.maximum(segment, 0)
         offset += (int(episodes.max(initial=-1)) + 1) * widest
     return blocks
+
+
+def _segment_of(store: Store, camera: str, fps: float, episodes: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """The segment of `camera` each sample starts in (-1 before the first), from the manifest's segment lists
+    read as columns: every episode's first frames in one array, keyed by (row, first frame), searched at once."""
+    columns = store.columns([f"{camera}/segments", f"{camera}/t_start"])
+    lists = columns.column(f"{camera}/segments").combine_chunks()
+    firsts = pc.struct_field(pc.list_flatten(lists), "first_frame").to_numpy(zero_copy_only=False).astype(np.int64)
+    owners = pc.list_parent_indices(lists).to_numpy(zero_copy_only=False).astype(np.int64)
+    begins = np.searchsorted(owners, np.arange(len(lists)))  # each row's first segment in the flat array
+    t_start = columns.column(f"{camera}/t_start").to_numpy(zero_copy_only=False)
+    frames = np.rint((starts - t_start[episodes]) * fps).astype(np.int64)
+    found = np.searchsorted(owners * _ROW_SPAN + firsts, episodes * _ROW_SPAN + frames, side="right") - 1
+    return found - begins[episodes]
 
 
 def segment_life_steps(blocks: np.ndarray, open_segments: int, step_samples: int) -> int | None:
@@ -54,6 +61,8 @@ def segment_life_steps(blocks: np.ndarray, open_segments: int, step_samples: int
     _, counts = np.unique(np.asarray(blocks, dtype=np.int64), return_counts=True)
     return math.ceil(float(np.percentile(counts, 90)) * open_segments / step_samples)
 
+
+_ROW_SPAN = 1 << 40  # more frames than an episode holds: (row, frame) as one sortable number
 
 # Samples per block of the "blocks" order when no camera is read (a block then only keeps an episode's
 # low-dim reads together).
