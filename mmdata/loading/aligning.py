@@ -33,10 +33,12 @@ class Aligner:
         self.spec = spec
         self.fillers = fillers
 
-    def stored_names(self, sample: SampleRef) -> list[str]:
-        """The stored names of the spec's streams that the sample's source has."""
+    def stored_names(self, sample: SampleRef, only: type | None = None) -> list[str]:
+        """The stored names of the spec's streams (of type `only`, e.g. `Frames`: the cameras) that the sample's
+        source has."""
         streams = self.sources[sample.source].streams
-        return [streams[name] for name in self.spec.streams if name in streams]
+        wanted = self.spec.streams.items()
+        return [streams[name] for name, spec in wanted if name in streams and (only is None or isinstance(spec, only))]
 
     def frames(self, sample: SampleRef, name: str, stream: Frames) -> FrameRequests:
         """Which frames of which segments camera `name` of `sample` needs, at the size it is delivered at;

@@ -97,15 +97,18 @@ class BatchReader:
     ) -> MicroBatch:
         """Fetch, align and read a micro-batch, its cameras prepared for decoding (pending).
 
-        `horizon` holds the samples of the steps this reader reads next, in order: from object storage the
-        next micro-batch's segments and the one after's rows are fetched while this one decodes, and the
-        frame cache keeps the decoded frames those steps need (from object storage, the next step's only).
+        `horizon` holds the samples of the steps this reader reads next, in order: the frame cache keeps the
+        decoded frames those steps need. From object storage the next micro-batch's segments and the one after's
+        rows are fetched while this one decodes, and the cameras' timestamps of the horizon's last step, which
+        enters the cache's plan at the next read (the cache plans the steps before it).
         """
         batch = MicroBatch(step, list(samples), [self._task(sample) for sample in samples], fallback=list(fallback))
         upcoming = horizon[0] if len(horizon) > 0 else ()
         after_upcoming = horizon[1] if len(horizon) > 1 else ()
+        fetching = self.fetch.fetches_ahead
+        planned, entering_next = (horizon[:-1], horizon[-1]) if fetching and horizon else (horizon, ())
         try:
-            self._read(batch, upcoming, after_upcoming, horizon[:1] if self.fetch.fetches_ahead else horizon)
+            self._read(batch, upcoming, after_upcoming, planned, entering_next)
         finally:
             self.fetch.forget()
         if not self.defer_video:
@@ -164,18 +167,25 @@ class BatchReader:
         upcoming: Sequence[SampleRef],
         after_upcoming: Sequence[SampleRef],
         horizon: Sequence[Sequence[SampleRef]],
+        entering_next: Sequence[SampleRef],
     ) -> None:
         fetching = self.fetch.fetches_ahead
         if fetching:
             with timed(batch.seconds, "read", batch.cpu_seconds):
-                self.fetch.now(self.fetch.rows([*batch.samples, *upcoming]))
+                entering = self._entering(horizon)  # (all of it at the first read; then fetched ahead)
+                self.fetch.now(self.fetch.rows([*batch.samples, *upcoming]), self.fetch.rows(entering, Frames))
         with timed(batch.seconds, "read", batch.cpu_seconds):
             plans = self._align_cameras(batch)
         if fetching:
             with timed(batch.seconds, "read", batch.cpu_seconds):
                 self.fetch.now(self.fetch.segments(self._live(batch, plans)))
                 ahead = [(sample.source, plan) for sample, plan in self._plans_ahead(upcoming)]
-                self.fetch.ahead(self.fetch.rows(upcoming), self.fetch.segments(ahead), self.fetch.rows(after_upcoming))
+                self.fetch.ahead(
+                    self.fetch.rows(upcoming),
+                    self.fetch.segments(ahead),
+                    self.fetch.rows(after_upcoming),
+                    self.fetch.rows(entering_next, Frames),
+                )
         if self.frame_cache.enabled:
             with timed(batch.seconds, "read", batch.cpu_seconds):
                 self._plan_cache(batch, plans, horizon)
@@ -208,6 +218,14 @@ class BatchReader:
                 cache.expect(*expected[-1])
         if self.defer_video:
             batch.cache_schedule = CacheSchedule(now, os.getpid(), tuple(expected))
+
+    def _entering(self, horizon: Sequence[Sequence[SampleRef]]) -> list[SampleRef]:
+        """The samples of the steps of `horizon` the frame cache has not planned yet: aligned at this read."""
+        cache = self.frame_cache
+        if not cache.enabled:
+            return []
+        first = cache.next_read + 1
+        return [sample for offset, step in enumerate(horizon) if not cache.knows(first + offset) for sample in step]
 
     def _plans_ahead(self, samples: Sequence[SampleRef]) -> list[tuple[SampleRef, FrameRequests]]:
         """The cameras' frame plans of samples read later: those already aligned, else aligned now and kept. A

@@ -4,8 +4,10 @@ micro-batch reads from object storage in a few coalesced requests, and the next 
 Everything fetched comes from the plans: the manifest rows name the pieces aligning needs
 (timestamps, low-dim and audio data), and the align stage's frame plans name the segments. A
 worker fetches a micro-batch's rows two of its steps ahead and its segments one step ahead, in the
-background while it decodes, so the plan that fetches a segment is the plan that decodes it. A local
-store fetches nothing ahead: a local read costs microseconds.
+background while it decodes, so the plan that fetches a segment is the plan that decodes it; and the
+cameras' timestamps of the step that enters its frame cache's horizon at the next read, so that the
+cache plans as far ahead from object storage as from a local disk. A local store fetches nothing
+ahead: a local read costs microseconds.
 """
 
 from __future__ import annotations
@@ -29,11 +31,12 @@ class Fetcher:
     def fetches_ahead(self) -> bool:
         return any(source.store.pieces.fetches_ahead for source in self.sources)
 
-    def rows(self, samples: Iterable[SampleRef]) -> dict[int, list[Piece]]:
-        """Per source, the pieces the samples' manifest rows point to for the spec's streams."""
+    def rows(self, samples: Iterable[SampleRef], only: type | None = None) -> dict[int, list[Piece]]:
+        """Per source, the pieces the samples' manifest rows point to for the spec's streams (of type `only`:
+        `Frames` gives the cameras' timestamps, what aligning a sample's frames reads)."""
         wanted: dict[int, list[Piece]] = {}
         for sample in samples:
-            pieces = self.sources[sample.source].store.row_pieces(sample.episode, self.stored_names(sample))
+            pieces = self.sources[sample.source].store.row_pieces(sample.episode, self.stored_names(sample, only))
             wanted.setdefault(sample.source, []).extend(pieces)
         return wanted
 
@@ -45,21 +48,26 @@ class Fetcher:
             wanted.setdefault(source, []).extend(plan.pieces)
         return wanted
 
-    def now(self, wanted: dict[int, list[Piece]]) -> None:
+    def now(self, *wanted: dict[int, list[Piece]]) -> None:
         """Fetch `wanted` (per source) and wait, taking in what was being fetched ahead first."""
-        for number, pieces in wanted.items():
+        for number, pieces in _merged(wanted).items():
             self.sources[number].store.pieces.prefetch(pieces)
 
     def ahead(self, *wanted: dict[int, list[Piece]]) -> None:
         """Start fetching `wanted` in the background, for the next micro-batch."""
-        merged: dict[int, list[Piece]] = {}
-        for part in wanted:
-            for number, pieces in part.items():
-                merged.setdefault(number, []).extend(pieces)
-        for number, pieces in merged.items():
+        for number, pieces in _merged(wanted).items():
             self.sources[number].store.pieces.prefetch_ahead(pieces)
 
     def forget(self) -> None:
         """Drop what was fetched for the micro-batch just read (not what is being fetched ahead)."""
         for source in self.sources:
             source.store.pieces.forget()
+
+
+def _merged(parts: Sequence[dict[int, list[Piece]]]) -> dict[int, list[Piece]]:
+    """Per source, the pieces of every part."""
+    merged: dict[int, list[Piece]] = {}
+    for part in parts:
+        for number, pieces in part.items():
+            merged.setdefault(number, []).extend(pieces)
+    return merged

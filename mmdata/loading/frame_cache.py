@@ -107,6 +107,11 @@ class FrameCache:
         for read, needs in schedule.expected:
             self.expect(read, needs)
 
+    @property
+    def next_read(self) -> int:
+        """The number `start_read` gives next."""
+        return self._read + 1
+
     def knows(self, read: int) -> bool:
         return read in self._needs
 

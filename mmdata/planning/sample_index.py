@@ -22,14 +22,15 @@ class SampleIndex:
         if not isinstance(spec, (Windows, Sequences)):
             raise SpecError(f"spec must be mmdata.Windows or mmdata.Sequences, not {type(spec).__name__}")
         durations = table.column("duration").to_numpy()
+        durations = durations if rows is None else durations[rows]
         self.spec, self.rows = spec, rows
-        self.durations = durations if rows is None else durations[rows]
+        self.durations = self.steps = None  # (a window's span needs neither: kept for sequences only)
         if isinstance(spec, Windows):
-            counts = np.maximum(1, np.ceil(self.durations * spec.anchor_fps - _EPS)).astype(np.int64)
-            self.steps = None
+            counts = np.maximum(1, np.ceil(durations * spec.anchor_fps - _EPS)).astype(np.int64)
         else:
-            self.steps = self.durations if spec.max_seconds is None else np.full(len(self.durations), spec.max_seconds)
-            counts = _sequence_counts(self.durations, self.steps, spec.min_seconds)
+            self.durations = durations
+            self.steps = durations if spec.max_seconds is None else np.full(len(durations), spec.max_seconds)
+            counts = _sequence_counts(durations, self.steps, spec.min_seconds)
         self.firsts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         if self.firsts[-1] == 0:
             raise SpecError("the spec yields no sample from the selected episodes (are they shorter than min_seconds?)")
@@ -54,7 +55,7 @@ class SampleIndex:
         numbers = np.asarray(numbers, dtype=np.int64)
         place = np.searchsorted(self.firsts, numbers, side="right") - 1
         local = numbers - self.firsts[place]
-        if self.steps is None:
+        if self.steps is None or self.durations is None:
             start = local / self.spec.anchor_fps
             return start, start.copy()
         start = local * self.steps[place]
