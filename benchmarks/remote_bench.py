@@ -6,8 +6,11 @@ local disk, and from a moto S3 server
 on 127.0.0.1 behind a proxy that adds 0, 20 and 100 ms to every request, with the micro-batch's
 pieces fetched ahead in coalesced requests and without (each piece its own request), and with
 the local disk cache (`ReadPolicy(cache_dir=...)`) warmed by one epoch beforehand, as a second
-epoch finds it. Loaders run in alternating rounds; samples/s are medians. Results go to
-`benchmarks/results/remote_<tag>.json`, machine named.
+epoch finds it. Loaders run in alternating rounds; samples/s are medians. Beside them, samples per
+CPU-second of the loader's worker processes alone: the S3 server and the proxy run in this process,
+on the same cores, so on a small machine their CPU takes the workers' place (`server_cpu_share`: this
+process's CPU beyond the local run's, per second). Results go to `benchmarks/results/remote_<tag>.json`,
+machine named.
 
 Needs the dev extra (moto[server], s3fs).
 """
@@ -70,6 +73,13 @@ def run(make, args) -> dict:
         loader.close()
 
 
+def record_run(measured: dict, rates: list[float], workers: list[float], own: list[float]) -> None:
+    """Keep a run's samples/s, its workers' samples per CPU-second and this process's CPU per second."""
+    rates.append(measured["samples_per_s"])
+    workers.append(round(measured["samples"] / max(measured["children_cpu_s"], 1e-9), 1))
+    own.append(round(measured["own_cpu_s"] / measured["seconds"], 3))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--episodes", type=int, default=8)
@@ -97,6 +107,8 @@ def main() -> None:
             settings[f"s3 {latency:g} ms coalesced, warm disk cache"] = (latency, True, str(Path(folder) / "cache"))
         one_epoch(loader_for(url, args, str(Path(folder) / "cache")))  # a first epoch fills the cache
         runs: dict[str, list[float]] = {name: [] for name in settings}
+        worker_rates: dict[str, list[float]] = {name: [] for name in settings}
+        own_cpu: dict[str, list[float]] = {name: [] for name in settings}
         requests: dict[str, int] = {}
         reader = WdsPieceReader if args.layout == "wds" else ZarrPieceReader
         original = reader.fetches_ahead
@@ -106,7 +118,8 @@ def main() -> None:
             for name in names[shift:] + names[:shift]:
                 setting = settings[name]
                 if setting is None:
-                    runs[name].append(run(lambda: loader_for(str(store), args), args)["samples_per_s"])
+                    measured = run(lambda: loader_for(str(store), args), args)
+                    record_run(measured, runs[name], worker_rates[name], own_cpu[name])
                     continue
                 latency, coalesced, cache_dir = setting
                 with S3Proxy(endpoint, latency_s=latency / 1000) as proxy:
@@ -115,7 +128,7 @@ def main() -> None:
                     reader.fetches_ahead = original if coalesced else property(lambda self: False)
                     try:
                         measured = run(lambda cache=cache_dir: loader_for(url, args, cache), args)
-                        runs[name].append(measured["samples_per_s"])
+                        record_run(measured, runs[name], worker_rates[name], own_cpu[name])
                     finally:
                         reader.fetches_ahead = original
                         fsspec.config.conf["s3"] = {"endpoint_url": endpoint}
@@ -123,17 +136,26 @@ def main() -> None:
                     requests[name] = proxy.ranged
                 print(f"round {number + 1}: {name:50s} {runs[name][-1]:8.1f} samples/s", flush=True)
     local = statistics.median(runs["local"])
+    local_workers = statistics.median(worker_rates["local"])
+    local_own = statistics.median(own_cpu["local"])
     results = {
         name: {
             "samples_per_s": round(statistics.median(values), 1),
             "of_local": round(statistics.median(values) / local, 3),
             "rounds": values,
+            "samples_per_worker_cpu_s": round(statistics.median(worker_rates[name]), 1),
+            "worker_cpu_of_local": round(statistics.median(worker_rates[name]) / local_workers, 3),
+            "server_cpu_share": round(max(0.0, statistics.median(own_cpu[name]) - local_own), 3),
             "range_requests_last_round": requests.get(name),
         }
         for name, values in runs.items()
     }
     for name, row in results.items():
-        print(f"{name:50s} {row['samples_per_s']:8.1f} samples/s  {row['of_local']:.0%} of local disk")
+        print(
+            f"{name:50s} {row['samples_per_s']:8.1f} samples/s  {row['of_local']:.0%} of local disk;"
+            f" per worker CPU-second {row['worker_cpu_of_local']:.0%} of local's;"
+            f" server CPU {row['server_cpu_share']:.2f}"
+        )
     record = {
         "benchmark": "remote_bench",
         "machine": machine_name(),

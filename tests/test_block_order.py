@@ -341,3 +341,32 @@ def test_the_blocks_order_refuses_a_token_budget_and_a_mixture_with_what_to_give
         mmdata.DataLoader(
             mixture, CAMERA_WINDOWS, batching=mmdata.Batching(batch_size=4), shuffling=mmdata.Shuffling(mode="blocks")
         )
+
+
+def test_sequences_of_some_episodes_in_the_blocks_order_are_each_read_once(stores):
+    spec = mmdata.Sequences(fps=10, streams={"action": mmdata.Values()}, max_seconds=0.5)
+    loader = mmdata.DataLoader(
+        stores["zarr"],
+        spec,
+        episodes=mmdata.Episodes(ids=[0, 2]),
+        batching=mmdata.Batching(batch_size=2),
+        shuffling=mmdata.Shuffling(mode="blocks"),
+        seed=1,
+    )
+    table = mmdata.open_dataset(stores["zarr"]).store.table
+    expected = enumerate_samples(table, spec, np.array([0, 2]))
+    plan = loader.epoch_plan()
+    seen = [(e, round(t, 6)) for b in loader for e, t in zip(b["episode_index"].tolist(), b["time"].tolist())]
+    left_out = [(int(expected.episode[n]), round(float(expected.start[n]), 6)) for n in plan.left_out.tolist()]
+    assert len(seen) == len(set(seen)) and {e for e, _ in seen} == {0, 2}
+    assert sorted(seen + left_out) == sorted(zip(expected.episode.tolist(), np.round(expected.start, 6).tolist()))
+
+
+def test_the_decode_floor_of_a_loader_in_the_blocks_order_is_measured(stores):
+    from mmdata.measure.floor import decode_floor
+
+    loader = mmdata.DataLoader(
+        stores["wds"], CAMERA_WINDOWS, batching=mmdata.Batching(batch_size=4), shuffling=mmdata.Shuffling(mode="blocks")
+    )
+    floor = decode_floor(loader, range(0, len(loader.samples), 5))
+    assert floor is not None and floor.frames > 0 and floor.samples == len(range(0, len(loader.samples), 5))

@@ -74,17 +74,17 @@ def _whole(request: ClipRequest) -> ClipRequest:
 def _floor_requests(loader: DataLoader, indices: np.ndarray) -> dict[tuple[int, str], list[ClipRequest]]:
     """Per source and camera, episode by episode in order: the segment requests for the frames the samples
     deliver (none empty)."""
-    table, spec = loader.samples, loader.spec
+    spec = loader.spec
     cameras = {name: stream for name, stream in spec.streams.items() if isinstance(stream, Frames)}
     wanted: dict[tuple[int, str, int], list[np.ndarray]] = {}
-    for index in indices.tolist():
-        source = int(table.source[index])
+    sources, episodes, starts, ends = loader.samples.locate(indices)
+    for source, episode, start, end in zip(sources.tolist(), episodes.tolist(), starts.tolist(), ends.tolist()):
         for name, stream in cameras.items():
             stored = loader.sources[source].streams.get(name)
             if stored is None:
                 continue
-            times = sample_times(spec, name, stream, float(table.start[index]), float(table.end[index]))
-            wanted.setdefault((source, name, int(table.episode[index])), []).append(times)
+            times = sample_times(spec, name, stream, float(start), float(end))
+            wanted.setdefault((source, name, episode), []).append(times)
     requests: dict[tuple[int, str], list[ClipRequest]] = {}
     for (source, name, episode), times in sorted(wanted.items()):
         store, stored, stream = loader.sources[source].store, loader.sources[source].streams[name], cameras[name]

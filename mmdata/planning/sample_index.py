@@ -61,6 +61,12 @@ class SampleIndex:
         start = local * self.steps[place]
         return start, np.minimum(start + self.steps[place], self.durations[place])
 
+    def locate(self, numbers: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The samples `numbers`: source (0: one store), episode (manifest row), start and end."""
+        episodes, _ = self.episodes_of(numbers)
+        starts, ends = self.spans_of(numbers)
+        return np.zeros(len(episodes), np.int64), episodes, starts, ends
+
     def costs_of(self, numbers: np.ndarray) -> np.ndarray:
         """Each sample's tokens (streams missing from `tokens_per` count one token per unit)."""
         start, end = self.spans_of(numbers)

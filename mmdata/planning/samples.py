@@ -44,6 +44,12 @@ class SampleTable:
     def __len__(self) -> int:
         return len(self.episode)
 
+    def locate(self, numbers: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The samples `numbers`: source, episode (manifest row), start and end (as `SampleIndex.locate`)."""
+        numbers = np.asarray(numbers, dtype=np.int64)
+        assert self.source is not None
+        return self.source[numbers], self.episode[numbers], self.start[numbers], self.end[numbers]
+
     def costs(self, tokens_per: TokensPer | None) -> np.ndarray:
         """Tokens per sample; streams missing from `tokens_per` count one token per unit."""
         per = {name: 1.0 for name in self.lengths}
