@@ -53,7 +53,8 @@ SPEC = mmdata.Windows(
 
 def loader_for(url: str, args, cache_dir: str | None = None) -> mmdata.DataLoader:
     source = url if cache_dir is None else mmdata.open_dataset(url, read_policy=mmdata.ReadPolicy(cache_dir=cache_dir))
-    return mmdata.DataLoader(source, SPEC, batch_size=args.batch_size, num_workers=args.workers, seed=1)
+    batching, runtime = mmdata.Batching(batch_size=args.batch_size), mmdata.Runtime(num_workers=args.workers)
+    return mmdata.DataLoader(source, SPEC, batching=batching, runtime=runtime, seed=1)
 
 
 def one_epoch(loader: mmdata.DataLoader) -> None:
