@@ -39,6 +39,10 @@ class DestinationError(MmdataError):
     """The conversion destination cannot be written as asked (not empty, or resume mismatch)."""
 
 
+class EditError(MmdataError):
+    """A store edit (`mmdata edit`) that cannot be made as asked; the store is left as it was."""
+
+
 class ExportError(MmdataError):
     """A store (or the episodes asked for) cannot be written in the format asked; the message says why."""
 

@@ -27,6 +27,7 @@ STAGES = (
     ("lerobot", ("mmdata.lerobot",)),
     ("importers", ("mmdata.importers",)),
     ("conversion", ("mmdata.conversion",)),
+    ("editing", ("mmdata.editing",)),
     ("exporters", ("mmdata.exporters",)),
     ("measure", ("mmdata.measure",)),
     ("viewer", ("mmdata.viewer",)),

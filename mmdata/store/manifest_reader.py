@@ -14,7 +14,7 @@ from __future__ import annotations
 import bisect
 import io
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -26,6 +26,7 @@ from cachetools import LRUCache
 from mmdata.errors import IntegrityError, StoreError
 from mmdata.schema import DatasetSchema
 from mmdata.store.filesystem import ReadPolicy, file_size, read_file, read_range
+from mmdata.store.manifest import ROW_GROUP_ROWS
 from mmdata.store.manifest_checks import check_manifest, check_manifest_columns
 
 # Columns read as dictionaries when read whole from a large manifest: a few distinct values over millions of rows.
@@ -183,6 +184,21 @@ class Manifest:
         source.forget()
         pa.default_memory_pool().release_unused()  # the pages decoded on the way, kept by the allocator
         return read
+
+    def row_groups(self) -> Iterator[tuple[int, pa.Table]]:
+        """Every row, as (first row, rows) in groups of at most `ROW_GROUP_ROWS`, read one at a time and not kept
+        (what copies a manifest of millions of rows in the memory of one group)."""
+        if self._table is not None:
+            for first in range(0, self.num_rows, ROW_GROUP_ROWS):
+                yield first, self._table.slice(first, ROW_GROUP_ROWS)
+            return
+        parquet, source = self._file()
+        for number, first in enumerate(self._starts):
+            _prefetch(parquet, source, [number], None)
+            group = parquet.read_row_group(number, use_threads=False)
+            if isinstance(source, RangeFile):
+                source.forget()
+            yield first, group
 
     def _group_of(self, index: int) -> tuple[pa.Table, int]:
         """The row group holding row `index` (read and checked when first asked for) and its first row."""

@@ -6,12 +6,12 @@ import argparse
 import sys
 
 from mmdata.errors import MmdataError
-from mmdata.tools import bench, convert, demo, export, inspect, stats, synth, verify, view
+from mmdata.tools import bench, convert, demo, edit, export, inspect, stats, synth, verify, view
 from mmdata.tools.formatting import terminal_text
 from mmdata.tools.storage import apply_storage_options
 from mmdata.version import __version__
 
-TOOLS = (synth, convert, inspect, verify, stats, demo, bench, view, export)
+TOOLS = (synth, convert, inspect, verify, stats, edit, demo, bench, view, export)
 
 
 def build_parser() -> argparse.ArgumentParser:
