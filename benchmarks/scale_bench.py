@@ -13,11 +13,13 @@ Three parts, each a curve rather than one point:
 - `manifest`: stores of 10^5 to 10^7 episodes (`write_scaled_store`: synthetic rows over a small real store's
   shards), each opened in a fresh process: `open_dataset` time, a loader's plan and first step for the last of 1,024
   ranks, the first batch, and the process's resident memory after each (torch and every import included).
+- `edit`: `mmdata edit` on stores of 10^5 and 10^6 episodes (statistics kept): deleting 1% of the episodes,
+  then keeping 90% of the rest (a split's larger part); no media byte is copied.
 - `mixing`: rank 0's micro-batches of 8 over 1,000 episodes of 300 windows (segments of 32 windows): distinct
   episodes per batch, episodes shared with the batch before, lag-1 correlation of the batches' mean episode, in the
   "blocks" and "segments" orders (`mmdata bench`'s figures).
 
-usage: python benchmarks/scale_bench.py [--quick] [--record scale_cpu]
+usage: python benchmarks/scale_bench.py [--quick] [--parts plan first_batch manifest edit mixing] [--record scale_cpu]
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ from machine import RESULTS, machine_name, write_results  # noqa: E402
 
 import mmdata  # noqa: E402
 from mmdata.conversion.pipeline import ConvertOptions, convert  # noqa: E402
+from mmdata.editing.selection import EpisodeSelection  # noqa: E402
+from mmdata.editing.versions import edit_store  # noqa: E402
 from mmdata.importers.raw import discover_raw_episodes  # noqa: E402
 from mmdata.measure.runner import mixing_figures  # noqa: E402
 from mmdata.planning.block_planner import BlockPlanner  # noqa: E402
@@ -53,7 +57,8 @@ from mmdata.planning.epoch_plan import Stretch  # noqa: E402
 from mmdata.planning.planner import LoaderPlanner, PlanSettings  # noqa: E402
 from mmdata.planning.sample_index import SampleIndex  # noqa: E402
 from mmdata.planning.samples import enumerate_samples  # noqa: E402
-from mmdata.synthetic import SynthSpec, write_scaled_store, write_synthetic_dataset  # noqa: E402
+from mmdata.store.scaled_store import write_scaled_store  # noqa: E402
+from mmdata.synthetic import SynthSpec, write_synthetic_dataset  # noqa: E402
 
 BATCH, LANES, OPEN, BLOCK = 8, 8, 8, 32
 SPEC_FPS = 10.0
@@ -224,6 +229,37 @@ def manifest_curve(sizes: list[int]) -> list[dict]:
     return rows
 
 
+def edit_curve(sizes: list[int]) -> list[dict]:
+    """Seconds of `mmdata edit` deleting 1% of a store's episodes, then keeping 90% of the rest."""
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        root = Path(folder)
+        write_synthetic_dataset(root / "raw", SynthSpec(episodes=3, min_seconds=1.5, max_seconds=3.0))
+        convert(discover_raw_episodes(root / "raw"), root / "real.wds", ConvertOptions(progress=False))
+        for episodes in sizes:
+            store = str(write_scaled_store(root / "real.wds", root / f"edit-{episodes}.wds", episodes))
+            media = sum(p.stat().st_size for p in (root / "real.wds" / "shards").iterdir())
+            started = time.perf_counter()
+            deleted = edit_store(store, "delete", EpisodeSelection(ids=range(0, episodes, 100)), False, False)
+            between = time.perf_counter()
+            kept = edit_store(
+                store, "keep", EpisodeSelection(ids=range(deleted.episodes_after * 9 // 10)), False, False
+            )
+            done = time.perf_counter()
+            after = sum(p.stat().st_size for p in (root / "real.wds" / "shards").iterdir())
+            row = {
+                "episodes": episodes,
+                "delete_1_percent_s": round(between - started, 2),
+                "keep_90_percent_s": round(done - between, 2),
+                "episodes_after": kept.episodes_after,
+                "media_bytes_written": after - media,
+            }
+            rows.append(row)
+            print(row, flush=True)
+            shutil.rmtree(store)
+    return rows
+
+
 def mixing(episodes: int = 1000, per_episode: int = 300) -> dict:
     """`mmdata bench`'s mixing figures over rank 0's whole epoch, in both orders."""
     table = synthetic_manifest(episodes, per_episode)
@@ -280,37 +316,54 @@ def plot(rows: list[dict], path: Path) -> None:
     print(f"wrote {path}")
 
 
+PARTS = ("plan", "first_batch", "manifest", "edit", "mixing")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="the smaller sizes only (a minute)")
-    parser.add_argument("--record", default=None, help="write benchmarks/results/<NAME>.json and <NAME>.png")
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS), help="what to measure (all)")
+    parser.add_argument("--record", default=None, help="write benchmarks/results/<NAME>.json (and .png with plan)")
     args = parser.parse_args()
     if args.quick:
-        sizes, worlds, first_samples, manifests = [(10**4, 100), (10**5, 100)], [8, 1024], 10**8, [10**5]
+        sizes, worlds, first_samples, manifests, edits = (
+            [(10**4, 100), (10**5, 100)],
+            [8, 1024],
+            10**8,
+            [10**5],
+            [10**4],
+        )
     else:
         sizes = [(10**5, 100), (10**6, 10), (10**6, 100), (10**6, 1000), (10**7, 100)]
-        worlds, first_samples, manifests = [8, 64, 1024], 10**9, [10**5, 10**6, 10**7]
-    rows = plan_curve(sizes, worlds)
-    report = {
+        worlds, first_samples, manifests, edits = [8, 64, 1024], 10**9, [10**5, 10**6, 10**7], [10**5, 10**6]
+    report: dict = {
         "machine": machine_name(),
         "batch_size": BATCH,
         "lanes": LANES,
         "open_blocks": OPEN,
         "block": BLOCK,
-        "plan": rows,
-        "first_batch": first_batch(first_samples, 1024),
-        "manifest": manifest_curve(manifests),
-        "mixing": mixing(),
     }
-    top = max(row["samples"] for row in rows)
-    report["growth_blocks_world_1024"] = {
-        "samples": [10**7, top],
-        "total_s": growth(rows, "blocks", 1024, 10**7, top, "total_s"),
-        "peak_mb": growth(rows, "blocks", 1024, 10**7, top, "peak_mb"),
-    }
+    rows = plan_curve(sizes, worlds) if "plan" in args.parts else []
+    if rows:
+        report["plan"] = rows
+        top = max(row["samples"] for row in rows)
+        report["growth_blocks_world_1024"] = {
+            "samples": [10**7, top],
+            "total_s": growth(rows, "blocks", 1024, 10**7, top, "total_s"),
+            "peak_mb": growth(rows, "blocks", 1024, 10**7, top, "peak_mb"),
+        }
+    if "first_batch" in args.parts:
+        report["first_batch"] = first_batch(first_samples, 1024)
+    if "manifest" in args.parts:
+        report["manifest"] = manifest_curve(manifests)
+    if "edit" in args.parts:
+        report["edit"] = edit_curve(edits)
+    if "mixing" in args.parts:
+        report["mixing"] = mixing()
     if args.record:
         write_results(args.record, report)
-        plot(rows, RESULTS / f"{args.record}.png")
+        if rows:
+            plot(rows, RESULTS / f"{args.record}.png")
 
 
 if __name__ == "__main__":

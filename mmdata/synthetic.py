@@ -191,37 +191,3 @@ def write_lowdim_parquet(path: Path, streams: dict[str, np.ndarray], rate: float
     for name, values in streams.items():
         columns[name] = pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), values.shape[1])
     pq.write_table(pa.table(columns), path)
-
-
-def write_scaled_store(source: str | Path, destination: str | Path, episodes: int) -> Path:
-    """A store of `episodes` episodes whose manifest rows repeat the rows of the converted store at `source` in
-    turn, over its shards and arrays (linked, not copied): a store of millions of episodes that opens, plans and
-    reads like a real one, with no more media than `source` has. What the scale tests and benchmarks open. The
-    manifest is written a row group at a time, so ten million rows take the memory of one group."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
-    from mmdata.store.manifest import ROW_GROUP_ROWS, STATISTICS
-
-    source, destination = Path(source), Path(destination)
-    document = json.loads((source / "dataset.json").read_text())
-    manifest = document.get("manifest", "episodes.parquet")
-    table = pq.read_table(source / manifest)
-    destination.mkdir(parents=True)
-    for entry in source.iterdir():
-        if entry.name not in ("dataset.json", manifest):
-            (destination / entry.name).symlink_to(entry.resolve(), target_is_directory=entry.is_dir())
-    with pq.ParquetWriter(
-        destination / manifest, table.schema, compression="zstd", write_statistics=STATISTICS
-    ) as writer:
-        for first in range(0, episodes, ROW_GROUP_ROWS):
-            numbers = np.arange(first, min(episodes, first + ROW_GROUP_ROWS), dtype=np.int64)
-            group = table.take(pa.array(numbers % table.num_rows))
-            digits = pc.utf8_lpad(pc.cast(pa.array(numbers), pa.string()), 6, "0")
-            group = group.set_column(group.schema.get_field_index("episode_index"), "episode_index", pa.array(numbers))
-            keys = pc.binary_join_element_wise("episode_", digits, "")
-            writer.write_table(group.set_column(group.schema.get_field_index("key"), "key", keys))
-    document["num_episodes"] = episodes
-    (destination / "dataset.json").write_text(json.dumps(document, indent=1))
-    return destination

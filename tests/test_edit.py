@@ -15,9 +15,8 @@ from mmdata.editing import versions
 from mmdata.editing.selection import EpisodeSelection
 from mmdata.editing.versions import edit_store
 from mmdata.errors import EditError
-from mmdata.store import manifest as manifest_module
 from mmdata.store import manifest_reader
-from mmdata.synthetic import write_scaled_store
+from mmdata.store.scaled_store import write_scaled_store
 from tests.conftest import LAYOUTS, run_cli
 from tests.test_loader import assert_same_batches
 
@@ -132,8 +131,7 @@ def test_the_edit_command_deletes_episodes_and_names_what_it_needs(copies):
 
 
 def test_an_edit_of_a_manifest_read_by_row_group_keeps_every_other_row_in_order(stores, tmp_path, monkeypatch):
-    monkeypatch.setattr(manifest_module, "ROW_GROUP_ROWS", 8)
-    url = str(write_scaled_store(stores["wds"], tmp_path / "scaled.wds", 40))
+    url = str(write_scaled_store(stores["wds"], tmp_path / "scaled.wds", 40, row_group_rows=8))
     monkeypatch.setattr(manifest_reader, "EAGER_ROWS", 16)
     before = mmdata.open_dataset(url).store
     assert not before.manifest.read_whole
@@ -169,3 +167,15 @@ def test_an_edit_in_object_storage_gives_the_store_a_local_edit_gives(stores, tm
             list(mmdata.DataLoader(remote, SPEC, batch_size=4, seed=1)),
             list(mmdata.DataLoader(str(local), SPEC, batch_size=4, seed=1)),
         )
+
+
+def test_a_loader_state_saved_before_an_edit_is_refused_over_the_edited_store_with_the_ways_on(copies):
+    url = str(copies["wds"])
+    loader = mmdata.DataLoader(url, SPEC, batch_size=2, seed=1)
+    next(iter(loader))
+    state = loader.state_dict()
+    loader.close()
+    edit_store(url, "delete", EpisodeSelection(ids=[2]), progress=False)
+    edited = mmdata.DataLoader(url, SPEC, batch_size=2, seed=1)
+    with pytest.raises(mmdata.ResumeError, match="set_epoch"):
+        edited.load_state_dict(state)

@@ -13,9 +13,8 @@ import pytest
 
 import mmdata
 from mmdata.errors import IntegrityError
-from mmdata.store import manifest as manifest_module
 from mmdata.store import manifest_reader
-from mmdata.synthetic import write_scaled_store
+from mmdata.store.scaled_store import write_scaled_store
 from tests.test_loader import assert_same_batches
 
 EPISODES, GROUP_ROWS = 40, 8
@@ -25,9 +24,7 @@ SPEC = mmdata.Windows(anchor_fps=5, streams={"cam_high": mmdata.Frames(offsets=[
 @pytest.fixture(scope="module")
 def scaled(stores, tmp_path_factory) -> Path:
     """40 episodes over the session's WebDataset store, in row groups of 8 rows."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(manifest_module, "ROW_GROUP_ROWS", GROUP_ROWS)
-        return write_scaled_store(stores["wds"], tmp_path_factory.mktemp("scaled") / "store.wds", EPISODES)
+    return write_scaled_store(stores["wds"], tmp_path_factory.mktemp("scaled") / "store.wds", EPISODES, GROUP_ROWS)
 
 
 @pytest.fixture

@@ -112,10 +112,10 @@ def check_resumable(loaded: LoaderState, saved_counts: list[int] | None, plan: L
         ]
         raise ResumeError(
             f"the saved loader state was made over other episodes ({'; '.join(grown) or saved_counts}: episodes"
-            " were appended or the store replaced); its epoch was planned over the episodes of then and cannot"
-            " go on over others. To go on with every episode from the next epoch, build the loader and call"
-            f" loader.set_epoch({loaded.epoch + 1}) instead of load_state_dict; to finish that epoch exactly,"
-            " resume on the store as it was (a copy made before the append)"
+            " were appended, deleted by `mmdata edit`, or the store replaced); its epoch was planned over the"
+            " episodes of then and cannot go on over others. To go on with every episode from the next epoch,"
+            f" build the loader and call loader.set_epoch({loaded.epoch + 1}) instead of load_state_dict; to"
+            " finish that epoch exactly, resume on the store as it was (a copy made before the change)"
         )
     raise ResumeError(
         "the saved loader state was made for other data or other sampling/batching settings"
