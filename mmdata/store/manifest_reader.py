@@ -31,7 +31,7 @@ from mmdata.store.manifest_checks import check_manifest, check_manifest_columns
 
 # Columns read as dictionaries when read whole from a large manifest: a few distinct values over millions of rows.
 DICTIONARY_COLUMNS = ("shard", "task", "source")
-EAGER_ROWS = 1 << 16
+EAGER_ROWS = 1 << 17
 EAGER_BYTES = 64 << 20
 ROW_GROUP_CACHE_BYTES = 256 << 20
 FETCH_THREADS = 16  # byte ranges of a large manifest in object storage read at once
@@ -144,6 +144,7 @@ class Manifest:
         self._source: Any = None
         self._groups: LRUCache = LRUCache(maxsize=ROW_GROUP_CACHE_BYTES, getsizeof=lambda table: table.nbytes or 1)
         self._rows: LRUCache = LRUCache(maxsize=ROWS_KEPT)
+        self._checked: set[int] = set()  # row groups checked in this process
 
     @property
     def read_whole(self) -> bool:
@@ -212,8 +213,10 @@ class Manifest:
             group = parquet.read_row_group(number, use_threads=False)
             if isinstance(source, RangeFile):
                 source.forget()
-            assert self._check is not None
-            self.damaged.update(self._check(group, self._starts[number]))
+            if number not in self._checked:  # (a group read again after it left the cache is not checked again)
+                assert self._check is not None
+                self.damaged.update(self._check(group, self._starts[number]))
+                self._checked.add(number)
             if group.nbytes <= ROW_GROUP_CACHE_BYTES:  # (a manifest written in larger groups is read again)
                 self._groups[number] = group
         return group, self._starts[number]
