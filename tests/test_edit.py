@@ -179,3 +179,17 @@ def test_a_loader_state_saved_before_an_edit_is_refused_over_the_edited_store_wi
     edited = mmdata.DataLoader(url, SPEC, batch_size=2, seed=1)
     with pytest.raises(mmdata.ResumeError, match="set_epoch"):
         edited.load_state_dict(state)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_loader_reading_while_an_edit_is_published_goes_on_with_the_batches_of_its_version(copies, workers):
+    url = str(copies["zarr"])
+    expected = list(mmdata.DataLoader(url, SPEC, batch_size=2, num_workers=workers, seed=4))
+    loader = mmdata.DataLoader(url, SPEC, batch_size=2, num_workers=workers, seed=4)
+    got = []
+    for step, batch in enumerate(loader):
+        got.append(batch)
+        if step == 2:
+            edit_store(url, "delete", EpisodeSelection(ids=[0, 1]), progress=False)
+    assert_same_batches(got, expected)
+    assert len(mmdata.open_dataset(url)) == 1
