@@ -128,12 +128,12 @@ def test_arrow_never_holds_the_python_bytes_of_a_manifest_while_it_reads_them(st
     down: freeing such a buffer takes the interpreter lock. Arrow must read the manifest from memory it owns."""
     import pyarrow.parquet as pq
 
-    from mmdata.store import handle
+    from mmdata.store import manifest_reader
 
     manifest = (Path(stores["wds"]) / "episodes.parquet").read_bytes()
     baseline = {}
     seen = []
-    original_read_file, original_read = handle.read_file, pq.ParquetFile.read
+    original_read_file, original_read = manifest_reader.read_file, pq.ParquetFile.read
 
     def read_file(fs, path, *args):
         if path.endswith("episodes.parquet"):
@@ -145,10 +145,10 @@ def test_arrow_never_holds_the_python_bytes_of_a_manifest_while_it_reads_them(st
         seen.append(sys.getrefcount(manifest) - baseline["refs"])
         return original_read(self, *args, **kwargs)
 
-    monkeypatch.setattr(handle, "read_file", read_file)
+    monkeypatch.setattr(manifest_reader, "read_file", read_file)
     monkeypatch.setattr(pq.ParquetFile, "read", read)
     mmdata.open_store(str(stores["wds"]))
-    assert seen == [1], "only the name the store reads them into holds the bytes while Arrow parses them"
+    assert len(seen) == 1 and seen[0] <= 1, "at most a name of the reader's holds the bytes while Arrow parses them"
 
 
 @pytest.mark.slow
