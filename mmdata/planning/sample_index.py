@@ -26,12 +26,18 @@ class SampleIndex:
         self.spec, self.rows = spec, rows
         self.durations = self.steps = None  # (a window's span needs neither: kept for sequences only)
         if isinstance(spec, Windows):
-            counts = np.maximum(1, np.ceil(durations * spec.anchor_fps - _EPS)).astype(np.int64)
+            counts = durations * spec.anchor_fps  # (in place from here: at ten million episodes each array is 80 MB)
+            del durations
+            counts -= _EPS
+            np.ceil(counts, out=counts)
+            np.maximum(counts, 1, out=counts)
+            counts = counts.astype(np.int64)
         else:
             self.durations = durations
             self.steps = durations if spec.max_seconds is None else np.full(len(durations), spec.max_seconds)
             counts = _sequence_counts(durations, self.steps, spec.min_seconds)
-        self.firsts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self.firsts = np.zeros(len(counts) + 1, np.int64)
+        np.cumsum(counts, out=self.firsts[1:])
         if self.firsts[-1] == 0:
             raise SpecError("the spec yields no sample from the selected episodes (are they shorter than min_seconds?)")
         per = {name: 1.0 for name in spec.streams}
