@@ -250,6 +250,7 @@ def test_planning_a_billion_samples_costs_a_rank_the_memory_of_its_first_step_no
     assert peak < 16 * 1024 * 1024, f"planning took {peak / 1e6:.0f} MB"
 
 
+@pytest.mark.slow
 def test_a_loader_in_the_blocks_order_reads_every_sample_once_per_epoch_with_workers_and_decodes_a_frame_about_once(
     stores,
 ):
@@ -278,6 +279,7 @@ def test_a_loader_in_the_blocks_order_reads_every_sample_once_per_epoch_with_wor
     assert alone.stats()["decode_waste"] < 1.2
 
 
+@pytest.mark.slow
 def test_a_loader_in_the_blocks_order_resumes_exactly_and_at_another_world_size(stores):
     def build(rank=0, world=1):
         return mmdata.DataLoader(
@@ -309,6 +311,7 @@ def test_a_loader_in_the_blocks_order_resumes_exactly_and_at_another_world_size(
     assert sorted(seen + left_out) == list(range(len(wider[0].samples)))
 
 
+@pytest.mark.slow
 def test_a_state_saved_in_another_order_is_refused_by_the_blocks_order(stores):
     segments = mmdata.DataLoader(stores["wds"], CAMERA_WINDOWS, batching=mmdata.Batching(batch_size=4))
     next(iter(segments))
@@ -343,6 +346,7 @@ def test_the_blocks_order_refuses_a_token_budget_and_a_mixture_with_what_to_give
         )
 
 
+@pytest.mark.slow
 def test_sequences_of_some_episodes_in_the_blocks_order_are_each_read_once(stores):
     spec = mmdata.Sequences(fps=10, streams={"action": mmdata.Values()}, max_seconds=0.5)
     loader = mmdata.DataLoader(
@@ -362,6 +366,7 @@ def test_sequences_of_some_episodes_in_the_blocks_order_are_each_read_once(store
     assert sorted(seen + left_out) == sorted(zip(expected.episode.tolist(), np.round(expected.start, 6).tolist()))
 
 
+@pytest.mark.slow
 def test_the_decode_floor_of_a_loader_in_the_blocks_order_is_measured(stores):
     from mmdata.measure.floor import decode_floor
 

@@ -35,6 +35,7 @@ def episode_data(dataset, index: int) -> tuple[str, np.ndarray, np.ndarray]:
     return episode.task, episode["state"].values, episode["cam_high"].values[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_deleting_an_episode_leaves_the_others_renumbered_reading_what_they_held(copies, layout):
     before = mmdata.open_dataset(str(copies[layout]))
@@ -53,6 +54,7 @@ def test_deleting_an_episode_leaves_the_others_renumbered_reading_what_they_held
     assert stats == "stats-000001.json" and (copies[layout] / stats).exists()
 
 
+@pytest.mark.slow
 def test_keeping_episodes_by_duration_and_task_keeps_exactly_those(copies):
     url = str(copies["wds"])
     before = mmdata.open_dataset(url)
@@ -71,6 +73,7 @@ def test_keeping_episodes_by_duration_and_task_keeps_exactly_those(copies):
     assert not (copies["wds"] / "episodes.parquet").exists(), "versions before the one before are removed"
 
 
+@pytest.mark.slow
 def test_a_reader_that_opened_the_store_before_an_edit_keeps_reading_its_version(copies):
     url = str(copies["zarr"])
     reader = mmdata.open_dataset(url)
@@ -83,6 +86,7 @@ def test_a_reader_that_opened_the_store_before_an_edit_keeps_reading_its_version
         assert np.array_equal(episode_data(reader, index)[1], before[index])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("failing", ["_write_manifest", "compute_stats", "write_text_atomically"])
 def test_an_edit_that_fails_at_any_step_leaves_the_version_before_and_can_be_made_again(copies, monkeypatch, failing):
     url = str(copies["wds"])
@@ -117,6 +121,7 @@ def test_edits_that_name_nothing_everything_or_unknown_episodes_are_refused_with
     assert mmdata.open_dataset(url).schema.version == 0
 
 
+@pytest.mark.slow
 def test_the_edit_command_deletes_episodes_and_names_what_it_needs(copies):
     url = str(copies["zarr"])
     done = run_cli("edit", url, "delete", "--episodes", "0-1", "--no-progress")
@@ -130,6 +135,7 @@ def test_the_edit_command_deletes_episodes_and_names_what_it_needs(copies):
     assert wrong.returncode == 2 and "range" in wrong.stderr
 
 
+@pytest.mark.slow
 def test_an_edit_of_a_manifest_read_by_row_group_keeps_every_other_row_in_order(stores, tmp_path, monkeypatch):
     url = str(write_scaled_store(stores["wds"], tmp_path / "scaled.wds", 40, row_group_rows=8))
     monkeypatch.setattr(manifest_reader, "EAGER_ROWS", 16)
@@ -148,6 +154,7 @@ def test_an_edit_of_a_manifest_read_by_row_group_keeps_every_other_row_in_order(
         }
 
 
+@pytest.mark.slow
 def test_an_edit_in_object_storage_gives_the_store_a_local_edit_gives(stores, tmp_path):
     pytest.importorskip("moto.server", reason="the S3 tests need moto[server] (pip install -e .[dev])")
     s3fs = pytest.importorskip("s3fs", reason="the S3 tests need s3fs (pip install -e .[dev])")
@@ -169,6 +176,7 @@ def test_an_edit_in_object_storage_gives_the_store_a_local_edit_gives(stores, tm
         )
 
 
+@pytest.mark.slow
 def test_a_loader_state_saved_before_an_edit_is_refused_over_the_edited_store_with_the_ways_on(copies):
     url = str(copies["wds"])
     loader = mmdata.DataLoader(url, SPEC, batch_size=2, seed=1)
@@ -181,6 +189,7 @@ def test_a_loader_state_saved_before_an_edit_is_refused_over_the_edited_store_wi
         edited.load_state_dict(state)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_loader_reading_while_an_edit_is_published_goes_on_with_the_batches_of_its_version(copies, workers):
     url = str(copies["zarr"])

@@ -69,6 +69,7 @@ def test_a_damaged_row_of_a_large_manifest_is_found_when_its_row_group_is_read(s
     assert store.manifest.row(22)["key"] == "episode_000022", "the rest of the row group reads"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_loader_over_a_large_manifest_gives_the_batches_it_gives_over_the_whole_one(scaled, workers, monkeypatch):
     whole = list(mmdata.DataLoader(str(scaled), SPEC, batch_size=4, num_workers=workers, seed=2))
@@ -79,6 +80,7 @@ def test_a_loader_over_a_large_manifest_gives_the_batches_it_gives_over_the_whol
     assert_same_batches(lazy, whole)
 
 
+@pytest.mark.slow
 def test_a_large_manifest_in_object_storage_opens_with_a_few_byte_ranges(scaled, tmp_path, monkeypatch):
     pytest.importorskip("moto.server", reason="the S3 tests need moto[server] (pip install -e .[dev])")
     s3fs = pytest.importorskip("s3fs", reason="the S3 tests need s3fs (pip install -e .[dev])")
