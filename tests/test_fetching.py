@@ -38,15 +38,29 @@ def _sample(episode: int, source: int) -> SampleRef:
     return SampleRef(episode, episode, f"e{episode}", "s", 0.0, 0.0, 0, 1, source)
 
 
+def _names(sample, only=None):
+    """The stored streams of every sample: a camera and a low-dim stream (`only=Frames`: the camera)."""
+    return ["cam"] if only is mmdata.Frames else ["cam", "state"]
+
+
 def test_rows_name_each_samples_pieces_under_its_own_source():
-    fetcher = Fetcher([_source(), _source()], stored_names=lambda sample: ["cam", "state"])
+    fetcher = Fetcher([_source(), _source()], stored_names=_names)
     wanted = fetcher.rows([_sample(3, 0), _sample(5, 1), _sample(4, 0)])
     assert wanted == {0: ["row 3 cam", "row 3 state", "row 4 cam", "row 4 state"], 1: ["row 5 cam", "row 5 state"]}
+    assert fetcher.rows([_sample(3, 0)], mmdata.Frames) == {0: ["row 3 cam"]}, "what aligning frames reads"
+
+
+def test_pieces_fetched_now_from_several_lists_go_to_their_sources_in_one_request_each():
+    sources = [_source(fetches_ahead=True), _source(fetches_ahead=True)]
+    fetcher = Fetcher(sources, stored_names=_names)
+    fetcher.now(fetcher.rows([_sample(1, 0)]), fetcher.rows([_sample(2, 0), _sample(3, 1)], mmdata.Frames))
+    assert sources[0].store.pieces.calls == [("now", ["row 1 cam", "row 1 state", "row 2 cam"])]
+    assert sources[1].store.pieces.calls == [("now", ["row 3 cam"])]
 
 
 def test_fetching_ahead_merges_rows_and_segments_into_one_request_per_source_and_forget_reaches_every_source():
     sources = [_source(fetches_ahead=True), _source()]
-    fetcher = Fetcher(sources, stored_names=lambda sample: ["cam"])
+    fetcher = Fetcher(sources, stored_names=lambda sample, only=None: ["cam"])
     assert fetcher.fetches_ahead, "one source in object storage is enough"
     plans = [(0, SimpleNamespace(pieces=["segment a"])), (1, SimpleNamespace(pieces=["segment b"]))]
     fetcher.ahead(fetcher.rows([_sample(1, 0)]), Fetcher.segments(plans))
@@ -58,4 +72,4 @@ def test_fetching_ahead_merges_rows_and_segments_into_one_request_per_source_and
 
 def test_a_local_store_fetches_nothing_ahead(stores):
     store = mmdata.open_store(stores["wds"])
-    assert not Fetcher([SimpleNamespace(store=store)], stored_names=lambda sample: []).fetches_ahead
+    assert not Fetcher([SimpleNamespace(store=store)], stored_names=lambda sample, only=None: []).fetches_ahead

@@ -21,7 +21,8 @@ from mmdata.store.manifest import Piece
 
 
 class Fetcher:
-    """Hands each source's piece reader what a micro-batch (or the next) will read."""
+    """Hands each source's piece reader what a micro-batch (or the next) will read. `stored_names(sample, only)`
+    names the stored streams of the sample's source that the spec reads (of spec type `only`, None: all)."""
 
     def __init__(self, sources: Sequence[OpenSource], stored_names):
         self.sources = list(sources)
