@@ -274,41 +274,48 @@ def mixing(episodes: int = 1000, per_episode: int = 300) -> dict:
     return figures
 
 
-def growth(rows: list[dict], order: str, world: int, low: int, high: int, field: str) -> float | None:
-    """How much `field` grows from `low` to `high` samples (per the largest manifest at each size)."""
-    picked = {
-        row["samples"]: row[field]
-        for row in sorted(rows, key=lambda r: r["episodes"])
-        if row["order"] == order and row["world_size"] == world
-    }
-    if low not in picked or high not in picked:
+def growth(rows: list[dict], order: str, world: int, low: int, high: int, field: str) -> dict | None:
+    """How much `field` grows from `low` to `high` samples over the same manifest (the most episodes measured at
+    both sizes): the samples' share of the cost, apart from the episodes'."""
+    at: dict[int, dict[int, float]] = {}
+    for row in rows:
+        if row["order"] == order and row["world_size"] == world:
+            at.setdefault(row["episodes"], {})[row["samples"]] = row[field]
+    both = [episodes for episodes, sizes in at.items() if low in sizes and high in sizes]
+    if not both:
         return None
-    return round(picked[high] / max(picked[low], 1e-9), 2)
+    episodes = max(both)
+    return {"episodes": episodes, "ratio": round(at[episodes][high] / max(at[episodes][low], 1e-9), 2)}
 
 
 def plot(rows: list[dict], path: Path) -> None:
+    """One rank's planning time and peak memory against the epoch's samples, a line per order and manifest size
+    (episodes), at the largest world size measured."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    world = max(row["world_size"] for row in rows)
     figure, axes = plt.subplots(1, 2, figsize=(11, 4))
     for order, style in (("blocks", "-o"), ("segments", "--s")):
-        for world in sorted({row["world_size"] for row in rows}):
-            picked = [r for r in rows if r["order"] == order and r["world_size"] == world]
+        for episodes in sorted({row["episodes"] for row in rows}):
+            picked = sorted(
+                (r for r in rows if r["order"] == order and r["episodes"] == episodes and r["world_size"] == world),
+                key=lambda r: r["samples"],
+            )
             if not picked:
                 continue
-            by_samples = sorted({r["samples"]: r for r in picked}.values(), key=lambda r: r["samples"])
-            x = [r["samples"] for r in by_samples]
-            axes[0].plot(x, [r["total_s"] for r in by_samples], style, label=f"{order}, world {world}")
-            axes[1].plot(x, [r["peak_mb"] for r in by_samples], style, label=f"{order}, world {world}")
-    for axis, title in zip(
-        axes, ("one rank: planner + epoch plan + first step (s)", "one rank: peak planning memory (MB)")
-    ):
+            x = [r["samples"] for r in picked]
+            label = f"{order}, {episodes:.0e} episodes"
+            axes[0].plot(x, [r["total_s"] for r in picked], style, label=label)
+            axes[1].plot(x, [r["peak_mb"] for r in picked], style, label=label)
+    titles = (f"one rank of {world}: planner + epoch plan + first step (s)", f"one rank of {world}: peak memory (MB)")
+    for axis, title in zip(axes, titles):
         axis.set_xscale("log")
         axis.set_yscale("log")
         axis.set_xlabel("samples in the epoch")
-        axis.set_title(title)
+        axis.set_title(title, fontsize=10)
         axis.grid(True, which="both", alpha=0.3)
     axes[0].legend(fontsize=7)
     figure.tight_layout()
