@@ -230,7 +230,8 @@ def _version_file(name: Any, field_name: str, suffix: str) -> str:
 
 
 def _checked_history(history: Any) -> list[dict[str, Any]]:
-    """The appends `dataset.json` lists: each with its time, episode count, first episode and source."""
+    """The appends and edits `dataset.json` lists: each with its time, episode count, first episode and source
+    (an edit: also what it did and the episodes before it)."""
     if not isinstance(history, list) or len(history) > MAX_HISTORY:
         raise ValueError(f"'history' is not a list of at most {MAX_HISTORY} entries")
     for entry in history:
@@ -240,6 +241,10 @@ def _checked_history(history: Any) -> list[dict[str, Any]]:
         as_int(entry.get("first_episode"), "a history entry's first_episode", 0)
         if not isinstance(entry.get("time"), str) or not isinstance(entry.get("source"), str):
             raise ValueError("a 'history' entry lacks its time or source text")
+        if "edit" in entry or "episodes_before" in entry:  # an edit's (`mmdata edit`)
+            if entry.get("edit") not in ("delete", "keep"):
+                raise ValueError(f"a 'history' entry's edit is {entry.get('edit')!r}, not 'delete' or 'keep'")
+            as_int(entry.get("episodes_before"), "a history entry's episodes_before", 0)
     return history
 
 

@@ -202,3 +202,14 @@ def test_a_loader_reading_while_an_edit_is_published_goes_on_with_the_batches_of
             edit_store(url, "delete", EpisodeSelection(ids=[0, 1]), progress=False)
     assert_same_batches(got, expected)
     assert len(mmdata.open_dataset(url)) == 1
+
+
+def test_a_history_entry_of_an_edit_that_no_edit_writes_is_refused_when_the_store_opens(copies):
+    url = str(copies["wds"])
+    edit_store(url, "delete", EpisodeSelection(ids=[1]), recompute_stats=False, progress=False)
+    document = (copies["wds"] / "dataset.json").read_text()
+    (copies["wds"] / "dataset.json").write_text(
+        document.replace('"episodes_before": 3', '"episodes_before": "\\u001b[2J"')
+    )
+    with pytest.raises(mmdata.StoreError, match="episodes_before"):
+        mmdata.open_dataset(url)

@@ -129,19 +129,19 @@ def run(args: argparse.Namespace) -> int:
         print(f"    {entry['name']:<{width}}  {entry['kind']:<6}  {_describe(entry)}")
     if summary["history"]:
         first = summary["history"][0]
-        converted = first.get("episodes_before", 0) if first.get("edit") else first["first_episode"]
+        converted = first["episodes_before"] if first.get("edit") else first["first_episode"]
         print("  history")
         print(f"    converted             episodes 0-{converted - 1}")
         for entry in summary["history"]:
             if entry.get("edit"):
                 print(
-                    f"    {entry['time']}  edited: {terminal_text(entry['source'])},"
-                    f" {entry.get('episodes_before', '?')} -> {entry['episodes']} episodes"
+                    f"    {terminal_text(entry['time'])}  edited: {terminal_text(entry['source'])},"
+                    f" {entry['episodes_before']} -> {entry['episodes']} episodes"
                 )
                 continue
             last = entry["first_episode"] + entry["episodes"] - 1
             print(
-                f"    {entry['time']}  appended {entry['episodes']} episodes"
+                f"    {terminal_text(entry['time'])}  appended {entry['episodes']} episodes"
                 f" ({entry['first_episode']}-{last}) from {terminal_text(entry['source'])}"
             )
     return 0
