@@ -210,15 +210,21 @@ print(json.dumps(figures))
 """
 
 
+def small_real_store(root: Path) -> Path:
+    """A converted store of 3 short episodes under `root`: the shards a scaled store's rows point at."""
+    write_synthetic_dataset(root / "raw", SynthSpec(episodes=3, min_seconds=1.5, max_seconds=3.0))
+    convert(discover_raw_episodes(root / "raw"), root / "real.wds", ConvertOptions(progress=False))
+    return root / "real.wds"
+
+
 def manifest_curve(sizes: list[int]) -> list[dict]:
     """Open, plan and first batch over stores of `sizes` episodes, each in a fresh process."""
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         root = Path(folder)
-        write_synthetic_dataset(root / "raw", SynthSpec(episodes=3, min_seconds=1.5, max_seconds=3.0))
-        convert(discover_raw_episodes(root / "raw"), root / "real.wds", ConvertOptions(progress=False))
+        real = small_real_store(root)
         for episodes in sizes:
-            store = write_scaled_store(root / "real.wds", root / f"scaled-{episodes}.wds", episodes)
+            store = write_scaled_store(real, root / f"scaled-{episodes}.wds", episodes)
             code = MANIFEST_CHILD.format(root=str(Path(__file__).resolve().parents[1]), store=str(store))
             child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
             row = {"episodes": episodes, "manifest_mb": round((store / "episodes.parquet").stat().st_size / 1e6, 1)}
@@ -234,11 +240,10 @@ def edit_curve(sizes: list[int]) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         root = Path(folder)
-        write_synthetic_dataset(root / "raw", SynthSpec(episodes=3, min_seconds=1.5, max_seconds=3.0))
-        convert(discover_raw_episodes(root / "raw"), root / "real.wds", ConvertOptions(progress=False))
+        real = small_real_store(root)
         for episodes in sizes:
-            store = str(write_scaled_store(root / "real.wds", root / f"edit-{episodes}.wds", episodes))
-            media = sum(p.stat().st_size for p in (root / "real.wds" / "shards").iterdir())
+            store = str(write_scaled_store(real, root / f"edit-{episodes}.wds", episodes))
+            media = sum(p.stat().st_size for p in (real / "shards").iterdir())
             started = time.perf_counter()
             deleted = edit_store(store, "delete", EpisodeSelection(ids=range(0, episodes, 100)), False, False)
             between = time.perf_counter()
@@ -246,7 +251,7 @@ def edit_curve(sizes: list[int]) -> list[dict]:
                 store, "keep", EpisodeSelection(ids=range(deleted.episodes_after * 9 // 10)), False, False
             )
             done = time.perf_counter()
-            after = sum(p.stat().st_size for p in (root / "real.wds" / "shards").iterdir())
+            after = sum(p.stat().st_size for p in (real / "shards").iterdir())
             row = {
                 "episodes": episodes,
                 "delete_1_percent_s": round(between - started, 2),

@@ -46,6 +46,17 @@ def planner(table: pa.Table, spec, batch: int, lanes: int = 2, open_blocks: int 
     return BlockPlanner(index, table.column("shard"), settings, block)
 
 
+def assert_numbers_alike(index: SampleIndex, enumerated, tokens_per) -> None:
+    """The index numbers the samples as the sample table does: each one's episode, chunk, span and cost."""
+    numbers = np.arange(len(index))
+    assert len(index) == len(enumerated)
+    episodes, chunks = index.episodes_of(numbers)
+    starts, ends = index.spans_of(numbers)
+    assert np.array_equal(episodes, enumerated.episode) and np.array_equal(chunks, enumerated.chunk)
+    assert np.allclose(starts, enumerated.start) and np.allclose(ends, enumerated.end)
+    assert np.array_equal(index.costs_of(numbers), enumerated.costs(tokens_per))
+
+
 def rank_samples(plan, steps=None) -> list[list[int]]:
     """Per rank, the sample numbers of its steps (the first `steps`, or all), in order."""
     taken = len(plan.plan) if steps is None else steps
@@ -128,14 +139,7 @@ def test_the_sample_index_numbers_windows_as_the_sample_table_does():
     spec = mmdata.Windows(anchor_fps=7.5, streams={"action": mmdata.Values(offsets=[0.0, 0.1])})
     rows = np.arange(table.num_rows)
     enumerated = enumerate_samples(table, spec, rows)
-    index = SampleIndex(table, spec, None, None)
-    numbers = np.arange(len(index))
-    assert len(index) == len(enumerated)
-    episodes, chunks = index.episodes_of(numbers)
-    starts, ends = index.spans_of(numbers)
-    assert np.array_equal(episodes, enumerated.episode) and np.array_equal(chunks, enumerated.chunk)
-    assert np.allclose(starts, enumerated.start) and np.allclose(ends, enumerated.end)
-    assert np.array_equal(index.costs_of(numbers), enumerated.costs(None))
+    assert_numbers_alike(SampleIndex(table, spec, None, None), enumerated, None)
 
 
 @pytest.mark.parametrize(("max_seconds", "min_seconds"), [(None, 0.0), (1.0, 0.0), (1.0, 0.5), (0.7, 0.7), (0.3, 0.5)])
@@ -155,14 +159,7 @@ def test_the_sample_index_cuts_sequences_as_the_sample_table_does(max_seconds, m
         with pytest.raises(mmdata.errors.SpecError, match="no sample"):
             SampleIndex(table, spec, rows, None)
         return
-    index = SampleIndex(table, spec, rows, {"action": 2})
-    numbers = np.arange(len(index))
-    assert len(index) == len(enumerated)
-    episodes, chunks = index.episodes_of(numbers)
-    starts, ends = index.spans_of(numbers)
-    assert np.array_equal(episodes, enumerated.episode) and np.array_equal(chunks, enumerated.chunk)
-    assert np.allclose(starts, enumerated.start) and np.allclose(ends, enumerated.end)
-    assert np.array_equal(index.costs_of(numbers), enumerated.costs({"action": 2}))
+    assert_numbers_alike(SampleIndex(table, spec, rows, {"action": 2}), enumerated, {"action": 2})
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 5])

@@ -174,15 +174,21 @@ def append_state(
         except ValueError as exc:
             raise damaged from exc
         return saved
-    epoch = os.environ.get("SOURCE_DATE_EPOCH")
-    seconds = int(epoch) if epoch and epoch.isdigit() else time.time()
     state = {
-        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds)),
+        "time": utc_now(),
         "array_lengths": array_lengths(),
         "first_shard": first_shard(),
     }
     write_text_atomically(path, json.dumps(state), fs)
     return state
+
+
+def utc_now() -> str:
+    """Now, as ISO 8601 UTC (what a store's history records); `SOURCE_DATE_EPOCH` (the reproducible-builds
+    convention) sets it."""
+    epoch = os.environ.get("SOURCE_DATE_EPOCH")
+    seconds = int(epoch) if epoch and epoch.isdigit() else time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
 
 
 def remove_superseded(fs: fsspec.AbstractFileSystem, root: str, schema: DatasetSchema) -> None:

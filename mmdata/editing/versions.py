@@ -11,32 +11,27 @@ group at a time, so a store of millions of episodes is edited in the memory of o
 
 from __future__ import annotations
 
-import json
-import os
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from mmdata.conversion.append import remove_superseded
+from mmdata.conversion.append import remove_superseded, utc_now
 from mmdata.editing.selection import EpisodeSelection
 from mmdata.errors import EditError, MmdataError
 from mmdata.schema import DatasetSchema, version_file_name
 from mmdata.store.dataset import Dataset
-from mmdata.store.filesystem import join, read_file, write_text_atomically, writing_atomically
+from mmdata.store.filesystem import join, write_text_atomically, writing_atomically
 from mmdata.store.handle import Store, open_store
 from mmdata.store.layout import DATASET_FILE, PARTIAL_DIR
-from mmdata.store.manifest import ROW_GROUP_ROWS, STATISTICS
-from mmdata.store.statistics import compute_stats
+from mmdata.store.manifest import ROW_GROUP_ROWS, STATISTICS, renumbered
+from mmdata.store.statistics import compute_stats, read_stats, write_stats
 
 Action = Literal["delete", "keep"]
-MAX_STATS_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -81,11 +76,8 @@ def edit_store(
     described = f"{action} {len(named)} episode{'' if len(named) == 1 else 's'} ({selection.describe()})"
     schema = _next_schema(store.schema, len(kept), count, action, described)
     _write_manifest(store, kept, schema.manifest_file, progress)
-    if recompute_stats:
-        stats = compute_stats(Dataset(Store(url, schema=schema)))
-        write_text_atomically(join(store.root, schema.stats_file), json.dumps(stats, indent=1) + "\n", store.fs)
-    else:
-        _keep_stats(store, schema, verb)
+    edited = Store(url, schema=schema)
+    write_stats(edited, compute_stats(Dataset(edited)) if recompute_stats else _stats_before(store, verb))
     write_text_atomically(join(store.root, DATASET_FILE), schema.to_json(), store.fs)
     remove_superseded(store.fs, store.root, schema)
     return EditReport(
@@ -95,10 +87,8 @@ def edit_store(
 
 def _next_schema(schema: DatasetSchema, kept: int, before: int, action: Action, described: str) -> DatasetSchema:
     version = schema.version + 1
-    epoch = os.environ.get("SOURCE_DATE_EPOCH")
-    seconds = int(epoch) if epoch and epoch.isdigit() else time.time()
     entry = {
-        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds)),
+        "time": utc_now(),
         "edit": action,
         "episodes": kept,
         "episodes_before": before,
@@ -126,7 +116,7 @@ def _write_manifest(store: Store, kept: np.ndarray, name: str, progress: bool) -
         with tqdm(total=len(kept), unit="episode", desc=f"edit {store.url}", disable=not progress) as bar:
             for rows in _regrouped(_kept_rows(store, kept)):
                 numbers = np.arange(written, written + rows.num_rows, dtype=np.int64)
-                rows = _renumbered(rows, numbers)
+                rows = renumbered(rows, numbers)
                 if writer is None:
                     writer = pq.ParquetWriter(handle, rows.schema, compression="zstd", write_statistics=STATISTICS)
                 writer.write_table(rows)
@@ -160,22 +150,14 @@ def _regrouped(parts: Iterator[pa.Table]) -> Iterator[pa.Table]:
         yield pa.concat_tables(pending)
 
 
-def _renumbered(rows: pa.Table, numbers: np.ndarray) -> pa.Table:
-    digits = pc.utf8_lpad(pc.cast(pa.array(numbers), pa.string()), 6, "0")
-    rows = rows.set_column(rows.schema.get_field_index("episode_index"), "episode_index", pa.array(numbers))
-    return rows.set_column(
-        rows.schema.get_field_index("key"), "key", pc.binary_join_element_wise("episode_", digits, "")
-    )
-
-
-def _keep_stats(store: Store, schema: DatasetSchema, verb: str) -> None:
-    """The version before's statistics under the new version's name, marked as computed before the edit."""
+def _stats_before(store: Store, verb: str) -> dict:
+    """The version before's statistics, marked as computed before the edit (what `--keep-stats` keeps)."""
     try:
-        stats = json.loads(read_file(store.fs, join(store.root, store.schema.stats_file), MAX_STATS_BYTES))
-    except (MmdataError, ValueError) as exc:
+        stats = read_stats(store)
+    except MmdataError as exc:
         raise EditError(
-            f"'{store.url}' has no readable {store.schema.stats_file} to keep ({exc}); edit with the statistics"
-            " computed again (leave out --keep-stats)"
+            f"'{store.url}' has no statistics to keep ({exc}); edit with the statistics computed again (leave out"
+            " --keep-stats)"
         ) from exc
     stats["before_edit"] = f"computed before episodes were {verb}; run `mmdata stats {store.url}` to compute them again"
-    write_text_atomically(join(store.root, schema.stats_file), json.dumps(stats, indent=1) + "\n", store.fs)
+    return stats

@@ -65,18 +65,20 @@ def plan_loader(
     rows = [_selected_rows(source, mixed, on_error, excluded) for source in sources]
     counts_samples = settings.batch_size is not None
     _check_order_applies(settings.shuffle, counts_samples, mixed)
-    index = planning = None
+    planning = [source.store.columns(["duration", "shard"]) for source in sources]  # what every order plans from
+    index = None
     if not mixed and counts_samples and settings.shuffle in ("auto", "blocks"):
         every = len(rows[0]) == len(sources[0].store)
-        planning = sources[0].store.columns(["duration", "shard"])
-        index = SampleIndex(planning, spec, None if every else rows[0], tokens_per)
+        index = SampleIndex(planning[0], spec, None if every else rows[0], tokens_per)
     cameras = [name for name, stream in spec.streams.items() if isinstance(stream, Frames)]
     shuffle = resolve_shuffle(settings.shuffle, counts_samples, bool(cameras), len(index) if index else 0)
     settings = dataclasses.replace(settings, shuffle=shuffle)
     if shuffle == "blocks":
-        assert index is not None and planning is not None, "the 'blocks' order was resolved without a sample index"
-        return _blocks_plan(sources[0], planning, spec, settings, tokens_per, index, episodes, excluded)
-    samples = concatenate_samples([_enumerated(s, spec, r, mixed) for s, r in zip(sources, rows)])
+        assert index is not None, "the 'blocks' order was resolved without a sample index"
+        return _blocks_plan(sources[0], planning[0], spec, settings, tokens_per, index, episodes, excluded)
+    samples = concatenate_samples(
+        [_enumerated(source, table, chosen, spec, mixed) for source, table, chosen in zip(sources, planning, rows)]
+    )
     costs = samples.costs(tokens_per)
     if settings.batch_tokens is not None and costs.max() > settings.batch_tokens:
         worst = int(np.argmax(costs))
@@ -94,12 +96,12 @@ def plan_loader(
         stored = [s.streams.get(cameras[0]) if cameras else None for s in sources]
         blocks = segment_blocks(samples, [s.store for s in sources], stored)
     keys = [s.store.columns(["key"]).column("key").to_pylist() for s in sources]
-    shards = [s.store.columns(["shard"]).column("shard").to_pylist() for s in sources]
+    shards = [table.column("shard").to_pylist() for table in planning]
     planner = LoaderPlanner(samples, costs, keys, shards, settings, composition, blocks)
     if mixed:
         data = [describe_sources(sources), mixture.describe()]
     else:
-        data = [keys[0], sources[0].store.columns(["duration"]).column("duration").to_pylist()]
+        data = [keys[0], planning[0].column("duration").to_pylist()]
     data_text = [_json(part) for part in data]  # the manifest's part, written once for the three fingerprints
 
     def fingerprint_in(order: str, segments_version: str = SEGMENT_ORDER_VERSION) -> str:
@@ -159,9 +161,7 @@ def _blocks_plan(
         *_planned(spec, episodes, tokens_per, settings, "blocks"),
         [settings.lanes, settings.open_segments, block, BLOCK_ORDER_VERSION],
     ]
-    fingerprint = _hash_of_list(
-        [json.dumps([table.num_rows, _columns_digest(table, ("duration",))]), *(_json(p) for p in planned)]
-    )
+    fingerprint = _hash_of_list([json.dumps([table.num_rows, _durations_digest(table)]), *(_json(p) for p in planned)])
     targets = np.array([len(index)], np.int64)
     return LoaderPlan(index, None, targets, settings, planner, excluded, fingerprint, fingerprint, fingerprint)
 
@@ -189,20 +189,13 @@ def _json(part: Any) -> str:
     return json.dumps(part, sort_keys=True, default=repr)
 
 
-def _columns_digest(table: pa.Table, names: tuple[str, ...]) -> str:
-    """A hash of the values of the manifest's `names` columns, read as bytes however they are chunked (ten
-    million keys in well under a second, where their JSON text takes tens)."""
-    lengths, values = xxhash.xxh64(), xxhash.xxh64()
-    for name in names:
-        for chunk in table.column(name).chunks:
-            if pa.types.is_string(chunk.type) or pa.types.is_large_string(chunk.type):
-                wide = np.int64 if pa.types.is_large_string(chunk.type) else np.int32
-                offsets = np.frombuffer(chunk.buffers()[1], wide)[chunk.offset : chunk.offset + len(chunk) + 1]
-                lengths.update(np.diff(offsets).astype(np.int64).tobytes())
-                values.update(memoryview(chunk.buffers()[2])[int(offsets[0]) : int(offsets[-1])])
-            else:
-                values.update(np.ascontiguousarray(chunk.to_numpy(zero_copy_only=False)).tobytes())
-    return lengths.hexdigest() + values.hexdigest()
+def _durations_digest(table: pa.Table) -> str:
+    """A hash of the manifest's durations, read as bytes however they are chunked (ten million in well under a
+    second, where their JSON text takes tens)."""
+    digest = xxhash.xxh64()
+    for chunk in table.column("duration").chunks:
+        digest.update(np.ascontiguousarray(chunk.to_numpy(zero_copy_only=False)).tobytes())
+    return digest.hexdigest()
 
 
 def _hash_of_list(texts: list[str]) -> str:
@@ -240,9 +233,9 @@ def _selected_rows(source: OpenSource, labelled: bool, on_error: str, excluded: 
     return selected[~np.isin(selected, list(damaged))] if damaged else selected
 
 
-def _enumerated(source: OpenSource, spec: Spec, rows: np.ndarray, labelled: bool) -> SampleTable:
-    """The samples of one source's manifest `rows`, each its own row of a table."""
+def _enumerated(source: OpenSource, table: pa.Table, rows: np.ndarray, spec: Spec, labelled: bool) -> SampleTable:
+    """The samples of one source's manifest `rows` (`table`: its duration and shard columns), each its own row."""
     try:
-        return enumerate_samples(source.store.columns(["duration", "shard"]), spec, rows)
+        return enumerate_samples(table, spec, rows)
     except SpecError as exc:
         raise SpecError(f"source '{source.name}': {exc}" if labelled else str(exc)) from None

@@ -51,16 +51,13 @@ class SampleIndex:
 
     def episodes_of(self, numbers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each sample's manifest row and its number within the episode (its chunk)."""
-        numbers = np.asarray(numbers, dtype=np.int64)
-        place = np.searchsorted(self.firsts, numbers, side="right") - 1
+        place, local = self._placed(numbers)
         rows = place if self.rows is None else self.rows[place]
-        return rows.astype(np.int64), numbers - self.firsts[place]
+        return rows.astype(np.int64), local
 
     def spans_of(self, numbers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each sample's time span [start, end) in its episode (start == end for a window's anchor)."""
-        numbers = np.asarray(numbers, dtype=np.int64)
-        place = np.searchsorted(self.firsts, numbers, side="right") - 1
-        local = numbers - self.firsts[place]
+        place, local = self._placed(numbers)
         if self.steps is None or self.durations is None:
             start = local / self.spec.anchor_fps
             return start, start.copy()
@@ -77,6 +74,12 @@ class SampleIndex:
         """Each sample's tokens (streams missing from `tokens_per` count one token per unit)."""
         start, end = self.spans_of(numbers)
         return token_costs({name: self._lengths(name, start, end) for name in self.spec.streams}, self.tokens_per)
+
+    def _placed(self, numbers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each sample's episode among the index's (its place in `firsts`) and its number within it."""
+        numbers = np.asarray(numbers, dtype=np.int64)
+        place = np.searchsorted(self.firsts, numbers, side="right") - 1
+        return place, numbers - self.firsts[place]
 
     def _lengths(self, name: str, start: np.ndarray, end: np.ndarray) -> np.ndarray:
         stream = self.spec.streams[name]

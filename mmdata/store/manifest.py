@@ -17,7 +17,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import fsspec
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from mmdata.schema import Stream
@@ -57,6 +59,15 @@ class Piece:
 def episode_key(index: int) -> str:
     """The episode's key in shards: no dots, so WebDataset groups its members into one sample."""
     return f"episode_{index:06d}"
+
+
+def renumbered(rows: pa.Table, numbers: np.ndarray) -> pa.Table:
+    """Manifest `rows` as the episodes `numbers`: their `episode_index` and their keys (`episode_key`) with them."""
+    digits = pc.utf8_lpad(pc.cast(pa.array(numbers, pa.int64()), pa.string()), 6, "0")
+    rows = rows.set_column(rows.schema.get_field_index("episode_index"), "episode_index", pa.array(numbers, pa.int64()))
+    return rows.set_column(
+        rows.schema.get_field_index("key"), "key", pc.binary_join_element_wise("episode_", digits, "")
+    )
 
 
 def manifest_schema(streams: list[Stream]) -> pa.Schema:

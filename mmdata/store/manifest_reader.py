@@ -193,13 +193,8 @@ class Manifest:
             for first in range(0, self.num_rows, ROW_GROUP_ROWS):
                 yield first, self._table.slice(first, ROW_GROUP_ROWS)
             return
-        parquet, source = self._file()
         for number, first in enumerate(self._starts):
-            _prefetch(parquet, source, [number], None)
-            group = parquet.read_row_group(number, use_threads=False)
-            if isinstance(source, RangeFile):
-                source.forget()
-            yield first, group
+            yield first, self._read_group(number)
 
     def _group_of(self, index: int) -> tuple[pa.Table, int]:
         """The row group holding row `index` (read and checked when first asked for) and its first row."""
@@ -208,11 +203,7 @@ class Manifest:
         number = bisect.bisect_right(self._starts, index) - 1
         group = self._groups.get(number)
         if group is None:
-            parquet, source = self._file()
-            _prefetch(parquet, source, [number], None)
-            group = parquet.read_row_group(number, use_threads=False)
-            if isinstance(source, RangeFile):
-                source.forget()
+            group = self._read_group(number)
             if number not in self._checked:  # (a group read again after it left the cache is not checked again)
                 assert self._check is not None
                 self.damaged.update(self._check(group, self._starts[number]))
@@ -220,6 +211,15 @@ class Manifest:
             if group.nbytes <= ROW_GROUP_CACHE_BYTES:  # (a manifest written in larger groups is read again)
                 self._groups[number] = group
         return group, self._starts[number]
+
+    def _read_group(self, number: int) -> pa.Table:
+        """Row group `number`, read as one span of the file."""
+        parquet, source = self._file()
+        _prefetch(parquet, source, [number], None)
+        group = parquet.read_row_group(number, use_threads=False)
+        if isinstance(source, RangeFile):
+            source.forget()
+        return group
 
     def _file(self) -> tuple[pq.ParquetFile, Any]:
         """The manifest file and what it reads through (opened again in a new process)."""

@@ -9,10 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from mmdata.store.manifest import ROW_GROUP_ROWS, STATISTICS
+from mmdata.store.manifest import ROW_GROUP_ROWS, STATISTICS, renumbered
 
 
 def write_scaled_store(
@@ -35,11 +34,7 @@ def write_scaled_store(
     ) as writer:
         for first in range(0, episodes, row_group_rows):
             numbers = np.arange(first, min(episodes, first + row_group_rows), dtype=np.int64)
-            group = table.take(pa.array(numbers % table.num_rows))
-            digits = pc.utf8_lpad(pc.cast(pa.array(numbers), pa.string()), 6, "0")
-            group = group.set_column(group.schema.get_field_index("episode_index"), "episode_index", pa.array(numbers))
-            keys = pc.binary_join_element_wise("episode_", digits, "")
-            writer.write_table(group.set_column(group.schema.get_field_index("key"), "key", keys))
+            writer.write_table(renumbered(table.take(pa.array(numbers % table.num_rows)), numbers))
     document["num_episodes"] = episodes
     (destination / "dataset.json").write_text(json.dumps(document, indent=1))
     return destination
