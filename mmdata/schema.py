@@ -43,6 +43,11 @@ DEFAULT_STATS_FILE = "stats.json"
 # A version's files: the defaults, or the names an append gives them (no folders: a name cannot point outside)
 _VERSION_FILE = re.compile(r"(episodes|stats)(-\d{6,})?\.(parquet|json)")
 MAX_HISTORY = 100_000
+# The stores whose media a split or merged store's rows name: paths relative to the store, of plain folder names
+MAX_ORIGINS = 1024
+_ORIGIN = re.compile(r"(\.\./)+([A-Za-z0-9_][A-Za-z0-9_ .=+,@~-]*/)*[A-Za-z0-9_][A-Za-z0-9_ .=+,@~-]*")
+EDITS = ("delete", "keep", "remove-stream", "split", "merge")
+DERIVING = ("split", "merge")  # edits that make a new store rather than a store's next version
 _DOCUMENT_FIELDS = {
     "format",
     "format_version",
@@ -53,6 +58,7 @@ _DOCUMENT_FIELDS = {
     "manifest",
     "stats",
     "history",
+    "origins",
 }
 
 
@@ -135,10 +141,11 @@ class DatasetSchema:
     manifest_file: str = DEFAULT_MANIFEST_FILE
     stats_file: str = DEFAULT_STATS_FILE
     history: list[dict[str, Any]] = field(default_factory=list)
+    origins: list[str] = field(default_factory=list)
 
     @property
     def version(self) -> int:
-        """How many appends made this version of the store (0: as converted)."""
+        """How many appends and edits made this version of the store (0: as converted)."""
         return len(self.history)
 
     def stream(self, name: str) -> Stream:
@@ -162,6 +169,8 @@ class DatasetSchema:
         }
         if self.history:  # (a store never appended to keeps the dataset.json it always had)
             document.update(manifest=self.manifest_file, stats=self.stats_file, history=self.history)
+        if self.origins:
+            document["origins"] = self.origins
         return json.dumps(document, indent=2, sort_keys=False) + "\n"
 
     @classmethod
@@ -203,6 +212,7 @@ class DatasetSchema:
             manifest_file = _version_file(document.get("manifest", DEFAULT_MANIFEST_FILE), "manifest", ".parquet")
             stats_file = _version_file(document.get("stats", DEFAULT_STATS_FILE), "stats", ".json")
             history = _checked_history(document.get("history", []))
+            origins = _checked_origins(document.get("origins", []))
         except ValueError as exc:
             raise StoreError(f"{where}: {exc}; restore it or convert the store again") from exc
         return cls(
@@ -214,6 +224,7 @@ class DatasetSchema:
             manifest_file=manifest_file,
             stats_file=stats_file,
             history=history,
+            origins=origins,
         )
 
 
@@ -242,10 +253,28 @@ def _checked_history(history: Any) -> list[dict[str, Any]]:
         if not isinstance(entry.get("time"), str) or not isinstance(entry.get("source"), str):
             raise ValueError("a 'history' entry lacks its time or source text")
         if "edit" in entry or "episodes_before" in entry:  # an edit's (`mmdata edit`)
-            if entry.get("edit") not in ("delete", "keep"):
-                raise ValueError(f"a 'history' entry's edit is {entry.get('edit')!r}, not 'delete' or 'keep'")
+            if entry.get("edit") not in EDITS:
+                raise ValueError(f"a 'history' entry's edit is {entry.get('edit')!r}, not one of {', '.join(EDITS)}")
             as_int(entry.get("episodes_before"), "a history entry's episodes_before", 0)
     return history
+
+
+def is_origin(path: Any) -> bool:
+    """Whether `path` can name a split or merged store's origin: `../` at least once, then plain folder names."""
+    return isinstance(path, str) and _ORIGIN.fullmatch(path) is not None
+
+
+def _checked_origins(origins: Any) -> list[str]:
+    """The stores a split or merged store reads media from: distinct paths relative to the store that climb out
+    of it (`../name`), never into it, never absolute or another protocol."""
+    if not isinstance(origins, list) or len(origins) > MAX_ORIGINS:
+        raise ValueError(f"'origins' is not a list of at most {MAX_ORIGINS} paths")
+    for origin in origins:
+        if not is_origin(origin):
+            raise ValueError(f"an origin is {origin!r:.80}, not a path like ../store relative to this store")
+    if len(set(origins)) != len(origins):
+        raise ValueError("'origins' names a store twice")
+    return origins
 
 
 def stream_to_dict(stream: Stream) -> dict[str, Any]:

@@ -85,6 +85,12 @@ def open_base(url: str) -> AppendBase:
         store = open_store(url)
     except MmdataError as exc:
         raise DestinationError(f"cannot append to '{url}': {exc}") from exc
+    if store.schema.origins:
+        raise DestinationError(
+            f"cannot append to '{url}': it was split or merged from other stores ({', '.join(store.schema.origins)})"
+            " and holds no media of its own; convert the new episodes into a store of their own, then merge the"
+            " stores with `mmdata edit ... merge`"
+        )
     return AppendBase(url, store.schema, store.table.to_pylist(), _saved_moments(store))
 
 

@@ -11,24 +11,23 @@ group at a time, so a store of millions of episodes is edited in the memory of o
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
-from tqdm import tqdm
 
 from mmdata.conversion.append import remove_superseded, utc_now
+from mmdata.editing.rows import chosen_rows, write_rows
 from mmdata.editing.selection import EpisodeSelection
 from mmdata.errors import EditError, MmdataError
 from mmdata.schema import DatasetSchema, version_file_name
 from mmdata.store.dataset import Dataset
-from mmdata.store.filesystem import join, write_text_atomically, writing_atomically
+from mmdata.store.filesystem import join, write_text_atomically
 from mmdata.store.handle import Store, open_store
 from mmdata.store.layout import DATASET_FILE, PARTIAL_DIR
-from mmdata.store.manifest import ROW_GROUP_ROWS, STATISTICS, renumbered
 from mmdata.store.statistics import compute_stats, read_stats, write_stats
 
 Action = Literal["delete", "keep"]
@@ -58,12 +57,7 @@ def edit_store(
     stores too large to read again) the version before's are kept, marked as such."""
     if action not in ("delete", "keep"):
         raise EditError(f"an edit deletes or keeps episodes, not {action!r}")
-    store = open_store(url)
-    if store.fs.exists(join(store.root, PARTIAL_DIR)):
-        raise EditError(
-            f"'{url}' holds an append in progress or interrupted ({PARTIAL_DIR}/): finish it with `mmdata convert"
-            " ... --append --resume`, or give it up by deleting that folder, then edit"
-        )
+    store = _editable(url)
     count = len(store)
     table = store.columns(selection.columns) if selection.columns else pa.table({})
     named = selection.rows(table, count)
@@ -74,84 +68,104 @@ def edit_store(
         raise EditError(f"'{url}' has no episode to {action} ({selection.describe()}): nothing was changed")
     verb = "deleted" if action == "delete" else "kept"
     described = f"{action} {len(named)} episode{'' if len(named) == 1 else 's'} ({selection.describe()})"
-    schema = _next_schema(store.schema, len(kept), count, action, described)
-    _write_manifest(store, kept, schema.manifest_file, progress)
+    schema = next_version(store.schema, history_entry(action, len(kept), count, described))
+    parts = chosen_rows(store, kept)
+    _write_manifest(store, schema, parts, manifest_schema_of(store), progress)
     edited = Store(url, schema=schema)
-    write_stats(edited, compute_stats(Dataset(edited)) if recompute_stats else _stats_before(store, verb))
-    write_text_atomically(join(store.root, DATASET_FILE), schema.to_json(), store.fs)
-    remove_superseded(store.fs, store.root, schema)
-    return EditReport(
-        url, schema.version, count, len(kept), schema.manifest_file, "recomputed" if recompute_stats else "kept"
-    )
+    stats = compute_stats(Dataset(edited)) if recompute_stats else stats_before(store, f"episodes were {verb}")
+    return _publish(store, schema, stats, count, "recomputed" if recompute_stats else "kept")
 
 
-def _next_schema(schema: DatasetSchema, kept: int, before: int, action: Action, described: str) -> DatasetSchema:
+def remove_stream(url: str, name: str, progress: bool = True) -> EditReport:
+    """Write the next version of the store at `url` without stream `name`: its manifest columns and its entry in
+    `dataset.json` and in the statistics (the other streams' statistics are unchanged, so none is computed)."""
+    store = _editable(url)
+    try:
+        store.schema.stream(name)
+    except KeyError as exc:
+        raise EditError(f"'{url}': {exc.args[0]}") from None
+    streams = [stream for stream in store.schema.streams if stream.name != name]
+    if not any(stream.kind != "text" for stream in streams):
+        raise EditError(f"'{url}': '{name}' is its last stream with values; a store without one cannot be read")
+    count = len(store)
+    entry = history_entry("remove-stream", count, count, f"remove stream '{name}'")
+    schema = dataclasses.replace(next_version(store.schema, entry), streams=streams)
+    columns = [field for field in manifest_schema_of(store) if not field.name.startswith(f"{name}/")]
+    parts = (rows.select([field.name for field in columns]) for _, rows in store.manifest.row_groups())
+    _write_manifest(store, schema, parts, pa.schema(columns), progress)
+    try:
+        stats = read_stats(store)
+    except MmdataError:
+        stats = compute_stats(Dataset(Store(url, schema=schema)))
+    else:
+        stats = {key: _without(value, name) for key, value in stats.items()}
+    return _publish(store, schema, stats, count, "kept")
+
+
+def next_version(schema: DatasetSchema, entry: dict) -> DatasetSchema:
+    """`schema`'s next version: its own manifest and statistics files, `entry` (`history_entry`) added."""
     version = schema.version + 1
-    entry = {
-        "time": utc_now(),
-        "edit": action,
-        "episodes": kept,
-        "episodes_before": before,
-        "first_episode": 0,
-        "source": described,
-    }
-    return DatasetSchema(
-        layout=schema.layout,
-        streams=schema.streams,
-        num_episodes=kept,
-        created=schema.created,
-        format_version=schema.format_version,
+    return dataclasses.replace(
+        schema,
+        num_episodes=entry["episodes"],
         manifest_file=version_file_name("episodes", version),
         stats_file=version_file_name("stats", version),
         history=[*schema.history, entry],
     )
 
 
-def _write_manifest(store: Store, kept: np.ndarray, name: str, progress: bool) -> None:
-    """The kept rows, renumbered 0..n-1 (their keys with them), a row group at a time, into `name`."""
-    path = join(store.root, name)
-    written = 0
-    with writing_atomically(path, store.fs) as handle:
-        writer: pq.ParquetWriter | None = None
-        with tqdm(total=len(kept), unit="episode", desc=f"edit {store.url}", disable=not progress) as bar:
-            for rows in _regrouped(_kept_rows(store, kept)):
-                numbers = np.arange(written, written + rows.num_rows, dtype=np.int64)
-                rows = renumbered(rows, numbers)
-                if writer is None:
-                    writer = pq.ParquetWriter(handle, rows.schema, compression="zstd", write_statistics=STATISTICS)
-                writer.write_table(rows)
-                written += rows.num_rows
-                bar.update(rows.num_rows)
-        if writer is not None:
-            writer.close()
+def history_entry(edit: str, episodes: int, before: int, described: str) -> dict:
+    """What `dataset.json`'s history says of an edit: when, what, the episodes it left of how many."""
+    return {
+        "time": utc_now(),
+        "edit": edit,
+        "episodes": episodes,
+        "episodes_before": before,
+        "first_episode": 0,
+        "source": described,
+    }
 
 
-def _kept_rows(store: Store, kept: np.ndarray) -> Iterator[pa.Table]:
-    """The kept rows of each of the manifest's row groups, in order."""
-    for first, group in store.manifest.row_groups():
-        inside = kept[(kept >= first) & (kept < first + group.num_rows)] - first
-        if len(inside):
-            yield group.take(pa.array(inside))
+def manifest_schema_of(store: Store) -> pa.Schema:
+    """The Parquet schema of `store`'s manifest, as its rows are read (columns in the file's order)."""
+    first = next(store.manifest.row_groups())[1]
+    return first.schema.remove_metadata()
 
 
-def _regrouped(parts: Iterator[pa.Table]) -> Iterator[pa.Table]:
-    """The rows of `parts` in groups of `ROW_GROUP_ROWS` (the last one shorter)."""
-    pending: list[pa.Table] = []
-    held = 0
-    for part in parts:
-        pending.append(part)
-        held += part.num_rows
-        while held >= ROW_GROUP_ROWS:
-            joined = pa.concat_tables(pending)
-            yield joined.slice(0, ROW_GROUP_ROWS)
-            rest = joined.slice(ROW_GROUP_ROWS)
-            pending, held = ([rest] if rest.num_rows else []), rest.num_rows
-    if held:
-        yield pa.concat_tables(pending)
+def _editable(url: str) -> Store:
+    """The store at `url`, refused while an append to it is under way or was interrupted."""
+    store = open_store(url)
+    if store.fs.exists(join(store.root, PARTIAL_DIR)):
+        raise EditError(
+            f"'{url}' holds an append in progress or interrupted ({PARTIAL_DIR}/): finish it with `mmdata convert"
+            " ... --append --resume`, or give it up by deleting that folder, then edit"
+        )
+    return store
 
 
-def _stats_before(store: Store, verb: str) -> dict:
-    """The version before's statistics, marked as computed before the edit (what `--keep-stats` keeps)."""
+def _write_manifest(
+    store: Store, schema: DatasetSchema, parts: Iterator[pa.Table], columns: pa.Schema, progress: bool
+) -> None:
+    path = join(store.root, schema.manifest_file)
+    write_rows(store.fs, path, parts, columns, schema.num_episodes, f"edit {store.url}", progress)
+
+
+def _publish(store: Store, schema: DatasetSchema, stats: dict, before: int, how: str) -> EditReport:
+    """Write the new version's statistics, then its `dataset.json` (the step that publishes it), then remove the
+    files of versions no reader can still be reading."""
+    write_stats(Store(store.url, schema=schema), stats)
+    write_text_atomically(join(store.root, DATASET_FILE), schema.to_json(), store.fs)
+    remove_superseded(store.fs, store.root, schema)
+    return EditReport(store.url, schema.version, before, schema.num_episodes, schema.manifest_file, how)
+
+
+def _without(section: object, name: str) -> object:
+    """A statistics section without stream `name`'s entry."""
+    return {key: value for key, value in section.items() if key != name} if isinstance(section, dict) else section
+
+
+def stats_before(store: Store, change: str) -> dict:
+    """`store`'s statistics, marked as computed before `change` (what `--keep-stats` keeps)."""
     try:
         stats = read_stats(store)
     except MmdataError as exc:
@@ -159,5 +173,5 @@ def _stats_before(store: Store, verb: str) -> dict:
             f"'{store.url}' has no statistics to keep ({exc}); edit with the statistics computed again (leave out"
             " --keep-stats)"
         ) from exc
-    stats["before_edit"] = f"computed before episodes were {verb}; run `mmdata stats {store.url}` to compute them again"
+    stats["before_edit"] = f"computed over '{store.url}' before {change}; run `mmdata stats` to compute them again"
     return stats

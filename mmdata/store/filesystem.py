@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import posixpath
 import random
 import stat
 import threading
@@ -103,7 +104,16 @@ def resolve(path_or_url: str) -> tuple[fsspec.AbstractFileSystem, str]:
 
 
 def join(root: str, relative: str) -> str:
+    """`relative` under `root`; a path that climbs out first (`../other/x`, a split or merged store's origins) is
+    resolved here, since object stores take keys literally."""
+    if relative.startswith("../"):
+        return posixpath.normpath(f"{root.rstrip('/')}/{relative}")
     return f"{root.rstrip('/')}/{relative}" if relative else root
+
+
+def relative_path(target: str, start: str) -> str:
+    """`target` relative to `start`, both paths on one filesystem (what `join(start, ...)` takes back)."""
+    return posixpath.relpath(posixpath.join("/", target), posixpath.join("/", start))
 
 
 def write_text_atomically(path: str, text: str, fs: fsspec.AbstractFileSystem | None = None) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from fsspec.implementations.local import LocalFileSystem
 
 from mmdata.checks import inside, option_bool, option_int, parse_json
@@ -27,7 +28,7 @@ from mmdata.schema import DatasetSchema, VideoStream
 from mmdata.store.filesystem import DEFAULT_READ_POLICY, ReadPolicy, join, read_file, resolve
 from mmdata.store.layout import DATASET_FILE, PARTIAL_DIR
 from mmdata.store.lru import ByteBudgetCache
-from mmdata.store.manifest import Piece, packets_column
+from mmdata.store.manifest import ORIGIN, Piece, packets_column
 from mmdata.store.manifest_reader import open_manifest
 from mmdata.store.piece_readers import PieceReader, ZarrPieceReader, piece_reader, zarr_array_paths
 
@@ -132,10 +133,13 @@ class Store:
         where = f"{self.url}/{self.schema.manifest_file}"
         path = join(self.root, self.schema.manifest_file)
         self.manifest = open_manifest(self.fs, path, read_policy, self.schema, where)
+        for origin in self.schema.origins:
+            self._check_origin(origin)
         self.pieces: PieceReader = piece_reader(self.schema.layout, self.fs, self.root, verify, read_policy)
         if isinstance(self.pieces, ZarrPieceReader):
-            for path in zarr_array_paths(self.schema.streams):
-                self.pieces.arrays.layout(path)
+            for prefix in [f"{origin}/" for origin in self.schema.origins] or [""]:
+                for path in zarr_array_paths(self.schema.streams):
+                    self.pieces.arrays.layout(prefix + path)
         self.cache = ByteBudgetCache(cache_bytes)
 
     @property
@@ -155,6 +159,16 @@ class Store:
             raise StoreError(f"'{self.url}' has no {DATASET_FILE}: {hint}") from exc
         return DatasetSchema.from_json(data, where=f"{self.url}/{DATASET_FILE}")
 
+    def _check_origin(self, origin: str) -> None:
+        """A split or merged store reads its episodes' media from the stores `origins` lists: each must be there."""
+        where = join(self.root, origin)
+        if not self.fs.exists(join(where, DATASET_FILE)):
+            raise StoreError(
+                f"'{self.url}' reads its episodes' media from the store at '{origin}' ({where}), which is not there:"
+                " put that store back where it was (stores split or merged by `mmdata edit` point at their"
+                " origins' shards), or convert this one again"
+            )
+
     def holds(self, path: str | os.PathLike) -> bool:
         """Whether the local `path` lies inside this store's folder, links resolved (always False for a store in
         object storage): what a command writing beside a store must not write into."""
@@ -173,8 +187,15 @@ class Store:
 
     def columns(self, names: Sequence[str]) -> pa.Table:
         """The manifest's columns `names`, every row: what a loader plans from (keys, durations, shards), read
-        without the rows' pieces (see `store.manifest_reader`)."""
-        return self.manifest.columns(names)
+        without the rows' pieces (see `store.manifest_reader`). A split or merged store's shards are named as
+        its rows' pieces are, relative to it (`manifest.rooted_in_origin`)."""
+        if "shard" not in names or not self.schema.origins:
+            return self.manifest.columns(names)
+        table = self.manifest.columns([*names, ORIGIN])
+        origin, shard = (pc.cast(table.column(name), pa.string()) for name in (ORIGIN, "shard"))
+        own = pc.or_(pc.equal(origin, ""), pc.equal(shard, ""))
+        rooted = pc.if_else(own, shard, pc.binary_join_element_wise(origin, shard, "/"))
+        return table.set_column(table.schema.get_field_index("shard"), "shard", rooted).drop_columns([ORIGIN])
 
     def __len__(self) -> int:
         return len(self.manifest)

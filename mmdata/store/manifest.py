@@ -38,6 +38,9 @@ ROW_GROUP_ROWS = 4096
 # Columns with statistics in the footer: the footer of ten million rows is read whole when a store opens, and
 # statistics on every piece's fields would double it for nothing a reader uses.
 STATISTICS = ["episode_index", "duration"]
+# A split or merged store's rows name the store holding their media (one of dataset.json's `origins`, relative to
+# this store; "" for this store itself); stores made otherwise have no such column.
+ORIGIN = "origin"
 MEMBER = pa.struct([("name", pa.string()), ("offset", pa.int64()), ("size", pa.int64()), ("checksum", pa.string())])
 
 
@@ -68,6 +71,24 @@ def renumbered(rows: pa.Table, numbers: np.ndarray) -> pa.Table:
     return rows.set_column(
         rows.schema.get_field_index("key"), "key", pc.binary_join_element_wise("episode_", digits, "")
     )
+
+
+def rooted_in_origin(row: dict[str, Any]) -> dict[str, Any]:
+    """A manifest row whose `origin` names another store, with the shard and every piece's path made relative to
+    this store (`../origin/shards/...`), so that readers find the media where the origin holds it."""
+    origin = row.get(ORIGIN)
+    if not origin:
+        return row
+    prefix = f"{origin}/"
+    rooted = dict(row)
+    for column, value in row.items():
+        if isinstance(value, dict) and "path" in value:
+            rooted[column] = {**value, "path": prefix + value["path"]}
+        elif isinstance(value, list) and value and isinstance(value[0], dict) and "path" in value[0]:
+            rooted[column] = [{**item, "path": prefix + item["path"]} for item in value]
+    if row.get("shard"):
+        rooted["shard"] = prefix + row["shard"]
+    return rooted
 
 
 def manifest_schema(streams: list[Stream]) -> pa.Schema:

@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 from mmdata.codecs.packet_index import ROW_BYTES
 from mmdata.errors import StoreError
 from mmdata.schema import AudioStream, DatasetSchema, LowdimStream, VideoStream
-from mmdata.store.manifest import LEGACY_PACKET_INDEX, episode_key, manifest_schema, packets_column
+from mmdata.store.manifest import LEGACY_PACKET_INDEX, ORIGIN, episode_key, manifest_schema, packets_column
 
 MAX_EPISODE_SECONDS = 7 * 24 * 3600.0
 # A stream's span may exceed its sample count times its period this many times (dropped frames,
@@ -64,6 +64,12 @@ def check_manifest(table: pa.Table, schema: DatasetSchema, where: str, first_row
     else:
         shard = pc.fill_null(pc.equal(table.column("shard"), pa.scalar("")), False).to_numpy(zero_copy_only=False)
         rows.flag(~shard, lambda i: "its 'shard' is not empty, as a Zarr store's rows are")
+    if ORIGIN in table.column_names:
+        declared = pc.is_in(table.column(ORIGIN), value_set=pa.array(["", *schema.origins], pa.string()))
+        rows.flag(
+            ~pc.fill_null(declared, False).to_numpy(zero_copy_only=False),
+            lambda i: "its 'origin' is not a store dataset.json lists under 'origins'",
+        )
     for name in ("source", "task", "metadata", "members"):
         column = table.column(name)
         if column.null_count:
@@ -134,6 +140,8 @@ def check_manifest_columns(found_schema: pa.Schema, num_rows: int, schema: Datas
             continue
         if found != field.type:
             raise StoreError(f"{where}: column '{field.name}' is {found}, not {field.type}; convert the store again")
+    if schema.origins and (ORIGIN not in found_schema.names or found_schema.field(ORIGIN).type != pa.string()):
+        raise StoreError(f"{where} lacks the string column '{ORIGIN}' its origins need; the store is damaged")
     if num_rows != schema.num_episodes:
         raise StoreError(
             f"{where} holds {num_rows} rows but dataset.json says {schema.num_episodes} episodes;"

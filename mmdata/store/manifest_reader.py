@@ -26,11 +26,11 @@ from cachetools import LRUCache
 from mmdata.errors import IntegrityError, StoreError
 from mmdata.schema import DatasetSchema
 from mmdata.store.filesystem import ReadPolicy, file_size, read_file, read_range
-from mmdata.store.manifest import ROW_GROUP_ROWS
+from mmdata.store.manifest import ORIGIN, ROW_GROUP_ROWS, rooted_in_origin
 from mmdata.store.manifest_checks import check_manifest, check_manifest_columns
 
 # Columns read as dictionaries when read whole from a large manifest: a few distinct values over millions of rows.
-DICTIONARY_COLUMNS = ("shard", "task", "source")
+DICTIONARY_COLUMNS = ("shard", "task", "source", ORIGIN)
 EAGER_ROWS = 1 << 17
 EAGER_BYTES = 64 << 20
 ROW_GROUP_CACHE_BYTES = 256 << 20
@@ -155,6 +155,8 @@ class Manifest:
         return self.num_rows
 
     def row(self, index: int) -> dict[str, Any]:
+        """Episode `index`'s row, its pieces' paths relative to this store (those of another store's episodes
+        in a split or merged store too: `rooted_in_origin`)."""
         if not 0 <= index < self.num_rows:
             raise IndexError(f"episode {index} out of range: the dataset has {self.num_rows} episodes")
         found = self._rows.get(index)
@@ -162,7 +164,7 @@ class Manifest:
             group, start = self._group_of(index)
             if index in self.damaged:
                 raise IntegrityError(f"{self.damaged[index]}; run `mmdata verify` to list every damaged episode")
-            found = self._rows[index] = group.slice(index - start, 1).to_pylist()[0]
+            found = self._rows[index] = rooted_in_origin(group.slice(index - start, 1).to_pylist()[0])
         return found
 
     @property

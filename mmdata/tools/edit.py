@@ -1,60 +1,146 @@
-"""`mmdata edit STORE delete|keep ...`: the store's next version without some episodes, or with only some, its
-manifest pointing at the same shards and arrays (no media copied), published in one step."""
+"""`mmdata edit STORE delete|keep|remove-stream|split|merge ...`: a store's next version, or new stores made from
+it, their manifests pointing at the shards and arrays where the episodes are (no media copied), published by
+writing `dataset.json` last."""
 
 from __future__ import annotations
 
 import argparse
 
+from mmdata.editing.derived import ValidationChoice, merge_stores, split_store
 from mmdata.editing.selection import EpisodeSelection
-from mmdata.editing.versions import edit_store
+from mmdata.editing.versions import EditReport, edit_store, remove_stream
 from mmdata.errors import OptionError
 from mmdata.tools.storage import add_storage_options
+
+PUBLISHING = (
+    " dataset.json is written last, in one step: a reader sees the version before or the new one, one that opened"
+    " the version before keeps reading it, and an edit that fails leaves the store as it was."
+)
+DERIVED = (
+    " The new stores hold a manifest, statistics and dataset.json, and no media: their rows name the stores"
+    " holding the shards or arrays (dataset.json's 'origins', paths relative to the new store), which must stay"
+    " where they are. They lie beside those stores, on the same filesystem."
+)
 
 
 def add_parser(commands) -> None:
     parser = commands.add_parser(
         "edit",
-        help="delete episodes, or keep only some (by id, task or duration), as the store's next version",
+        help="delete or keep episodes, remove a stream, split into train/validation, merge stores (no media copied)",
         description=(
-            "Write the store's next version without the episodes named (delete) or with only those (keep):"
-            " a new manifest of the kept episodes, numbered 0..n-1, pointing at the shards and arrays where"
-            " they are (no media is copied or re-encoded; a WebDataset reader of the shards still sees every"
-            " episode), and statistics computed again over them. dataset.json is replaced last, in one step:"
-            " a reader sees the version before or the new one, and one that opened the version before keeps"
-            " reading it. An edit that fails leaves the store as it was. Local folders and object storage."
+            "Edit a store without copying or re-encoding media: delete episodes or keep only some (by id, task or"
+            " duration), or remove a stream, as the store's next version; split it into train and validation"
+            " stores, or merge stores with the same streams into a new one. Local folders and object storage."
+            + PUBLISHING
         ),
     )
     parser.add_argument("path", help="store folder or fsspec URL")
-    parser.add_argument("action", choices=("delete", "keep"), help="delete the episodes named, or keep only them")
-    parser.add_argument("--episodes", help="episode ids: 3,7,10-19")
-    parser.add_argument("--task", action="append", help="an exact task text (repeat for several)")
-    parser.add_argument("--min-seconds", type=float, help="episodes at least this long")
-    parser.add_argument("--max-seconds", type=float, help="episodes at most this long")
-    parser.add_argument(
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_storage_options(common)
+    stats = argparse.ArgumentParser(add_help=False)
+    stats.add_argument(
         "--keep-stats",
         action="store_true",
-        help="keep the version before's statistics (marked so) instead of reading every kept episode again",
+        help="keep the (first) store's statistics, marked so, instead of reading every episode again",
     )
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    add_storage_options(parser)
+    selection = argparse.ArgumentParser(add_help=False)
+    selection.add_argument("--episodes", help="episode ids: 3,7,10-19")
+    selection.add_argument("--task", action="append", help="an exact task text (repeat for several)")
+    selection.add_argument("--min-seconds", type=float, help="episodes at least this long")
+    selection.add_argument("--max-seconds", type=float, help="episodes at most this long")
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for action, verb in (("delete", "without the episodes named"), ("keep", "with only the episodes named")):
+        actions.add_parser(
+            action,
+            parents=[selection, stats, common],
+            help=f"the store's next version {verb}",
+            description=(
+                f"Write the store's next version {verb}: a new manifest of the kept episodes, numbered 0..n-1,"
+                " pointing at the shards and arrays where they are (a WebDataset reader of the shards still sees"
+                " every episode), and statistics computed again over them." + PUBLISHING
+            ),
+        )
+    removing = actions.add_parser(
+        "remove-stream",
+        parents=[common],
+        help="the store's next version without a stream",
+        description=(
+            "Write the store's next version without a stream: its manifest columns, its entry in dataset.json and in"
+            " the statistics (the others' are kept as they are). Its media stay in the shards and arrays, unread."
+            + PUBLISHING
+        ),
+    )
+    removing.add_argument("stream", help="the stream's name, as `mmdata inspect` lists it")
+    splitting = actions.add_parser(
+        "split",
+        parents=[selection, stats, common],
+        help="split into new train and validation stores",
+        description=(
+            "Split the store into a validation store (the episodes --episodes/--task/--min-seconds/--max-seconds"
+            " name, or --fraction of them drawn by --seed: the same store, fraction and seed always draw the same"
+            " episodes) and a train store (the others), each with statistics of its own episodes." + DERIVED
+        ),
+    )
+    splitting.add_argument("--train", required=True, help="where the train store goes (a new folder or URL)")
+    splitting.add_argument("--validation", required=True, help="where the validation store goes")
+    splitting.add_argument("--fraction", type=float, help="the share of episodes drawn for validation, in (0, 1)")
+    splitting.add_argument("--seed", type=int, default=0, help="the seed the --fraction draw uses (default 0)")
+    merging = actions.add_parser(
+        "merge",
+        parents=[stats, common],
+        help="merge the store and others of the same streams into a new store",
+        description=(
+            "Merge the store and the others given (the same layout and streams, each described alike; the error"
+            " names the streams that differ) into a new store: their episodes in order, renumbered, with"
+            " statistics over all of them." + DERIVED
+        ),
+    )
+    merging.add_argument("others", nargs="+", help="the other stores, in the order their episodes follow")
+    merging.add_argument("--into", required=True, help="where the merged store goes (a new folder or URL)")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    progress = not args.no_progress
+    if args.action == "remove-stream":
+        reports = [remove_stream(args.path, args.stream, progress)]
+    elif args.action == "merge":
+        reports = [merge_stores([args.path, *args.others], args.into, not args.keep_stats, progress)]
+    elif args.action == "split":
+        named = _selection(args)
+        if (named is None) == (args.fraction is None):
+            raise OptionError(
+                "name the validation episodes by --fraction, or by --episodes, --task, --min-seconds or"
+                " --max-seconds (one way, not both)"
+            )
+        choice = ValidationChoice(named, args.fraction, args.seed)
+        reports = list(split_store(args.path, args.train, args.validation, choice, not args.keep_stats, progress))
+    else:
+        named = _selection(args)
+        if named is None:
+            raise OptionError(f"name the episodes to {args.action}: --episodes, --task, --min-seconds or --max-seconds")
+        reports = [edit_store(args.path, args.action, named, not args.keep_stats, progress)]
+    for report in reports:
+        print(_described(report))
+    return 0
+
+
+def _selection(args: argparse.Namespace) -> EpisodeSelection | None:
     selection = EpisodeSelection(
         ids=episode_ids(args.episodes) if args.episodes else None,
         tasks=args.task,
         min_seconds=args.min_seconds,
         max_seconds=args.max_seconds,
     )
-    if selection.describe() == "every episode":
-        raise OptionError("name the episodes to delete or keep: --episodes, --task, --min-seconds or --max-seconds")
-    report = edit_store(args.path, args.action, selection, not args.keep_stats, not args.no_progress)
-    print(
+    return None if selection.describe() == "every episode" else selection
+
+
+def _described(report: EditReport) -> str:
+    return (
         f"{report.url}: version {report.version}, {report.episodes_after} episodes (of {report.episodes_before});"
         f" manifest {report.manifest_file}; statistics {report.stats}"
     )
-    return 0
 
 
 def episode_ids(text: str) -> list[int]:

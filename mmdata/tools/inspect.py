@@ -9,8 +9,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from mmdata.schema import AudioStream, LowdimStream, VideoStream
+from mmdata.schema import DERIVING, AudioStream, LowdimStream, VideoStream
 from mmdata.store.handle import Store
+from mmdata.store.manifest import ORIGIN
 from mmdata.tools.formatting import format_bytes, format_seconds, terminal_text
 from mmdata.tools.storage import add_storage_options
 
@@ -67,7 +68,8 @@ def summarize(dataset: Store) -> dict[str, Any]:
             elif isinstance(stream, LowdimStream):
                 entry.update(shape=list(stream.shape), dtype=stream.dtype, rate=stream.rate)
         streams.append(entry)
-    shards = sorted(set(table.column("shard").to_pylist()) - {""})
+    origins = table.column(ORIGIN).to_pylist() if ORIGIN in table.column_names else [""] * table.num_rows
+    shards = {(origin, shard) for origin, shard in zip(origins, table.column("shard").to_pylist()) if shard}
     return {
         "path": dataset.url,
         "format_version": dataset.schema.format_version,
@@ -84,6 +86,7 @@ def summarize(dataset: Store) -> dict[str, Any]:
         "streams": streams,
         "created": dataset.schema.created,
         "history": dataset.schema.history,
+        "origins": dataset.schema.origins,
     }
 
 
@@ -127,11 +130,14 @@ def run(args: argparse.Namespace) -> int:
     width = max(len(s["name"]) for s in summary["streams"])
     for entry in summary["streams"]:
         print(f"    {entry['name']:<{width}}  {entry['kind']:<6}  {_describe(entry)}")
+    if summary["origins"]:
+        print(f"  media     in the stores {', '.join(map(terminal_text, summary['origins']))} (split or merged from)")
     if summary["history"]:
         first = summary["history"][0]
-        converted = first["episodes_before"] if first.get("edit") else first["first_episode"]
         print("  history")
-        print(f"    converted             episodes 0-{converted - 1}")
+        if first.get("edit") not in DERIVING:
+            converted = first["episodes_before"] if first.get("edit") else first["first_episode"]
+            print(f"    converted             episodes 0-{converted - 1}")
         for entry in summary["history"]:
             if entry.get("edit"):
                 print(
