@@ -13,8 +13,9 @@ Three parts, each a curve rather than one point:
 - `manifest`: stores of 10^5 to 10^7 episodes (`write_scaled_store`: synthetic rows over a small real store's
   shards), each opened in a fresh process: `open_dataset` time, a loader's plan and first step for the last of 1,024
   ranks, the first batch, and the process's resident memory after each (torch and every import included).
-- `edit`: `mmdata edit` on stores of 10^5 and 10^6 episodes (statistics kept): deleting 1% of the episodes,
-  then keeping 90% of the rest (a split's larger part); no media byte is copied.
+- `edit`: `mmdata edit` on stores of 10^5 and 10^6 episodes (statistics kept): a 90/10 split by fraction into two
+  new stores, a merge of two such stores (twice the episodes), deleting 1% of the episodes, then keeping 90% of the
+  rest; no media byte is copied (the new stores hold a manifest, statistics and dataset.json).
 - `mixing`: rank 0's micro-batches of 8 over 1,000 episodes of 300 windows (segments of 32 windows): distinct
   episodes per batch, episodes shared with the batch before, lag-1 correlation of the batches' mean episode, in the
   "blocks" and "segments" orders (`mmdata bench`'s figures).
@@ -48,6 +49,7 @@ from machine import RESULTS, machine_name, write_results  # noqa: E402
 
 import mmdata  # noqa: E402
 from mmdata.conversion.pipeline import ConvertOptions, convert  # noqa: E402
+from mmdata.editing.derived import ValidationChoice, merge_stores, split_store  # noqa: E402
 from mmdata.editing.selection import EpisodeSelection  # noqa: E402
 from mmdata.editing.versions import edit_store  # noqa: E402
 from mmdata.importers.raw import discover_raw_episodes  # noqa: E402
@@ -236,15 +238,22 @@ def manifest_curve(sizes: list[int]) -> list[dict]:
 
 
 def edit_curve(sizes: list[int]) -> list[dict]:
-    """Seconds of `mmdata edit` deleting 1% of a store's episodes, then keeping 90% of the rest."""
+    """Seconds of `mmdata edit` (statistics kept) on stores of `sizes` episodes: a 90/10 split by fraction, a merge
+    of two such stores, deleting 1% of the episodes, then keeping 90% of the rest."""
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         root = Path(folder)
         real = small_real_store(root)
         for episodes in sizes:
             store = str(write_scaled_store(real, root / f"edit-{episodes}.wds", episodes))
+            other = str(write_scaled_store(real, root / f"other-{episodes}.wds", episodes))
             media = sum(p.stat().st_size for p in (real / "shards").iterdir())
             started = time.perf_counter()
+            choice = ValidationChoice(fraction=0.1, seed=0)
+            split_store(store, str(root / "train"), str(root / "validation"), choice, False, False)
+            split = time.perf_counter()
+            merged = merge_stores([store, other], str(root / "merged"), False, False)
+            merge = time.perf_counter()
             deleted = edit_store(store, "delete", EpisodeSelection(ids=range(0, episodes, 100)), False, False)
             between = time.perf_counter()
             kept = edit_store(
@@ -254,14 +263,21 @@ def edit_curve(sizes: list[int]) -> list[dict]:
             after = sum(p.stat().st_size for p in (real / "shards").iterdir())
             row = {
                 "episodes": episodes,
-                "delete_1_percent_s": round(between - started, 2),
+                "split_90_10_s": round(split - started, 2),
+                "merge_two_s": round(merge - split, 2),
+                "merged_episodes": merged.episodes_after,
+                "delete_1_percent_s": round(between - merge, 2),
                 "keep_90_percent_s": round(done - between, 2),
                 "episodes_after": kept.episodes_after,
                 "media_bytes_written": after - media,
+                "new_store_bytes": sum(
+                    p.stat().st_size for name in ("train", "validation", "merged") for p in (root / name).iterdir()
+                ),
             }
             rows.append(row)
             print(row, flush=True)
-            shutil.rmtree(store)
+            for path in (store, other, root / "train", root / "validation", root / "merged"):
+                shutil.rmtree(path)
     return rows
 
 
