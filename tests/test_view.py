@@ -201,11 +201,13 @@ def test_both_pages_in_a_real_browser_offline(damaged_store, tmp_path):
             lambda route: (outside.append(route.request.url), route.abort()),
         )
         page.goto(f"{origin}/index.html")
+        wait_until(page, "document.getElementById('episodes').dataset.loaded === '1'")  # rows asked of the server
         cells = page.locator("#episodes tbody tr td[data-column=duration]").all_text_contents()
         assert [float(c) for c in cells] == [round(d, 3) for d in store.table.column("duration").to_pylist()]
         assert "damaged" in page.locator("#episodes tbody tr[data-index='1']").get_attribute("class")
         assert page.locator("canvas.stats").count() == 2, "a statistics chart per low-dim stream"
         page.locator("th[data-column=duration]").click()
+        wait_until(page, "document.getElementById('episodes').dataset.loaded === '2'")
         ordered = [float(c) for c in page.locator("#episodes tbody td[data-column=duration]").all_text_contents()]
         assert ordered == sorted(ordered)
 

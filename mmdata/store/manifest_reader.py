@@ -181,7 +181,8 @@ class Manifest:
         if self._table is not None:
             return self._table.select(list(names))
         assert self._opener is not None, "a manifest read whole has no file to read again"
-        parquet, source = self._opener(DICTIONARY_COLUMNS)
+        present = self._file()[0].schema_arrow.names
+        parquet, source = self._opener([name for name in DICTIONARY_COLUMNS if name in present])
         _prefetch(parquet, source, range(parquet.num_row_groups), names)
         read = parquet.read(columns=list(names), use_threads=False)
         source.forget()

@@ -7,17 +7,27 @@ import argparse
 import errno
 import functools
 import http.server
+import json
 import re
 import shutil
 import tempfile
 import textwrap
 import threading
+import urllib.parse
 from pathlib import Path
 
 from mmdata.errors import DestinationError, MmdataError, OptionError
 from mmdata.store.handle import Store
 from mmdata.tools.storage import add_storage_options
-from mmdata.viewer.pages import CONTENT_SECURITY_POLICY, write_episode_page, write_site
+from mmdata.viewer.episode_table import EpisodeTable, TableQuery
+from mmdata.viewer.pages import (
+    CONTENT_SECURITY_POLICY,
+    PAGE_ROWS,
+    ROWS_URL,
+    served_page_of,
+    write_episode_page,
+    write_site,
+)
 from mmdata.viewer.rerun_export import write_rerun_recording
 
 EPISODE_PAGE = re.compile(r"^/episode_(\d{6,9})\.html$")
@@ -98,6 +108,26 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def table_query(fields: dict[str, list[str]]) -> TableQuery:
+    """The `TableQuery` a `rows.json` request's parameters (offset, limit, sort, order=asc|desc, q, damaged=1)
+    ask for; OptionError when one is malformed."""
+
+    def one(name: str, default: str) -> str:
+        values = fields.get(name, [default])
+        if len(values) != 1:
+            raise OptionError(f"give {name} once")
+        return values[0]
+
+    try:
+        offset, limit = int(one("offset", "0")), int(one("limit", str(PAGE_ROWS)))
+    except ValueError:
+        raise OptionError("offset and limit are whole numbers") from None
+    order = one("order", "asc")
+    if order not in ("asc", "desc"):
+        raise OptionError(f"order is asc or desc, not {order!r:.20}")
+    return TableQuery(offset, limit, one("sort", "index"), order == "asc", one("q", ""), one("damaged", "") == "1")
+
+
 def _check_out(out: Path, store: Store) -> None:
     """Refuse an --out that is not a folder, or that lies inside the store (its pages would sit among the store's
     files, where `convert --overwrite` of the store deletes them)."""
@@ -112,11 +142,16 @@ def _check_out(out: Path, store: Store) -> None:
 def view_server(store: Store, out: Path, port: int) -> http.server.ThreadingHTTPServer:
     """An HTTP server on 127.0.0.1 for the folder `out`, making an episode's page the first time it is asked for.
     OptionError when the port cannot be taken."""
-    lock = threading.Lock()
+    lock, table_lock = threading.Lock(), threading.Lock()  # (pages are made while the table is paged)
+    table, page_of = EpisodeTable(store), served_page_of(store)
 
     class Handler(http.server.SimpleHTTPRequestHandler):
         def do_GET(self) -> None:
-            found = EPISODE_PAGE.match(self.path.split("?", 1)[0])
+            path, _, query = self.path.partition("?")
+            if path == f"/{ROWS_URL}":
+                self._send_rows(query)
+                return
+            found = EPISODE_PAGE.match(path)
             if found is not None and not (out / self.path.lstrip("/").split("?", 1)[0]).exists():
                 try:
                     with lock:
@@ -129,6 +164,22 @@ def view_server(store: Store, out: Path, port: int) -> http.server.ThreadingHTTP
             if self.headers.get("Range") and self._send_range():
                 return
             super().do_GET()
+
+        def _send_rows(self, query: str) -> None:
+            """A page of the store's episode table as JSON (`TableQuery`'s fields as URL parameters)."""
+            try:
+                asked = table_query(urllib.parse.parse_qs(query, max_num_fields=16))
+                with table_lock:
+                    body = json.dumps(table.page(asked, page_of)).encode()
+                status = 200
+            except OptionError as exc:
+                body, status = json.dumps({"error": str(exc)}).encode(), 400
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Cache-Control", "no-store")
+            self.end_headers()
+            self.wfile.write(body)
 
         def end_headers(self) -> None:
             self.send_header("Content-Security-Policy", CONTENT_SECURITY_POLICY)

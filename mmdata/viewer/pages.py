@@ -1,9 +1,11 @@
 """The viewer's static pages: one for the store, one per episode asked for, with their videos beside them.
 
 The store page reads only the manifest's columns it shows (never a shard), so it opens for a store of any
-size; an episode page reads that episode alone. Each page carries its data as JSON inside the page and
-the folder holds everything it loads (`static/`: the viewer's script and style; `media/`: the remuxed
-videos), so it works from a file:// URL, behind `mmdata view --serve`, or copied to a machine offline.
+size: a written page holds the first `INLINE_ROWS` episodes, a served one asks the server for a page of the
+table at a time (`episode_table`); an episode page reads that episode alone. Each page carries its data as
+JSON inside the page and the folder holds everything it loads (`static/`: the viewer's script and style;
+`media/`: the remuxed videos), so it works from a file:// URL, behind `mmdata view --serve`, or copied to a
+machine offline.
 """
 
 from __future__ import annotations
@@ -13,22 +15,28 @@ import html
 import json
 import math
 import shutil
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from mmdata.errors import MmdataError
 from mmdata.schema import AudioStream, LowdimStream, VideoStream
 from mmdata.store.handle import Store
 from mmdata.store.remux import write_episode_video
 from mmdata.store.statistics import read_stats, stream_figures
+from mmdata.viewer.episode_table import COLUMNS, EpisodeTable
 
 STATIC = Path(__file__).resolve().parent / "static"
 WAVEFORM_BUCKETS = 2000
-COLUMNS = ("index", "key", "duration", "task", "frames", "damaged")
+# Rows a written store page holds; a larger store's whole table is paged by `mmdata view --serve`.
+INLINE_ROWS = 20_000
+PAGE_ROWS = 500
+ROWS_URL = "rows.json"
 
 
 def episode_page_name(index: int) -> str:
@@ -38,7 +46,7 @@ def episode_page_name(index: int) -> str:
 def write_site(store: Store, out: Path, episodes: Iterable[int] = (), link_all: bool = False) -> Path:
     """The store page (`index.html`) and the page of each of `episodes` into folder `out`; returns the
     store page's path. The store page links the episodes whose pages exist, or, with `link_all` (a server
-    that makes them when asked), every intact episode."""
+    that makes them when asked, and answers `rows.json` with the table a page at a time), every intact episode."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "static").mkdir(exist_ok=True)
     for name in ("viewer.js", "viewer.css"):
@@ -46,47 +54,55 @@ def write_site(store: Store, out: Path, episodes: Iterable[int] = (), link_all: 
     written = {index: write_episode_page(store, index, out) for index in episodes}
     page = out / "index.html"
     pages = {index: path.name for index, path in written.items()}
-    if link_all:
-        pages = {index: episode_page_name(index) for index in range(store.table.num_rows) if index not in store.damaged}
-    data = store_data(store, pages, out)
+    data = store_data(store, pages, out, served=link_all)
     _write_page(page, f"mmdata view: {store.url}", _store_body(store, data), data)
     return page
 
 
-def store_data(store: Store, pages: dict[int, str], out: Path | None = None) -> dict[str, Any]:
-    """What the store page shows, from the manifest's columns: a row per episode, totals, statistics.
-    An episode links to its page where `pages` names one (or, with `out`, where one was written before)."""
-    table = store.table
-    keys = table.column("key").to_pylist()
-    durations = table.column("duration").to_pylist()
-    tasks = table.column("task").to_pylist()
-    cameras = [s.name for s in store.schema.streams if isinstance(s, VideoStream)]
-    counts = {name: table.column(f"{name}/count").to_pylist() for name in cameras}
-    episodes = []
-    for index, (key, duration) in enumerate(zip(keys, durations)):
-        page = pages.get(index) or (
-            episode_page_name(index) if out is not None and (out / episode_page_name(index)).exists() else None
-        )
-        episodes.append(
-            {
-                "index": index,
-                "key": key,
-                "duration": round(float(duration), 3),
-                "task": tasks[index],
-                "frames": ", ".join(f"{name}: {counts[name][index]}" for name in cameras),
-                "damaged": store.damaged.get(index),
-                "page": page,
-            }
-        )
-    totals = {"episodes": len(keys), "hours": round(sum(durations) / 3600, 4)}
-    for stream in store.schema.streams:
-        if stream.kind == "text":
-            continue
-        column = f"{stream.name}/segments" if isinstance(stream, VideoStream) else f"{stream.name}/data"
-        pieces = table.column(column).to_pylist()
-        size = sum(p["size"] for row in pieces for p in (row if isinstance(row, list) else [row]) if p)
-        totals[stream.name] = {"count": int(sum(table.column(f"{stream.name}/count").to_pylist())), "bytes": size}
-    return {"page": "store", "columns": list(COLUMNS), "episodes": episodes, "totals": totals, "stats": _stats(store)}
+def store_data(store: Store, pages: dict[int, str], out: Path | None = None, served: bool = False) -> dict[str, Any]:
+    """What the store page shows, from the manifest's columns: totals, statistics, and the episodes' rows: the
+    first `INLINE_ROWS` in the page (an episode links to its page where `pages` names one or, with `out`, where
+    one was written before), or, `served`, none: the page asks the server for them (`ROWS_URL`) a page at a time."""
+    table = EpisodeTable(store)
+    data: dict[str, Any] = {
+        "page": "store",
+        "columns": list(COLUMNS),
+        "totals": table.totals() | _stream_totals(store),
+        "stats": _stats(store),
+    }
+    if served:
+        return data | {"rows_url": ROWS_URL, "page_rows": PAGE_ROWS, "episodes": []}
+
+    def page_of(index: int) -> str | None:
+        name = episode_page_name(index)
+        return pages.get(index) or (name if out is not None and (out / name).exists() else None)
+
+    shown = np.arange(min(table.count, INLINE_ROWS))
+    return data | {"episodes": table.rows(shown, page_of), "truncated": table.count > INLINE_ROWS}
+
+
+def served_page_of(store: Store) -> Callable[[int], str | None]:
+    """Where a served store page links an episode: its page, which the server makes when first asked for (none for
+    a damaged episode)."""
+    return lambda index: None if index in store.damaged else episode_page_name(index)
+
+
+def _stream_totals(store: Store) -> dict[str, dict[str, Any]]:
+    """Each stream's items (frames, samples, rows) in all, and its stored bytes when the manifest was read whole
+    (summing a large manifest's pieces would read every row group: None then)."""
+    streams = [stream for stream in store.schema.streams if stream.kind != "text"]
+    counts = store.columns([f"{stream.name}/count" for stream in streams])
+    totals = {}
+    for stream in streams:
+        size = None
+        if store.manifest.read_whole:
+            column = f"{stream.name}/segments" if isinstance(stream, VideoStream) else f"{stream.name}/data"
+            pieces = store.table.column(column).combine_chunks()
+            pieces = pieces.flatten() if pa.types.is_list(pieces.type) else pieces
+            size = int(pc.sum(pieces.field("size")).as_py() or 0)
+        total = int(pc.sum(counts.column(f"{stream.name}/count")).as_py() or 0)
+        totals[stream.name] = {"count": total, "bytes": size}
+    return totals
 
 
 def _stats(store: Store) -> dict[str, dict[str, Any]]:
@@ -116,8 +132,8 @@ def _stats(store: Store) -> dict[str, dict[str, Any]]:
 
 def write_episode_page(store: Store, index: int, out: Path) -> Path:
     """Episode `index`'s page and its remuxed videos into `out`; returns the page's path."""
-    if not 0 <= index < store.table.num_rows:
-        count = store.table.num_rows
+    if not 0 <= index < len(store):
+        count = len(store)
         raise MmdataError(f"episode {index} is not in the store: it has {count} (0 to {count - 1})")
     if index in store.damaged:
         raise MmdataError(f"episode {index} is damaged: {store.damaged[index]}; run `mmdata verify {store.url}`")
@@ -190,7 +206,9 @@ def _waveform(samples: np.ndarray, times: np.ndarray) -> dict[str, Any] | None:
 def _store_body(store: Store, data: dict[str, Any]) -> str:
     totals = data["totals"]
     streams = "".join(
-        f"<span>{html.escape(name)}: {figures['count']:,} items, {figures['bytes'] / 1e6:.1f} MB</span>"
+        f"<span>{html.escape(name)}: {figures['count']:,} items"
+        + (f", {figures['bytes'] / 1e6:.1f} MB" if figures["bytes"] is not None else "")
+        + "</span>"
         for name, figures in totals.items()
         if isinstance(figures, dict)
     )
@@ -204,7 +222,9 @@ def _store_body(store: Store, data: dict[str, Any]) -> str:
 <span>{totals["hours"]:.3f} hours</span>{streams}</p>
 <p><input id="filter" placeholder="filter by key or task">
 <label><input type="checkbox" id="damaged-only"> damaged only</label>
-<span id="shown"></span> <span class="help">(click a column to sort; an episode's link opens its page)</span></p>
+<span id="shown"></span> <span id="pager" hidden><button id="previous">previous</button>
+<button id="next">next</button></span>
+<span class="help">(click a column to sort; an episode's link opens its page)</span></p>
 <table id="episodes"><thead><tr>{headers}</tr></thead><tbody></tbody></table>
 <h2>Statistics (stats.json)</h2>
 <p class="help">per dimension: min .. max (line), 1st .. 99th percentile (box), mean (dot) ± std (bar)</p>
@@ -241,11 +261,11 @@ def _episode_body(data: dict[str, Any]) -> str:
 <h2>Metadata</h2><pre>{metadata}</pre>"""
 
 
-# What a page may load and run: the viewer's own script and style, its videos, nothing else (no inline script,
-# no request leaving the folder or the server); the server sends the same policy as a header.
+# What a page may load and run: the viewer's own script and style, its videos, the served table's rows, nothing
+# else (no inline script, no request leaving the folder or the server); the server sends the same policy as a header.
 CONTENT_SECURITY_POLICY = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; media-src 'self';"
-    " base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    " connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 )
 # Characters that could end or change the <script> element holding the page's data, or end a line in older
 # JavaScript, written as JSON escapes (which JSON.parse reads back as the same text).

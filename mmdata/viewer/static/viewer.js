@@ -1,6 +1,7 @@
 // mmdata view: the store page (a sortable, filterable episode table, totals, statistics) and an episode
 // page (cameras playing in sync, low-dim plots with a cursor that follows and seeks the videos, the audio's
-// waveform). Everything it shows is in the page's <script id="data"> block: no request leaves the folder.
+// waveform). Everything it shows is in the page's <script id="data"> block, but for a served store page's rows,
+// which it asks its own server for a page at a time (rows.json): no request leaves the folder or the server.
 "use strict";
 const DATA = JSON.parse(document.getElementById("data").textContent);
 
@@ -15,13 +16,10 @@ function storePage() {
   const table = document.getElementById("episodes");
   const filter = document.getElementById("filter");
   const damagedOnly = document.getElementById("damaged-only");
+  const shown = document.getElementById("shown");
   const columns = DATA.columns;
-  let sortKey = "index", ascending = true;
-  function render() {
-    const words = filter.value.toLowerCase();
-    const rows = DATA.episodes
-      .filter((e) => (!damagedOnly.checked || e.damaged) && (!words || `${e.key} ${e.task}`.toLowerCase().includes(words)))
-      .sort((a, b) => (a[sortKey] < b[sortKey] ? -1 : a[sortKey] > b[sortKey] ? 1 : 0) * (ascending ? 1 : -1));
+  let sortKey = "index", ascending = true, offset = 0, asked = 0;
+  function fill(rows) {
     const body = table.querySelector("tbody");
     body.replaceChildren();
     for (const episode of rows) {
@@ -35,17 +33,52 @@ function storePage() {
       }
       body.append(row);
     }
-    document.getElementById("shown").textContent = `${rows.length} of ${DATA.episodes.length} episodes`;
+  }
+  // A served page asks the server for one page of the whole table, sorted and filtered there.
+  async function fetchPage() {
+    const number = ++asked;
+    const parameters = new URLSearchParams({
+      offset, limit: DATA.page_rows, sort: sortKey, order: ascending ? "asc" : "desc", q: filter.value,
+      damaged: damagedOnly.checked ? "1" : "",
+    });
+    const answer = await (await fetch(`${DATA.rows_url}?${parameters}`)).json();
+    if (number !== asked) return;  // a later request was made meanwhile: its answer is the one to show
+    if (answer.error) { shown.textContent = answer.error; return; }
+    fill(answer.rows);
+    const last = offset + answer.rows.length;
+    shown.textContent = answer.matched
+      ? `${(offset + 1).toLocaleString()}-${last.toLocaleString()} of ${answer.matched.toLocaleString()} episodes` +
+        (answer.matched < answer.total ? ` (of ${answer.total.toLocaleString()})` : "")
+      : `0 of ${answer.total.toLocaleString()} episodes`;
+    document.getElementById("previous").disabled = offset === 0;
+    document.getElementById("next").disabled = last >= answer.matched;
+    table.dataset.loaded = String(number);
+  }
+  function renderInline() {
+    const words = filter.value.toLowerCase();
+    const rows = DATA.episodes
+      .filter((e) => (!damagedOnly.checked || e.damaged) && (!words || `${e.key} ${e.task}`.toLowerCase().includes(words)))
+      .sort((a, b) => (a[sortKey] < b[sortKey] ? -1 : a[sortKey] > b[sortKey] ? 1 : 0) * (ascending ? 1 : -1));
+    fill(rows);
+    shown.textContent = `${rows.length} of ${DATA.episodes.length} episodes` +
+      (DATA.truncated ? ` (the first ${DATA.episodes.length.toLocaleString()} of ${DATA.totals.episodes.toLocaleString()}: mmdata view --serve pages through them all)` : "");
+  }
+  const render = DATA.rows_url ? fetchPage : renderInline;
+  function again() { offset = 0; render(); }
+  if (DATA.rows_url) {
+    document.getElementById("pager").hidden = false;
+    document.getElementById("previous").addEventListener("click", () => { offset = Math.max(0, offset - DATA.page_rows); render(); });
+    document.getElementById("next").addEventListener("click", () => { offset += DATA.page_rows; render(); });
   }
   table.querySelectorAll("th").forEach((header) =>
     header.addEventListener("click", () => {
       const key = header.dataset.column;
       ascending = key === sortKey ? !ascending : true;
       sortKey = key;
-      render();
+      again();
     }));
-  filter.addEventListener("input", render);
-  damagedOnly.addEventListener("change", render);
+  filter.addEventListener("input", again);
+  damagedOnly.addEventListener("change", again);
   render();
   drawStatistics();
 }

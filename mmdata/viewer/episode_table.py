@@ -1,0 +1,135 @@
+"""The store page's table of episodes, from the manifest's planning columns only: a page of it at a time, sorted
+and filtered over every episode, so that a store of millions of episodes is shown without sending its rows to the
+browser (`mmdata view --serve` answers `rows.json` from it) or reading its pieces."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from mmdata.errors import OptionError
+from mmdata.schema import VideoStream
+from mmdata.store.handle import Store
+from mmdata.store.manifest import episode_key
+
+COLUMNS = ("index", "key", "duration", "task", "frames", "damaged")
+MAX_PAGE_ROWS = 5000
+MAX_FILTER_CHARS = 200
+
+
+@dataclass(frozen=True)
+class TableQuery:
+    """Which rows of the table a page shows: `limit` rows from `offset` of the episodes whose key or task holds
+    `words` (any case) and, with `damaged_only`, that the store's checks flag, sorted by `sort`."""
+
+    offset: int = 0
+    limit: int = 500
+    sort: str = "index"
+    ascending: bool = True
+    words: str = ""
+    damaged_only: bool = False
+
+    def __post_init__(self):
+        for name, low, high in (("offset", 0, 1 << 40), ("limit", 1, MAX_PAGE_ROWS)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise OptionError(f"{name} is a whole number from {low} to {high}, not {value!r}")
+        if self.sort not in COLUMNS:
+            raise OptionError(f"sort is one of {', '.join(COLUMNS)}, not {self.sort!r:.40}")
+        if not isinstance(self.words, str) or len(self.words) > MAX_FILTER_CHARS:
+            raise OptionError(f"the filter is text of at most {MAX_FILTER_CHARS} characters")
+
+
+class EpisodeTable:
+    """Every episode's index, duration, task and frames per camera, held as arrays (a few bytes per episode)."""
+
+    def __init__(self, store: Store):
+        self.store = store
+        self.cameras = [s.name for s in store.schema.streams if isinstance(s, VideoStream)]
+        table = store.columns(["duration", "task", *(f"{name}/count" for name in self.cameras)])
+        self.count = table.num_rows
+        self.durations = table.column("duration").to_numpy()
+        tasks = pc.fill_null(pc.cast(table.column("task"), pa.string()), "").combine_chunks().dictionary_encode()
+        self.task_texts: list[str] = tasks.dictionary.to_pylist()
+        self.task_codes = tasks.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        self.frames = {name: table.column(f"{name}/count").to_numpy() for name in self.cameras}
+        self._orders: dict[tuple[str, bool], np.ndarray] = {}
+
+    def totals(self) -> dict[str, Any]:
+        """Episodes and hours, and each stream's items (frames, samples, rows) in all."""
+        return {"episodes": self.count, "hours": round(float(self.durations.sum()) / 3600, 4)}
+
+    def page(self, query: TableQuery, page_of: Callable[[int], str | None]) -> dict[str, Any]:
+        """The rows `query` asks for (`page_of(index)`: the episode's page, or None), how many match, how many
+        there are."""
+        chosen = self.matching(query)
+        shown = chosen[query.offset : query.offset + query.limit]
+        return {"rows": self.rows(shown, page_of), "matched": int(len(chosen)), "total": self.count}
+
+    def matching(self, query: TableQuery) -> np.ndarray:
+        """The row numbers `query` matches, in its order."""
+        order = self._order(query.sort, query.ascending)
+        if not query.words and not query.damaged_only:
+            return order
+        keep = np.ones(self.count, bool)
+        if query.damaged_only:
+            keep &= self._damaged_mask()
+        if query.words:
+            words = query.words.lower()
+            tasks = np.array([words in text.lower() for text in self.task_texts], bool)
+            by_key = pc.match_substring(self._keys(), words, ignore_case=True).to_numpy(zero_copy_only=False)
+            keep &= tasks[self.task_codes] | by_key
+        return order[keep[order]]
+
+    def rows(self, numbers: np.ndarray, page_of: Callable[[int], str | None]) -> list[dict[str, Any]]:
+        """The table's rows of episodes `numbers`, as the page shows them."""
+        damaged = self.store.damaged
+        return [
+            {
+                "index": int(index),
+                "key": episode_key(int(index)),
+                "duration": round(float(self.durations[index]), 3),
+                "task": self.task_texts[self.task_codes[index]],
+                "frames": ", ".join(f"{name}: {int(self.frames[name][index])}" for name in self.cameras),
+                "damaged": damaged.get(int(index)),
+                "page": page_of(int(index)),
+            }
+            for index in numbers
+        ]
+
+    def _order(self, sort: str, ascending: bool) -> np.ndarray:
+        """Row numbers sorted by `sort` (ties in index order), kept for the next page of the same sort."""
+        if sort == "damaged":  # (not kept: a manifest read by row group finds damaged rows as it reads them)
+            return self._sorted(self._damaged_mask().astype(np.int64), ascending)
+        if (sort, ascending) not in self._orders:
+            if sort in ("index", "key"):
+                order = np.arange(self.count) if ascending else np.arange(self.count)[::-1].copy()
+            elif sort == "duration":
+                order = self._sorted(self.durations, ascending)
+            elif sort == "task":
+                ranks = np.argsort(np.argsort(np.array(self.task_texts, dtype=object), kind="stable"), kind="stable")
+                order = self._sorted(ranks[self.task_codes], ascending)
+            else:
+                first = self.frames[self.cameras[0]] if self.cameras else np.zeros(self.count)
+                order = self._sorted(first, ascending)
+            self._orders = {(sort, ascending): order}
+        return self._orders[(sort, ascending)]
+
+    def _sorted(self, values: np.ndarray, ascending: bool) -> np.ndarray:
+        keys = values if ascending else -values.astype(np.float64)
+        return np.lexsort((np.arange(self.count), keys))
+
+    def _damaged_mask(self) -> np.ndarray:
+        mask = np.zeros(self.count, bool)
+        mask[list(self.store.damaged)] = True
+        return mask
+
+    def _keys(self) -> pa.Array:
+        """Every episode's key (`episode_key`), for the filter."""
+        numbers = pc.cast(pa.array(np.arange(self.count)), pa.string())
+        return pc.binary_join_element_wise("episode_", pc.utf8_lpad(numbers, 6, "0"), "")
