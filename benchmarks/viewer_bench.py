@@ -2,7 +2,7 @@
 
 For stores of 10^5 to 10^7 episodes (`write_scaled_store`: synthetic rows over a small real store's shards),
 `mmdata view --serve`'s work before it serves (`view_server` and `write_site`: the manifest's columns read into
-the episode table) and the server's resident memory after it, then in Debian's Chromium through Playwright: the
+the episode table, 40 bytes an episode with two cameras), then in Debian's Chromium through Playwright: the
 store page from navigation to its first 500 rows shown, the next page, a sort by duration and a filter by key,
 each a request to the server's `rows.json`. Rounds alternate over the sizes; medians are reported.
 
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import statistics
 import sys
 import tempfile
@@ -35,17 +34,8 @@ from mmdata.viewer.pages import write_site  # noqa: E402
 CHROMIUM = os.environ.get("MMDATA_CHROMIUM", "/usr/bin/chromium")
 
 
-def resident_mb() -> float:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
 def one_round(store: Path, out: Path, browser) -> dict:
     """Serve `store` from `out` and time its store page in `browser`."""
-    before = resident_mb()
     started = time.perf_counter()
     opened = mmdata.open_store(str(store))
     server = view_server(opened, out, 0)
@@ -60,7 +50,7 @@ def one_round(store: Path, out: Path, browser) -> dict:
         while not page.evaluate(expression):
             time.sleep(0.005)
 
-    figures = {"serve_ready_s": ready - started, "server_rss_mb": resident_mb() - before}
+    figures = {"serve_ready_s": ready - started}
     for name, action, number in (
         ("page_load_s", lambda: page.goto(f"{origin}/index.html"), 1),
         ("next_page_s", lambda: page.locator("#next").click(), 2),

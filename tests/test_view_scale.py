@@ -107,3 +107,9 @@ def test_a_served_store_page_pages_sorts_and_filters_a_large_store_in_a_browser(
         assert row.locator("a").get_attribute("href") == "episode_024999.html"
         browser.close()
     server.shutdown()
+
+
+def test_the_key_filter_worked_out_on_numbers_matches_searching_the_key_texts(table):
+    keys = [f"episode_{index:06d}" for index in range(EPISODES)]
+    for words in ("episode_", "de_02", "_0", "024999", "99", "4", "e_1", "x", "episode_0249999", "2499", "\u00b2"):
+        assert table.key_mask(words).tolist() == [words in key for key in keys], words

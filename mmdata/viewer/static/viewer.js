@@ -77,7 +77,11 @@ function storePage() {
       sortKey = key;
       again();
     }));
-  filter.addEventListener("input", again);
+  let typing = null;  // a served table is asked again once typing pauses, not at every key
+  filter.addEventListener("input", () => {
+    clearTimeout(typing);
+    typing = setTimeout(again, DATA.rows_url ? 200 : 0);
+  });
   damagedOnly.addEventListener("change", again);
   render();
   drawStatistics();
