@@ -107,6 +107,26 @@ def test_an_edit_that_fails_at_any_step_leaves_the_version_before_and_can_be_mad
     assert edit_store(url, "delete", EpisodeSelection(ids=[1]), progress=False).episodes_after == 2
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("failing", ["_write_manifest", "write_stats", "write_text_atomically"])
+def test_removing_a_stream_that_fails_at_any_step_leaves_the_version_before(copies, monkeypatch, failing):
+    url = str(copies["zarr"])
+    original = getattr(versions, failing)
+
+    def fail(*args, **kwargs):
+        if failing == "write_text_atomically" and not str(args[0]).endswith("dataset.json"):
+            return original(*args, **kwargs)
+        raise OSError("the machine went away")
+
+    monkeypatch.setattr(versions, failing, fail)
+    with pytest.raises(OSError, match="went away"):
+        versions.remove_stream(url, "audio", progress=False)
+    unchanged = mmdata.open_dataset(url)
+    assert unchanged.schema.version == 0 and "audio" in [stream.name for stream in unchanged.schema.streams]
+    monkeypatch.setattr(versions, failing, original)
+    assert versions.remove_stream(url, "audio", progress=False).version == 1
+
+
 def test_edits_that_name_nothing_everything_or_unknown_episodes_are_refused_with_the_store_unchanged(copies):
     url = str(copies["wds"])
     with pytest.raises(EditError, match=r"episode ids \[7, 9\] are not in the store"):
