@@ -1,6 +1,7 @@
-"""`mmdata edit ... split|merge|remove-stream`: new stores whose rows name the stores holding their media, and a
-store's next version without a stream; each in both layouts, locally and in object storage, each refused with the
-stores unchanged when it cannot be made, and each leaving no store behind when it fails at any step."""
+"""`mmdata edit ... split|merge|remove-stream|compact`: new stores whose rows name the stores holding their media, a
+store's next version without a stream, and a store's episodes copied into a store of their own; each in both
+layouts, locally and in object storage, each refused with the stores unchanged when it cannot be made, and each
+leaving no store behind when it fails at any step."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import numpy as np
 import pytest
 
 import mmdata
-from mmdata.editing import derived, versions
+from mmdata.editing import compaction, derived, versions
+from mmdata.editing.compaction import compact_store
 from mmdata.editing.derived import ValidationChoice, merge_stores, split_store
 from mmdata.editing.selection import EpisodeSelection
 from mmdata.editing.versions import remove_stream
@@ -257,6 +259,10 @@ def test_the_edit_command_splits_merges_and_removes_streams_and_names_what_it_ne
     assert "media     in the stores ../robot.wds" in inspected.stdout and "converted" not in inspected.stdout
     done = run_cli("edit", merged, "remove-stream", "audio", "--no-progress")
     assert done.returncode == 0 and "version 2, 3 episodes" in done.stdout, done.stderr
+    compacted = str(tmp_path / "compacted")
+    done = run_cli("edit", merged, "compact", "--into", compacted, "--layout", "zarr", "--no-progress")
+    assert done.returncode == 0 and "3 episodes (of 3)" in done.stdout, done.stderr
+    assert "audio" not in run_cli("inspect", compacted).stdout
     both = run_cli("edit", source, "split", "--train", "a", "--validation", "b", "--fraction", "0.5", "--episodes", "1")
     assert both.returncode == 2 and "one way, not both" in both.stderr
     lone = run_cli("edit", source, "merge", "--into", merged)
@@ -291,3 +297,82 @@ def test_every_edit_in_object_storage_gives_the_stores_the_same_edit_gives_local
                 list(mmdata.DataLoader(f"s3://{bucket}/{name}", SPEC, batching=mmdata.Batching(batch_size=2))),
                 list(mmdata.DataLoader(str(tmp_path / name), SPEC, batching=mmdata.Batching(batch_size=2))),
             )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_compacting_a_merged_store_copies_exactly_its_episodes_into_a_store_of_its_own(copies, layout, tmp_path):
+    source = str(copies[layout])
+    versions.edit_store(source, "delete", EpisodeSelection(ids=[0]), progress=False)
+    merged, compacted = str(tmp_path / "merged"), str(tmp_path / "compacted")
+    merge_stores([source, source], merged, recompute_stats=False, progress=False)
+    expected = contents(merged)
+    report = compact_store(merged, compacted, progress=False)
+    assert (report.episodes_before, report.episodes_after) == (4, 4)
+    shutil.rmtree(copies[layout])  # the compacted store reads nothing outside itself
+    opened = mmdata.open_dataset(compacted)
+    assert opened.schema.origins == [] and opened.schema.layout == layout
+    assert same_contents(contents(compacted), expected)
+    assert run_cli("verify", compacted).returncode == 0
+    if layout == "wds":
+        import tarfile
+
+        with tarfile.open(next((tmp_path / "compacted" / "shards").glob("*.tar"))) as shard:
+            keys = {name.split(".")[0] for name in shard.getnames()}
+        assert keys == {f"episode_{i:06d}" for i in range(4)}
+
+
+@pytest.mark.slow
+def test_compacting_into_the_other_layout_gives_the_batches_of_the_store(copies, tmp_path):
+    source = str(copies["wds"])
+    compact_store(source, str(tmp_path / "as.zarr"), layout="zarr", progress=False)
+    assert mmdata.open_dataset(str(tmp_path / "as.zarr")).schema.layout == "zarr"
+    assert_same_batches(
+        list(mmdata.DataLoader(str(tmp_path / "as.zarr"), SPEC, batching=mmdata.Batching(batch_size=2), seed=3)),
+        list(mmdata.DataLoader(source, SPEC, batching=mmdata.Batching(batch_size=2), seed=3)),
+    )
+
+
+@pytest.mark.slow
+def test_a_compaction_that_fails_leaves_no_store_and_names_the_way_on(copies, tmp_path, monkeypatch):
+    source, into = str(copies["zarr"]), tmp_path / "compacted"
+    original = compaction.stored_episode
+
+    def fail_at_the_second(store, index):
+        if index == 1:
+            raise OSError("the machine went away")
+        return original(store, index)
+
+    monkeypatch.setattr(compaction, "stored_episode", fail_at_the_second)
+    with pytest.raises(OSError, match="went away"):
+        compact_store(source, str(into), progress=False)
+    assert not (into / "dataset.json").exists()
+    monkeypatch.undo()
+    with pytest.raises(EditError, match="interrupted compaction's leftovers: delete the folder"):
+        compact_store(source, str(into), progress=False)
+    with pytest.raises(EditError, match="lies inside a store"):
+        compact_store(source, str(copies["zarr"] / "compacted"), progress=False)
+    shutil.rmtree(into)
+    assert compact_store(source, str(into), progress=False).episodes_after == 3
+    assert mmdata.open_dataset(source).schema.version == 0
+
+
+@pytest.mark.slow
+def test_a_store_compacted_into_object_storage_reads_as_the_store_does(stores, tmp_path, monkeypatch):
+    pytest.importorskip("moto.server", reason="the S3 tests need moto[server] (pip install -e .[dev])")
+    s3fs = pytest.importorskip("s3fs", reason="the S3 tests need s3fs (pip install -e .[dev])")
+    from tests.s3_server import local_s3_server
+
+    monkeypatch.setenv("MMDATA_STAGING", str(tmp_path / "staging"))
+    with local_s3_server() as endpoint:
+        filesystem = s3fs.S3FileSystem(endpoint_url=endpoint)
+        if not filesystem.exists("mmdata-compact"):
+            filesystem.mkdir("mmdata-compact")
+        compact_store(str(stores["wds"]), "s3://mmdata-compact/robot", progress=False)
+        assert_same_batches(
+            list(mmdata.DataLoader("s3://mmdata-compact/robot", SPEC, batching=mmdata.Batching(batch_size=2))),
+            list(mmdata.DataLoader(str(stores["wds"]), SPEC, batching=mmdata.Batching(batch_size=2))),
+        )
+        with pytest.raises(mmdata.MmdataError, match="already a complete store"):
+            compact_store(str(stores["wds"]), "s3://mmdata-compact/robot", progress=False)
+    assert not list((tmp_path / "staging").glob("*"))

@@ -24,13 +24,13 @@ import pyarrow.compute as pc
 
 from mmdata.editing.rows import chosen_rows, write_rows
 from mmdata.editing.selection import EpisodeSelection
-from mmdata.editing.versions import EditReport, history_entry, manifest_schema_of, stats_before
+from mmdata.editing.versions import EditReport, editable_store, history_entry, manifest_schema_of, stats_before
 from mmdata.errors import EditError, MmdataError, OptionError
 from mmdata.schema import DatasetSchema, is_origin, stream_to_dict, version_file_name
 from mmdata.store.dataset import Dataset
 from mmdata.store.filesystem import join, read_file, relative_path, resolve, write_text_atomically
 from mmdata.store.handle import MAX_SCHEMA_BYTES, Store
-from mmdata.store.layout import DATASET_FILE, PARTIAL_DIR
+from mmdata.store.layout import DATASET_FILE
 from mmdata.store.manifest import ORIGIN
 from mmdata.store.statistics import compute_stats, write_stats
 
@@ -82,7 +82,7 @@ def split_store(
     """Split the store at `url` into a validation store at `validation_url` (the episodes `choice` names) and a
     train store at `train_url` (the others), both pointing at `url`'s media. Each gets statistics of its own
     episodes, or (`recompute_stats=False`) `url`'s, marked as such."""
-    store = _source(url)
+    store = editable_store(url)
     validation = choice.rows(store)
     train = np.setdiff1d(np.arange(len(store)), validation)
     if len(validation) == 0 or len(train) == 0:
@@ -106,7 +106,7 @@ def merge_stores(urls: Sequence[str], into: str, recompute_stats: bool = True, p
     (`recompute_stats=False`) the first store's are kept, marked as such."""
     if len(urls) < 2:
         raise EditError(f"a merge takes two stores or more, not {len(urls)}")
-    stores = [_source(url) for url in urls]
+    stores = [editable_store(url) for url in urls]
     _check_same_streams(stores)
     described = "merge of " + ", ".join(f"'{store.url}' ({len(store)} episodes)" for store in stores)
     new = _NewStore(into, [(store, np.arange(len(store))) for store in stores], "merge", described)
@@ -203,16 +203,6 @@ class _NewStore:
             raise EditError(
                 f"'{self.url}' holds files ({shown}) that no edit writes; a new store goes to an empty or new folder"
             )
-
-
-def _source(url: str) -> Store:
-    store = Store(url, cache_bytes=0)
-    if store.fs.exists(join(store.root, PARTIAL_DIR)):
-        raise EditError(
-            f"'{url}' holds an append in progress or interrupted ({PARTIAL_DIR}/): finish it with `mmdata convert"
-            " ... --append --resume`, or give it up by deleting that folder, then edit"
-        )
-    return store
 
 
 def _origin_values(store: Store) -> list[str]:

@@ -57,7 +57,7 @@ def edit_store(
     stores too large to read again) the version before's are kept, marked as such."""
     if action not in ("delete", "keep"):
         raise EditError(f"an edit deletes or keeps episodes, not {action!r}")
-    store = _editable(url)
+    store = editable_store(url)
     count = len(store)
     table = store.columns(selection.columns) if selection.columns else pa.table({})
     named = selection.rows(table, count)
@@ -79,7 +79,7 @@ def edit_store(
 def remove_stream(url: str, name: str, progress: bool = True) -> EditReport:
     """Write the next version of the store at `url` without stream `name`: its manifest columns and its entry in
     `dataset.json` and in the statistics (the other streams' statistics are unchanged, so none is computed)."""
-    store = _editable(url)
+    store = editable_store(url)
     try:
         store.schema.stream(name)
     except KeyError as exc:
@@ -132,7 +132,7 @@ def manifest_schema_of(store: Store) -> pa.Schema:
     return first.schema.remove_metadata()
 
 
-def _editable(url: str) -> Store:
+def editable_store(url: str) -> Store:
     """The store at `url`, refused while an append to it is under way or was interrupted."""
     store = open_store(url)
     if store.fs.exists(join(store.root, PARTIAL_DIR)):

@@ -1,11 +1,12 @@
-"""`mmdata edit STORE delete|keep|remove-stream|split|merge ...`: a store's next version, or new stores made from
-it, their manifests pointing at the shards and arrays where the episodes are (no media copied), published by
-writing `dataset.json` last."""
+"""`mmdata edit STORE delete|keep|remove-stream|split|merge|compact ...`: a store's next version, or new stores made
+from it, their manifests pointing at the shards and arrays where the episodes are (no media copied, but by compact,
+which copies it byte for byte into a store of its own), published by writing `dataset.json` last."""
 
 from __future__ import annotations
 
 import argparse
 
+from mmdata.editing.compaction import compact_store
 from mmdata.editing.derived import ValidationChoice, merge_stores, split_store
 from mmdata.editing.selection import EpisodeSelection
 from mmdata.editing.versions import EditReport, edit_store, remove_stream
@@ -26,11 +27,12 @@ DERIVED = (
 def add_parser(commands) -> None:
     parser = commands.add_parser(
         "edit",
-        help="delete or keep episodes, remove a stream, split into train/validation, merge stores (no media copied)",
+        help="delete or keep episodes, remove a stream, split into train/validation, merge stores, compact",
         description=(
             "Edit a store without copying or re-encoding media: delete episodes or keep only some (by id, task or"
             " duration), or remove a stream, as the store's next version; split it into train and validation"
-            " stores, or merge stores with the same streams into a new one. Local folders and object storage."
+            " stores, or merge stores with the same streams into a new one; compact a store into a new one holding"
+            " exactly its episodes (media copied, never re-encoded). Local folders and object storage."
             + PUBLISHING
         ),
     )
@@ -98,6 +100,22 @@ def add_parser(commands) -> None:
     )
     merging.add_argument("others", nargs="+", help="the other stores, in the order their episodes follow")
     merging.add_argument("--into", required=True, help="where the merged store goes (a new folder or URL)")
+    compacting = actions.add_parser(
+        "compact",
+        parents=[common],
+        help="write the store's episodes again as a store of their own (media copied, not re-encoded)",
+        description=(
+            "Write the store's episodes (its current version) as a new store that holds exactly them: every"
+            " segment, audio track and low-dim array copied byte for byte into new shards or arrays (nothing"
+            " decoded or re-encoded), the shard members named by the episodes' current keys, nothing pointing"
+            " outside it. What makes a store edited by deletions smaller, a split or merged store independent of"
+            " its origins, or a store of the other layout. Statistics are computed over the new store. The store"
+            " compacted is only read; dataset.json is written last (into object storage: staged locally, then"
+            " uploaded, dataset.json last)."
+        ),
+    )
+    compacting.add_argument("--into", required=True, help="where the new store goes (a new or empty folder, or URL)")
+    compacting.add_argument("--layout", choices=("wds", "zarr"), help="the new store's layout (default: the same)")
     parser.set_defaults(run=run)
 
 
@@ -105,6 +123,8 @@ def run(args: argparse.Namespace) -> int:
     progress = not args.no_progress
     if args.action == "remove-stream":
         reports = [remove_stream(args.path, args.stream, progress)]
+    elif args.action == "compact":
+        reports = [compact_store(args.path, args.into, args.layout, progress)]
     elif args.action == "merge":
         reports = [merge_stores([args.path, *args.others], args.into, not args.keep_stats, progress)]
     elif args.action == "split":

@@ -1,0 +1,109 @@
+"""A store's episodes written again as a store of their own: every segment, audio track and low-dim array copied
+byte for byte (nothing decoded or re-encoded) into new shards or arrays, in either layout.
+
+What an edit does not do: a store whose versions deleted episodes still holds their media, and a split or merged
+store reads its media from its origins. `compact_store` makes a store that holds exactly its episodes, names
+nothing outside itself, and whose shard members carry the episodes' current keys (what a WebDataset reader of the
+shards sees). The store compacted is only read. The new store is written as a conversion writes one:
+`dataset.json` last, so a failure leaves no store; into object storage, it is made in a local staging folder and
+uploaded with `dataset.json` last.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+
+from fsspec.implementations.local import LocalFileSystem
+from tqdm import tqdm
+
+from mmdata.checks import inside
+from mmdata.conversion.completion import complete_store
+from mmdata.conversion.convert_options import ConvertOptions
+from mmdata.conversion.destination import check_remote_destination
+from mmdata.conversion.publish import default_staging, is_remote, publish, remove_staging
+from mmdata.editing.versions import EditReport, editable_store
+from mmdata.errors import EditError, OptionError
+from mmdata.schema import LAYOUTS, AudioStream, DatasetSchema, LowdimStream, TextStream, VideoStream
+from mmdata.store.encoded import EncodedAudio, EncodedEpisode, EncodedLowdim, EncodedVideo
+from mmdata.store.filesystem import join, resolve
+from mmdata.store.handle import Store
+from mmdata.store.manifest import Piece
+from mmdata.store.wds_writer import WdsWriter
+from mmdata.store.zarr_writer import ZarrWriter
+
+
+def compact_store(url: str, into: str, layout: str | None = None, progress: bool = True) -> EditReport:
+    """Write the episodes of the store at `url` (its current version) as a new store at `into` (a new or empty
+    local folder, or an object-store URL holding nothing), in `layout` (default: the store's own)."""
+    layout = layout or None
+    if layout is not None and layout not in LAYOUTS:
+        raise OptionError(f"layout is one of {', '.join(LAYOUTS)}, not {layout!r}")
+    store = editable_store(url)
+    layout = layout or store.schema.layout
+    remote = is_remote(into)
+    local = default_staging(into) if remote else Path(into)
+    if remote:
+        fs, root = resolve(into)
+        check_remote_destination(fs, root, into, resume=False, overwrite=False)
+        shutil.rmtree(local, ignore_errors=True)  # (a staging folder an interrupted compaction left)
+    else:
+        _check_local_destination(store, local)
+    shard_bytes = store.schema.created.get("shard_bytes")
+    if not (isinstance(shard_bytes, int) and shard_bytes > 0):
+        shard_bytes = ConvertOptions().shard_bytes
+    writer = WdsWriter(local, shard_bytes) if layout == "wds" else ZarrWriter(local)
+    writer.restore()
+    count = len(store)
+    for index in tqdm(range(count), unit="episode", desc=f"compact {url}", disable=not progress):
+        writer.add(stored_episode(store, index), index, {"compacted": index + 1})
+    streams = [stream for stream in store.schema.streams if not isinstance(stream, TextStream)]
+    rows = writer.finish({"compacted": count}, streams)
+    created = {
+        **store.schema.created,
+        "compacted_from": store.url,
+        "layout": layout,
+        "shard_bytes": shard_bytes if layout == "wds" else None,
+    }
+    schema = DatasetSchema(layout=layout, streams=store.schema.streams, num_episodes=len(rows), created=created)
+    complete_store(LocalFileSystem(), str(local), str(local), rows, schema, {}, None)
+    if remote:
+        publish(local, into, overwrite=False, progress=progress)
+        remove_staging(local)
+    return EditReport(into, 0, count, len(rows), schema.manifest_file, "recomputed")
+
+
+def stored_episode(store: Store, index: int) -> EncodedEpisode:
+    """Episode `index` of `store` as the writers take an episode: its stored bytes and arrays, as they are."""
+    row = store.manifest.row(index)
+    episode = EncodedEpisode(index, row["source"], row["task"], store.metadata_of(row))
+    for spec in store.schema.streams:
+        if isinstance(spec, VideoStream):
+            table = store.segment_table(row, spec.name)
+            segments = [store.segment_bytes(piece) for piece in table.pieces]
+            frames = [int(segment["num_frames"]) for segment in table.segments]
+            indexes = table.indexes if all(index is not None for index in table.indexes) else None
+            timestamps = store.timestamps_of(row, spec.name)
+            episode.videos.append(EncodedVideo(spec, segments, frames, timestamps, indexes))  # type: ignore[arg-type]
+        elif isinstance(spec, AudioStream):
+            data = store.pieces.read_bytes(Piece.from_dict(row[f"{spec.name}/data"]))
+            count, start = int(row[f"{spec.name}/count"]), float(row[f"{spec.name}/t_start"])
+            episode.audio.append(EncodedAudio(spec, data, count, start))
+        elif isinstance(spec, LowdimStream):
+            span = store.lowdim_span(index, spec.name, -math.inf, math.inf)
+            episode.lowdim.append(EncodedLowdim(spec, span.values, span.timestamps))
+    return episode
+
+
+def _check_local_destination(store: Store, local: Path) -> None:
+    """A new or empty folder, outside the store compacted and the stores it reads media from."""
+    if local.exists() and (not local.is_dir() or any(local.iterdir())):
+        what = "a file" if not local.is_dir() else "a folder that is not empty"
+        raise EditError(
+            f"'{local}' is {what}; a compacted store goes to a new or empty folder (an interrupted compaction's"
+            " leftovers: delete the folder, then compact again)"
+        )
+    media = [store.root, *(join(store.root, origin) for origin in store.schema.origins)]
+    if isinstance(store.fs, LocalFileSystem) and any(inside(root, local) for root in media):
+        raise EditError(f"'{local}' lies inside a store whose media it copies; write the compacted store beside it")
