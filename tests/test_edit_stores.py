@@ -376,3 +376,15 @@ def test_a_store_compacted_into_object_storage_reads_as_the_store_does(stores, t
         with pytest.raises(mmdata.MmdataError, match="already a complete store"):
             compact_store(str(stores["wds"]), "s3://mmdata-compact/robot", progress=False)
     assert not list((tmp_path / "staging").glob("*"))
+
+
+@pytest.mark.slow
+def test_a_merged_store_is_viewed_and_exported_from_its_origins_media(copies, tmp_path):
+    from mmdata.viewer.pages import write_episode_page
+
+    merged = str(tmp_path / "merged")
+    merge_stores([str(copies["wds"]), str(copies["wds"])], merged, recompute_stats=False, progress=False)
+    page = write_episode_page(mmdata.open_store(merged), 4, tmp_path / "view")
+    assert page.exists() and list((tmp_path / "view" / "media" / "episode_000004").glob("cam_high.*"))
+    exported = run_cli("export", merged, str(tmp_path / "lerobot"), "--episodes", "2-4", "--quiet")
+    assert exported.returncode == 0, exported.stderr

@@ -168,7 +168,11 @@ def view_server(store: Store, out: Path, port: int) -> http.server.ThreadingHTTP
         def _send_rows(self, query: str) -> None:
             """A page of the store's episode table as JSON (`TableQuery`'s fields as URL parameters)."""
             try:
-                asked = table_query(urllib.parse.parse_qs(query, max_num_fields=16))
+                try:
+                    fields = urllib.parse.parse_qs(query, max_num_fields=16)
+                except ValueError:
+                    raise OptionError("a rows.json request takes at most 16 parameters") from None
+                asked = table_query(fields)
                 with table_lock:
                     body = json.dumps(table.page(asked, page_of)).encode()
                 status = 200
