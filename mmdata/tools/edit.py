@@ -32,8 +32,7 @@ def add_parser(commands) -> None:
             "Edit a store without copying or re-encoding media: delete episodes or keep only some (by id, task or"
             " duration), or remove a stream, as the store's next version; split it into train and validation"
             " stores, or merge stores with the same streams into a new one; compact a store into a new one holding"
-            " exactly its episodes (media copied, never re-encoded). Local folders and object storage."
-            + PUBLISHING
+            " exactly its episodes (media copied, never re-encoded). Local folders and object storage." + PUBLISHING
         ),
     )
     parser.add_argument("path", help="store folder or fsspec URL")
