@@ -1,6 +1,7 @@
-"""A large manifest is read from its footer, by column for planning and by row group for rows, each row group checked
-when it is first read; a loader over it gives the batches it gives over the manifest read whole, locally and from
-object storage, where opening it reads a few byte ranges rather than the file."""
+"""A large manifest is read from its footer, by column for planning and by row group for rows (those a loader will read
+soon read ahead together), each row checked before it is first read; a loader over it gives the batches it gives
+over the manifest read whole, locally and from object storage, where opening it reads a few byte ranges rather than
+the file."""
 
 from __future__ import annotations
 
@@ -50,23 +51,62 @@ def test_a_large_manifest_opens_from_its_footer_and_reads_each_row_as_the_whole_
 
 
 def test_a_damaged_row_of_a_large_manifest_is_found_when_its_row_group_is_read(scaled, tmp_path, by_row_group):
-    damaged = tmp_path / "damaged.wds"
-    damaged.mkdir()
-    for entry in scaled.iterdir():
-        if entry.name != "episodes.parquet":
-            (damaged / entry.name).symlink_to(entry.resolve(), target_is_directory=entry.is_dir())
-    table = pq.read_table(scaled / "episodes.parquet")
-    counts = table.column("cam_high/count").to_pylist()
-    counts[21] = -1
-    table = table.set_column(table.schema.get_field_index("cam_high/count"), "cam_high/count", pa.array(counts))
-    pq.write_table(table, damaged / "episodes.parquet", row_group_size=GROUP_ROWS)
-    store = mmdata.open_dataset(str(damaged)).store
+    store = mmdata.open_dataset(str(damaged_copy(scaled, tmp_path, 21))).store
     assert store.damaged == {}, "nothing of row group 2 was read yet"
     assert store.manifest.row(3)["key"] == "episode_000003"
     with pytest.raises(IntegrityError, match="episode_000021"):
         store.manifest.row(21)
     assert list(store.damaged) == [21]
     assert store.manifest.row(22)["key"] == "episode_000022", "the rest of the row group reads"
+
+
+def damaged_copy(scaled: Path, folder: Path, row: int) -> Path:
+    """The scaled store with row `row`'s camera count made negative: a row the checks flag."""
+    damaged = folder / "damaged.wds"
+    damaged.mkdir()
+    for entry in scaled.iterdir():
+        if entry.name != "episodes.parquet":
+            (damaged / entry.name).symlink_to(entry.resolve(), target_is_directory=entry.is_dir())
+    table = pq.read_table(scaled / "episodes.parquet")
+    counts = table.column("cam_high/count").to_pylist()
+    counts[row] = -1
+    table = table.set_column(table.schema.get_field_index("cam_high/count"), "cam_high/count", pa.array(counts))
+    pq.write_table(table, damaged / "episodes.parquet", row_group_size=GROUP_ROWS)
+    return damaged
+
+
+def test_rows_are_checked_alone_until_several_of_their_group_are_read_then_with_the_whole_group(
+    scaled, tmp_path, by_row_group
+):
+    store = mmdata.open_dataset(str(damaged_copy(scaled, tmp_path, 21))).store
+    for index in range(16, 16 + manifest_reader.ROWS_CHECKED_ALONE):
+        store.manifest.row(index)
+    assert store.damaged == {}, "rows checked alone say nothing of row 21"
+    store.manifest.row(20)
+    assert list(store.damaged) == [21], "the next row of the group has the whole group checked"
+
+
+def test_rows_read_ahead_are_the_rows_read_one_by_one_each_row_group_read_once(
+    scaled, tmp_path, by_row_group, monkeypatch
+):
+    store = mmdata.open_dataset(str(damaged_copy(scaled, tmp_path, 21))).store
+    wanted = [3, 39, 17, 21, 8, 7, 18, 3]
+    one_by_one = mmdata.open_dataset(str(scaled)).store
+    expected = {index: one_by_one.manifest.row(index) for index in set(wanted) - {21}}
+    read = []
+    original = manifest_reader.pq.ParquetFile.read_row_group
+    monkeypatch.setattr(
+        manifest_reader.pq.ParquetFile,
+        "read_row_group",
+        lambda self, number, *args, **kwargs: read.append(number) or original(self, number, *args, **kwargs),
+    )
+    store.manifest.read_ahead(wanted)
+    assert sorted(read) == [0, 1, 2, 4] and list(store.damaged) == [21]
+    for index, row in expected.items():
+        assert store.manifest.row(index) == row
+    assert sorted(read) == [0, 1, 2, 4], "the rows read ahead are kept: no row group is read again"
+    with pytest.raises(IntegrityError, match="episode_000021"):
+        store.manifest.row(21)
 
 
 @pytest.mark.slow

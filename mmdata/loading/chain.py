@@ -102,6 +102,7 @@ class BatchReader:
         rows are fetched while this one decodes, and the cameras' timestamps of the horizon's last step, which
         enters the cache's plan at the next read (the cache plans the steps before it).
         """
+        self._read_rows_ahead([*samples, *fallback, *(sample for later in horizon for sample in later)])
         batch = MicroBatch(step, list(samples), [self._task(sample) for sample in samples], fallback=list(fallback))
         upcoming = horizon[0] if len(horizon) > 0 else ()
         after_upcoming = horizon[1] if len(horizon) > 1 else ()
@@ -157,6 +158,15 @@ class BatchReader:
             cache = self._followers[schedule.owner] = FrameCache(self.frame_cache.max_bytes, self.followed_stats)
         cache.follow(schedule)
         return cache
+
+    def _read_rows_ahead(self, samples: Sequence[SampleRef]) -> None:
+        """Have each source's manifest read the rows of `samples` it does not keep yet, together (a large manifest's
+        row groups at once rather than one by one as the samples are aligned)."""
+        episodes: dict[int, list[int]] = {}
+        for sample in samples:
+            episodes.setdefault(sample.source, []).append(sample.episode)
+        for source, rows in episodes.items():
+            self.sources[source].store.manifest.read_ahead(rows)
 
     def _task(self, sample: SampleRef) -> str:
         return self.sources[sample.source].store.manifest.row(sample.episode)["task"]

@@ -5,16 +5,18 @@ reads rather than the whole manifest (whose segment lists and packet indexes tak
 A manifest of at most `EAGER_ROWS` rows in a file of at most `EAGER_BYTES` is read in one request and checked
 whole when the store opens, as it always was: `Store.damaged` then lists every damaged episode. A larger one is
 opened from its footer; the columns a planner asks for are read column by column (`columns`), and a row group is
-read, checked and kept (within `ROW_GROUP_CACHE_BYTES`) when one of its rows is first read (`row`). Its damaged
-episodes are found as their row groups are read, and `mmdata verify` reads every one.
+read and kept (within `ROW_GROUP_CACHE_BYTES`) when one of its rows is first read (`row`); a row is checked before
+it is first read (on its own, or with its whole group once several of the group's rows were read). Its damaged
+episodes are found as they are read, and `mmdata verify` reads every one.
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import io
 import itertools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -22,6 +24,7 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 from cachetools import LRUCache
+from fsspec.implementations.local import LocalFileSystem
 
 from mmdata.errors import IntegrityError, StoreError
 from mmdata.schema import DatasetSchema
@@ -36,6 +39,7 @@ EAGER_BYTES = 64 << 20
 ROW_GROUP_CACHE_BYTES = 256 << 20
 FETCH_THREADS = 16  # byte ranges of a large manifest in object storage read at once
 ROWS_KEPT = 8192  # rows kept as dicts: a loader reads an episode's row for each of its samples
+ROWS_CHECKED_ALONE = 4  # rows of a row group checked one by one before the whole group is
 # A Parquet footer may not declare more than this many times its file's size in row data (zstd
 # on a manifest gives 3-10x); beyond it the file is refused before its pages are decompressed.
 MANIFEST_EXPANSION = 64
@@ -144,7 +148,9 @@ class Manifest:
         self._source: Any = None
         self._groups: LRUCache = LRUCache(maxsize=ROW_GROUP_CACHE_BYTES, getsizeof=lambda table: table.nbytes or 1)
         self._rows: LRUCache = LRUCache(maxsize=ROWS_KEPT)
-        self._checked: set[int] = set()  # row groups checked in this process
+        self._checked_groups: set[int] = set()  # row groups checked whole in this process
+        self._checked_rows: set[int] = set()  # rows checked on their own in this process
+        self._rows_checked_in: dict[int, int] = {}  # per row group, how many of its rows were checked on their own
 
     @property
     def read_whole(self) -> bool:
@@ -162,9 +168,47 @@ class Manifest:
         found = self._rows.get(index)
         if found is None:
             group, start = self._group_of(index)
-            if index in self.damaged:
-                raise IntegrityError(f"{self.damaged[index]}; run `mmdata verify` to list every damaged episode")
-            found = self._rows[index] = rooted_in_origin(group.slice(index - start, 1).to_pylist()[0])
+            found = self._kept_row(index, group, start)
+        return found
+
+    def read_ahead(self, indexes: Iterable[int]) -> None:
+        """Read the rows `indexes` that are not kept yet, so that `row` finds them: of a manifest read by row group,
+        the row groups holding them are read at once (`FETCH_THREADS` at a time, each once), which a loader whose
+        frame cache plans many steps ahead otherwise reads one by one (and again, when 18 MB groups leave the cache
+        between two of its rows). A damaged row is left for `row` to refuse."""
+        if self._table is not None:
+            return
+        missing: dict[int, list[int]] = {}
+        for index in sorted({int(i) for i in indexes}):
+            if 0 <= index < self.num_rows and index not in self._rows and index not in self.damaged:
+                missing.setdefault(bisect.bisect_right(self._starts, index) - 1, []).append(index)
+        if not missing:
+            return
+        kept = {number: self._groups.get(number) for number in missing}
+        unread = [number for number, group in kept.items() if group is None]
+        if unread:
+            parquet = self._file()[0]
+            assert self._opener is not None, "a manifest read whole has no file to read again"
+            opener = self._opener
+
+            def read(number: int) -> tuple[int, pa.Table]:
+                opened, source = opener(metadata=parquet.metadata, native=True)  # a file of its own in each thread
+                _prefetch(opened, source, [number], None)
+                return number, opened.read_row_group(number, use_threads=False)
+
+            with ThreadPoolExecutor(min(FETCH_THREADS, len(unread))) as pool:
+                kept.update(pool.map(read, unread))
+        for number, rows in missing.items():
+            for index in rows:
+                with contextlib.suppress(IntegrityError):
+                    self._kept_row(index, kept[number], self._starts[number])
+
+    def _kept_row(self, index: int, group: pa.Table, start: int) -> dict[str, Any]:
+        """Row `index` of `group` (whose first row is `start`), checked, as a dict, kept for the next read."""
+        self._check_row(index, group, start)
+        if index in self.damaged:
+            raise IntegrityError(f"{self.damaged[index]}; run `mmdata verify` to list every damaged episode")
+        found = self._rows[index] = rooted_in_origin(group.slice(index - start, 1).to_pylist()[0])
         return found
 
     @property
@@ -207,13 +251,27 @@ class Manifest:
         group = self._groups.get(number)
         if group is None:
             group = self._read_group(number)
-            if number not in self._checked:  # (a group read again after it left the cache is not checked again)
-                assert self._check is not None
-                self.damaged.update(self._check(group, self._starts[number]))
-                self._checked.add(number)
             if group.nbytes <= ROW_GROUP_CACHE_BYTES:  # (a manifest written in larger groups is read again)
                 self._groups[number] = group
         return group, self._starts[number]
+
+    def _check_row(self, index: int, group: pa.Table, start: int) -> None:
+        """Check row `index` (in `group`, whose first row is `start`) before it is first read: on its own while few
+        rows of its group were read (a loader reading episodes all over a large manifest: 4 ms a row, where a group
+        of 4,096 takes 18), then its whole group once (a reader going through the rows in order)."""
+        if self._check is None:
+            return
+        number = bisect.bisect_right(self._starts, index) - 1
+        if number in self._checked_groups or index in self._checked_rows:
+            return
+        rows_before = self._rows_checked_in.get(number, 0)
+        if rows_before < ROWS_CHECKED_ALONE:
+            self.damaged.update(self._check(group.slice(index - start, 1), index))
+            self._checked_rows.add(index)
+            self._rows_checked_in[number] = rows_before + 1
+        else:
+            self.damaged.update(self._check(group, start))
+            self._checked_groups.add(number)
 
     def _read_group(self, number: int) -> pa.Table:
         """Row group `number`, read as one span of the file."""
@@ -247,10 +305,18 @@ class ParquetOpener:
     def __init__(self, fs: fsspec.AbstractFileSystem, path: str, size: int, policy: ReadPolicy, where: str):
         self.fs, self.path, self.size, self.policy, self.where = fs, path, size, policy, where
 
-    def __call__(self, dictionaries: Sequence[str] = ()) -> tuple[pq.ParquetFile, RangeFile]:
-        """The file, and what it reads through; string columns named in `dictionaries` read as dictionaries."""
-        source = RangeFile(self.fs, self.path, self.size, self.policy)
-        return _parquet_file(source, self.where, dictionaries), source
+    def __call__(
+        self, dictionaries: Sequence[str] = (), metadata: pq.FileMetaData | None = None, native: bool = False
+    ) -> tuple[pq.ParquetFile, Any]:
+        """The file, and what it reads through; string columns named in `dictionaries` read as dictionaries;
+        `metadata`: its footer, read already (not read again). `native`: a local file is read by Arrow itself,
+        which reads without the interpreter's lock (threads reading row groups then use both cores)."""
+        source: Any
+        if native and isinstance(self.fs, LocalFileSystem):
+            source = pa.OSFile(self.path)
+        else:
+            source = RangeFile(self.fs, self.path, self.size, self.policy)
+        return _parquet_file(source, self.where, dictionaries, metadata), source
 
 
 def open_manifest(
@@ -312,8 +378,10 @@ def _prefetch(parquet: pq.ParquetFile, source: Any, groups: Sequence[int], colum
     source.prefetch(ranges)
 
 
-def _parquet_file(source: Any, where: str, dictionaries: Sequence[str] = ()) -> pq.ParquetFile:
+def _parquet_file(
+    source: Any, where: str, dictionaries: Sequence[str] = (), metadata: pq.FileMetaData | None = None
+) -> pq.ParquetFile:
     try:
-        return pq.ParquetFile(source, pre_buffer=False, read_dictionary=list(dictionaries) or None)
+        return pq.ParquetFile(source, pre_buffer=False, read_dictionary=list(dictionaries) or None, metadata=metadata)
     except (pa.ArrowException, OSError, ValueError, IndexError) as exc:
         raise StoreError(f"{where} is not a readable Parquet file ({exc}); restore it or convert again") from exc
