@@ -184,24 +184,30 @@ class Manifest:
                 missing.setdefault(bisect.bisect_right(self._starts, index) - 1, []).append(index)
         if not missing:
             return
-        kept = {number: self._groups.get(number) for number in missing}
-        unread = [number for number, group in kept.items() if group is None]
-        if unread:
-            parquet = self._file()[0]
-            assert self._opener is not None, "a manifest read whole has no file to read again"
-            opener = self._opener
+        for number in [number for number in missing if number in self._groups]:
+            self._keep_rows(missing.pop(number), self._groups[number], self._starts[number])
+        if not missing:
+            return
+        parquet = self._file()[0]
+        assert self._opener is not None, "a manifest read whole has no file to read again"
+        opener = self._opener
 
-            def read(number: int) -> tuple[int, pa.Table]:
-                opened, source = opener(metadata=parquet.metadata, native=True)  # a file of its own in each thread
-                _prefetch(opened, source, [number], None)
-                return number, opened.read_row_group(number, use_threads=False)
+        def read(number: int) -> tuple[int, pa.Table]:
+            opened, source = opener(metadata=parquet.metadata, native=True)  # a file of its own in each thread
+            _prefetch(opened, source, [number], None)
+            return number, opened.read_row_group(number, use_threads=False)
 
-            with ThreadPoolExecutor(min(FETCH_THREADS, len(unread))) as pool:
-                kept.update(pool.map(read, unread))
-        for number, rows in missing.items():
-            for index in rows:
-                with contextlib.suppress(IntegrityError):
-                    self._kept_row(index, kept[number], self._starts[number])
+        unread = list(missing)
+        with ThreadPoolExecutor(min(FETCH_THREADS, len(unread))) as pool:
+            for first in range(0, len(unread), FETCH_THREADS):  # (a group takes ~18 MB: a few held at a time)
+                for number, group in pool.map(read, unread[first : first + FETCH_THREADS]):
+                    self._keep_rows(missing[number], group, self._starts[number])
+        pa.default_memory_pool().release_unused()
+
+    def _keep_rows(self, indexes: list[int], group: pa.Table, start: int) -> None:
+        for index in indexes:
+            with contextlib.suppress(IntegrityError):  # (left for `row` to refuse)
+                self._kept_row(index, group, start)
 
     def _kept_row(self, index: int, group: pa.Table, start: int) -> dict[str, Any]:
         """Row `index` of `group` (whose first row is `start`), checked, as a dict, kept for the next read."""
