@@ -143,6 +143,9 @@ def test_a_destination_that_is_a_store_holds_other_files_or_lies_inside_a_source
         split_store(source, str(copies["wds"] / "train"), str(tmp_path / "validation"), choice, progress=False)
     with pytest.raises(EditError, match="two places"):
         split_store(source, str(tmp_path / "same"), str(tmp_path / "same"), choice, progress=False)
+    with pytest.raises(EditError, match="lies inside .*side by side"):
+        split_store(source, str(tmp_path / "both" / "train"), str(tmp_path / "both"), choice, progress=False)
+    assert not (tmp_path / "both" / "train").exists()
     assert (tmp_path / "busy" / "notes.txt").read_text() == "mine" and not (copies["wds"] / "train").exists()
     assert mmdata.open_dataset(str(copies["zarr"])).schema.version == 0
 

@@ -93,11 +93,18 @@ def split_store(
     if _location(train_url) == _location(validation_url):
         raise EditError(f"the train and validation stores must be two places, not both '{train_url}'")
     described = f"split of '{url}' ({len(store)} episodes), validation: {choice.describe()}"
-    reports = []
-    for part, destination, rows in (("train", train_url, train), ("validation", validation_url, validation)):
-        new = _NewStore(destination, [(store, rows)], "split", f"{described}; this is the {part} store")
-        reports.append(new.write(recompute_stats, f"the split into '{destination}'", progress))
-    return reports[0], reports[1]
+    parts = (("train", train_url, train), ("validation", validation_url, validation))
+    new = [
+        _NewStore(place, [(store, rows)], "split", f"{described}; this is the {part} store")
+        for part, place, rows in parts
+    ]
+    for one, other in ((new[0], new[1]), (new[1], new[0])):
+        if _location(one.url) != _location(other.url) and inside_path(other.root, one.root):
+            raise EditError(f"'{one.url}' lies inside '{other.url}'; the train and validation stores go side by side")
+    return (
+        new[0].write(recompute_stats, f"the split into '{train_url}'", progress),
+        new[1].write(recompute_stats, f"the split into '{validation_url}'", progress),
+    )
 
 
 def merge_stores(urls: Sequence[str], into: str, recompute_stats: bool = True, progress: bool = True) -> EditReport:
@@ -250,6 +257,11 @@ def _union_schema(schemas: list[pa.Schema]) -> pa.Schema:
             fields.setdefault(field.name, field)
     fields.pop(ORIGIN, None)
     return pa.schema([*fields.values(), pa.field(ORIGIN, pa.string())])
+
+
+def inside_path(root: str, path: str) -> bool:
+    """Whether `path` lies inside `root` (both paths on one filesystem, as `resolve` gives them)."""
+    return (path.rstrip("/") + "/").startswith(root.rstrip("/") + "/")
 
 
 def _location(url: str) -> str:
