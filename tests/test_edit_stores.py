@@ -10,6 +10,8 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 import mmdata
@@ -22,6 +24,7 @@ from mmdata.errors import EditError, OptionError
 from tests.conftest import LAYOUTS, run_cli
 from tests.test_edit import SPEC, episode_data
 from tests.test_loader import assert_same_batches
+from tests.test_packet_decoding import store_with_manifest
 
 
 @pytest.fixture
@@ -337,7 +340,7 @@ def test_compacting_into_the_other_layout_gives_the_batches_of_the_store(copies,
 
 
 @pytest.mark.slow
-def test_a_compaction_that_fails_leaves_no_store_and_names_the_way_on(copies, tmp_path, monkeypatch):
+def test_a_compaction_that_fails_removes_what_it_wrote_and_runs_again(copies, tmp_path, monkeypatch):
     source, into = str(copies["zarr"]), tmp_path / "compacted"
     original = compaction.stored_episode
 
@@ -349,13 +352,19 @@ def test_a_compaction_that_fails_leaves_no_store_and_names_the_way_on(copies, tm
     monkeypatch.setattr(compaction, "stored_episode", fail_at_the_second)
     with pytest.raises(OSError, match="went away"):
         compact_store(source, str(into), progress=False)
-    assert not (into / "dataset.json").exists()
-    monkeypatch.undo()
-    with pytest.raises(EditError, match="interrupted compaction's leftovers: delete the folder"):
+    assert not into.exists(), "what the compaction wrote is removed"
+    into.mkdir()
+    with pytest.raises(OSError, match="went away"):
         compact_store(source, str(into), progress=False)
+    assert into.is_dir() and not list(into.iterdir()), "an empty folder given is left empty"
+    monkeypatch.undo()
+    (into / "mine.txt").write_text("mine")
+    with pytest.raises(EditError, match="a folder that is not empty"):
+        compact_store(source, str(into), progress=False)
+    assert (into / "mine.txt").read_text() == "mine"
     with pytest.raises(EditError, match="lies inside a store"):
         compact_store(source, str(copies["zarr"] / "compacted"), progress=False)
-    shutil.rmtree(into)
+    (into / "mine.txt").unlink()
     assert compact_store(source, str(into), progress=False).episodes_after == 3
     assert mmdata.open_dataset(source).schema.version == 0
 
@@ -391,3 +400,14 @@ def test_a_merged_store_is_viewed_and_exported_from_its_origins_media(copies, tm
     assert page.exists() and list((tmp_path / "view" / "media" / "episode_000004").glob("cam_high.*"))
     exported = run_cli("export", merged, str(tmp_path / "lerobot"), "--episodes", "2-4", "--quiet")
     assert exported.returncode == 0, exported.stderr
+
+
+def test_a_store_with_damaged_episodes_is_not_compacted_and_the_way_on_is_named(stores, tmp_path):
+    table = pq.read_table(stores["wds"] / "episodes.parquet")
+    durations = table.column("duration").to_pylist()
+    durations[1] = -1.0
+    table = table.set_column(table.schema.get_field_index("duration"), "duration", pa.array(durations))
+    damaged = store_with_manifest(stores["wds"], tmp_path / "damaged.wds", table)
+    with pytest.raises(EditError, match=r"damaged episodes \(\[1\]; .*delete them first"):
+        compact_store(str(damaged), str(tmp_path / "compacted"), progress=False)
+    assert not (tmp_path / "compacted").exists()

@@ -5,8 +5,9 @@ What an edit does not do: a store whose versions deleted episodes still holds th
 store reads its media from its origins. `compact_store` makes a store that holds exactly its episodes, names
 nothing outside itself, and whose shard members carry the episodes' current keys (what a WebDataset reader of the
 shards sees). The store compacted is only read. The new store is written as a conversion writes one:
-`dataset.json` last, so a failure leaves no store; into object storage, it is made in a local staging folder and
-uploaded with `dataset.json` last.
+`dataset.json` last, and a failure removes what it wrote (the destination was new or empty); into object storage,
+it is made in a local staging folder and uploaded with `dataset.json` last. A store with damaged episodes is
+refused, naming them: they are deleted first.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from mmdata.conversion.convert_options import ConvertOptions
 from mmdata.conversion.destination import check_remote_destination
 from mmdata.conversion.publish import default_staging, is_remote, publish, remove_staging
 from mmdata.editing.versions import EditReport, editable_store
-from mmdata.errors import EditError, OptionError
+from mmdata.errors import EditError, IntegrityError, OptionError
 from mmdata.schema import LAYOUTS, AudioStream, DatasetSchema, LowdimStream, TextStream, VideoStream
 from mmdata.store.encoded import EncodedAudio, EncodedEpisode, EncodedLowdim, EncodedVideo
 from mmdata.store.filesystem import join, resolve
@@ -50,14 +51,38 @@ def compact_store(url: str, into: str, layout: str | None = None, progress: bool
         shutil.rmtree(local, ignore_errors=True)  # (a staging folder an interrupted compaction left)
     else:
         _check_local_destination(store, local)
+    if store.damaged:
+        why = store.damaged[min(store.damaged)]
+        raise EditError(f"'{url}' has damaged episodes ({sorted(store.damaged)[:10]}; {why}); {_delete_first(url)}")
+    existed = local.exists()
+    try:
+        schema = _write(store, layout, local, progress)
+    except BaseException:  # (the folder was new or empty: nothing of anyone else's is removed)
+        for entry in list(local.iterdir()) if existed and local.is_dir() else []:
+            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+        if not existed:
+            shutil.rmtree(local, ignore_errors=True)
+        raise
+    if remote:
+        publish(local, into, overwrite=False, progress=progress)
+        remove_staging(local)
+    return EditReport(into, 0, len(store), schema.num_episodes, schema.manifest_file, "recomputed")
+
+
+def _write(store: Store, layout: str, local: Path, progress: bool) -> DatasetSchema:
+    """Write `store`'s episodes into a complete store of `layout` in the local folder `local`; its schema."""
     shard_bytes = store.schema.created.get("shard_bytes")
     if not (isinstance(shard_bytes, int) and shard_bytes > 0):
         shard_bytes = ConvertOptions().shard_bytes
     writer = WdsWriter(local, shard_bytes) if layout == "wds" else ZarrWriter(local)
     writer.restore()
     count = len(store)
-    for index in tqdm(range(count), unit="episode", desc=f"compact {url}", disable=not progress):
-        writer.add(stored_episode(store, index), index, {"compacted": index + 1})
+    for index in tqdm(range(count), unit="episode", desc=f"compact {store.url}", disable=not progress):
+        try:
+            episode = stored_episode(store, index)
+        except IntegrityError as exc:  # (a large manifest's damaged rows are found as they are read)
+            raise EditError(f"episode {index} of '{store.url}' is damaged ({exc}); {_delete_first(store.url)}") from exc
+        writer.add(episode, index, {"compacted": index + 1})
     streams = [stream for stream in store.schema.streams if not isinstance(stream, TextStream)]
     rows = writer.finish({"compacted": count}, streams)
     created = {
@@ -68,10 +93,11 @@ def compact_store(url: str, into: str, layout: str | None = None, progress: bool
     }
     schema = DatasetSchema(layout=layout, streams=store.schema.streams, num_episodes=len(rows), created=created)
     complete_store(LocalFileSystem(), str(local), str(local), rows, schema, {}, None)
-    if remote:
-        publish(local, into, overwrite=False, progress=progress)
-        remove_staging(local)
-    return EditReport(into, 0, count, len(rows), schema.manifest_file, "recomputed")
+    return schema
+
+
+def _delete_first(url: str) -> str:
+    return f"nothing was written: delete them first (`mmdata edit {url} delete --episodes ...`), then compact"
 
 
 def stored_episode(store: Store, index: int) -> EncodedEpisode:
@@ -100,10 +126,7 @@ def _check_local_destination(store: Store, local: Path) -> None:
     """A new or empty folder, outside the store compacted and the stores it reads media from."""
     if local.exists() and (not local.is_dir() or any(local.iterdir())):
         what = "a file" if not local.is_dir() else "a folder that is not empty"
-        raise EditError(
-            f"'{local}' is {what}; a compacted store goes to a new or empty folder (an interrupted compaction's"
-            " leftovers: delete the folder, then compact again)"
-        )
+        raise EditError(f"'{local}' is {what}; a compacted store goes to a new or empty folder")
     media = [store.root, *(join(store.root, origin) for origin in store.schema.origins)]
     if isinstance(store.fs, LocalFileSystem) and any(inside(root, local) for root in media):
         raise EditError(f"'{local}' lies inside a store whose media it copies; write the compacted store beside it")
