@@ -5,6 +5,7 @@ which copies it byte for byte into a store of its own), published by writing `da
 from __future__ import annotations
 
 import argparse
+import textwrap
 
 from mmdata.editing.compaction import compact_store
 from mmdata.editing.derived import ValidationChoice, merge_stores, split_store
@@ -28,12 +29,22 @@ def add_parser(commands) -> None:
     parser = commands.add_parser(
         "edit",
         help="delete or keep episodes, remove a stream, split into train/validation, merge stores, compact",
-        description=(
-            "Edit a store without copying or re-encoding media: delete episodes or keep only some (by id, task or"
-            " duration), or remove a stream, as the store's next version; split it into train and validation"
-            " stores, or merge stores with the same streams into a new one; compact a store into a new one holding"
-            " exactly its episodes (media copied, never re-encoded). Local folders and object storage." + PUBLISHING
+        description=textwrap.fill(
+            "Edit a store without re-encoding media: delete episodes or keep only some (by id, task or duration),"
+            " or remove a stream, as the store's next version; split it into train and validation stores, or merge"
+            " stores with the same streams into a new one (none of these copies media); compact a store into a new"
+            " one holding exactly its episodes (media copied byte for byte). Local folders and object storage."
+            + PUBLISHING,
+            100,
         ),
+        epilog=(
+            "examples:\n  mmdata edit robot.wds delete --episodes 3,17,40-44\n"
+            "  mmdata edit robot.wds split --train robot-train.wds --validation robot-val.wds --fraction 0.1\n"
+            "  mmdata edit robot-a.wds merge robot-b.wds --into robots.wds\n"
+            "  mmdata edit robots.wds compact --into s3://bucket/robots.zarr --layout zarr\n"
+            "each action has its own --help: mmdata edit STORE split --help"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("path", help="store folder or fsspec URL")
     common = argparse.ArgumentParser(add_help=False)
