@@ -10,6 +10,7 @@ import http.server
 import json
 import re
 import shutil
+import sys
 import tempfile
 import textwrap
 import threading
@@ -139,6 +140,14 @@ def _check_out(out: Path, store: Store) -> None:
         )
 
 
+class _QuietServer(http.server.ThreadingHTTPServer):
+    """The view server: a browser that goes away mid-answer (a tab closed while a video loads) is no error to print."""
+
+    def handle_error(self, request, client_address) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
 def view_server(store: Store, out: Path, port: int) -> http.server.ThreadingHTTPServer:
     """An HTTP server on 127.0.0.1 for the folder `out`, making an episode's page the first time it is asked for.
     OptionError when the port cannot be taken."""
@@ -234,7 +243,7 @@ def view_server(store: Store, out: Path, port: int) -> http.server.ThreadingHTTP
             pass
 
     try:
-        return http.server.ThreadingHTTPServer(("127.0.0.1", port), functools.partial(Handler, directory=str(out)))
+        return _QuietServer(("127.0.0.1", port), functools.partial(Handler, directory=str(out)))
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
             raise OptionError(
