@@ -146,6 +146,10 @@ def test_a_destination_that_is_a_store_holds_other_files_or_lies_inside_a_source
         split_store(source, str(copies["wds"] / "train"), str(tmp_path / "validation"), choice, progress=False)
     with pytest.raises(EditError, match="two places"):
         split_store(source, str(tmp_path / "same"), str(tmp_path / "same"), choice, progress=False)
+    (copies["zarr"] / "stats.json").unlink()
+    with pytest.raises(EditError, match="no statistics to keep"):
+        merge_stores([str(copies["zarr"]), str(copies["zarr"])], str(tmp_path / "kept"), False, progress=False)
+    assert not (tmp_path / "kept").exists(), "refused before anything was written"
     with pytest.raises(EditError, match="lies inside .*side by side"):
         split_store(source, str(tmp_path / "both" / "train"), str(tmp_path / "both"), choice, progress=False)
     assert not (tmp_path / "both" / "train").exists()

@@ -153,13 +153,14 @@ class _NewStore:
 
     def write(self, recompute_stats: bool, change: str, progress: bool) -> EditReport:
         """Write the manifest, the statistics, then `dataset.json`, which makes the folder a store."""
-        self.fs.makedirs(self.root, exist_ok=True)
+        kept = None if recompute_stats else stats_before(self.sources[0][0], change)  # (refused before any write)
         columns = _union_schema([manifest_schema_of(store) for store, _ in self.sources])
+        self.fs.makedirs(self.root, exist_ok=True)
         path = join(self.root, self.schema.manifest_file)
         total = self.schema.num_episodes
         write_rows(self.fs, path, self._parts(), columns, total, f"write {self.url}", progress)
         store = Store(self.url, schema=self.schema)
-        stats = compute_stats(Dataset(store)) if recompute_stats else stats_before(self.sources[0][0], change)
+        stats = compute_stats(Dataset(store)) if kept is None else kept
         write_stats(store, stats)
         write_text_atomically(join(self.root, DATASET_FILE), self.schema.to_json(), self.fs)
         before = sum(len(source) for source, _ in self.sources)
