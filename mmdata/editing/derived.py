@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 
 from mmdata.editing.rows import chosen_rows, write_rows
 from mmdata.editing.selection import EpisodeSelection
-from mmdata.editing.versions import EditReport, editable_store, history_entry, manifest_schema_of, stats_before
+from mmdata.editing.versions import EditReport, editable_store, history_entry, stats_before
 from mmdata.errors import EditError, MmdataError, OptionError
 from mmdata.schema import DatasetSchema, is_origin, stream_to_dict, version_file_name
 from mmdata.store.dataset import Dataset
@@ -154,7 +154,7 @@ class _NewStore:
     def write(self, recompute_stats: bool, change: str, progress: bool) -> EditReport:
         """Write the manifest, the statistics, then `dataset.json`, which makes the folder a store."""
         kept = None if recompute_stats else stats_before(self.sources[0][0], change)  # (refused before any write)
-        columns = _union_schema([manifest_schema_of(store) for store, _ in self.sources])
+        columns = _union_schema([store.manifest.schema for store, _ in self.sources])
         self.fs.makedirs(self.root, exist_ok=True)
         path = join(self.root, self.schema.manifest_file)
         total = self.schema.num_episodes

@@ -70,7 +70,7 @@ def edit_store(
     described = f"{action} {len(named)} episode{'' if len(named) == 1 else 's'} ({selection.describe()})"
     schema = next_version(store.schema, history_entry(action, len(kept), count, described))
     parts = chosen_rows(store, kept)
-    _write_manifest(store, schema, parts, manifest_schema_of(store), progress)
+    _write_manifest(store, schema, parts, store.manifest.schema, progress)
     edited = Store(url, schema=schema)
     stats = compute_stats(Dataset(edited)) if recompute_stats else stats_before(store, f"episodes were {verb}")
     return _publish(store, schema, stats, count, "recomputed" if recompute_stats else "kept")
@@ -90,7 +90,7 @@ def remove_stream(url: str, name: str, progress: bool = True) -> EditReport:
     count = len(store)
     entry = history_entry("remove-stream", count, count, f"remove stream '{name}'")
     schema = dataclasses.replace(next_version(store.schema, entry), streams=streams)
-    columns = [field for field in manifest_schema_of(store) if not field.name.startswith(f"{name}/")]
+    columns = [field for field in store.manifest.schema if not field.name.startswith(f"{name}/")]
     parts = (rows.select([field.name for field in columns]) for _, rows in store.manifest.row_groups())
     _write_manifest(store, schema, parts, pa.schema(columns), progress)
     try:
@@ -124,12 +124,6 @@ def history_entry(edit: str, episodes: int, before: int, described: str) -> dict
         "first_episode": 0,
         "source": described,
     }
-
-
-def manifest_schema_of(store: Store) -> pa.Schema:
-    """The Parquet schema of `store`'s manifest, as its rows are read (columns in the file's order)."""
-    first = next(store.manifest.row_groups())[1]
-    return first.schema.remove_metadata()
 
 
 def editable_store(url: str) -> Store:

@@ -194,8 +194,9 @@ class Manifest:
 
         def read(number: int) -> tuple[int, pa.Table]:
             opened, source = opener(metadata=parquet.metadata, native=True)  # a file of its own in each thread
-            _prefetch(opened, source, [number], None)
-            return number, opened.read_row_group(number, use_threads=False)
+            with contextlib.closing(source):
+                _prefetch(opened, source, [number], None)
+                return number, opened.read_row_group(number, use_threads=False)
 
         unread = list(missing)
         with ThreadPoolExecutor(min(FETCH_THREADS, len(unread))) as pool:
@@ -216,6 +217,12 @@ class Manifest:
             raise IntegrityError(f"{self.damaged[index]}; run `mmdata verify` to list every damaged episode")
         found = self._rows[index] = rooted_in_origin(group.slice(index - start, 1).to_pylist()[0])
         return found
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The manifest's columns and their types, as its rows are read (from the footer: no row is read)."""
+        schema = self._table.schema if self._table is not None else self._file()[0].schema_arrow
+        return schema.remove_metadata()
 
     @property
     def table(self) -> pa.Table:
