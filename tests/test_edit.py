@@ -86,10 +86,9 @@ def test_a_reader_that_opened_the_store_before_an_edit_keeps_reading_its_version
         assert np.array_equal(episode_data(reader, index)[1], before[index])
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("failing", ["_write_manifest", "compute_stats", "write_text_atomically"])
-def test_an_edit_that_fails_at_any_step_leaves_the_version_before_and_can_be_made_again(copies, monkeypatch, failing):
-    url = str(copies["wds"])
+def fail_at(monkeypatch, failing: str):
+    """Make the step `failing` of `versions` (writing dataset.json, for `write_text_atomically`) raise OSError;
+    returns what it was."""
     original = getattr(versions, failing)
 
     def fail(*args, **kwargs):
@@ -98,6 +97,14 @@ def test_an_edit_that_fails_at_any_step_leaves_the_version_before_and_can_be_mad
         raise OSError("the machine went away")
 
     monkeypatch.setattr(versions, failing, fail)
+    return original
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("failing", ["_write_manifest", "compute_stats", "write_text_atomically"])
+def test_an_edit_that_fails_at_any_step_leaves_the_version_before_and_can_be_made_again(copies, monkeypatch, failing):
+    url = str(copies["wds"])
+    original = fail_at(monkeypatch, failing)
     with pytest.raises(OSError, match="went away"):
         edit_store(url, "delete", EpisodeSelection(ids=[1]), progress=False)
     unchanged = mmdata.open_dataset(url)
@@ -111,14 +118,7 @@ def test_an_edit_that_fails_at_any_step_leaves_the_version_before_and_can_be_mad
 @pytest.mark.parametrize("failing", ["_write_manifest", "write_stats", "write_text_atomically"])
 def test_removing_a_stream_that_fails_at_any_step_leaves_the_version_before(copies, monkeypatch, failing):
     url = str(copies["zarr"])
-    original = getattr(versions, failing)
-
-    def fail(*args, **kwargs):
-        if failing == "write_text_atomically" and not str(args[0]).endswith("dataset.json"):
-            return original(*args, **kwargs)
-        raise OSError("the machine went away")
-
-    monkeypatch.setattr(versions, failing, fail)
+    original = fail_at(monkeypatch, failing)
     with pytest.raises(OSError, match="went away"):
         versions.remove_stream(url, "audio", progress=False)
     unchanged = mmdata.open_dataset(url)
