@@ -168,13 +168,16 @@ class _NewStore:
         return EditReport(self.url, self.schema.version, before, total, self.schema.manifest_file, how)
 
     def _parts(self) -> Iterator[pa.Table]:
+        """The chosen rows of every source, in order, each naming (`origin`) the store holding its media, from the
+        new store."""
         for (store, rows), mapping in zip(self.sources, self.origin_of):
+            values, origins = pa.array(list(mapping), pa.string()), pa.array(list(mapping.values()), pa.string())
             for part in chosen_rows(store, rows):
-                values = part.column(ORIGIN) if ORIGIN in part.column_names else pa.nulls(part.num_rows, pa.string())
-                values = pc.fill_null(values, "")
-                keys = pa.array(list(mapping), pa.string())
-                origin = pc.take(pa.array(list(mapping.values()), pa.string()), pc.index_in(values, value_set=keys))
-                part = part.drop_columns([ORIGIN]) if ORIGIN in part.column_names else part
+                if ORIGIN in part.column_names:
+                    found = pc.index_in(pc.fill_null(part.column(ORIGIN), ""), value_set=values)
+                    origin, part = pc.take(origins, found), part.drop_columns([ORIGIN])
+                else:  # (a store holding its own media)
+                    origin = pa.array([mapping[""]] * part.num_rows, pa.string())
                 yield part.append_column(ORIGIN, origin)
 
     def _origin(self, store: Store, value: str) -> str:
