@@ -29,6 +29,7 @@ from scale_bench import small_real_store  # noqa: E402
 import mmdata  # noqa: E402
 from mmdata.store.scaled_store import write_scaled_store  # noqa: E402
 from mmdata.tools.view import view_server  # noqa: E402
+from mmdata.viewer.episode_table import EpisodeTable  # noqa: E402
 from mmdata.viewer.pages import write_site  # noqa: E402
 
 CHROMIUM = os.environ.get("MMDATA_CHROMIUM", "/usr/bin/chromium")
@@ -38,8 +39,9 @@ def one_round(store: Path, out: Path, browser) -> dict:
     """Serve `store` from `out` and time its store page in `browser`."""
     started = time.perf_counter()
     opened = mmdata.open_store(str(store))
-    server = view_server(opened, out, 0)
-    write_site(opened, out, link_all=True)
+    table = EpisodeTable(opened)  # (read once for the server and the page, as `mmdata view --serve` does)
+    server = view_server(opened, out, 0, table)
+    write_site(opened, out, link_all=True, table=table)
     ready = time.perf_counter()
     threading.Thread(target=server.serve_forever, daemon=True).start()
     origin = f"http://127.0.0.1:{server.server_address[1]}"

@@ -89,14 +89,14 @@ def run(args: argparse.Namespace) -> int:
     if args.out is not None:
         _check_out(args.out, store)
     out = args.out if args.out is not None else Path(tempfile.mkdtemp(prefix="mmdata-view-"))
-    server = None
+    server, table = None, EpisodeTable(store)
     if args.serve:
         try:
-            server = view_server(store, out, args.port)  # (a port in use is refused before anything is written)
+            server = view_server(store, out, args.port, table)  # (a port in use is refused before anything is written)
         except OptionError:
             shutil.rmtree(out, ignore_errors=True)
             raise
-    page = write_site(store, out, args.episode, link_all=args.serve)
+    page = write_site(store, out, args.episode, link_all=args.serve, table=table)
     if server is None:
         print(f"open {page.resolve().as_uri()}")
         return 0
@@ -148,11 +148,14 @@ class _QuietServer(http.server.ThreadingHTTPServer):
             super().handle_error(request, client_address)
 
 
-def view_server(store: Store, out: Path, port: int) -> http.server.ThreadingHTTPServer:
-    """An HTTP server on 127.0.0.1 for the folder `out`, making an episode's page the first time it is asked for.
-    OptionError when the port cannot be taken."""
+def view_server(
+    store: Store, out: Path, port: int, table: EpisodeTable | None = None
+) -> http.server.ThreadingHTTPServer:
+    """An HTTP server on 127.0.0.1 for the folder `out`, making an episode's page the first time it is asked for and
+    answering `rows.json` from `table` (the store's episode table; read here unless given). OptionError when the
+    port cannot be taken."""
     lock, table_lock = threading.Lock(), threading.Lock()  # (pages are made while the table is paged)
-    table, page_of = EpisodeTable(store), served_page_of(store)
+    table, page_of = table if table is not None else EpisodeTable(store), served_page_of(store)
 
     class Handler(http.server.SimpleHTTPRequestHandler):
         def do_GET(self) -> None:

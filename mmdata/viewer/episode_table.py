@@ -47,13 +47,16 @@ class TableQuery:
 
 
 class EpisodeTable:
-    """Every episode's index, duration, task and frames per camera, held as arrays (a few bytes per episode)."""
+    """Every episode's index, duration, task and frames per camera, held as arrays (a few bytes per episode), and
+    each stream's items in all."""
 
     def __init__(self, store: Store):
         self.store = store
         self.cameras = [s.name for s in store.schema.streams if isinstance(s, VideoStream)]
-        table = store.columns(["duration", "task", *(f"{name}/count" for name in self.cameras)])
+        streams = [s.name for s in store.schema.streams if s.kind != "text"]
+        table = store.columns(["duration", "task", *(f"{name}/count" for name in streams)])
         self.count = table.num_rows
+        self.items = {name: int(pc.sum(table.column(f"{name}/count")).as_py() or 0) for name in streams}
         self.durations = table.column("duration").to_numpy()
         tasks = pc.fill_null(pc.cast(table.column("task"), pa.string()), "").combine_chunks().dictionary_encode()
         self.task_texts: list[str] = tasks.dictionary.to_pylist()
@@ -62,7 +65,7 @@ class EpisodeTable:
         self._orders: dict[tuple[str, bool], np.ndarray] = {}
 
     def totals(self) -> dict[str, Any]:
-        """Episodes and hours, and each stream's items (frames, samples, rows) in all."""
+        """Episodes and hours (each stream's items, frames, samples or rows, in all: `items`)."""
         return {"episodes": self.count, "hours": round(float(self.durations.sum()) / 3600, 4)}
 
     def page(self, query: TableQuery, page_of: Callable[[int], str | None]) -> dict[str, Any]:

@@ -43,10 +43,17 @@ def episode_page_name(index: int) -> str:
     return f"episode_{index:06d}.html"
 
 
-def write_site(store: Store, out: Path, episodes: Iterable[int] = (), link_all: bool = False) -> Path:
+def write_site(
+    store: Store,
+    out: Path,
+    episodes: Iterable[int] = (),
+    link_all: bool = False,
+    table: EpisodeTable | None = None,
+) -> Path:
     """The store page (`index.html`) and the page of each of `episodes` into folder `out`; returns the
     store page's path. The store page links the episodes whose pages exist, or, with `link_all` (a server
-    that makes them when asked, and answers `rows.json` with the table a page at a time), every intact episode."""
+    that makes them when asked, and answers `rows.json` with the table a page at a time), every intact episode.
+    `table`: the store's episode table, read already (the server's)."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "static").mkdir(exist_ok=True)
     for name in ("viewer.js", "viewer.css"):
@@ -54,20 +61,27 @@ def write_site(store: Store, out: Path, episodes: Iterable[int] = (), link_all: 
     written = {index: write_episode_page(store, index, out) for index in episodes}
     page = out / "index.html"
     pages = {index: path.name for index, path in written.items()}
-    data = store_data(store, pages, out, served=link_all)
+    data = store_data(store, pages, out, served=link_all, table=table)
     _write_page(page, f"mmdata view: {store.url}", _store_body(store, data), data)
     return page
 
 
-def store_data(store: Store, pages: dict[int, str], out: Path | None = None, served: bool = False) -> dict[str, Any]:
-    """What the store page shows, from the manifest's columns: totals, statistics, and the episodes' rows: the
-    first `INLINE_ROWS` in the page (an episode links to its page where `pages` names one or, with `out`, where
-    one was written before), or, `served`, none: the page asks the server for them (`ROWS_URL`) a page at a time."""
-    table = EpisodeTable(store)
+def store_data(
+    store: Store,
+    pages: dict[int, str],
+    out: Path | None = None,
+    served: bool = False,
+    table: EpisodeTable | None = None,
+) -> dict[str, Any]:
+    """What the store page shows, from the manifest's columns (`table`, read here unless given): totals,
+    statistics, and the episodes' rows: the first `INLINE_ROWS` in the page (an episode links to its page where
+    `pages` names one or, with `out`, where one was written before), or, `served`, none: the page asks the server
+    for them (`ROWS_URL`) a page at a time."""
+    table = table if table is not None else EpisodeTable(store)
     data: dict[str, Any] = {
         "page": "store",
         "columns": list(COLUMNS),
-        "totals": table.totals() | _stream_totals(store),
+        "totals": table.totals() | _stream_totals(store, table),
         "stats": _stats(store),
     }
     if served:
@@ -87,11 +101,10 @@ def served_page_of(store: Store) -> Callable[[int], str | None]:
     return lambda index: None if index in store.damaged else episode_page_name(index)
 
 
-def _stream_totals(store: Store) -> dict[str, dict[str, Any]]:
+def _stream_totals(store: Store, table: EpisodeTable) -> dict[str, dict[str, Any]]:
     """Each stream's items (frames, samples, rows) in all, and its stored bytes when the manifest was read whole
     (summing a large manifest's pieces would read every row group: None then)."""
     streams = [stream for stream in store.schema.streams if stream.kind != "text"]
-    counts = store.columns([f"{stream.name}/count" for stream in streams])
     totals = {}
     for stream in streams:
         size = None
@@ -100,8 +113,7 @@ def _stream_totals(store: Store) -> dict[str, dict[str, Any]]:
             pieces = store.table.column(column).combine_chunks()
             pieces = pieces.flatten() if pa.types.is_list(pieces.type) else pieces
             size = int(pc.sum(pieces.field("size")).as_py() or 0)
-        total = int(pc.sum(counts.column(f"{stream.name}/count")).as_py() or 0)
-        totals[stream.name] = {"count": total, "bytes": size}
+        totals[stream.name] = {"count": table.items[stream.name], "bytes": size}
     return totals
 
 
