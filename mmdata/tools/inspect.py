@@ -11,7 +11,6 @@ import pyarrow as pa
 
 from mmdata.schema import DERIVING, AudioStream, LowdimStream, VideoStream
 from mmdata.store.handle import Store
-from mmdata.store.manifest import ORIGIN
 from mmdata.tools.formatting import format_bytes, format_seconds, terminal_text
 from mmdata.tools.storage import add_storage_options
 
@@ -68,8 +67,7 @@ def summarize(dataset: Store) -> dict[str, Any]:
             elif isinstance(stream, LowdimStream):
                 entry.update(shape=list(stream.shape), dtype=stream.dtype, rate=stream.rate)
         streams.append(entry)
-    origins = table.column(ORIGIN).to_pylist() if ORIGIN in table.column_names else [""] * table.num_rows
-    shards = {(origin, shard) for origin, shard in zip(origins, table.column("shard").to_pylist()) if shard}
+    shards = set(dataset.columns(["shard"]).column("shard").filter(pa.array(intact)).to_pylist()) - {""}
     return {
         "path": dataset.url,
         "format_version": dataset.schema.format_version,
