@@ -54,7 +54,7 @@ from mmdata.editing.selection import EpisodeSelection  # noqa: E402
 from mmdata.editing.versions import edit_store  # noqa: E402
 from mmdata.importers.raw import discover_raw_episodes  # noqa: E402
 from mmdata.measure.runner import mixing_figures  # noqa: E402
-from mmdata.planning.block_planner import BlockPlanner  # noqa: E402
+from mmdata.planning.block_planner import BlockPlanner, BlockSource  # noqa: E402
 from mmdata.planning.epoch_plan import Stretch  # noqa: E402
 from mmdata.planning.planner import LoaderPlanner, PlanSettings  # noqa: E402
 from mmdata.planning.sample_index import SampleIndex  # noqa: E402
@@ -81,7 +81,7 @@ def spec() -> mmdata.Windows:
 
 def block_planner(table: pa.Table) -> BlockPlanner:
     settings = PlanSettings(None, BATCH, shuffle="blocks", lanes=LANES, open_segments=OPEN)
-    return BlockPlanner(SampleIndex(table, spec(), None, None), table.column("shard"), settings, BLOCK)
+    return BlockPlanner([BlockSource(SampleIndex(table, spec(), None, None), table.column("shard"), BLOCK)], settings)
 
 
 def segments_planner(table: pa.Table) -> LoaderPlanner:

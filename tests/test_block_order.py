@@ -15,7 +15,7 @@ import mmdata
 from mmdata.errors import OptionError, ResumeError
 from mmdata.planning import order as order_module
 from mmdata.planning.block_order import BlockOrder, LaneLayout
-from mmdata.planning.block_planner import BlockPlanner
+from mmdata.planning.block_planner import BlockPlanner, BlockSource
 from mmdata.planning.epoch_plan import Stretch
 from mmdata.planning.permutation import KeyedPermutation
 from mmdata.planning.planner import PlanSettings
@@ -43,7 +43,7 @@ def manifest(durations: list[float]) -> pa.Table:
 def planner(table: pa.Table, spec, batch: int, lanes: int = 2, open_blocks: int = 4, block: int = 5) -> BlockPlanner:
     settings = PlanSettings(None, batch, shuffle="blocks", lanes=lanes, open_segments=open_blocks)
     index = SampleIndex(table, spec, None, None)
-    return BlockPlanner(index, table.column("shard"), settings, block)
+    return BlockPlanner([BlockSource(index, table.column("shard"), block)], settings)
 
 
 def assert_numbers_alike(index: SampleIndex, enumerated, tokens_per) -> None:
@@ -171,7 +171,7 @@ def test_every_sample_is_in_one_step_of_one_rank_or_left_out_and_ranks_have_equa
     assert len({len(samples) for samples in per_rank}) == 1
     seen = [n for samples in per_rank for n in samples]
     assert len(seen) == len(set(seen))
-    assert sorted(seen + plan.left_out.tolist()) == list(range(len(blocks.samples)))
+    assert sorted(seen + plan.left_out.tolist()) == list(range(blocks.slots))
     assert len(plan.left_out) < world * 4
     assert plan.samples_consumed(3) == 3 * world * 4
 
@@ -191,7 +191,7 @@ def test_a_resume_at_another_world_size_consumes_the_rest_of_the_epoch_exactly_o
     assert last.samples_before == len(seen)
     seen += [n for samples in rank_samples(last) for n in samples]
     assert len(seen) == len(set(seen))
-    assert sorted(seen + last.left_out.tolist()) == list(range(len(blocks.samples)))
+    assert sorted(seen + last.left_out.tolist()) == list(range(blocks.slots))
 
 
 def test_a_resume_at_the_same_world_size_gives_the_same_steps_from_where_it_stopped():
@@ -236,7 +236,7 @@ def test_planning_a_billion_samples_costs_a_rank_the_memory_of_its_first_step_no
     blocks = planner(
         big, mmdata.Windows(anchor_fps=10, streams={"action": mmdata.Values()}), batch=8, lanes=8, block=32
     )
-    assert len(blocks.samples) == 10**9
+    assert blocks.slots == 10**9
     tracemalloc.start()
     plan = blocks.epoch_plan(1, 3, [Stretch(1024, 1000)], 512)  # resumed at half the world size
     steps = blocks.rank_steps(plan, 511)
@@ -328,18 +328,13 @@ def test_auto_orders_a_single_store_of_more_samples_than_the_threshold_in_blocks
     assert loader.shuffle == "segments"
 
 
-def test_the_blocks_order_refuses_a_token_budget_and_a_mixture_with_what_to_give(stores):
+def test_the_blocks_order_refuses_a_token_budget_with_what_to_give(stores):
     with pytest.raises(OptionError, match="batch_size"):
         mmdata.DataLoader(
             stores["wds"],
             CAMERA_WINDOWS,
             batching=mmdata.Batching(batch_tokens=64),
             shuffling=mmdata.Shuffling(mode="blocks"),
-        )
-    mixture = mmdata.Mixture([mmdata.Source(stores["wds"], name="a"), mmdata.Source(stores["zarr"], name="b")])
-    with pytest.raises(OptionError, match="single store"):
-        mmdata.DataLoader(
-            mixture, CAMERA_WINDOWS, batching=mmdata.Batching(batch_size=4), shuffling=mmdata.Shuffling(mode="blocks")
         )
 
 

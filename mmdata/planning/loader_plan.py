@@ -17,12 +17,13 @@ import xxhash
 
 from mmdata.errors import OptionError, SpecError, StoreError
 from mmdata.planning.block_order import BLOCK_ORDER_VERSION
-from mmdata.planning.block_planner import BlockPlanner
+from mmdata.planning.block_planner import BlockPlanner, BlockSource
 from mmdata.planning.episodes import Episodes
+from mmdata.planning.mixed_order import MIXED_ORDER_VERSION
 from mmdata.planning.mixture import Mixture, OpenSource, describe_sources, epoch_composition, source_targets
 from mmdata.planning.order import SEGMENT_ORDER_VERSION, resolve_shuffle
 from mmdata.planning.planner import LoaderPlanner, PlanSettings
-from mmdata.planning.sample_index import SampleIndex
+from mmdata.planning.sample_index import SampleIndex, SourceSampleIndexes
 from mmdata.planning.samples import SampleTable, TokensPer, concatenate_samples, enumerate_samples
 from mmdata.planning.segments import block_samples, segment_blocks
 from mmdata.planning.specs import Frames, Spec
@@ -35,7 +36,7 @@ class LoaderPlan:
     the loader's before "auto" became the default order ("locality" was), and the "segments" order's before its
     lanes were cut to their steps' samples."""
 
-    samples: SampleTable | SampleIndex
+    samples: SampleTable | SampleIndex | SourceSampleIndexes
     costs: np.ndarray | None  # per sample; None in the "blocks" order, whose costs are worked out per step
     source_targets: np.ndarray
     settings: PlanSettings
@@ -60,22 +61,27 @@ def plan_loader(
     that is not `mixed`: no source names, no composition), batched and ordered by `settings` (its order may be
     "auto", resolved here); `episodes` is a single store's filter, for the fingerprint. A damaged episode is
     refused, or with `on_error="skip"` left out; a sample costlier than the token budget, or the "segments"
-    or "blocks" order with a token budget, or "blocks" over a mixture, is refused with what to change."""
+    or "blocks" order with a token budget, is refused with what to change."""
     excluded: dict[Any, str] = {}
     rows = [_selected_rows(source, mixed, on_error, excluded) for source in sources]
     counts_samples = settings.batch_size is not None
-    _check_order_applies(settings.shuffle, counts_samples, mixed)
+    _check_order_applies(settings.shuffle, counts_samples)
     planning = [source.store.columns(["duration", "shard"]) for source in sources]  # what every order plans from
-    index = None
-    if not mixed and counts_samples and settings.shuffle in ("auto", "blocks"):
-        every = len(rows[0]) == len(sources[0].store)
-        index = SampleIndex(planning[0], spec, None if every else rows[0], tokens_per)
+    indexes, slots = None, None
+    if counts_samples and settings.shuffle in ("auto", "blocks"):
+        indexes = [
+            _indexed(source, table, chosen, spec, tokens_per, mixed)
+            for source, table, chosen in zip(sources, planning, rows)
+        ]
+        slots = _index_targets(mixture, indexes) if mixed else np.array([len(indexes[0])], np.int64)
     cameras = [name for name, stream in spec.streams.items() if isinstance(stream, Frames)]
-    shuffle = resolve_shuffle(settings.shuffle, counts_samples, bool(cameras), len(index) if index else 0)
+    epoch_samples = int(slots.sum()) if slots is not None else 0
+    shuffle = resolve_shuffle(settings.shuffle, counts_samples, bool(cameras), epoch_samples)
     settings = dataclasses.replace(settings, shuffle=shuffle)
     if shuffle == "blocks":
-        assert index is not None, "the 'blocks' order was resolved without a sample index"
-        return _blocks_plan(sources[0], planning[0], spec, settings, tokens_per, index, episodes, excluded)
+        assert indexes is not None and slots is not None, "the 'blocks' order was resolved without sample indexes"
+        blocks = _BlocksInput(sources, planning, indexes, slots, mixture if mixed else None)
+        return _blocks_plan(blocks, spec, settings, tokens_per, episodes, excluded)
     samples = concatenate_samples(
         [_enumerated(source, table, chosen, spec, mixed) for source, table, chosen in zip(sources, planning, rows)]
     )
@@ -123,7 +129,7 @@ def plan_loader(
     )
 
 
-def _check_order_applies(shuffle: str, counts_samples: bool, mixed: bool) -> None:
+def _check_order_applies(shuffle: str, counts_samples: bool) -> None:
     if shuffle == "segments" and not counts_samples:
         raise OptionError(
             "the 'segments' order keeps its steps in order, which token-budgeted packing does not:"
@@ -134,36 +140,80 @@ def _check_order_applies(shuffle: str, counts_samples: bool, mixed: bool) -> Non
             "the 'blocks' order deals samples in steps of a fixed count, which token-budgeted packing does not:"
             " give Batching(batch_size=...) with Shuffling(mode='blocks')"
         )
-    if shuffle == "blocks" and mixed:
-        raise OptionError(
-            "the 'blocks' order plans a single store; a Mixture is ordered by 'segments' or 'locality'"
-            " (Shuffling(mode='auto') picks one)"
-        )
+
+
+@dataclass(frozen=True)
+class _BlocksInput:
+    """What the "blocks" order plans from: the sources, their manifests' duration and shard columns, their sample
+    indexes and slots per epoch, and the mixture (None for a single store)."""
+
+    sources: list[OpenSource]
+    planning: list[pa.Table]
+    indexes: list[SampleIndex]
+    slots: np.ndarray
+    mixture: Mixture | None
 
 
 def _blocks_plan(
-    source: OpenSource,
-    table: pa.Table,
+    given: _BlocksInput,
     spec: Spec,
     settings: PlanSettings,
     tokens_per: TokensPer | None,
-    index: SampleIndex,
     episodes: Episodes | None,
     excluded: dict[Any, str],
 ) -> LoaderPlan:
-    """The plan of a single store in the "blocks" order from its manifest's duration and shard columns (`table`):
+    """The plan of a single store or a mixture in the "blocks" order from the manifests' duration and shard columns:
     nothing of the size of the epoch is made, and the fingerprint hashes the durations as bytes rather than as a
     JSON list (the keys are the rows' numbers)."""
     cameras = [name for name, stream in spec.streams.items() if isinstance(stream, Frames)]
-    block = block_samples(source.store, source.streams.get(cameras[0]) if cameras else None, spec)
-    planner = BlockPlanner(index, table.column("shard"), settings, block)
-    planned = [
-        *_planned(spec, episodes, tokens_per, settings, "blocks"),
-        [settings.lanes, settings.open_segments, block, BLOCK_ORDER_VERSION],
+    sources = [
+        BlockSource(index, table.column("shard"), block_samples(source.store, _stored_camera(source, cameras), spec))
+        for source, table, index in zip(given.sources, given.planning, given.indexes)
     ]
-    fingerprint = _hash_of_list([json.dumps([table.num_rows, _durations_digest(table)]), *(_json(p) for p in planned)])
-    targets = np.array([len(index)], np.int64)
-    return LoaderPlan(index, None, targets, settings, planner, excluded, fingerprint, fingerprint, fingerprint)
+    mixed = given.mixture is not None
+    planner = BlockPlanner(sources, settings, given.slots if mixed else None)
+    planned = _planned(spec, episodes, tokens_per, settings, "blocks")
+    if not mixed:
+        planned.append([settings.lanes, settings.open_segments, sources[0].block, BLOCK_ORDER_VERSION])
+        table = given.planning[0]
+        data = json.dumps([table.num_rows, _durations_digest(table)])
+        samples: SampleIndex | SourceSampleIndexes = given.indexes[0]
+    else:
+        blocks = [source.block for source in sources]
+        planned.append([settings.lanes, settings.open_segments, blocks, MIXED_ORDER_VERSION])
+        described = [
+            {"name": s.name, "rows": table.num_rows, "durations": _durations_digest(table), "streams": s.streams}
+            for s, table in zip(given.sources, given.planning)
+        ]
+        data = _json([described, given.mixture.describe()])
+        samples = SourceSampleIndexes(tuple(given.indexes))
+    fingerprint = _hash_of_list([data, *(_json(p) for p in planned)])
+    return LoaderPlan(samples, None, given.slots, settings, planner, excluded, fingerprint, fingerprint, fingerprint)
+
+
+def _stored_camera(source: OpenSource, cameras: list[str]) -> str | None:
+    """The stored name of the spec's first camera in `source` (None: it reads no camera, or the source lacks it)."""
+    return source.streams.get(cameras[0]) if cameras else None
+
+
+def _indexed(
+    source: OpenSource, table: pa.Table, rows: np.ndarray, spec: Spec, tokens_per: TokensPer | None, labelled: bool
+) -> SampleIndex:
+    """The sample index of one source's manifest `rows` (`table`: its duration and shard columns); a mixture's
+    source may yield no sample (it then weighs nothing)."""
+    chosen = None if len(rows) == len(source.store) else rows
+    try:
+        return SampleIndex(table, spec, chosen, tokens_per, may_be_empty=labelled)
+    except SpecError as exc:
+        raise SpecError(f"source '{source.name}': {exc}" if labelled else str(exc)) from None
+
+
+def _index_targets(mixture: Mixture, indexes: list[SampleIndex]) -> np.ndarray:
+    """Each source's slots in an epoch, from the sources' sample counts (and mean costs, when weighed by tokens)."""
+    counts = [len(index) for index in indexes]
+    by_tokens = mixture.weight_by == "tokens"
+    mean_costs = [index.mean_cost() if by_tokens else 0.0 for index in indexes]
+    return source_targets(mixture, counts, mean_costs)
 
 
 def _planned(

@@ -5,6 +5,8 @@ episodes' arrays (tens of MB), not the samples' (tens of GB)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pyarrow as pa
 
@@ -16,9 +18,17 @@ _EPS = 1e-6  # as `samples.enumerate_samples`: times closer than a microsecond c
 
 
 class SampleIndex:
-    """The samples of `spec` in the manifest rows `rows` of `table` (ascending; None: every row), one source."""
+    """The samples of `spec` in the manifest rows `rows` of `table` (ascending; None: every row), one source. A
+    spec that yields no sample is refused, unless `may_be_empty` (a mixture's source, which then weighs nothing)."""
 
-    def __init__(self, table: pa.Table, spec: Spec, rows: np.ndarray | None, tokens_per: TokensPer | None):
+    def __init__(
+        self,
+        table: pa.Table,
+        spec: Spec,
+        rows: np.ndarray | None,
+        tokens_per: TokensPer | None,
+        may_be_empty: bool = False,
+    ):
         if not isinstance(spec, (Windows, Sequences)):
             raise SpecError(f"spec must be mmdata.Windows or mmdata.Sequences, not {type(spec).__name__}")
         durations = table.column("duration").to_numpy()
@@ -38,7 +48,7 @@ class SampleIndex:
             counts = _sequence_counts(durations, self.steps, spec.min_seconds)
         self.firsts = np.zeros(len(counts) + 1, np.int64)
         np.cumsum(counts, out=self.firsts[1:])
-        if self.firsts[-1] == 0:
+        if self.firsts[-1] == 0 and not may_be_empty:
             raise SpecError("the spec yields no sample from the selected episodes (are they shorter than min_seconds?)")
         per = {name: 1.0 for name in spec.streams}
         unknown = [name for name in (tokens_per or {}) if name not in per]
@@ -75,6 +85,21 @@ class SampleIndex:
         start, end = self.spans_of(numbers)
         return token_costs({name: self._lengths(name, start, end) for name in self.spec.streams}, self.tokens_per)
 
+    def mean_cost(self) -> float:
+        """The mean of every sample's tokens, exactly, in the time of the episodes: within an episode every sample
+        but its first and last spans the same time, so costs as much as any other's middle samples."""
+        counts = np.diff(self.firsts)
+        having = np.flatnonzero(counts)
+        if not len(having):
+            return 0.0
+        total = float(self.costs_of(self.firsts[having]).sum())
+        two = having[counts[having] >= 2]
+        total += float(self.costs_of(self.firsts[two + 1] - 1).sum())
+        three = having[counts[having] >= 3]
+        if len(three):
+            total += float(np.dot(self.costs_of(self.firsts[three] + 1), counts[three] - 2))
+        return total / len(self)
+
     def _placed(self, numbers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each sample's episode among the index's (its place in `firsts`) and its number within it."""
         numbers = np.asarray(numbers, dtype=np.int64)
@@ -89,6 +114,17 @@ class SampleIndex:
         if isinstance(stream, Audio):
             return end - start
         return np.maximum(1.0, np.ceil((end - start) * self.spec.rate_of(name) - 1e-6))
+
+
+@dataclass(frozen=True)
+class SourceSampleIndexes:
+    """A mixture's sample indexes, one per source, its samples numbered one source after another (as a sample
+    table of the mixture numbers them)."""
+
+    indexes: tuple[SampleIndex, ...]
+
+    def __len__(self) -> int:
+        return sum(len(index) for index in self.indexes)
 
 
 def _sequence_counts(durations: np.ndarray, steps: np.ndarray, min_seconds: float) -> np.ndarray:

@@ -1,0 +1,120 @@
+"""The "blocks" order of a mixture: each source's samples in its own "blocks" order, the sources interleaved.
+
+An epoch of a mixture holds `targets[s]` slots of source s (`mixture.source_targets`). Its positions are dealt
+to the sources by a chain of even spreads (`SourceInterleave`): source 0 takes every position where
+floor(p * t0 / N) steps up, the others share the rest in the same way, so every stretch of the epoch holds each
+source in its share, within a slot for each source before it in the chain. A source's k-th slot reads position k % n of a `BlockOrder` over its n
+samples, a fresh one for each whole pass (k // n), so a source weighed up reads each sample once per pass and a
+source weighed down reads a random set of its blocks. Everything is worked out per position, as in the order of a
+single store: an epoch of billions of slots costs a rank the arrays of its sources' episodes.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mmdata.errors import OptionError
+from mmdata.planning.block_order import BlockOrder
+
+_PASS_STREAM = 0x313C
+# Slots an epoch of a mixture may hold in this order: the spreads multiply two slot numbers in 64 bits.
+MAX_MIXED_SLOTS = 1 << 32
+# Names the way `MixedBlockOrder` makes an epoch's steps (part of a loader state's fingerprint).
+MIXED_ORDER_VERSION = "blocks of sources interleaved 1"
+_KEPT_PASSES = 64
+
+
+@dataclass(frozen=True)
+class SourceInterleave:
+    """The source of each position of an epoch of `sum(targets)` positions, and its slot among that source's."""
+
+    targets: tuple[int, ...]
+
+    def __post_init__(self):
+        if not self.targets or min(self.targets) < 0:
+            raise OptionError(f"a mixture's slots per source are at least 0, not {list(self.targets)}")
+        if sum(self.targets) > MAX_MIXED_SLOTS:
+            raise OptionError(
+                f"an epoch of a mixture in the 'blocks' order holds at most {MAX_MIXED_SLOTS:,} samples, not"
+                f" {sum(self.targets):,}: give Mixture(epoch_samples=...) no larger"
+            )
+
+    def place(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(source, slot within the source) of each of `positions` in [0, sum(targets))."""
+        local = np.asarray(positions, dtype=np.uint64)
+        source = np.full(len(local), len(self.targets) - 1, np.int64)
+        slot = np.empty(len(local), np.int64)
+        unplaced = np.arange(len(local))
+        rest = sum(self.targets)
+        for number, target in enumerate(self.targets[:-1]):
+            if not len(unplaced) or rest == 0:
+                break
+            x = local[unplaced]
+            before = x * np.uint64(target) // np.uint64(rest)
+            mine = (x + np.uint64(1)) * np.uint64(target) // np.uint64(rest) > before
+            source[unplaced[mine]] = number
+            slot[unplaced[mine]] = before[mine]
+            local[unplaced[~mine]] = x[~mine] - before[~mine]
+            unplaced = unplaced[~mine]
+            rest -= target
+        slot[unplaced] = local[unplaced]
+        return source, slot
+
+
+@dataclass(frozen=True)
+class MixedBlockOrder:
+    """The "blocks" order of one epoch of a mixture (see the module): the slot at any position, numbered one source
+    after another (source s's slots from `sum(targets[:s])`), and the sample each slot reads."""
+
+    counts: tuple[int, ...]
+    targets: tuple[int, ...]
+    blocks: tuple[int, ...]
+    open_blocks: int
+    seed: int
+    epoch: int
+    _passes: OrderedDict = field(default_factory=OrderedDict, init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        if not len(self.counts) == len(self.targets) == len(self.blocks):
+            raise OptionError("a mixture's order needs a sample count, a slot count and a block size per source")
+        fed = [s for s, (count, target) in enumerate(zip(self.counts, self.targets)) if target and not count]
+        if fed:
+            raise OptionError(f"source {fed[0]} of the mixture has slots in the epoch but no sample")
+        object.__setattr__(self, "_interleave", SourceInterleave(tuple(self.targets)))
+        object.__setattr__(self, "_firsts", np.concatenate([[0], np.cumsum(self.targets)]).astype(np.int64))
+
+    @property
+    def count(self) -> int:
+        return int(self._firsts[-1])
+
+    def samples_at(self, positions: np.ndarray) -> np.ndarray:
+        """The slot at each of `positions` in [0, count)."""
+        source, slot = self._interleave.place(np.asarray(positions, dtype=np.int64))
+        return self._firsts[source] + slot
+
+    def sources_of(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each slot's source and the number of the sample it reads in that source."""
+        slots = np.asarray(slots, dtype=np.int64)
+        source = np.searchsorted(self._firsts, slots, side="right") - 1
+        passes, within = np.divmod(slots - self._firsts[source], np.asarray(self.counts, np.int64)[source])
+        sample = np.empty(len(slots), np.int64)
+        keys = source * (int(passes.max(initial=0)) + 1) + passes
+        for key in np.unique(keys).tolist():
+            chosen = keys == key
+            first = int(np.flatnonzero(chosen)[0])
+            sample[chosen] = self._pass(int(source[first]), int(passes[first])).samples_at(within[chosen])
+        return source, sample
+
+    def _pass(self, source: int, number: int) -> BlockOrder:
+        """Source `source`'s block order of its pass `number` through its samples (the last few kept)."""
+        made = self._passes.get((source, number))
+        if made is None:
+            seed = int(np.random.SeedSequence([self.seed, source, number, _PASS_STREAM]).generate_state(1)[0])
+            made = BlockOrder(self.counts[source], self.blocks[source], self.open_blocks, seed, self.epoch)
+            self._passes[(source, number)] = made
+            while len(self._passes) > _KEPT_PASSES:
+                self._passes.popitem(last=False)
+        return made
