@@ -16,16 +16,24 @@ Three parts, each a curve rather than one point:
 - `edit`: `mmdata edit` on stores of 10^5 and 10^6 episodes (statistics kept): a 90/10 split by fraction into two
   new stores, a merge of two such stores (twice the episodes), deleting 1% of the episodes, then keeping 90% of the
   rest; no media byte is copied (the new stores hold a manifest, statistics and dataset.json).
+- `mixture`: a mixture of three such manifests (10^5 and 10^6 episodes in all, 60/30/10% of them, weights
+  0.5/0.3/0.2, so sources are weighed up and down) with epochs of 10^7 to 10^9 slots: one rank's plan and first
+  step, fresh and resumed at half the world, in the "blocks" order and, where the sources hold at most 10^7
+  samples, in the order a mixture with a camera had before ("segments" over the epoch's composition); over rank 0's
+  first 2,000 batches of 8, each source's share of a batch (mean and the largest miss of its weight) and the mixing
+  figures of each source's samples.
 - `mixing`: rank 0's micro-batches of 8 over 1,000 episodes of 300 windows (segments of 32 windows): distinct
   episodes per batch, episodes shared with the batch before, lag-1 correlation of the batches' mean episode, in the
   "blocks" and "segments" orders (`mmdata bench`'s figures).
 
-usage: python benchmarks/scale_bench.py [--quick] [--parts plan first_batch manifest edit mixing] [--record scale_cpu]
+usage: python benchmarks/scale_bench.py [--quick] [--parts plan first_batch manifest edit mixture mixing]
+       [--record scale_cpu]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import pickle
@@ -56,9 +64,10 @@ from mmdata.importers.raw import discover_raw_episodes  # noqa: E402
 from mmdata.measure.runner import mixing_figures  # noqa: E402
 from mmdata.planning.block_planner import BlockPlanner, BlockSource  # noqa: E402
 from mmdata.planning.epoch_plan import Stretch  # noqa: E402
+from mmdata.planning.mixture import Mixture, Source, epoch_composition, source_targets  # noqa: E402
 from mmdata.planning.planner import LoaderPlanner, PlanSettings  # noqa: E402
 from mmdata.planning.sample_index import SampleIndex  # noqa: E402
-from mmdata.planning.samples import enumerate_samples  # noqa: E402
+from mmdata.planning.samples import concatenate_samples, enumerate_samples  # noqa: E402
 from mmdata.store.scaled_store import write_scaled_store  # noqa: E402
 from mmdata.synthetic import SynthSpec, write_synthetic_dataset  # noqa: E402
 
@@ -93,7 +102,7 @@ def segments_planner(table: pa.Table) -> LoaderPlanner:
     return LoaderPlanner(samples, samples.costs(None), [keys], [shards], settings, None, blocks)
 
 
-def measured(make_planner, table: pa.Table, world: int, stretches: list[Stretch]) -> dict:
+def measured(make_planner, table: pa.Table | list[pa.Table], world: int, stretches: list[Stretch]) -> dict:
     """One rank's cost: making the planner (what a loader does once), planning the epoch, its first step."""
     gc.collect()
     tracemalloc.start()
@@ -295,6 +304,91 @@ def mixing(episodes: int = 1000, per_episode: int = 300) -> dict:
     return figures
 
 
+MIXTURE_SHARES, MIXTURE_WEIGHTS = (0.6, 0.3, 0.1), (0.5, 0.3, 0.2)
+
+
+def mixture_tables(episodes: int) -> list[pa.Table]:
+    return [synthetic_manifest(round(episodes * share), 100) for share in MIXTURE_SHARES]
+
+
+def mixture_targets(tables: list[pa.Table], slots: int) -> np.ndarray:
+    mixture = Mixture([Source(f"s{n}", weight) for n, weight in enumerate(MIXTURE_WEIGHTS)], epoch_samples=slots)
+    return source_targets(mixture, [t.num_rows * 100 for t in tables], [1.0] * len(tables))
+
+
+def mixed_block_planner(slots: int):
+    def make(tables: list[pa.Table]) -> BlockPlanner:
+        settings = PlanSettings(None, BATCH, shuffle="blocks", lanes=LANES, open_segments=OPEN)
+        sources = [BlockSource(SampleIndex(t, spec(), None, None), t.column("shard"), BLOCK) for t in tables]
+        return BlockPlanner(sources, settings, mixture_targets(tables, slots))
+
+    return make
+
+
+def mixed_segments_planner(slots: int):
+    """The planner a mixture read with a camera had before the "blocks" order took mixtures (`plan_loader`'s other
+    branch, "segments" over the epoch's composition)."""
+
+    def make(tables: list[pa.Table]) -> LoaderPlanner:
+        per_source = [enumerate_samples(t, spec(), np.arange(t.num_rows)) for t in tables]
+        samples = concatenate_samples(per_source)
+        widest = int(samples.chunk.max()) // BLOCK + 1
+        episode_ids = samples.source * (max(t.num_rows for t in tables) + 1) + samples.episode
+        blocks = episode_ids * widest + samples.chunk // BLOCK
+        composition = functools.partial(epoch_composition, samples.source, mixture_targets(tables, slots))
+        settings = PlanSettings(None, BATCH, shuffle="segments", lanes=LANES, open_segments=OPEN)
+        keys = [t.column("key").to_pylist() for t in tables]
+        shards = [t.column("shard").to_pylist() for t in tables]
+        return LoaderPlanner(samples, samples.costs(None), keys, shards, settings, composition, blocks)
+
+    return make
+
+
+def source_mixing(batches: list[list]) -> dict:
+    """Each source's share of a batch (mean, and the largest miss of its weight), and `mmdata bench`'s mixing
+    figures of each source's samples (episodes per batch of that source's samples, shared with the batch before
+    holding the source, lag-1 correlation of their mean episode), averaged over the sources."""
+    per_batch = np.array([np.bincount([s.source for s in b], minlength=3) / len(b) for b in batches])
+    figures = [
+        mixing_figures([e for e in ([s.episode for s in b if s.source == source] for b in batches) if e])
+        for source in range(3)
+    ]
+    return {
+        "source_share_mean": [round(float(v), 3) for v in per_batch.mean(axis=0)],
+        "source_share_largest_miss": round(float(np.abs(per_batch - MIXTURE_WEIGHTS).max()), 3),
+        **{key: round(float(np.mean([f[key] for f in figures])), 3) for key in figures[0]},
+    }
+
+
+def mixture_curve(episode_counts: list[int], slot_counts: list[int], worlds: list[int]) -> dict:
+    """One rank's planning cost for a mixture of three manifests of each size at each epoch size ("segments" where
+    the sources' samples fit), and how rank 0's batches mix in both orders over the smallest."""
+    rows = []
+    for episodes in episode_counts:
+        tables = mixture_tables(episodes)
+        for slots in slot_counts:
+            orders = [("blocks", mixed_block_planner(slots))]
+            if slots <= SEGMENTS_UP_TO and episodes * 100 <= SEGMENTS_UP_TO:
+                orders.append(("segments", mixed_segments_planner(slots)))
+            for order, make in orders:
+                for world in worlds:
+                    fresh = measured(make, tables, world, [])
+                    elastic = measured(make, tables, world, [Stretch(world * 2, fresh["steps"] // 4)])
+                    row = {"order": order, "episodes": episodes, "slots": slots, "world_size": world, **fresh}
+                    row.update({f"elastic_{key}": value for key, value in elastic.items() if key != "steps"})
+                    rows.append(row)
+                    print(row, flush=True)
+        del tables
+    tables = mixture_tables(min(episode_counts))
+    batches = {}
+    for order, make in (("blocks", mixed_block_planner(10**7)), ("segments", mixed_segments_planner(10**7))):
+        planner = make(tables)
+        steps = planner.rank_steps(planner.epoch_plan(1, 0, [], 1), 0)
+        batches[order] = source_mixing([steps[k][1] for k in range(2000)])
+    print(batches, flush=True)
+    return {"weights": list(MIXTURE_WEIGHTS), "episode_shares": list(MIXTURE_SHARES), "plan": rows, "batches": batches}
+
+
 def growth(rows: list[dict], order: str, world: int, low: int, high: int, field: str) -> dict | None:
     """How much `field` grows from `low` to `high` samples over the same manifest (the most episodes measured at
     both sizes): the samples' share of the cost, apart from the episodes'."""
@@ -344,7 +438,7 @@ def plot(rows: list[dict], path: Path) -> None:
     print(f"wrote {path}")
 
 
-PARTS = ("plan", "first_batch", "manifest", "edit", "mixing")
+PARTS = ("plan", "first_batch", "manifest", "edit", "mixture", "mixing")
 
 
 def main() -> None:
@@ -386,6 +480,9 @@ def main() -> None:
         report["manifest"] = manifest_curve(manifests)
     if "edit" in args.parts:
         report["edit"] = edit_curve(edits)
+    if "mixture" in args.parts:
+        mixture_episodes = [10**5] if args.quick else [10**5, 10**6]
+        report["mixture"] = mixture_curve(mixture_episodes, [10**7, 10**8, 10**9], worlds)
     if "mixing" in args.parts:
         report["mixing"] = mixing()
     if args.record:

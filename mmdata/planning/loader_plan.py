@@ -20,7 +20,14 @@ from mmdata.planning.block_order import BLOCK_ORDER_VERSION
 from mmdata.planning.block_planner import BlockPlanner, BlockSource
 from mmdata.planning.episodes import Episodes
 from mmdata.planning.mixed_order import MIXED_ORDER_VERSION
-from mmdata.planning.mixture import Mixture, OpenSource, describe_sources, epoch_composition, source_targets
+from mmdata.planning.mixture import (
+    MAX_ORDERED_SLOTS,
+    Mixture,
+    OpenSource,
+    describe_sources,
+    epoch_composition,
+    source_targets,
+)
 from mmdata.planning.order import SEGMENT_ORDER_VERSION, resolve_shuffle
 from mmdata.planning.planner import LoaderPlanner, PlanSettings
 from mmdata.planning.sample_index import SampleIndex, SourceSampleIndexes
@@ -96,6 +103,12 @@ def plan_loader(
     counts = np.bincount(samples.source, minlength=len(sources))
     mean_costs = [float(costs[samples.source == n].mean()) if c else 0.0 for n, c in enumerate(counts)]
     targets = source_targets(mixture, counts, mean_costs)
+    if targets.sum() > MAX_ORDERED_SLOTS:
+        raise OptionError(
+            f"an epoch of {int(targets.sum()):,} samples is more than the '{shuffle}' order holds"
+            f" ({MAX_ORDERED_SLOTS:,}): read it in batches of a size (Batching(batch_size=...)), which orders it in"
+            " 'blocks', or give Mixture(epoch_samples=...) no larger"
+        )
     composition = functools.partial(epoch_composition, samples.source, targets) if mixed else None
     blocks = None
     if shuffle == "segments":

@@ -3,10 +3,11 @@
 An epoch of a mixture holds `targets[s]` slots of source s (`mixture.source_targets`). Its positions are dealt
 to the sources by a chain of even spreads (`SourceInterleave`): source 0 takes every position where
 floor(p * t0 / N) steps up, the others share the rest in the same way, so every stretch of the epoch holds each
-source in its share, within a slot for each source before it in the chain. A source's k-th slot reads position k % n of a `BlockOrder` over its n
-samples, a fresh one for each whole pass (k // n), so a source weighed up reads each sample once per pass and a
-source weighed down reads a random set of its blocks. Everything is worked out per position, as in the order of a
-single store: an epoch of billions of slots costs a rank the arrays of its sources' episodes.
+source in its share, within a slot for each source before it in the chain. A source's k-th slot reads position
+k % n of a `BlockOrder` over its n samples, a fresh one for each whole pass (k // n), so a source weighed up reads
+each sample once per pass and a source weighed down reads a random set of its blocks. Everything is worked out per
+position, as in the order of a single store: an epoch of billions of slots costs a rank the arrays of its sources'
+episodes.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ import numpy as np
 
 from mmdata.errors import OptionError, SpecError
 from mmdata.planning.episodes import Episodes
+from mmdata.planning.mixed_order import MAX_MIXED_SLOTS
 from mmdata.planning.specs import Audio, Frames, Spec, Values, option_int, option_number
 from mmdata.schema import AudioStream, LowdimStream, VideoStream
 from mmdata.store.dataset import Dataset
@@ -34,8 +35,10 @@ WeightBy = Literal["samples", "tokens"]
 NormalizeWith = Literal["source", "pooled"]
 _COMPOSITION_STREAM = 0x4D49
 MAX_WEIGHT = 1e12  # weights are relative; this keeps their sum finite and the shares meaningful
-# Samples an epoch may hold: the plan keeps a few dozen bytes per sample (about 10 GB at this bound).
-MAX_EPOCH_SAMPLES = 1 << 28
+# Slots an epoch of a mixture may hold: in the "blocks" order (`mixed_order`) nothing of the epoch's size is made; the
+# other orders keep a few dozen bytes per slot, so they take at most `MAX_ORDERED_SLOTS` (about 10 GB at that bound).
+MAX_EPOCH_SAMPLES = MAX_MIXED_SLOTS
+MAX_ORDERED_SLOTS = 1 << 28
 
 
 @dataclass(frozen=True)
