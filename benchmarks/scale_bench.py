@@ -350,7 +350,7 @@ def source_mixing(batches: list[list]) -> dict:
     holding the source, lag-1 correlation of their mean episode), averaged over the sources."""
     per_batch = np.array([np.bincount([s.source for s in b], minlength=3) / len(b) for b in batches])
     figures = [
-        mixing_figures([e for e in ([s.episode for s in b if s.source == source] for b in batches) if e])
+        mixing_figures([np.asarray(e) for e in ([s.episode for s in b if s.source == source] for b in batches) if e])
         for source in range(3)
     ]
     return {

@@ -328,14 +328,41 @@ def test_auto_orders_a_single_store_of_more_samples_than_the_threshold_in_blocks
     assert loader.shuffle == "segments"
 
 
-def test_the_blocks_order_refuses_a_token_budget_with_what_to_give(stores):
+def test_the_blocks_order_refuses_a_token_budget_over_sequences_with_what_to_give(stores):
+    sequences = mmdata.Sequences(fps=10, max_seconds=1.0, streams={"action": mmdata.Values()})
     with pytest.raises(OptionError, match="batch_size"):
         mmdata.DataLoader(
             stores["wds"],
-            CAMERA_WINDOWS,
+            sequences,
             batching=mmdata.Batching(batch_tokens=64),
             shuffling=mmdata.Shuffling(mode="blocks"),
         )
+
+
+@pytest.mark.slow
+def test_a_token_budget_over_windows_in_the_blocks_order_holds_as_many_windows_as_fit(stores):
+    def indices(batching: mmdata.Batching) -> list[list[int]]:
+        loader = mmdata.DataLoader(
+            stores["zarr"], CAMERA_WINDOWS, batching=batching, shuffling=mmdata.Shuffling(mode="blocks"), seed=2
+        )
+        assert loader.shuffle == "blocks"
+        return [batch["sample_index"].tolist() for batch in loader]
+
+    # a window costs 2 camera frames x 3 + 1 action = 7 tokens: 50 tokens hold 7 windows
+    budget = mmdata.Batching(batch_tokens=50, tokens_per={"cam_high": 3})
+    assert indices(budget) == indices(mmdata.Batching(batch_size=7))
+    with pytest.raises(mmdata.SpecError, match="every window costs 7 tokens"):
+        indices(mmdata.Batching(batch_tokens=6, tokens_per={"cam_high": 3}))
+
+
+def test_auto_orders_a_token_budget_over_windows_in_blocks_above_the_threshold_but_not_over_sequences(
+    stores, monkeypatch
+):
+    monkeypatch.setattr(order_module, "BLOCKS_FROM", 10)
+    budget = mmdata.Batching(batch_tokens=64)
+    assert mmdata.DataLoader(stores["wds"], CAMERA_WINDOWS, batching=budget).shuffle == "blocks"
+    sequences = mmdata.Sequences(fps=10, max_seconds=1.0, streams={"action": mmdata.Values()})
+    assert mmdata.DataLoader(stores["wds"], sequences, batching=budget).shuffle == "locality"
 
 
 @pytest.mark.slow

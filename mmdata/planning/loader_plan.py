@@ -33,7 +33,7 @@ from mmdata.planning.planner import LoaderPlanner, PlanSettings
 from mmdata.planning.sample_index import SampleIndex, SourceSampleIndexes
 from mmdata.planning.samples import SampleTable, TokensPer, concatenate_samples, enumerate_samples
 from mmdata.planning.segments import block_samples, segment_blocks
-from mmdata.planning.specs import Frames, Spec
+from mmdata.planning.specs import Frames, Spec, Windows
 
 
 @dataclass(frozen=True)
@@ -72,10 +72,12 @@ def plan_loader(
     excluded: dict[Any, str] = {}
     rows = [_selected_rows(source, mixed, on_error, excluded) for source in sources]
     counts_samples = settings.batch_size is not None
-    _check_order_applies(settings.shuffle, counts_samples)
+    # a token budget over windows (each of one cost) is a count of samples, which the "blocks" order deals in steps
+    dealt_in_counts = counts_samples or isinstance(spec, Windows)
+    _check_order_applies(settings.shuffle, counts_samples, dealt_in_counts)
     planning = [source.store.columns(["duration", "shard"]) for source in sources]  # what every order plans from
     indexes, slots = None, None
-    if counts_samples and settings.shuffle in ("auto", "blocks"):
+    if dealt_in_counts and settings.shuffle in ("auto", "blocks"):
         indexes = [
             _indexed(source, table, chosen, spec, tokens_per, mixed)
             for source, table, chosen in zip(sources, planning, rows)
@@ -142,16 +144,17 @@ def plan_loader(
     )
 
 
-def _check_order_applies(shuffle: str, counts_samples: bool) -> None:
+def _check_order_applies(shuffle: str, counts_samples: bool, dealt_in_counts: bool) -> None:
     if shuffle == "segments" and not counts_samples:
         raise OptionError(
             "the 'segments' order keeps its steps in order, which token-budgeted packing does not:"
             " give Batching(batch_size=...) with Shuffling(mode='segments')"
         )
-    if shuffle == "blocks" and not counts_samples:
+    if shuffle == "blocks" and not dealt_in_counts:
         raise OptionError(
-            "the 'blocks' order deals samples in steps of a fixed count, which token-budgeted packing does not:"
-            " give Batching(batch_size=...) with Shuffling(mode='blocks')"
+            "the 'blocks' order deals samples in steps of a fixed count: it takes a token budget over"
+            " mmdata.Windows (each of one cost, so a budget holds a count of them), not over sequences of many"
+            " lengths; give Batching(batch_size=...) with Shuffling(mode='blocks'), or another order"
         )
 
 
@@ -184,7 +187,7 @@ def _blocks_plan(
         for source, table, index in zip(given.sources, given.planning, given.indexes)
     ]
     mixed = given.mixture is not None
-    planner = BlockPlanner(sources, settings, given.slots if mixed else None)
+    planner = BlockPlanner(sources, _counted(settings, given.indexes), given.slots if mixed else None)
     planned = _planned(spec, episodes, tokens_per, settings, "blocks")
     if not mixed:
         planned.append([settings.lanes, settings.open_segments, sources[0].block, BLOCK_ORDER_VERSION])
@@ -202,6 +205,22 @@ def _blocks_plan(
         samples = SourceSampleIndexes(tuple(given.indexes))
     fingerprint = _hash_of_list([data, *(_json(p) for p in planned)])
     return LoaderPlan(samples, None, given.slots, settings, planner, excluded, fingerprint, fingerprint, fingerprint)
+
+
+def _counted(settings: PlanSettings, indexes: list[SampleIndex]) -> PlanSettings:
+    """`settings` with a count of samples per micro-batch: a token budget over windows, each of one cost, holds
+    as many as fit (as the packer fills it)."""
+    if settings.batch_size is not None:
+        return settings
+    assert settings.batch_tokens is not None, "a plan needs a batch size or a token budget"
+    having = next(index for index in indexes if len(index))
+    cost = int(having.costs_of(np.zeros(1, np.int64))[0])
+    if cost > settings.batch_tokens:
+        raise SpecError(
+            f"batch_tokens={settings.batch_tokens} is smaller than one sample: every window costs {cost} tokens;"
+            " raise batch_tokens to at least that, or lower tokens_per"
+        )
+    return dataclasses.replace(settings, batch_size=settings.batch_tokens // cost)
 
 
 def _stored_camera(source: OpenSource, cameras: list[str]) -> str | None:

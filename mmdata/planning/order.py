@@ -7,8 +7,8 @@ reproducible); "global" is one permutation of every sample; "none" keeps manifes
 in one lane of steps, so a worker's decoded-frame cache serves them from one decode; "blocks"
 (`planning.block_order`) does the same for epochs too large to order whole, each rank planning
 only its own steps. "auto", a loader's default, is "blocks" for an epoch of more than
-`BLOCKS_FROM` samples (of a store or a mixture) counted in batches, else "segments" where it applies and "locality"
-elsewhere (`resolve_shuffle`).
+`BLOCKS_FROM` samples (of a store or a mixture) counted in batches or windows under a token
+budget, else "segments" where it applies and "locality" elsewhere (`resolve_shuffle`).
 """
 
 from __future__ import annotations
@@ -41,13 +41,13 @@ def as_shuffle(value: Shuffle | bool) -> Shuffle:
 
 
 def resolve_shuffle(mode: Shuffle, counts_samples: bool, reads_video: bool, epoch_samples: int = 0) -> Shuffle:
-    """The order "auto" stands for: "blocks" where batches count samples and an epoch holds more than `BLOCKS_FROM`
-    samples (`epoch_samples`: a store's samples or a mixture's slots), else "segments" where batches count samples
-    and the samples read a camera (its frame cache then decodes each frame about once per epoch), else "locality".
-    Other modes are themselves."""
+    """The order "auto" stands for: "blocks" where an epoch the "blocks" order can deal holds more than
+    `BLOCKS_FROM` samples (`epoch_samples`: a store's samples or a mixture's slots, 0 where it cannot: a token
+    budget over sequences), else "segments" where batches count samples and the samples read a camera (its frame
+    cache then decodes each frame about once per epoch), else "locality". Other modes are themselves."""
     if mode != "auto":
         return mode
-    if counts_samples and epoch_samples > BLOCKS_FROM:
+    if epoch_samples > BLOCKS_FROM:
         return "blocks"
     return "segments" if counts_samples and reads_video else "locality"
 
