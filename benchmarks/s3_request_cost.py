@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,22 +25,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from machine import machine_name, write_results  # noqa: E402
 from remote_bench import SPEC  # noqa: E402
+from s3_processes import moto_process  # noqa: E402
 
 import mmdata  # noqa: E402
 from mmdata.conversion.pipeline import ConvertOptions, convert  # noqa: E402
 from mmdata.importers.raw import discover_raw_episodes  # noqa: E402
 from mmdata.store import piece_readers  # noqa: E402
 from mmdata.synthetic import SynthSpec, write_synthetic_dataset  # noqa: E402
-from tests.s3_server import CREDENTIALS  # noqa: E402
 
 GAPS = [0, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20]
 STEPS = 150
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def request_costs(filesystem) -> list[dict]:
@@ -98,25 +90,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--record", default=None, help="write benchmarks/results/<NAME>.json")
     args = parser.parse_args()
-    import fsspec.config
     import s3fs
 
-    os.environ.update(CREDENTIALS)
-    port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    endpoint = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(100):
-            try:
-                socket.create_connection(("127.0.0.1", port), 0.1).close()
-                break
-            except OSError:
-                time.sleep(0.1)
-        fsspec.config.conf["s3"] = {"endpoint_url": endpoint}
+    with moto_process() as (endpoint, _):
         filesystem = s3fs.S3FileSystem(endpoint_url=endpoint)
         filesystem.mkdir("bench-cost")
         report = {"machine": machine_name(), "server": "moto in its own process", "requests": []}
@@ -144,8 +120,6 @@ def main() -> None:
                 )
                 print(rows[-1], flush=True)
             report["gaps"] = rows
-    finally:
-        server.terminate()
     if args.record:
         write_results(args.record, report)
 

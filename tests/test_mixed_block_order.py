@@ -199,6 +199,10 @@ def test_a_mixture_in_the_blocks_order_gives_each_source_its_share_in_every_stre
     assert np.bincount(sources).tolist() == [1500 - (plan.left_out < 1500).sum(), 500 - (plan.left_out >= 1500).sum()]
     per_batch = np.array([np.bincount(b["source"].numpy(), minlength=2)[0] for b in batches])
     assert per_batch.min() >= 5 and per_batch.max() <= 7, "each batch of 8 holds about 6 of the source weighed 3"
+    located = loader.samples.locate(batches[0]["sample_index"].numpy())
+    assert batches[0]["source"].tolist() == located[0].tolist()
+    assert batches[0]["episode_index"].tolist() == located[1].tolist()
+    assert np.allclose(batches[0]["time"].numpy(), located[2])
     counts = collections.Counter(zip(sources.tolist(), slots))
     assert max(counts.values()) <= -(-1500 // len(loader.samples.indexes[0])) + 1
     stats = loader.stats()["sources"]

@@ -126,6 +126,19 @@ class SourceSampleIndexes:
     def __len__(self) -> int:
         return sum(len(index) for index in self.indexes)
 
+    def locate(self, numbers: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The samples `numbers`: source, episode (manifest row), start and end (as `SampleTable.locate`)."""
+        numbers = np.asarray(numbers, dtype=np.int64)
+        firsts = np.concatenate([[0], np.cumsum([len(index) for index in self.indexes])])
+        source = np.searchsorted(firsts, numbers, side="right") - 1
+        episodes, starts, ends = np.empty(len(numbers), np.int64), np.empty(len(numbers)), np.empty(len(numbers))
+        for number in np.unique(source).tolist():
+            chosen = source == number
+            _, episodes[chosen], starts[chosen], ends[chosen] = self.indexes[number].locate(
+                numbers[chosen] - firsts[number]
+            )
+        return source, episodes, starts, ends
+
 
 def _sequence_counts(durations: np.ndarray, steps: np.ndarray, min_seconds: float) -> np.ndarray:
     """Chunks per episode as `enumerate_samples` cuts them: every `step` seconds from 0, the last one cut at the
