@@ -5,8 +5,8 @@ moto's S3 server runs in a process of its own (as a real object store is not in 
 - `requests`: the client CPU and wall time of one ranged GET through s3fs (`cat_file`), for 16 KiB, 256 KiB and
   2 MiB, sequential: what each request of a loader costs its worker besides the bytes;
 - `gaps`: a loader (policy windows of `remote_bench.py`, batch 32, no workers: the fetching in this process)
-  reading 150 steps from local disk and from S3 with the coalescing gap (`piece_readers.COALESCE_GAP`, ranges of
-  one shard at most this far apart fetched in one request) at 0 B to 16 MiB: requests, bytes fetched against
+  reading 150 steps from local disk and from S3 with the coalescing gap (`ReadPolicy(coalesce_gap=...)`, ranges
+  of one shard at most this far apart fetched in one request) at 0 B to 16 MiB: requests, bytes fetched against
   bytes needed, wall and CPU seconds, local disk alongside.
 
 usage: PYTHONPATH=.:benchmarks python benchmarks/s3_request_cost.py [--record s3_request_cost_cpu]
@@ -62,9 +62,9 @@ def read_steps(url: str, gap: int) -> dict:
     tally = {"requests": 0, "fetched_bytes": 0, "needed_bytes": 0}
     original = piece_readers.coalesce
 
-    def counted(pieces, *_, **__):
+    def counted(pieces, *arguments, **options):
         pieces = list(pieces)
-        spans = original(pieces, gap)
+        spans = original(pieces, *arguments, **options)
         tally["requests"] += len(spans)
         tally["fetched_bytes"] += sum(span.end - span.start for span in spans)
         tally["needed_bytes"] += sum(piece.size for piece in set(pieces))
@@ -73,7 +73,8 @@ def read_steps(url: str, gap: int) -> dict:
     piece_readers.coalesce = counted
     try:
         batching, runtime = mmdata.Batching(batch_size=32), mmdata.Runtime(num_workers=0)
-        loader = mmdata.DataLoader(url, SPEC, batching=batching, runtime=runtime, seed=1)
+        reading = mmdata.Reading(policy=mmdata.ReadPolicy(coalesce_gap=gap))
+        loader = mmdata.DataLoader(url, SPEC, batching=batching, runtime=runtime, reading=reading, seed=1)
         batches = iter(loader)
         next(batches)
         cpu, wall, samples = time.process_time(), time.perf_counter(), 0

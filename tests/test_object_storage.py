@@ -236,6 +236,37 @@ def test_a_micro_batchs_segments_arrive_in_few_coalesced_requests(s3_stores, s3_
 
 
 @pytest.mark.slow
+def test_a_wider_coalescing_gap_reads_the_same_batches_in_fewer_requests(s3_stores, monkeypatch):
+    # (WebDataset: a shard holds many episodes' members; the small Zarr store here holds one file per array chunk)
+    spec = mmdata.Windows(
+        anchor_fps=10, streams={"cam_high": mmdata.Frames(offsets=[0.0]), "action": mmdata.Values(offsets=[0.0])}
+    )
+    counted = {}
+    for gap in (0, 64 << 20):
+        proxy = S3Proxy(os.environ["FSSPEC_S3_ENDPOINT_URL"])
+        try:
+            monkeypatch.setitem(fsspec.config.conf, "s3", {"endpoint_url": proxy.url})
+            s3fs.S3FileSystem.clear_instance_cache()
+            loader = mmdata.DataLoader(
+                s3_stores["wds"],
+                spec,
+                batching=mmdata.Batching(batch_size=16),
+                shuffling=mmdata.Shuffling(mode="none"),
+                reading=mmdata.Reading(frame_cache_bytes=0, policy=mmdata.ReadPolicy(coalesce_gap=gap)),
+            )
+            opened = proxy.ranged
+            counted[gap] = ([(b["cam_high"], b["action"]) for b in loader], proxy.ranged - opened)
+        finally:
+            proxy.close()
+            s3fs.S3FileSystem.clear_instance_cache()
+    (apart, many), (together, few) = counted[0], counted[64 << 20]
+    assert len(apart) == len(together) and all(
+        torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(apart, together)
+    )
+    assert few < many, f"{few} requests with a wide gap against {many} with none"
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_loader_from_s3_plans_its_frame_cache_as_far_ahead_as_from_local_disk(stores, s3_stores, workers):
     def loader(url):

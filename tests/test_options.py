@@ -78,6 +78,8 @@ def test_large_weights_within_range_keep_their_shares(stores):
         {"timeout_s": float("inf")},
         {"attempts": 2.5},
         {"concurrency": 0},
+        {"coalesce_gap": -1},
+        {"coalesce_gap": 1.5},
         {"cache_max_bytes": -1},
         {"guard_local_reads": "yes"},
         {"cache_dir": 3},

@@ -35,9 +35,8 @@ from mmdata.store.manifest import Piece
 from mmdata.store.piece_cache import PieceCache
 from mmdata.store.zarr_reader import HeldBytes, ZarrArrays
 
-# Byte ranges of one shard at most this far apart are fetched in one request (the bytes between
-# are read and dropped: at 20 ms a request and 100+ MB/s, 1 MiB costs less than a round trip).
-COALESCE_GAP = 1 << 20
+# A request of coalesced byte ranges holds at most this many bytes (how far apart ranges may be and still share one
+# is the read policy's `coalesce_gap`).
 COALESCE_MAX = 64 << 20
 
 
@@ -79,7 +78,9 @@ class CoalescedRange:
         return piece.path == self.path and self.start <= piece.offset and piece.offset + piece.size <= self.end
 
 
-def coalesce(pieces: Iterable[Piece], gap: int = COALESCE_GAP, limit: int = COALESCE_MAX) -> list[CoalescedRange]:
+def coalesce(
+    pieces: Iterable[Piece], gap: int = DEFAULT_READ_POLICY.coalesce_gap, limit: int = COALESCE_MAX
+) -> list[CoalescedRange]:
     """The pieces' byte ranges merged per shard where at most `gap` bytes apart (up to `limit` bytes a request,
     by fsspec's `merge_offset_ranges`), each range with the pieces it holds."""
     ordered = sorted(set(pieces), key=lambda p: (p.path, p.offset, p.size))
@@ -246,7 +247,7 @@ class WdsPieceReader:
                 if data is not None:
                     fetched[piece] = data
             wanted = [p for p in wanted if p not in fetched]
-        ranges = coalesce(wanted)
+        ranges = coalesce(wanted, self.policy.coalesce_gap)
         if not ranges:
             return fetched, 0
 
@@ -348,7 +349,8 @@ class ZarrPieceReader:
 
     def _fetch(self, pieces: Iterable[Piece], have: HeldBytes) -> tuple[HeldBytes, int]:
         """The shard-file spans and chunk files holding `pieces` that neither `have` nor the disk cache holds,
-        spans of one file at most `COALESCE_GAP` apart in one request, several requests at a time."""
+        spans of one file at most the read policy's `coalesce_gap` apart in one request, several requests at a
+        time."""
         elements, rows = [], []
         for piece in pieces:
             if self.cache is not None and self.cache.contains(piece):
@@ -364,7 +366,7 @@ class ZarrPieceReader:
             Piece(path, start, size, "") for path, start, size in plan.spans if have.span(path, start, size) is None
         ]
         files = [(path, limit) for path, limit in plan.files if path not in have.files]
-        ranges = coalesce(spans)
+        ranges = coalesce(spans, self.arrays.policy.coalesce_gap)
         held = HeldBytes()
 
         def fetch(job: CoalescedRange | tuple[str, int]) -> None:
