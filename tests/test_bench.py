@@ -58,6 +58,21 @@ def test_bench_prints_the_table_and_writes_json_valid_against_the_documented_sch
     jsonschema.validate(document, SCHEMA)
     assert document["figures"]["samples_per_s"] > 0
     assert document["versions"]["mmdata"] == mmdata.__version__
+    assert document["config"]["shuffle"] == "locality" and "order locality" in table  # "auto" under a token budget
+
+
+@pytest.mark.slow
+def test_bench_measures_the_order_asked_for(stores, tmp_path):
+    output = tmp_path / "blocks.json"
+    finished = run_cli(
+        "bench", str(stores["wds"]), "--shuffle", "blocks", "--batch-size", "4", "--steps", "4", "--json", str(output)
+    )
+    assert finished.returncode == 0, finished.stderr
+    document = json.loads(output.read_text())
+    jsonschema.validate(document, SCHEMA)
+    assert document["config"]["shuffle"] == "blocks" and "order blocks" in finished.stdout
+    refused = run_cli("bench", str(stores["wds"]), "--shuffle", "sideways")
+    assert refused.returncode == 2 and "--shuffle" in refused.stderr
 
 
 @pytest.mark.slow

@@ -233,6 +233,7 @@ def format_table(document: dict[str, Any]) -> str:
     lines = [
         f"mmdata bench: {c['dataset']} | spec {c['spec_name']} | {c['layout']}"
         + (f" {c['batch_tokens']} tokens" if c.get("batch_tokens") else f" batch {c.get('batch_size')}")
+        + (f" | order {c['shuffle']}" if c.get("shuffle") else "")
         + f" | {c['num_workers']} workers | decoder {c['decoder']} | {c['device']}",
         f"  {f['steps']} steps in {f['wall_seconds']:.2f} s after {c['warmup']} warm-up steps"
         + (f", simulated step {c['step_ms']:g} ms" if c.get("step_ms") else ""),

@@ -15,6 +15,8 @@ from mmdata.loading import DataLoader, Frames
 from mmdata.loading.timing import timed
 from mmdata.measure.floor import decode_floor
 from mmdata.measure.steps import StepTimer
+from mmdata.planning.block_planner import BlockRankPlan
+from mmdata.planning.epoch_plan import EpochPlan
 from mmdata.planning.packing import PackingPlan, plan_stats
 
 
@@ -206,9 +208,18 @@ def run_for_seconds(
     }
 
 
+# Steps of a plan made per step (the "blocks" order) whose figures `plan_figures` takes: the whole epoch's would cost
+# what planning per step saves.
+DEALT_STEPS = 256
+
+
 def plan_figures(loader: DataLoader) -> dict[str, float]:
-    """Packing efficiency and rank token spread of the current epoch's plan."""
-    plan = loader.epoch_plan().plan
+    """Packing efficiency and rank token spread of the current epoch's plan (of its first `DEALT_STEPS` steps in the
+    "blocks" order)."""
+    epoch_plan = loader.epoch_plan()
+    plan = epoch_plan.plan
+    if isinstance(plan, BlockRankPlan):
+        return _dealt_figures(loader, epoch_plan)
     if isinstance(plan, PackingPlan):
         stats = plan_stats(plan)
         return {
@@ -221,6 +232,26 @@ def plan_figures(loader: DataLoader) -> dict[str, float]:
     )
     spread = float(np.mean(loads.max(axis=1) / loads.mean(axis=1) - 1)) if len(loads) else 0.0
     return {"packing_efficiency": round(1 - plan.padding_fraction(), 5), "rank_token_spread": round(spread, 5)}
+
+
+def _dealt_figures(loader: DataLoader, epoch_plan: EpochPlan) -> dict[str, float]:
+    """Efficiency (tokens over the budget, or over each micro-batch padded to its longest sample) and rank token
+    spread of the first `DEALT_STEPS` steps of a plan whose steps are made when read."""
+    plan, budget = epoch_plan.plan, loader.batching.batch_tokens
+    real = padded = 0
+    spreads = []
+    for step in range(min(len(plan), DEALT_STEPS)):
+        loads = []
+        for rank in range(loader.world_size):
+            costs = np.array([ref.cost for ref in loader.planner.refs(epoch_plan, plan.micro_batch(step, rank))])
+            loads.append(int(costs.sum()))
+            padded += budget if budget else int(costs.max()) * len(costs)
+        real += sum(loads)
+        spreads.append(max(loads) / (sum(loads) / len(loads)) - 1)
+    return {
+        "packing_efficiency": round(real / padded, 5) if padded else 0.0,
+        "rank_token_spread": round(float(np.mean(spreads)), 5) if spreads else 0.0,
+    }
 
 
 def stage_breakdown(stats: dict[str, Any], wall: float, compute: float, workers: int) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from mmdata.measure.plots import plot_stages, plot_sweep
 from mmdata.measure.presets import PRESETS, default_tokens_per, preset_spec
 from mmdata.measure.report import build_document, compare, format_table, load, parse_fraction
 from mmdata.measure.sweep import label, parse_sweep
+from mmdata.planning.order import SHUFFLE_MODES
 from mmdata.store.dataset import open_dataset
 from mmdata.store.filesystem import ReadPolicy
 from mmdata.store.handle import open_store
@@ -57,6 +58,14 @@ def add_parser(commands) -> None:
     batching.add_argument("--tokens-per", help="tokens per frame / value / audio second, e.g. cam_high=256,audio=50")
     batching.add_argument(
         "--layout", choices=("packed", "padded"), help="default: packed with tokens, padded with size"
+    )
+    shuffling = parser.add_argument_group("shuffling (mmdata.Shuffling)")
+    shuffling.add_argument(
+        "--shuffle",
+        choices=SHUFFLE_MODES,
+        default="auto",
+        help="the epoch's order (default auto: 'blocks' for an epoch of more than 2**24 samples, else 'segments'"
+        " for batches of a size with a camera, else 'locality'); the report names the order resolved",
     )
     loader = parser.add_argument_group("runtime (mmdata.Runtime)")
     loader.add_argument("--num-workers", type=int, default=2)
@@ -180,6 +189,7 @@ def _measure(args: argparse.Namespace, dataset: str) -> dict[str, Any]:
         "batch_tokens": args.batch_tokens if args.batch_tokens or args.batch_size else 16384,
         "batch_size": args.batch_size,
         "layout": args.layout,
+        "shuffle": args.shuffle,
         "num_workers": args.num_workers,
         "prefetch_factor": args.prefetch_factor,
         "decoder": _decoder(args),
@@ -201,6 +211,7 @@ def _measure(args: argparse.Namespace, dataset: str) -> dict[str, Any]:
         "batch_tokens": options["batch_tokens"],
         "batch_size": args.batch_size,
         "layout": loader.layout,
+        "shuffle": loader.shuffle,
         "num_workers": args.num_workers,
         "prefetch_factor": args.prefetch_factor,
         "decoder": loader.decoder.describe(),
