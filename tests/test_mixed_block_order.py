@@ -274,3 +274,10 @@ def test_a_mixture_source_without_samples_for_the_spec_weighs_nothing_in_the_blo
     )
     assert loader.source_targets.tolist()[1] == 0
     assert {int(s) for b in loader for s in b["source"].tolist()} == {0}
+
+
+def test_a_mixture_epoch_larger_than_the_other_orders_hold_is_planned_in_blocks_and_refused_by_them(stores):
+    mixture = _two_sources(stores, epoch_samples=(1 << 28) + 1)
+    assert _loader(mixture).epoch_plan().total_steps == ((1 << 28) + 1) // 8
+    with pytest.raises(OptionError, match="epoch_samples"):
+        _loader(mixture, mode="locality")

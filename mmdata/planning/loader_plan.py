@@ -91,6 +91,12 @@ def plan_loader(
         assert indexes is not None and slots is not None, "the 'blocks' order was resolved without sample indexes"
         blocks = _BlocksInput(sources, planning, indexes, slots, mixture if mixed else None)
         return _blocks_plan(blocks, spec, settings, tokens_per, episodes, excluded)
+    if mixed and (mixture.epoch_samples or 0) > MAX_ORDERED_SLOTS:
+        raise OptionError(
+            f"Mixture(epoch_samples={mixture.epoch_samples:,}) is more than the '{shuffle}' order holds"
+            f" ({MAX_ORDERED_SLOTS:,}): read it in batches of a size (Batching(batch_size=...)), which orders it in"
+            " 'blocks', or give epoch_samples no larger"
+        )
     samples = concatenate_samples(
         [_enumerated(source, table, chosen, spec, mixed) for source, table, chosen in zip(sources, planning, rows)]
     )
@@ -105,12 +111,6 @@ def plan_loader(
     counts = np.bincount(samples.source, minlength=len(sources))
     mean_costs = [float(costs[samples.source == n].mean()) if c else 0.0 for n, c in enumerate(counts)]
     targets = source_targets(mixture, counts, mean_costs)
-    if targets.sum() > MAX_ORDERED_SLOTS:
-        raise OptionError(
-            f"an epoch of {int(targets.sum()):,} samples is more than the '{shuffle}' order holds"
-            f" ({MAX_ORDERED_SLOTS:,}): read it in batches of a size (Batching(batch_size=...)), which orders it in"
-            " 'blocks', or give Mixture(epoch_samples=...) no larger"
-        )
     composition = functools.partial(epoch_composition, samples.source, targets) if mixed else None
     blocks = None
     if shuffle == "segments":
