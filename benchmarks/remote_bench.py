@@ -53,9 +53,10 @@ SPEC = mmdata.Windows(
 
 
 def loader_for(url: str, args, cache_dir: str | None = None) -> mmdata.DataLoader:
-    source = url if cache_dir is None else mmdata.open_dataset(url, read_policy=mmdata.ReadPolicy(cache_dir=cache_dir))
+    policy = mmdata.ReadPolicy(cache_dir=cache_dir, coalesce_gap=args.coalesce_gap)
     batching, runtime = mmdata.Batching(batch_size=args.batch_size), mmdata.Runtime(num_workers=args.workers)
-    return mmdata.DataLoader(source, SPEC, batching=batching, runtime=runtime, seed=1)
+    reading = mmdata.Reading(policy=policy)
+    return mmdata.DataLoader(url, SPEC, batching=batching, runtime=runtime, reading=reading, seed=1)
 
 
 def one_epoch(loader: mmdata.DataLoader) -> None:
@@ -90,6 +91,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--latencies", type=float, nargs="+", default=[0, 20, 100], help="milliseconds")
     parser.add_argument("--layout", choices=("wds", "zarr"), default="wds")
+    parser.add_argument("--coalesce-gap", type=int, default=1 << 20, help="ReadPolicy.coalesce_gap, bytes (1 MiB)")
     parser.add_argument("--tag", default="cpu", help="results go to remote_<tag>.json")
     args = parser.parse_args()
     started = time.time()
@@ -168,6 +170,7 @@ def main() -> None:
         "batch_size": args.batch_size,
         "seconds_per_round": args.seconds,
         "rounds": args.rounds,
+        "coalesce_gap": args.coalesce_gap,
         "spec": SPEC.describe(),
         "versions": {"mmdata": mmdata.__version__, "torch": torch.__version__, "s3fs": s3fs.__version__},
         "server": "moto's server on 127.0.0.1 behind tests.s3_server.S3Proxy, each in a process of its own",
