@@ -403,9 +403,9 @@ def growth(rows: list[dict], order: str, world: int, low: int, high: int, field:
     return {"episodes": episodes, "ratio": round(at[episodes][high] / max(at[episodes][low], 1e-9), 2)}
 
 
-def plot(rows: list[dict], path: Path) -> None:
-    """One rank's planning time and peak memory against the epoch's samples, a line per order and manifest size
-    (episodes), at the largest world size measured."""
+def plot(rows: list[dict], path: Path, size: str = "samples") -> None:
+    """One rank's planning time and peak memory against the epoch's samples (or a mixture's slots: `size`), a line
+    per order and manifest size (episodes), at the largest world size measured."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -417,11 +417,11 @@ def plot(rows: list[dict], path: Path) -> None:
         for episodes in sorted({row["episodes"] for row in rows}):
             picked = sorted(
                 (r for r in rows if r["order"] == order and r["episodes"] == episodes and r["world_size"] == world),
-                key=lambda r: r["samples"],
+                key=lambda r: r[size],
             )
             if not picked:
                 continue
-            x = [r["samples"] for r in picked]
+            x = [r[size] for r in picked]
             label = f"{order}, {episodes:.0e} episodes"
             axes[0].plot(x, [r["total_s"] for r in picked], style, label=label)
             axes[1].plot(x, [r["peak_mb"] for r in picked], style, label=label)
@@ -429,7 +429,7 @@ def plot(rows: list[dict], path: Path) -> None:
     for axis, title in zip(axes, titles):
         axis.set_xscale("log")
         axis.set_yscale("log")
-        axis.set_xlabel("samples in the epoch")
+        axis.set_xlabel(f"{size} in the epoch")
         axis.set_title(title, fontsize=10)
         axis.grid(True, which="both", alpha=0.3)
     axes[0].legend(fontsize=7)
@@ -489,6 +489,8 @@ def main() -> None:
         write_results(args.record, report)
         if rows:
             plot(rows, RESULTS / f"{args.record}.png")
+        if "mixture" in report:
+            plot(report["mixture"]["plan"], RESULTS / f"{args.record}_mixture.png", "slots")
 
 
 if __name__ == "__main__":
