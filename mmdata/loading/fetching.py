@@ -36,7 +36,11 @@ class Fetcher:
         """Per source, the pieces the samples' manifest rows point to for the spec's streams (of type `only`:
         `Frames` gives the cameras' timestamps, what aligning a sample's frames reads)."""
         wanted: dict[int, list[Piece]] = {}
+        seen: set[tuple[int, int]] = set()  # a block's samples share their episode's row: its pieces once
         for sample in samples:
+            if (sample.source, sample.episode) in seen:
+                continue
+            seen.add((sample.source, sample.episode))
             pieces = self.sources[sample.source].store.row_pieces(sample.episode, self.stored_names(sample, only))
             wanted.setdefault(sample.source, []).extend(pieces)
         return wanted
