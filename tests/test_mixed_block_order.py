@@ -259,7 +259,7 @@ def test_a_mixture_weighed_by_tokens_gets_the_same_slots_in_the_blocks_order_as_
     assert blocks.source_targets.tolist() == locality.source_targets.tolist()
 
 
-def test_a_mixture_source_without_samples_for_the_spec_weighs_nothing_in_the_blocks_order(stores):
+def test_a_mixture_source_without_samples_for_the_spec_is_refused_naming_it_in_every_order(stores):
     durations = mmdata.open_dataset(stores["zarr"]).store.columns(["duration"]).column("duration").to_numpy()
     shortest, longest = float(durations.min()), float(durations.max())
     whole_episodes = mmdata.Sequences(fps=30, min_seconds=(shortest + longest) / 2, streams={"action": mmdata.Values()})
@@ -269,11 +269,11 @@ def test_a_mixture_source_without_samples_for_the_spec_weighs_nothing_in_the_blo
             mmdata.Source(stores["zarr"], name="short", episodes=mmdata.Episodes(where=pc.field("duration") < longest)),
         ]
     )
-    loader = mmdata.DataLoader(
-        mixture, whole_episodes, batching=mmdata.Batching(batch_size=1), shuffling=mmdata.Shuffling(mode="blocks")
-    )
-    assert loader.source_targets.tolist()[1] == 0
-    assert {int(s) for b in loader for s in b["source"].tolist()} == {0}
+    for mode in ("blocks", "locality"):
+        with pytest.raises(mmdata.SpecError, match="source 'short': the spec yields no sample"):
+            mmdata.DataLoader(
+                mixture, whole_episodes, batching=mmdata.Batching(batch_size=1), shuffling=mmdata.Shuffling(mode=mode)
+            )
 
 
 def test_a_mixture_epoch_larger_than_the_other_orders_hold_is_planned_in_blocks_and_refused_by_them(stores):

@@ -231,11 +231,11 @@ def _stored_camera(source: OpenSource, cameras: list[str]) -> str | None:
 def _indexed(
     source: OpenSource, table: pa.Table, rows: np.ndarray, spec: Spec, tokens_per: TokensPer | None, labelled: bool
 ) -> SampleIndex:
-    """The sample index of one source's manifest `rows` (`table`: its duration and shard columns); a mixture's
-    source may yield no sample (it then weighs nothing)."""
+    """The sample index of one source's manifest `rows` (`table`: its duration and shard columns); a spec that
+    yields no sample of a source is refused naming it, as the other orders' sample tables refuse it."""
     chosen = None if len(rows) == len(source.store) else rows
     try:
-        return SampleIndex(table, spec, chosen, tokens_per, may_be_empty=labelled)
+        return SampleIndex(table, spec, chosen, tokens_per)
     except SpecError as exc:
         raise SpecError(f"source '{source.name}': {exc}" if labelled else str(exc)) from None
 

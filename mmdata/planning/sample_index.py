@@ -18,17 +18,9 @@ _EPS = 1e-6  # as `samples.enumerate_samples`: times closer than a microsecond c
 
 
 class SampleIndex:
-    """The samples of `spec` in the manifest rows `rows` of `table` (ascending; None: every row), one source. A
-    spec that yields no sample is refused, unless `may_be_empty` (a mixture's source, which then weighs nothing)."""
+    """The samples of `spec` in the manifest rows `rows` of `table` (ascending; None: every row), one source."""
 
-    def __init__(
-        self,
-        table: pa.Table,
-        spec: Spec,
-        rows: np.ndarray | None,
-        tokens_per: TokensPer | None,
-        may_be_empty: bool = False,
-    ):
+    def __init__(self, table: pa.Table, spec: Spec, rows: np.ndarray | None, tokens_per: TokensPer | None):
         if not isinstance(spec, (Windows, Sequences)):
             raise SpecError(f"spec must be mmdata.Windows or mmdata.Sequences, not {type(spec).__name__}")
         durations = table.column("duration").to_numpy()
@@ -48,7 +40,7 @@ class SampleIndex:
             counts = _sequence_counts(durations, self.steps, spec.min_seconds)
         self.firsts = np.zeros(len(counts) + 1, np.int64)
         np.cumsum(counts, out=self.firsts[1:])
-        if self.firsts[-1] == 0 and not may_be_empty:
+        if self.firsts[-1] == 0:
             raise SpecError("the spec yields no sample from the selected episodes (are they shorter than min_seconds?)")
         per = {name: 1.0 for name in spec.streams}
         unknown = [name for name in (tokens_per or {}) if name not in per]
