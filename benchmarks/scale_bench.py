@@ -9,7 +9,7 @@ Three parts, each a curve rather than one point:
   allocations) and what the planner with its steps pickles to (what a spawned worker receives).
 - `first_batch`: `iter(DataLoader)` to its first batch for the last rank of 1,024 over a real store of 4 episodes
   of 5 minutes (low-dim only) read at an anchor rate that gives 10^9 samples ("auto" resolves to "blocks"), and
-  the process's resident memory growth.
+  over a mixture of it and its Zarr copy (0.7/0.3) of 10^9 slots; the process's resident memory growth.
 - `manifest`: stores of 10^5 to 10^7 episodes (`write_scaled_store`: synthetic rows over a small real store's
   shards), each opened in a fresh process: `open_dataset` time, a loader's plan and first step for the last of 1,024
   ranks, the first batch, and the process's resident memory after each (torch and every import included).
@@ -149,40 +149,48 @@ def plan_curve(sizes: list[tuple[int, int]], worlds: list[int]) -> list[dict]:
 
 
 def first_batch(samples: int, world: int) -> dict:
-    """`iter(DataLoader)` to the first batch of the last rank, over a real store read at `samples` windows."""
+    """`iter(DataLoader)` to the first batch of the last rank, over a real store read at `samples` windows, and over
+    a mixture of it and a Zarr copy (weights 0.7/0.3) of `samples` slots."""
     with tempfile.TemporaryDirectory() as folder:
         root = Path(folder)
         synth = SynthSpec(episodes=4, min_seconds=300.0, max_seconds=300.0, cameras=())  # windows at < 1 MHz
         write_synthetic_dataset(root / "raw", synth)
         convert(discover_raw_episodes(root / "raw"), root / "store.wds", ConvertOptions(progress=False))
+        convert(discover_raw_episodes(root / "raw"), root / "store.zarr", ConvertOptions(layout="zarr", progress=False))
         dataset = mmdata.open_dataset(str(root / "store.wds"))
         seconds = sum(float(dataset.manifest.row(i)["duration"]) for i in range(len(dataset)))
         windows = mmdata.Windows(anchor_fps=samples / seconds, streams={"action": mmdata.Values(offsets=[0.0, 0.1])})
-        gc.collect()
-        rss_before = resident_mb()
-        started = time.perf_counter()
-        loader = mmdata.DataLoader(
-            dataset,
-            windows,
-            batching=mmdata.Batching(batch_size=BATCH),
-            runtime=mmdata.Runtime(rank=world - 1, world_size=world),
-            seed=1,
-        )
-        built = time.perf_counter()
-        next(iter(loader))
-        done = time.perf_counter()
-        rss_after = resident_mb()
-        figures = {
-            "samples": len(loader.samples),
-            "world_size": world,
-            "order": loader.shuffle,
-            "build_s": round(built - started, 3),
-            "first_batch_s": round(done - started, 3),
-            "rss_growth_mb": round(rss_after - rss_before, 1),
-            "steps_per_rank": len(loader),
-        }
-        loader.close()
+        figures = {"store": first_batch_of(dataset, windows, world)}
+        sources = [mmdata.Source(dataset, 0.7, name="wds"), mmdata.Source(str(root / "store.zarr"), 0.3, name="zarr")]
+        figures["mixture"] = first_batch_of(mmdata.Mixture(sources, epoch_samples=samples), windows, world)
     print(figures, flush=True)
+    return figures
+
+
+def first_batch_of(dataset, windows: mmdata.Windows, world: int) -> dict:
+    gc.collect()
+    rss_before = resident_mb()
+    started = time.perf_counter()
+    loader = mmdata.DataLoader(
+        dataset,
+        windows,
+        batching=mmdata.Batching(batch_size=BATCH),
+        runtime=mmdata.Runtime(rank=world - 1, world_size=world),
+        seed=1,
+    )
+    built = time.perf_counter()
+    next(iter(loader))
+    done = time.perf_counter()
+    figures = {
+        "samples": int(loader.source_targets.sum()),
+        "world_size": world,
+        "order": loader.shuffle,
+        "build_s": round(built - started, 3),
+        "first_batch_s": round(done - started, 3),
+        "rss_growth_mb": round(resident_mb() - rss_before, 1),
+        "steps_per_rank": len(loader),
+    }
+    loader.close()
     return figures
 
 
