@@ -281,3 +281,18 @@ def test_a_mixture_epoch_larger_than_the_other_orders_hold_is_planned_in_blocks_
     assert _loader(mixture).epoch_plan().total_steps == ((1 << 28) + 1) // 8
     with pytest.raises(OptionError, match="epoch_samples"):
         _loader(mixture, mode="locality")
+
+
+def test_a_token_budget_over_windows_deals_a_mixture_as_the_count_of_windows_it_holds(stores):
+    def slots(batching: mmdata.Batching) -> list[list[int]]:
+        loader = mmdata.DataLoader(
+            _two_sources(stores, epoch_samples=300),
+            LOWDIM,
+            batching=batching,
+            shuffling=mmdata.Shuffling(mode="blocks"),
+        )
+        return [batch["sample_index"].tolist() for batch in loader]
+
+    # a window is one state and one action value, 2 tokens each: 4 tokens, so 15 hold 3 windows
+    budget = mmdata.Batching(batch_tokens=15, tokens_per={"state": 2, "action": 2}, layout="padded")
+    assert slots(budget) == slots(mmdata.Batching(batch_size=3))
