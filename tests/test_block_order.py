@@ -66,6 +66,23 @@ def rank_samples(plan, steps=None) -> list[list[int]]:
     ]
 
 
+def assert_stretches_consume_the_epoch_once(blocks: BlockPlanner, worlds: tuple[int, ...]) -> None:
+    """A third of what is left run at each of `worlds` but the last, which runs the rest: every slot of the epoch
+    is read once or left out."""
+    stretches: list[Stretch] = []
+    seen: list[int] = []
+    for world in worlds[:-1]:
+        plan = blocks.epoch_plan(4, 0, stretches, world)
+        taken = plan.resume_step + (len(plan.plan) - plan.resume_step) // 3
+        seen += [n for samples in rank_samples(plan, taken) for n in samples]
+        stretches = [*plan.stretches[:-1], Stretch(world, taken)]
+    last = blocks.epoch_plan(4, 0, stretches, worlds[-1])
+    assert last.samples_before == len(seen)
+    seen += [n for samples in rank_samples(last) for n in samples]
+    assert len(seen) == len(set(seen))
+    assert sorted(seen + last.left_out.tolist()) == list(range(blocks.slots))
+
+
 @pytest.mark.parametrize("size", [0, 1, 2, 3, 5, 16, 17, 255, 1000, 4097])
 def test_a_keyed_permutation_is_a_bijection_of_its_range_at_every_size(size):
     permutation = KeyedPermutation(size, key=12345)
@@ -180,18 +197,7 @@ def test_every_sample_is_in_one_step_of_one_rank_or_left_out_and_ranks_have_equa
 def test_a_resume_at_another_world_size_consumes_the_rest_of_the_epoch_exactly_once(worlds):
     table = manifest([3.3, 0.4, 12.0, 5.05, 7.0, 1.0, 9.9])
     blocks = planner(table, mmdata.Windows(anchor_fps=10, streams={"action": mmdata.Values()}), batch=3, lanes=3)
-    stretches: list[Stretch] = []
-    seen: list[int] = []
-    for world in worlds[:-1]:
-        plan = blocks.epoch_plan(4, 0, stretches, world)
-        taken = plan.resume_step + (len(plan.plan) - plan.resume_step) // 3
-        seen += [n for samples in rank_samples(plan, taken) for n in samples]
-        stretches = [*plan.stretches[:-1], Stretch(world, taken)]
-    last = blocks.epoch_plan(4, 0, stretches, worlds[-1])
-    assert last.samples_before == len(seen)
-    seen += [n for samples in rank_samples(last) for n in samples]
-    assert len(seen) == len(set(seen))
-    assert sorted(seen + last.left_out.tolist()) == list(range(blocks.slots))
+    assert_stretches_consume_the_epoch_once(blocks, worlds)
 
 
 def test_a_resume_at_the_same_world_size_gives_the_same_steps_from_where_it_stopped():

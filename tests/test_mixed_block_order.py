@@ -22,6 +22,7 @@ from mmdata.planning.mixed_order import MAX_MIXED_SLOTS, MixedBlockOrder, Source
 from mmdata.planning.planner import PlanSettings
 from mmdata.planning.sample_index import SampleIndex
 from mmdata.planning.samples import enumerate_samples
+from tests.test_block_order import assert_stretches_consume_the_epoch_once, rank_samples
 
 ACTIONS = mmdata.Windows(anchor_fps=10, streams={"action": mmdata.Values()})
 LOWDIM = mmdata.Windows(anchor_fps=30, streams={"state": mmdata.Values(offsets=[0.0]), "action": mmdata.Values()})
@@ -43,14 +44,6 @@ def mixed_planner(durations: list[list[float]], targets: list[int], batch: int, 
     tables = [manifest(d) for d in durations]
     sources = [BlockSource(SampleIndex(t, ACTIONS, None, None), t.column("shard"), 4) for t in tables]
     return BlockPlanner(sources, settings, np.asarray(targets, np.int64))
-
-
-def rank_slots(plan, steps=None) -> list[list[int]]:
-    taken = len(plan.plan) if steps is None else steps
-    return [
-        [n for step in range(plan.resume_step, taken) for n in plan.plan.micro_batch(step, rank).tolist()]
-        for rank in range(plan.world_size)
-    ]
 
 
 @pytest.mark.parametrize("targets", [(5, 3, 2), (1, 0, 1, 1000), (333, 1, 77, 5000, 2), (7,)])
@@ -102,7 +95,7 @@ def test_a_mixed_order_refuses_slots_for_a_source_without_samples():
 def test_every_slot_of_a_mixture_is_in_one_step_of_one_rank_or_left_out(world):
     blocks = mixed_planner([[3.3, 0.4, 12.0], [5.05, 7.0, 1.0, 2.2]], [200, 90], batch=4)
     plan = blocks.epoch_plan(seed=9, epoch=2, stretches=[], world_size=world)
-    per_rank = rank_slots(plan)
+    per_rank = rank_samples(plan)
     assert len({len(slots) for slots in per_rank}) == 1
     seen = [n for slots in per_rank for n in slots]
     assert len(seen) == len(set(seen))
@@ -117,18 +110,8 @@ def test_every_slot_of_a_mixture_is_in_one_step_of_one_rank_or_left_out(world):
 @pytest.mark.parametrize("worlds", [(4, 3), (2, 5), (3, 2, 4)])
 def test_a_mixture_resumed_at_another_world_size_consumes_the_rest_of_the_epoch_exactly_once(worlds):
     blocks = mixed_planner([[3.3, 0.4, 12.0, 5.0], [5.05, 7.0, 1.0, 2.2], [9.9]], [300, 120, 61], batch=3, lanes=3)
-    stretches: list[Stretch] = []
-    seen: list[int] = []
-    for world in worlds[:-1]:
-        plan = blocks.epoch_plan(4, 0, stretches, world)
-        taken = plan.resume_step + (len(plan.plan) - plan.resume_step) // 3
-        seen += [n for slots in rank_slots(plan, taken) for n in slots]
-        stretches = [*plan.stretches[:-1], Stretch(world, taken)]
-    last = blocks.epoch_plan(4, 0, stretches, worlds[-1])
-    assert last.samples_before == len(seen)
-    seen += [n for slots in rank_slots(last) for n in slots]
-    assert len(seen) == len(set(seen))
-    assert sorted(seen + last.left_out.tolist()) == list(range(481))
+    assert blocks.slots == 481
+    assert_stretches_consume_the_epoch_once(blocks, worlds)
 
 
 def test_planning_a_mixture_of_a_billion_slots_costs_a_rank_the_memory_of_its_first_step():
