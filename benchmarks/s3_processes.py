@@ -25,7 +25,7 @@ from process_time import tree_cpu_seconds
 REPOSITORY = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPOSITORY))  # the repository: its tests' S3 proxy and credentials
 
-from tests.s3_server import CREDENTIALS  # noqa: E402
+from tests.s3_server import pointed_at  # noqa: E402
 
 _PROXY = """
 import sys
@@ -85,16 +85,10 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def moto_process() -> Iterator[tuple[str, Detached]]:
-    """moto's S3 server on 127.0.0.1 in a detached process, credentials set for this process and the ones it
-    starts, fsspec pointed at it; yields its endpoint and process."""
-    import fsspec.config
-
-    saved_environment = {key: os.environ.get(key) for key in [*CREDENTIALS, "FSSPEC_S3_ENDPOINT_URL"]}
-    os.environ.update(CREDENTIALS)
+    """moto's S3 server on 127.0.0.1 in a detached process, with this process and the ones it starts pointed at it
+    (`tests.s3_server.pointed_at`); yields its endpoint and process."""
     port = free_port()
     server = detached([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)])
-    endpoint = f"http://127.0.0.1:{port}"
-    saved = fsspec.config.conf.get("s3")
     try:
         for _ in range(200):
             try:
@@ -104,20 +98,11 @@ def moto_process() -> Iterator[tuple[str, Detached]]:
                 time.sleep(0.1)
         else:
             raise RuntimeError(f"moto's server did not start on port {port}")
-        fsspec.config.conf["s3"] = {"endpoint_url": endpoint}
-        os.environ["FSSPEC_S3_ENDPOINT_URL"] = endpoint
-        yield endpoint, server
+        endpoint = f"http://127.0.0.1:{port}"
+        with pointed_at(endpoint):
+            yield endpoint, server
     finally:
         server.stop()
-        if saved is None:
-            fsspec.config.conf.pop("s3", None)
-        else:
-            fsspec.config.conf["s3"] = saved
-        for key, value in saved_environment.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 @dataclass

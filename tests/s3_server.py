@@ -27,23 +27,34 @@ CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing
 def local_s3_server() -> Iterator[str]:
     """A moto S3 server on a free port of 127.0.0.1 with fsspec (this process and the workers it forks,
     and `FSSPEC_S3_ENDPOINT_URL` for subprocesses) pointed at it; yields its endpoint URL."""
-    import fsspec.config
     from moto.server import ThreadedMotoServer
 
-    saved_environment = {key: os.environ.get(key) for key in [*CREDENTIALS, "FSSPEC_S3_ENDPOINT_URL"]}
-    saved_config = fsspec.config.conf.get("s3")
-    os.environ.update(CREDENTIALS)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"
+    try:
+        with pointed_at(endpoint):
+            yield endpoint
+    finally:
+        server.stop()
+
+
+@contextlib.contextmanager
+def pointed_at(endpoint: str) -> Iterator[None]:
+    """This process's fsspec, the workers it forks and (`FSSPEC_S3_ENDPOINT_URL`) its subprocesses pointed at the
+    S3 server `endpoint` with test credentials; the environment and fsspec's configuration restored after."""
+    import fsspec.config
+
+    saved_environment = {key: os.environ.get(key) for key in [*CREDENTIALS, "FSSPEC_S3_ENDPOINT_URL"]}
+    saved_config = fsspec.config.conf.get("s3")
+    os.environ.update(CREDENTIALS)
     os.environ["FSSPEC_S3_ENDPOINT_URL"] = endpoint
     fsspec.config.conf["s3"] = {**(saved_config or {}), "endpoint_url": endpoint}
     _clear_s3_instances()
     try:
-        yield endpoint
+        yield
     finally:
-        server.stop()
         _clear_s3_instances()
         if saved_config is None:
             fsspec.config.conf.pop("s3", None)
