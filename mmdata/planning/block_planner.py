@@ -17,7 +17,7 @@ from mmdata.planning.block_order import BlockOrder, Consumed, LaneLayout
 from mmdata.planning.epoch_plan import EpochPlan, Stretch
 from mmdata.planning.mixed_order import MixedBlockOrder
 from mmdata.planning.planner import PlanSettings, RankSteps
-from mmdata.planning.sample_index import SampleIndex
+from mmdata.planning.sample_index import SampleIndex, SourceSampleIndexes
 from mmdata.planning.samples import SampleRef
 from mmdata.store.manifest import episode_key
 
@@ -69,13 +69,12 @@ class BlockPlanner:
         if targets is None and len(sources) != 1:
             raise ValueError("the sources of a mixture need their slots per epoch (targets)")
         self.sources, self.batching, self.targets = sources, batching, targets
-        counts = [len(source.samples) for source in sources]
-        self._sample_firsts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self.samples = SourceSampleIndexes(tuple(source.samples for source in sources))  # numbered source by source
 
     @property
     def slots(self) -> int:
         """Slots of an epoch: every sample of a single store, or the mixture's targets."""
-        return int(self._sample_firsts[-1] if self.targets is None else self.targets.sum())
+        return len(self.samples) if self.targets is None else int(self.targets.sum())
 
     def order(self, seed: int, epoch: int) -> BlockOrder | MixedBlockOrder:
         """The epoch's order of slots."""
@@ -136,7 +135,7 @@ class BlockPlanner:
         keys = [episode_key(e) for e in episodes.tolist()]
         shards = source.shards.take(pa.array(episodes)).to_pylist()
         seed, epoch = draw
-        first = int(self._sample_firsts[owner])
+        first = int(self.samples.firsts[owner])
         return [
             SampleRef(first + n, e, key, shard, start, end, chunk, cost, owner, (seed, epoch, slot))
             for n, e, key, shard, start, end, chunk, cost, slot in zip(

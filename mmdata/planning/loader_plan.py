@@ -202,7 +202,7 @@ def _blocks_plan(
             for s, table in zip(given.sources, given.planning)
         ]
         data = _json([described, given.mixture.describe()])
-        samples = SourceSampleIndexes(tuple(given.indexes))
+        samples = planner.samples
     fingerprint = _hash_of_list([data, *(_json(p) for p in planned)])
     return LoaderPlan(samples, None, given.slots, settings, planner, excluded, fingerprint, fingerprint, fingerprint)
 

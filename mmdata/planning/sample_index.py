@@ -5,6 +5,7 @@ episodes' arrays (tens of MB), not the samples' (tens of GB)."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -116,12 +117,17 @@ class SourceSampleIndexes:
     indexes: tuple[SampleIndex, ...]
 
     def __len__(self) -> int:
-        return sum(len(index) for index in self.indexes)
+        return int(self.firsts[-1])
+
+    @functools.cached_property
+    def firsts(self) -> np.ndarray:
+        """The number of each source's first sample, and the count of all after them."""
+        return np.concatenate([[0], np.cumsum([len(index) for index in self.indexes])]).astype(np.int64)
 
     def locate(self, numbers: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The samples `numbers`: source, episode (manifest row), start and end (as `SampleTable.locate`)."""
         numbers = np.asarray(numbers, dtype=np.int64)
-        firsts = np.concatenate([[0], np.cumsum([len(index) for index in self.indexes])])
+        firsts = self.firsts
         source = np.searchsorted(firsts, numbers, side="right") - 1
         episodes, starts, ends = np.empty(len(numbers), np.int64), np.empty(len(numbers)), np.empty(len(numbers))
         for number in np.unique(source).tolist():
