@@ -22,11 +22,17 @@ Three parts, each a curve rather than one point:
   samples, in the order a mixture with a camera had before ("segments" over the epoch's composition); over rank 0's
   first 2,000 batches of 8, each source's share of a batch (mean and the largest miss of its weight) and the mixing
   figures of each source's samples.
+- `packed`: a token budget over sequences (4 s of actions, 40 tokens when whole, in micro-batches of 1,024 tokens)
+  over manifests of 10^5 to 10^7 episodes of lognormal durations (about 100 sequences each): one rank's plan and
+  first step, fresh and resumed at half the world, in the "blocks" order (windows packed into a fixed number of
+  micro-batches); the main process's cost of counting a step as consumed; and over 10^4 episodes, against the
+  "locality" order's packer on the same samples: fill (tokens per micro-batch over the budget), samples left out,
+  spread of the ranks' tokens within a step and the mixing figures of rank 0's micro-batches.
 - `mixing`: rank 0's micro-batches of 8 over 1,000 episodes of 300 windows (segments of 32 windows): distinct
   episodes per batch, episodes shared with the batch before, lag-1 correlation of the batches' mean episode, in the
   "blocks" and "segments" orders (`mmdata bench`'s figures).
 
-usage: python benchmarks/scale_bench.py [--quick] [--parts plan first_batch manifest edit mixture mixing]
+usage: python benchmarks/scale_bench.py [--quick] [--parts plan first_batch manifest edit mixture packed mixing]
        [--record scale_cpu]
 """
 
@@ -312,6 +318,80 @@ def mixing(episodes: int = 1000, per_episode: int = 300) -> dict:
     return figures
 
 
+PACKED_BUDGET = 1024
+PACKED_SPEC = mmdata.Sequences(fps=SPEC_FPS, max_seconds=4.0, streams={"action": mmdata.Values()})
+
+
+def lognormal_manifest(episodes: int, seed: int = 0) -> pa.Table:
+    """Planning columns for `episodes` rows of lognormal durations (median 300 s, mean about 400 s)."""
+    durations = np.random.default_rng(seed).lognormal(np.log(300.0), 0.75, episodes)
+    shards = pc.binary_join_element_wise("shard-", pc.cast(pa.array(np.arange(episodes) // 1000), pa.string()), "")
+    return pa.table({"shard": shards, "duration": durations})
+
+
+def packed_block_planner(table: pa.Table) -> BlockPlanner:
+    settings = PlanSettings(PACKED_BUDGET, None, shuffle="blocks")
+    return BlockPlanner([BlockSource(SampleIndex(table, PACKED_SPEC, None, None), table.column("shard"), 1)], settings)
+
+
+def packed_curve(episode_counts: list[int], worlds: list[int]) -> dict:
+    """One rank's cost under a token budget over sequences in the "blocks" order, and the packing's quality
+    against the "locality" order's packer over the smallest store."""
+    rows = []
+    for episodes in episode_counts:
+        table = lognormal_manifest(episodes)
+        for world in worlds:
+            fresh = measured(packed_block_planner, table, world, [])
+            elastic = measured(packed_block_planner, table, world, [Stretch(world * 2, fresh["steps"] // 4)])
+            planner = packed_block_planner(table)
+            plan = planner.epoch_plan(1, 0, [], world)
+            started = time.perf_counter()
+            for step in range(1, 51):
+                plan.samples_consumed(step)
+            row = {"episodes": episodes, "samples": planner.slots, "world_size": world, **fresh}
+            row["count_step_ms"] = round((time.perf_counter() - started) / 50 * 1000, 3)
+            row["bins_per_window"] = planner.packing.bins
+            row.update({f"elastic_{key}": value for key, value in elastic.items() if key != "steps"})
+            rows.append(row)
+            print(row, flush=True)
+        del table
+    return {"budget": PACKED_BUDGET, "plan": rows, "quality": packed_quality(10**4, 8)}
+
+
+def packed_quality(episodes: int, world: int) -> dict:
+    """Fill, samples left out, the ranks' spread within a step and the mixing of rank 0's micro-batches, for
+    the "blocks" order's window packing and the "locality" order's packer, on the same samples and budget."""
+    table = lognormal_manifest(episodes, seed=1)
+    blocks = packed_block_planner(table)
+    index = blocks.sources[0].samples
+    samples = enumerate_samples(table, PACKED_SPEC, np.arange(episodes))
+    costs = samples.costs(None)
+    settings = PlanSettings(PACKED_BUDGET, None, shuffle="locality")
+    keys = [[str(i) for i in range(episodes)]]
+    locality = LoaderPlanner(samples, costs, keys, [table.column("shard").to_pylist()], settings)
+    figures = {}
+    for order, planner in (("blocks", blocks), ("locality", locality)):
+        plan = planner.epoch_plan(1, 0, [], world)
+        steps = [[plan.plan.micro_batch(s, r) for r in range(world)] for s in range(len(plan.plan))]
+        if order == "blocks":
+            loads = np.array([[index.costs_of(mb).sum() for mb in step] for step in steps])
+            episodes_of = [index.episodes_of(step[0])[0] for step in steps]
+        else:
+            slots = np.asarray(plan.slots)
+            loads = np.array([[costs[slots[mb]].sum() for mb in step] for step in steps])
+            episodes_of = [samples.episode[slots[step[0]]] for step in steps]
+        figures[order] = {
+            "steps": len(steps),
+            "fill": round(float(loads.mean() / PACKED_BUDGET), 4),
+            "left_out": int(len(plan.left_out)),
+            "left_out_share": round(len(plan.left_out) / len(costs), 5),
+            "rank_spread_of_budget": round(float(((loads.max(axis=1) - loads.min(axis=1)) / PACKED_BUDGET).mean()), 4),
+            **mixing_figures(episodes_of),
+        }
+    print(figures, flush=True)
+    return {"episodes": episodes, "samples": len(costs), "world_size": world, **figures}
+
+
 MIXTURE_SHARES, MIXTURE_WEIGHTS = (0.6, 0.3, 0.1), (0.5, 0.3, 0.2)
 
 
@@ -446,7 +526,7 @@ def plot(rows: list[dict], path: Path, size: str = "samples") -> None:
     print(f"wrote {path}")
 
 
-PARTS = ("plan", "first_batch", "manifest", "edit", "mixture", "mixing")
+PARTS = ("plan", "first_batch", "manifest", "edit", "mixture", "packed", "mixing")
 
 
 def main() -> None:
@@ -491,6 +571,8 @@ def main() -> None:
     if "mixture" in args.parts:
         mixture_episodes = [10**5] if args.quick else [10**5, 10**6]
         report["mixture"] = mixture_curve(mixture_episodes, [10**7, 10**8, 10**9], worlds)
+    if "packed" in args.parts:
+        report["packed"] = packed_curve([10**5] if args.quick else [10**5, 10**6, 10**7], worlds)
     if "mixing" in args.parts:
         report["mixing"] = mixing()
     if args.record:

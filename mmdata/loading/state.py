@@ -26,7 +26,21 @@ class LoaderState:
     epoch: int
     fingerprint: str
     stretches: list[Stretch] = field(default_factory=list)
-    samples_consumed: int = 0
+    _samples_consumed: int = 0
+    _counting: EpochPlan | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def samples_consumed(self) -> int:
+        """Samples all ranks consumed since the epoch began, counted when asked (after every step it would cost
+        the "blocks" order under a token budget a window packed in the training loop's process)."""
+        if self._counting is not None and self.stretches:
+            self._samples_consumed = self._counting.samples_consumed(self.stretches[-1].steps)
+        self._counting = None
+        return self._samples_consumed
+
+    @samples_consumed.setter
+    def samples_consumed(self, value: int) -> None:
+        self._samples_consumed, self._counting = value, None
 
     def advance(self, plan: EpochPlan, world_size: int) -> None:
         """Count one step of `plan` (the epoch's plan at `world_size`) as consumed, and move the plan to where the
@@ -35,7 +49,7 @@ class LoaderState:
             self.stretches = list(plan.stretches)
         last = self.stretches[-1]
         self.stretches[-1] = Stretch(last.world_size, last.steps + 1)
-        self.samples_consumed = plan.samples_consumed(self.stretches[-1].steps)
+        self._counting = plan
         plan.stretches = list(self.stretches)
         if self.stretches[-1].steps == len(plan.plan):
             self.epoch += 1

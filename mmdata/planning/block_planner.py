@@ -2,20 +2,25 @@
 planned per rank. An epoch's plan at any world size, after any stretches, is a few arrays of the size of the world
 (its layouts and what each stretch consumed), and a step's samples are worked out when the step is read, from
 the sample index (`planning.sample_index`): planning a billion samples costs a rank what planning its first step
-does. A mixture's sources are ordered each in its own blocks and interleaved (`planning.mixed_order`). The
-counterpart of `LoaderPlanner`, with the same surface (`epoch_plan`, `rank_steps`, `refs`)."""
+does. A mixture's sources are ordered each in its own blocks and interleaved (`planning.mixed_order`). Under a
+token budget the order is packed window by window into micro-batches numbered whatever the world size
+(`planning.packed_windows`). The counterpart of `LoaderPlanner`, with the same surface (`epoch_plan`, `rank_steps`,
+`refs`)."""
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
+from mmdata.errors import ResumeError
 from mmdata.planning.block_order import BlockOrder, Consumed, LaneLayout
 from mmdata.planning.epoch_plan import EpochPlan, Stretch
 from mmdata.planning.mixed_order import MixedBlockOrder
+from mmdata.planning.packed_windows import PackedWindows, WindowPacking, plan_window_packing
 from mmdata.planning.planner import PlanSettings, RankSteps
 from mmdata.planning.sample_index import SampleIndex, SourceSampleIndexes
 from mmdata.planning.samples import SampleRef
@@ -50,6 +55,40 @@ class BlockRankPlan:
         return self.order.samples_at(positions)
 
 
+@dataclass
+class PackedRankPlan:
+    """One stretch's steps in the "blocks" order under a token budget (a `RankPlan`): the epoch's micro-batches
+    (`windows`) from the `first` that the stretches before consumed, dealt `world` a step (rank r takes the r-th).
+    The micro-batches do not depend on the world size, so a stretch consumed a run of them and nothing else.
+
+    What it counts as consumed is positions of the order passed (`PackedWindows.positions_passed`): the samples
+    of the micro-batches taken and, for windows passed, the few their packing left out."""
+
+    order: BlockOrder | MixedBlockOrder
+    windows: PackedWindows
+    world: int
+    first: int
+
+    def __len__(self) -> int:
+        return max(0, self.windows.micro_batches - self.first) // self.world
+
+    @property
+    def deferred(self) -> np.ndarray:
+        """The slots no step holds: those the packing left out and those of the micro-batches after the last whole
+        step (packs the whole epoch)."""
+        after = range(self.first + len(self) * self.world, self.windows.micro_batches)
+        return np.concatenate([self.windows.left_out(), *(self.windows.slots(m) for m in after)]).astype(np.int64)
+
+    def micro_batch(self, step: int, rank: int) -> np.ndarray:
+        if not 0 <= step < len(self) or not 0 <= rank < self.world:
+            raise IndexError(f"step {step} of {len(self)}, rank {rank} of {self.world}")
+        return self.windows.slots(self.first + step * self.world + rank)
+
+    def samples_in_steps(self, steps: int) -> int:
+        passed = self.windows.positions_passed
+        return passed(self.first + steps * self.world) - passed(self.first)
+
+
 @dataclass(frozen=True)
 class BlockSource:
     """One store as the "blocks" order plans it: its samples, its manifest's shard column (read per step) and the
@@ -68,8 +107,20 @@ class BlockPlanner:
     def __init__(self, sources: list[BlockSource], batching: PlanSettings, targets: np.ndarray | None = None):
         if targets is None and len(sources) != 1:
             raise ValueError("the sources of a mixture need their slots per epoch (targets)")
+        if batching.batch_size is None and batching.batch_tokens is None:
+            raise ValueError("the 'blocks' order deals a batch size or packs a token budget")
         self.sources, self.batching, self.targets = sources, batching, targets
         self.samples = SourceSampleIndexes(tuple(source.samples for source in sources))  # numbered source by source
+        self.packing: WindowPacking | None = None
+        if batching.batch_size is None:
+            reference = self.order(0, 0)
+            self.packing = plan_window_packing(
+                lambda positions: self.slot_costs(reference, reference.samples_at(positions)),
+                self.slots,
+                batching.shuffle_window,
+                batching.batch_tokens,
+                batching.balance,
+            )
 
     @property
     def slots(self) -> int:
@@ -91,6 +142,8 @@ class BlockPlanner:
         stretches = list(stretches) or [Stretch(world_size, 0)]
         if stretches[-1].world_size != world_size:
             stretches.append(Stretch(world_size, 0))
+        if self.packing is not None:
+            return self._packed_plan(seed, epoch, stretches)
         left, consumed, steps_before = self.slots, [], 0
         for stretch in stretches[:-1]:
             taken = LaneLayout(left, stretch.world_size, b.batch_size, b.lanes).consumed(stretch.steps)
@@ -101,6 +154,36 @@ class BlockPlanner:
         layout.consumed(stretches[-1].steps)  # refuses a step count the layout does not have
         plan = BlockRankPlan(self.order(seed, epoch), layout, consumed)
         return EpochPlan(stretches, plan, steps_before, self.slots - left, None, (seed, epoch))
+
+    def _packed_plan(self, seed: int, epoch: int, stretches: list[Stretch]) -> EpochPlan:
+        """The epoch's plan under a token budget: each stretch consumed the next `steps * world` micro-batches."""
+        assert self.packing is not None
+        order = self.order(seed, epoch)
+        windows = PackedWindows(order.samples_at, functools.partial(self.slot_costs, order), self.slots, self.packing)
+        first = steps_before = 0
+        for number, stretch in enumerate(stretches):
+            plan = PackedRankPlan(order, windows, stretch.world_size, first)
+            if not 0 <= stretch.steps <= len(plan):
+                raise ResumeError(
+                    f"the saved state says {stretch.steps} steps were taken at world size {stretch.world_size},"
+                    f" but that part of the epoch has {len(plan)} steps; the state belongs to another run"
+                )
+            if number < len(stretches) - 1:
+                first += stretch.steps * stretch.world_size
+                steps_before += stretch.steps
+        return EpochPlan(stretches, plan, steps_before, windows.positions_passed(first), None, (seed, epoch))
+
+    def slot_costs(self, order: BlockOrder | MixedBlockOrder, slots: np.ndarray) -> np.ndarray:
+        """Each of `slots`' tokens (`order`: the epoch's order, which says a mixture's slot's sample)."""
+        slots = np.asarray(slots, dtype=np.int64)
+        if not isinstance(order, MixedBlockOrder):
+            return self.sources[0].samples.costs_of(slots)
+        owners, numbers = order.sources_of(slots)
+        costs = np.empty(len(slots), np.int64)
+        for owner in np.unique(owners).tolist():
+            mine = owners == owner
+            costs[mine] = self.sources[owner].samples.costs_of(numbers[mine])
+        return costs
 
     def rank_steps(self, plan: EpochPlan, rank: int) -> RankSteps:
         """The steps `rank` has left in `plan`; each step's samples are made when it is read."""
@@ -153,8 +236,11 @@ class BlockPlanner:
 
     def segment_life_steps(self, world_size: int) -> int | None:
         """How many of its lane's steps a block stays open: its samples, one per turn of the open blocks, in
-        the share of the positions its source holds."""
+        the share of the positions its source holds; None under a token budget (a sequence, its own block, reads
+        whole segments itself, and the micro-batches of a window go to every rank)."""
         b = self.batching
+        if b.batch_size is None:
+            return None
         if self.targets is None:
             return math.ceil(self.sources[0].block * b.open_segments / b.batch_size)
         slots = self.slots

@@ -29,6 +29,7 @@ from mmdata.planning.mixture import (
     source_targets,
 )
 from mmdata.planning.order import SEGMENT_ORDER_VERSION, resolve_shuffle
+from mmdata.planning.packed_windows import WINDOW_PACKING_VERSION
 from mmdata.planning.planner import LoaderPlanner, PlanSettings
 from mmdata.planning.sample_index import SampleIndex, SourceSampleIndexes
 from mmdata.planning.samples import SampleTable, TokensPer, concatenate_samples, enumerate_samples
@@ -72,12 +73,14 @@ def plan_loader(
     excluded: dict[Any, str] = {}
     rows = [_selected_rows(source, mixed, on_error, excluded) for source in sources]
     counts_samples = settings.batch_size is not None
-    # a token budget over windows (each of one cost) is a count of samples, which the "blocks" order deals in steps
-    dealt_in_counts = counts_samples or isinstance(spec, Windows)
-    _check_order_applies(settings.shuffle, counts_samples, dealt_in_counts)
+    if settings.shuffle == "segments" and not counts_samples:
+        raise OptionError(
+            "the 'segments' order keeps its steps in order, which token-budgeted packing does not:"
+            " give Batching(batch_size=...) with Shuffling(mode='segments')"
+        )
     planning = [source.store.columns(["duration", "shard"]) for source in sources]  # what every order plans from
     indexes, slots = None, None
-    if dealt_in_counts and settings.shuffle in ("auto", "blocks"):
+    if settings.shuffle in ("auto", "blocks"):
         indexes = [
             _indexed(source, table, chosen, spec, tokens_per, mixed)
             for source, table, chosen in zip(sources, planning, rows)
@@ -144,20 +147,6 @@ def plan_loader(
     )
 
 
-def _check_order_applies(shuffle: str, counts_samples: bool, dealt_in_counts: bool) -> None:
-    if shuffle == "segments" and not counts_samples:
-        raise OptionError(
-            "the 'segments' order keeps its steps in order, which token-budgeted packing does not:"
-            " give Batching(batch_size=...) with Shuffling(mode='segments')"
-        )
-    if shuffle == "blocks" and not dealt_in_counts:
-        raise OptionError(
-            "the 'blocks' order deals samples in steps of a fixed count: it takes a token budget over"
-            " mmdata.Windows (each of one cost, so a budget holds a count of them), not over sequences of many"
-            " lengths; give Batching(batch_size=...) with Shuffling(mode='blocks'), or another order"
-        )
-
-
 @dataclass(frozen=True)
 class _BlocksInput:
     """What the "blocks" order plans from: the sources, their manifests' duration and shard columns, their sample
@@ -187,8 +176,11 @@ def _blocks_plan(
         for source, table, index in zip(given.sources, given.planning, given.indexes)
     ]
     mixed = given.mixture is not None
-    planner = BlockPlanner(sources, _counted(settings, given.indexes), given.slots if mixed else None)
+    dealt = _dealt(settings, given.indexes)
+    planner = BlockPlanner(sources, dealt, given.slots if mixed else None)
     planned = _planned(spec, episodes, tokens_per, settings, "blocks")
+    if dealt.batch_size is None:
+        planned.append(WINDOW_PACKING_VERSION)
     if not mixed:
         planned.append([settings.lanes, settings.open_segments, sources[0].block, BLOCK_ORDER_VERSION])
         table = given.planning[0]
@@ -207,20 +199,24 @@ def _blocks_plan(
     return LoaderPlan(samples, None, given.slots, settings, planner, excluded, fingerprint, fingerprint, fingerprint)
 
 
-def _counted(settings: PlanSettings, indexes: list[SampleIndex]) -> PlanSettings:
-    """`settings` with a count of samples per micro-batch: a token budget over windows, each of one cost, holds
-    as many as fit (as the packer fills it)."""
+def _dealt(settings: PlanSettings, indexes: list[SampleIndex]) -> PlanSettings:
+    """`settings` as the "blocks" order deals them: a token budget over windows, each of one cost, as a count of
+    samples per micro-batch (as many as fit, as the packer fills it); a token budget over sequences as it is,
+    packed window by window. A sample costlier than the budget is refused, naming the cost to reach."""
     if settings.batch_size is not None:
         return settings
     assert settings.batch_tokens is not None, "a plan needs a batch size or a token budget"
-    having = next(index for index in indexes if len(index))
-    cost = int(having.costs_of(np.zeros(1, np.int64))[0])
-    if cost > settings.batch_tokens:
+    having = [index for index in indexes if len(index)]
+    costliest = max(index.max_cost() for index in having)
+    if costliest > settings.batch_tokens:
         raise SpecError(
-            f"batch_tokens={settings.batch_tokens} is smaller than one sample: every window costs {cost} tokens;"
-            " raise batch_tokens to at least that, or lower tokens_per"
+            f"batch_tokens={settings.batch_tokens} is smaller than one sample: the costliest sample takes"
+            f" {costliest} tokens; raise batch_tokens to at least that, lower tokens_per, or shorten the samples"
+            " (Sequences(max_seconds=...))"
         )
-    return dataclasses.replace(settings, batch_size=settings.batch_tokens // cost)
+    if isinstance(having[0].spec, Windows):
+        return dataclasses.replace(settings, batch_size=settings.batch_tokens // costliest)
+    return settings
 
 
 def _stored_camera(source: OpenSource, cameras: list[str]) -> str | None:

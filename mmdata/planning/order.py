@@ -41,10 +41,10 @@ def as_shuffle(value: Shuffle | bool) -> Shuffle:
 
 
 def resolve_shuffle(mode: Shuffle, counts_samples: bool, reads_video: bool, epoch_samples: int = 0) -> Shuffle:
-    """The order "auto" stands for: "blocks" where an epoch the "blocks" order can deal holds more than
-    `BLOCKS_FROM` samples (`epoch_samples`: a store's samples or a mixture's slots, 0 where it cannot: a token
-    budget over sequences), else "segments" where batches count samples and the samples read a camera (its frame
-    cache then decodes each frame about once per epoch), else "locality". Other modes are themselves."""
+    """The order "auto" stands for: "blocks" where an epoch holds more than `BLOCKS_FROM` samples
+    (`epoch_samples`: a store's samples or a mixture's slots), else "segments" where batches count samples and
+    the samples read a camera (its frame cache then decodes each frame about once per epoch), else "locality".
+    Other modes are themselves."""
     if mode != "auto":
         return mode
     if epoch_samples > BLOCKS_FROM:

@@ -93,6 +93,15 @@ class SampleIndex:
             total += float(np.dot(self.costs_of(self.firsts[three] + 1), counts[three] - 2))
         return total / len(self)
 
+    def max_cost(self) -> int:
+        """The tokens of the costliest sample: within an episode every sample but its last spans the same time,
+        so the costliest is an episode's first or last."""
+        having = np.flatnonzero(np.diff(self.firsts))
+        if not len(having):
+            return 0
+        ends = np.concatenate([self.firsts[having], self.firsts[having + 1] - 1])
+        return int(self.costs_of(ends).max())
+
     def _placed(self, numbers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each sample's episode among the index's (its place in `firsts`) and its number within it."""
         numbers = np.asarray(numbers, dtype=np.int64)

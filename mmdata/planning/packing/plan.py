@@ -128,7 +128,7 @@ def plan_packing(
         if len(pool) == 0:
             break
         tokens = rows.tokens[pool]
-        assignment, count = _pack_window(tokens, config.budget, config.algorithm)
+        assignment, count = pack_window(tokens, config.budget, config.algorithm)
         loads, squares = bin_loads(assignment, count, tokens)
         key = squares if config.balance == "attention" else loads.astype(np.float64)
         by_load = np.argsort(-key, kind="stable")
@@ -167,7 +167,7 @@ def plan_packing(
     return PackingPlan(config, rows, steps, offsets, members, deferred=carry)
 
 
-def _pack_window(tokens: np.ndarray, budget: int, algorithm: str) -> tuple[np.ndarray, int]:
+def pack_window(tokens: np.ndarray, budget: int, algorithm: str) -> tuple[np.ndarray, int]:
     """Bin per sample of one window, and the number of bins."""
     if algorithm != "auto":
         return _KERNELS[algorithm](tokens, budget)
