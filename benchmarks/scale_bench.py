@@ -25,7 +25,8 @@ Three parts, each a curve rather than one point:
 - `packed`: a token budget over sequences (4 s of actions, 40 tokens when whole, in micro-batches of 1,024 tokens)
   over manifests of 10^5 to 10^7 episodes of lognormal durations (about 100 sequences each): one rank's plan and
   first step, fresh and resumed at half the world, in the "blocks" order (windows packed into a fixed number of
-  micro-batches); the main process's cost of counting a step as consumed; and over 10^4 episodes, against the
+  micro-batches); what counting the samples consumed costs (`count_consumed_ms`: once per `state_dict()`, a window
+  packed in the training loop's process; measured after each of 50 steps); and over 10^4 episodes, against the
   "locality" order's packer on the same samples: fill (tokens per micro-batch over the budget), samples left out,
   spread of the ranks' tokens within a step and the mixing figures of rank 0's micro-batches.
 - `mixing`: rank 0's micro-batches of 8 over 1,000 episodes of 300 windows (segments of 32 windows): distinct
@@ -349,7 +350,7 @@ def packed_curve(episode_counts: list[int], worlds: list[int]) -> dict:
             for step in range(1, 51):
                 plan.samples_consumed(step)
             row = {"episodes": episodes, "samples": planner.slots, "world_size": world, **fresh}
-            row["count_step_ms"] = round((time.perf_counter() - started) / 50 * 1000, 3)
+            row["count_consumed_ms"] = round((time.perf_counter() - started) / 50 * 1000, 3)
             row["bins_per_window"] = planner.packing.bins
             row.update({f"elastic_{key}": value for key, value in elastic.items() if key != "steps"})
             rows.append(row)

@@ -76,6 +76,19 @@ def test_bench_measures_the_order_asked_for(stores, tmp_path):
 
 
 @pytest.mark.slow
+def test_bench_measures_sequences_packed_under_a_token_budget_in_the_blocks_order(stores, tmp_path):
+    output = tmp_path / "packed.json"
+    finished = run_cli(
+        "bench", str(stores["wds"]), "--spec", "sequences", "--shuffle", "blocks", "--steps", "3", "--json", str(output)
+    )
+    assert finished.returncode == 0, finished.stderr
+    document = json.loads(output.read_text())
+    jsonschema.validate(document, SCHEMA)
+    assert document["config"]["shuffle"] == "blocks"
+    assert 0 < document["figures"]["packing_efficiency"] <= 1
+
+
+@pytest.mark.slow
 def test_compare_exits_non_zero_on_a_planted_regression_and_zero_within_the_limit(bench_result, tmp_path):
     output, _ = bench_result
     measured = json.loads(output.read_text())

@@ -14,6 +14,7 @@ import pytest
 import mmdata
 from mmdata.errors import ResumeError
 from mmdata.planning import order as order_module
+from mmdata.planning import sample_index as sample_index_module
 from mmdata.planning.block_order import BlockOrder, LaneLayout
 from mmdata.planning.block_planner import BlockPlanner, BlockSource
 from mmdata.planning.epoch_plan import Stretch
@@ -385,3 +386,16 @@ def test_the_decode_floor_of_a_loader_in_the_blocks_order_is_measured(stores):
     )
     floor = decode_floor(loader, range(0, len(loader.samples), 5))
     assert floor is not None and floor.frames > 0 and floor.samples == len(range(0, len(loader.samples), 5))
+
+
+def test_the_sample_index_counts_and_costs_alike_whatever_the_episodes_worked_on_at_once(monkeypatch):
+    table = manifest(np.random.default_rng(3).lognormal(1.0, 1.0, 257).tolist())
+    spec = mmdata.Sequences(fps=10, max_seconds=2.0, min_seconds=0.5, streams={"action": mmdata.Values()})
+    whole = SampleIndex(table, spec, None, None)
+    firsts, mean, most = whole.firsts, whole.mean_cost(), whole.max_cost()
+    monkeypatch.setattr(sample_index_module, "_COUNTED_AT_ONCE", 10)
+    chunked = SampleIndex(table, spec, None, None)
+    assert np.array_equal(firsts, chunked.firsts)
+    costs = enumerate_samples(table, spec, np.arange(len(table))).costs(None)
+    assert chunked.max_cost() == most == costs.max()
+    assert chunked.mean_cost() == pytest.approx(mean) == pytest.approx(costs.mean())

@@ -15,7 +15,7 @@ from mmdata.loading import DataLoader, Frames
 from mmdata.loading.timing import timed
 from mmdata.measure.floor import decode_floor
 from mmdata.measure.steps import StepTimer
-from mmdata.planning.block_planner import BlockRankPlan
+from mmdata.planning.block_planner import BlockRankPlan, PackedRankPlan
 from mmdata.planning.epoch_plan import EpochPlan
 from mmdata.planning.packing import PackingPlan, plan_stats
 
@@ -218,7 +218,7 @@ def plan_figures(loader: DataLoader) -> dict[str, float]:
     "blocks" order)."""
     epoch_plan = loader.epoch_plan()
     plan = epoch_plan.plan
-    if isinstance(plan, BlockRankPlan):
+    if isinstance(plan, (BlockRankPlan, PackedRankPlan)):
         return _dealt_figures(loader, epoch_plan)
     if isinstance(plan, PackingPlan):
         stats = plan_stats(plan)

@@ -6,6 +6,7 @@ episodes' arrays (tens of MB), not the samples' (tens of GB)."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,6 +17,7 @@ from mmdata.planning.packing.cost import TokensPer, token_costs
 from mmdata.planning.specs import Audio, Sequences, Spec, Windows
 
 _EPS = 1e-6  # as `samples.enumerate_samples`: times closer than a microsecond compare equal
+_COUNTED_AT_ONCE = 1 << 20  # episodes worked on together where every episode is (bounds the temporary arrays)
 
 
 class SampleIndex:
@@ -27,7 +29,7 @@ class SampleIndex:
         durations = table.column("duration").to_numpy()
         durations = durations if rows is None else durations[rows]
         self.spec, self.rows = spec, rows
-        self.durations = self.steps = None  # (a window's span needs neither: kept for sequences only)
+        self.durations = None  # (a window's span does not need it: kept for sequences only)
         if isinstance(spec, Windows):
             counts = durations * spec.anchor_fps  # (in place from here: at ten million episodes each array is 80 MB)
             del durations
@@ -37,8 +39,7 @@ class SampleIndex:
             counts = counts.astype(np.int64)
         else:
             self.durations = durations
-            self.steps = durations if spec.max_seconds is None else np.full(len(durations), spec.max_seconds)
-            counts = _sequence_counts(durations, self.steps, spec.min_seconds)
+            counts = _sequence_counts(durations, spec.max_seconds, spec.min_seconds)
         self.firsts = np.zeros(len(counts) + 1, np.int64)
         np.cumsum(counts, out=self.firsts[1:])
         if self.firsts[-1] == 0:
@@ -61,11 +62,13 @@ class SampleIndex:
     def spans_of(self, numbers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each sample's time span [start, end) in its episode (start == end for a window's anchor)."""
         place, local = self._placed(numbers)
-        if self.steps is None or self.durations is None:
+        if self.durations is None:
             start = local / self.spec.anchor_fps
             return start, start.copy()
-        start = local * self.steps[place]
-        return start, np.minimum(start + self.steps[place], self.durations[place])
+        durations = self.durations[place]
+        step = durations if self.spec.max_seconds is None else self.spec.max_seconds  # (None: a whole episode)
+        start = local * step
+        return start, np.minimum(start + step, durations)
 
     def locate(self, numbers: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The samples `numbers`: source (0: one store), episode (manifest row), start and end."""
@@ -81,26 +84,31 @@ class SampleIndex:
     def mean_cost(self) -> float:
         """The mean of every sample's tokens, exactly, in the time of the episodes: within an episode every sample
         but its first and last spans the same time, so costs as much as any other's middle samples."""
-        counts = np.diff(self.firsts)
-        having = np.flatnonzero(counts)
-        if not len(having):
-            return 0.0
-        total = float(self.costs_of(self.firsts[having]).sum())
-        two = having[counts[having] >= 2]
-        total += float(self.costs_of(self.firsts[two + 1] - 1).sum())
-        three = having[counts[having] >= 3]
-        if len(three):
-            total += float(np.dot(self.costs_of(self.firsts[three] + 1), counts[three] - 2))
+        total = 0.0
+        for counts, first, last, second in self._edge_costs():
+            total += float(first.sum()) + float(last[counts >= 2].sum())
+            three = counts >= 3
+            total += float(np.dot(second[three], counts[three] - 2))
         return total / len(self)
 
     def max_cost(self) -> int:
         """The tokens of the costliest sample: within an episode every sample but its last spans the same time,
         so the costliest is an episode's first or last."""
-        having = np.flatnonzero(np.diff(self.firsts))
-        if not len(having):
-            return 0
-        ends = np.concatenate([self.firsts[having], self.firsts[having + 1] - 1])
-        return int(self.costs_of(ends).max())
+        return max(int(max(first.max(), last.max())) for _, first, last, _ in self._edge_costs())
+
+    def _edge_costs(self) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+        """For each run of episodes (`_COUNTED_AT_ONCE` at a time, so the arrays stay small), those with samples:
+        their sample counts and the tokens of their first, last and second samples (the second is the first again
+        in an episode of one)."""
+        for begin in range(0, len(self.firsts) - 1, _COUNTED_AT_ONCE):
+            firsts = self.firsts[begin : begin + _COUNTED_AT_ONCE + 1]
+            counts = np.diff(firsts)
+            having = np.flatnonzero(counts)
+            if not len(having):
+                continue
+            counts, starts = counts[having], firsts[having]
+            second = starts + np.minimum(counts - 1, 1)
+            yield counts, self.costs_of(starts), self.costs_of(starts + counts - 1), self.costs_of(second)
 
     def _placed(self, numbers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each sample's episode among the index's (its place in `firsts`) and its number within it."""
@@ -147,13 +155,18 @@ class SourceSampleIndexes:
         return source, episodes, starts, ends
 
 
-def _sequence_counts(durations: np.ndarray, steps: np.ndarray, min_seconds: float) -> np.ndarray:
-    """Chunks per episode as `enumerate_samples` cuts them: every `step` seconds from 0, the last one cut at the
-    episode's end and left out when shorter than `min_seconds` (all are, when `step` is)."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        cut = np.where(durations > _EPS, np.ceil((durations - _EPS) / steps), 0).astype(np.int64)
-    last_start = np.maximum(cut - 1, 0) * steps
-    last_length = np.minimum(last_start + steps, durations) - last_start
-    keeps_last = (cut > 0) & (last_length + _EPS >= min_seconds) & (last_length > 0)
-    keeps_whole = steps + _EPS >= min_seconds
-    return np.where(keeps_whole, np.maximum(cut - 1, 0), 0) + keeps_last
+def _sequence_counts(durations: np.ndarray, step: float | None, min_seconds: float) -> np.ndarray:
+    """Chunks per episode as `enumerate_samples` cuts them: every `step` seconds from 0 (None: the whole episode),
+    the last one cut at the episode's end and left out when shorter than `min_seconds` (all are, when `step` is)."""
+    counts = np.empty(len(durations), np.int64)
+    for begin in range(0, len(durations), _COUNTED_AT_ONCE):
+        part = durations[begin : begin + _COUNTED_AT_ONCE]
+        steps = part if step is None else step
+        with np.errstate(divide="ignore", invalid="ignore"):
+            cut = np.where(part > _EPS, np.ceil((part - _EPS) / steps), 0).astype(np.int64)
+        last_start = np.maximum(cut - 1, 0) * steps
+        last_length = np.minimum(last_start + steps, part) - last_start
+        keeps_last = (cut > 0) & (last_length + _EPS >= min_seconds) & (last_length > 0)
+        keeps_whole = steps + _EPS >= min_seconds
+        counts[begin : begin + len(part)] = np.where(keeps_whole, np.maximum(cut - 1, 0), 0) + keeps_last
+    return counts
