@@ -288,3 +288,39 @@ def test_reference_packing_scales_a_short_epoch_to_a_whole_window():
     costs = np.full(100, 10, np.int64)
     packing = plan_window_packing(lambda positions: costs[positions], 100, 400, 50, "tokens")
     assert packing.window == 100 and packing.bins == 20
+
+
+def test_a_window_packed_for_attention_deals_the_micro_batches_of_most_squared_tokens_first():
+    blocks = packed_planner(lognormal_durations(300, seed=8), budget=300)
+    attention = BlockPlanner(
+        blocks.sources, PlanSettings(300, None, balance="attention", shuffle="blocks", shuffle_window=512)
+    )
+    index = blocks.sources[0].samples
+    plan = attention.epoch_plan(1, 0, [], 1)
+    assert plan.plan.windows.windows == 1  # (one window: every micro-batch of the epoch is dealt from it)
+    micro_batches = [plan.plan.micro_batch(m, 0) for m in range(len(plan.plan))]
+    squares = [float((index.costs_of(slots).astype(float) ** 2).sum()) for slots in micro_batches]
+    assert squares == sorted(squares, reverse=True)
+    by_tokens = blocks.epoch_plan(1, 0, [], 1)
+    assert sorted(np.concatenate(micro_batches).tolist()) == sorted(
+        n for m in range(len(by_tokens.plan)) for n in by_tokens.plan.micro_batch(m, 0).tolist()
+    )
+
+
+@pytest.mark.slow
+def test_a_mixture_of_sequences_under_a_token_budget_is_packed_in_the_blocks_order(stores):
+    mixture = mmdata.Mixture(
+        [mmdata.Source(stores["wds"], 3.0, name="wds"), mmdata.Source(stores["zarr"], 1.0, name="zarr")],
+        epoch_samples=80,
+    )
+    loader = mmdata.DataLoader(
+        mixture,
+        SEQUENCES,
+        batching=mmdata.Batching(batch_tokens=12),
+        shuffling=mmdata.Shuffling(mode="blocks", window=16),
+        seed=3,
+    )
+    plan = loader.epoch_plan()
+    sources = [source for batch in loader for source in batch["source"].tolist()]
+    assert len(sources) + len(plan.left_out) == 80
+    assert abs(sources.count(0) / len(sources) - 0.75) < 0.1
