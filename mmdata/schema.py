@@ -46,7 +46,7 @@ MAX_HISTORY = 100_000
 # The stores whose media a split or merged store's rows name: paths relative to the store, of plain folder names
 MAX_ORIGINS = 1024
 _ORIGIN = re.compile(r"(\.\./)+([A-Za-z0-9_][A-Za-z0-9_ .=+,@~-]*/)*[A-Za-z0-9_][A-Za-z0-9_ .=+,@~-]*")
-EDITS = ("delete", "keep", "remove-stream", "split", "merge")
+EDITS = ("delete", "keep", "remove-stream", "add-stream", "split", "merge")
 DERIVING = ("split", "merge")  # edits that make a new store rather than a store's next version
 _DOCUMENT_FIELDS = {
     "format",
@@ -59,6 +59,7 @@ _DOCUMENT_FIELDS = {
     "stats",
     "history",
     "origins",
+    "stream_origins",
 }
 
 
@@ -142,6 +143,9 @@ class DatasetSchema:
     stats_file: str = DEFAULT_STATS_FILE
     history: list[dict[str, Any]] = field(default_factory=list)
     origins: list[str] = field(default_factory=list)
+    # Streams added from another store (`mmdata edit add-stream`): each one's pieces lie in that store, named as
+    # `origins` are (relative to this store), in every row, whatever the row's own origin.
+    stream_origins: dict[str, str] = field(default_factory=dict)
 
     @property
     def version(self) -> int:
@@ -171,6 +175,8 @@ class DatasetSchema:
             document.update(manifest=self.manifest_file, stats=self.stats_file, history=self.history)
         if self.origins:
             document["origins"] = self.origins
+        if self.stream_origins:
+            document["stream_origins"] = self.stream_origins
         return json.dumps(document, indent=2, sort_keys=False) + "\n"
 
     @classmethod
@@ -213,6 +219,7 @@ class DatasetSchema:
             stats_file = _version_file(document.get("stats", DEFAULT_STATS_FILE), "stats", ".json")
             history = _checked_history(document.get("history", []))
             origins = _checked_origins(document.get("origins", []))
+            stream_origins = _checked_stream_origins(document.get("stream_origins", {}), streams)
         except ValueError as exc:
             raise StoreError(f"{where}: {exc}; restore it or convert the store again") from exc
         return cls(
@@ -225,7 +232,12 @@ class DatasetSchema:
             stats_file=stats_file,
             history=history,
             origins=origins,
+            stream_origins=stream_origins,
         )
+
+    def media_stores(self) -> list[str]:
+        """Every store this one reads media from besides itself: its rows' origins and its streams'."""
+        return sorted({*self.origins, *self.stream_origins.values()})
 
 
 def version_file_name(stem: str, version: int) -> str:
@@ -275,6 +287,19 @@ def _checked_origins(origins: Any) -> list[str]:
     if len(set(origins)) != len(origins):
         raise ValueError("'origins' names a store twice")
     return origins
+
+
+def _checked_stream_origins(stream_origins: Any, streams: list[Stream]) -> dict[str, str]:
+    """The streams added from other stores, each to the store holding its pieces (a path as `origins` holds)."""
+    if not isinstance(stream_origins, dict) or len(stream_origins) > MAX_ORIGINS:
+        raise ValueError(f"'stream_origins' is not an object of at most {MAX_ORIGINS} streams")
+    media = {stream.name for stream in streams if stream.kind != "text"}
+    for name, origin in stream_origins.items():
+        if name not in media:
+            raise ValueError(f"'stream_origins' names {name!r:.80}, which is not one of its streams with media")
+        if not is_origin(origin):
+            raise ValueError(f"stream {name!r}'s origin is {origin!r:.80}, not a path like ../store")
+    return dict(stream_origins)
 
 
 def stream_to_dict(stream: Stream) -> dict[str, Any]:

@@ -101,7 +101,7 @@ def fail_at(monkeypatch, failing: str):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("failing", ["_write_manifest", "compute_stats", "write_text_atomically"])
+@pytest.mark.parametrize("failing", ["write_manifest", "compute_stats", "write_text_atomically"])
 def test_an_edit_that_fails_at_any_step_leaves_the_version_before_and_can_be_made_again(copies, monkeypatch, failing):
     url = str(copies["wds"])
     original = fail_at(monkeypatch, failing)
@@ -115,7 +115,7 @@ def test_an_edit_that_fails_at_any_step_leaves_the_version_before_and_can_be_mad
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("failing", ["_write_manifest", "write_stats", "write_text_atomically"])
+@pytest.mark.parametrize("failing", ["write_manifest", "write_stats", "write_text_atomically"])
 def test_removing_a_stream_that_fails_at_any_step_leaves_the_version_before(copies, monkeypatch, failing):
     url = str(copies["zarr"])
     original = fail_at(monkeypatch, failing)

@@ -91,6 +91,12 @@ def open_base(url: str) -> AppendBase:
             " and holds no media of its own; convert the new episodes into a store of their own, then merge the"
             " stores with `mmdata edit ... merge`"
         )
+    if store.schema.stream_origins:
+        added = ", ".join(f"'{name}' from {origin}" for name, origin in store.schema.stream_origins.items())
+        raise DestinationError(
+            f"cannot append to '{url}': streams were added to it from other stores ({added}), which hold no new"
+            f" episode's media; compact it first (`mmdata edit {url} compact --into NEW`), then append to NEW"
+        )
     return AppendBase(url, store.schema, store.table.to_pylist(), _saved_moments(store))
 
 

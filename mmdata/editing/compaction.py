@@ -127,6 +127,6 @@ def _check_local_destination(store: Store, local: Path) -> None:
     if local.exists() and (not local.is_dir() or any(local.iterdir())):
         what = "a file" if not local.is_dir() else "a folder that is not empty"
         raise EditError(f"'{local}' is {what}; a compacted store goes to a new or empty folder")
-    media = [store.root, *(join(store.root, origin) for origin in store.schema.origins)]
+    media = [store.root, *(join(store.root, origin) for origin in store.schema.media_stores())]
     if isinstance(store.fs, LocalFileSystem) and any(inside(root, local) for root in media):
         raise EditError(f"'{local}' lies inside a store whose media it copies; write the compacted store beside it")

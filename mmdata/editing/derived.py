@@ -5,7 +5,8 @@ A new store holds a manifest, statistics and `dataset.json`, and no media: each 
 holds its episode's shards or arrays (`origin`, one of `dataset.json`'s `origins`, paths relative to the new store
 such as `../robot-2026`), and readers find the pieces there (`manifest.rooted_in_origin`). The stores it was made
 from are not changed; they must stay where they are (a store whose origin is gone refuses to open, naming it).
-A store made from a split or merged store names the stores holding the media, never the intermediate store.
+A store made from a split or merged store names the stores holding the media, never the intermediate store, and
+a stream added from another store (`stream_origins`) keeps being read there.
 
 `dataset.json` is written last: until then the destination is no store, and the same split or merge run again
 writes over what a failed run left. A destination that is a store already is refused, unless it is the result of
@@ -137,6 +138,16 @@ class _NewStore:
             {value: self._origin(store, value) for value in _origin_values(store)} for store, _ in sources
         ]
         origins = sorted({origin for mapping in self.origin_of for origin in mapping.values()})
+        added = [
+            {name: self._origin(store, origin) for name, origin in store.schema.stream_origins.items()}
+            for store, _ in sources
+        ]
+        differing = [mapping for mapping in added[1:] if mapping != added[0]]
+        if differing:
+            raise EditError(
+                f"the stores read streams added from other stores from different places ({added[0]} and"
+                f" {differing[0]}); compact them first (`mmdata edit STORE compact --into NEW`), then merge"
+            )
         total = sum(len(rows) for _, rows in sources)
         entry = history_entry(edit, total, sum(len(store) for store, _ in sources), described)
         self.schema = DatasetSchema(
@@ -148,6 +159,7 @@ class _NewStore:
             stats_file=version_file_name("stats", 1),
             history=[entry],
             origins=origins,
+            stream_origins=added[0],
         )
         self._check_destination()
 

@@ -70,10 +70,10 @@ def edit_store(
     described = f"{action} {len(named)} episode{'' if len(named) == 1 else 's'} ({selection.describe()})"
     schema = next_version(store.schema, history_entry(action, len(kept), count, described))
     parts = chosen_rows(store, kept)
-    _write_manifest(store, schema, parts, store.manifest.schema, progress)
+    write_manifest(store, schema, parts, store.manifest.schema, progress)
     edited = Store(url, schema=schema)
     stats = compute_stats(Dataset(edited)) if recompute_stats else stats_before(store, f"episodes were {verb}")
-    return _publish(store, schema, stats, count, "recomputed" if recompute_stats else "kept")
+    return publish(store, schema, stats, count, "recomputed" if recompute_stats else "kept")
 
 
 def remove_stream(url: str, name: str, progress: bool = True) -> EditReport:
@@ -89,17 +89,18 @@ def remove_stream(url: str, name: str, progress: bool = True) -> EditReport:
         raise EditError(f"'{url}': '{name}' is its last stream with values; a store without one cannot be read")
     count = len(store)
     entry = history_entry("remove-stream", count, count, f"remove stream '{name}'")
-    schema = dataclasses.replace(next_version(store.schema, entry), streams=streams)
+    added = {stream: origin for stream, origin in store.schema.stream_origins.items() if stream != name}
+    schema = dataclasses.replace(next_version(store.schema, entry), streams=streams, stream_origins=added)
     columns = [field for field in store.manifest.schema if not field.name.startswith(f"{name}/")]
     parts = (rows.select([field.name for field in columns]) for _, rows in store.manifest.row_groups())
-    _write_manifest(store, schema, parts, pa.schema(columns), progress)
+    write_manifest(store, schema, parts, pa.schema(columns), progress)
     try:
         stats = read_stats(store)
     except MmdataError:
         stats = compute_stats(Dataset(Store(url, schema=schema)))
     else:
         stats = {key: _without(value, name) for key, value in stats.items()}
-    return _publish(store, schema, stats, count, "kept")
+    return publish(store, schema, stats, count, "kept")
 
 
 def next_version(schema: DatasetSchema, entry: dict) -> DatasetSchema:
@@ -137,14 +138,15 @@ def editable_store(url: str) -> Store:
     return store
 
 
-def _write_manifest(
+def write_manifest(
     store: Store, schema: DatasetSchema, parts: Iterator[pa.Table], columns: pa.Schema, progress: bool
 ) -> None:
+    """The new version's manifest, of `columns`, from `parts` (its rows in order), under its own name."""
     path = join(store.root, schema.manifest_file)
     write_rows(store.fs, path, parts, columns, schema.num_episodes, f"edit {store.url}", progress)
 
 
-def _publish(store: Store, schema: DatasetSchema, stats: dict, before: int, how: str) -> EditReport:
+def publish(store: Store, schema: DatasetSchema, stats: dict, before: int, how: str) -> EditReport:
     """Write the new version's statistics, then its `dataset.json` (the step that publishes it), then remove the
     files of versions no reader can still be reading."""
     write_stats(Store(store.url, schema=schema), stats)

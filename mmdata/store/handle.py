@@ -133,13 +133,18 @@ class Store:
         where = f"{self.url}/{self.schema.manifest_file}"
         path = join(self.root, self.schema.manifest_file)
         self.manifest = open_manifest(self.fs, path, read_policy, self.schema, where)
-        for origin in self.schema.origins:
+        for origin in self.schema.media_stores():
             self._check_origin(origin)
         self.pieces: PieceReader = piece_reader(self.schema.layout, self.fs, self.root, verify, read_policy)
         if isinstance(self.pieces, ZarrPieceReader):
+            added = self.schema.stream_origins
+            own = [stream for stream in self.schema.streams if stream.name not in added]
             for prefix in [f"{origin}/" for origin in self.schema.origins] or [""]:
-                for path in zarr_array_paths(self.schema.streams):
+                for path in zarr_array_paths(own):
                     self.pieces.arrays.layout(prefix + path)
+            for stream in self.schema.streams:
+                for path in zarr_array_paths([stream]) if stream.name in added else ():
+                    self.pieces.arrays.layout(f"{added[stream.name]}/{path}")
         self.cache = ByteBudgetCache(cache_bytes)
 
     @property
@@ -160,7 +165,8 @@ class Store:
         return DatasetSchema.from_json(data, where=f"{self.url}/{DATASET_FILE}")
 
     def _check_origin(self, origin: str) -> None:
-        """A split or merged store reads its episodes' media from the stores `origins` lists: each must be there."""
+        """A split or merged store reads its episodes' media from the stores `origins` lists, and a store with a
+        stream added from another store that stream's: each must be there."""
         where = join(self.root, origin)
         if not self.fs.exists(join(where, DATASET_FILE)):
             raise StoreError(

@@ -73,21 +73,25 @@ def renumbered(rows: pa.Table, numbers: np.ndarray) -> pa.Table:
     )
 
 
-def rooted_in_origin(row: dict[str, Any]) -> dict[str, Any]:
-    """A manifest row whose `origin` names another store, with the shard and every piece's path made relative to
-    this store (`../origin/shards/...`), so that readers find the media where the origin holds it."""
+def rooted_in_origin(row: dict[str, Any], stream_origins: dict[str, str] | None = None) -> dict[str, Any]:
+    """A manifest row with the shard and every piece's path made relative to this store (`../origin/shards/...`)
+    where another store holds them: the row's `origin` (a split or merged store), or for a stream added from
+    another store its entry in `stream_origins` (`mmdata edit add-stream`), so that readers find the media there."""
     origin = row.get(ORIGIN)
-    if not origin:
+    if not origin and not stream_origins:
         return row
-    prefix = f"{origin}/"
     rooted = dict(row)
     for column, value in row.items():
+        stream = column.split("/", 1)[0] if "/" in column else None
+        prefix = (stream_origins or {}).get(stream) or origin  # type: ignore[arg-type]
+        if not prefix:
+            continue
         if isinstance(value, dict) and "path" in value:
-            rooted[column] = {**value, "path": prefix + value["path"]}
+            rooted[column] = {**value, "path": f"{prefix}/{value['path']}"}
         elif isinstance(value, list) and value and isinstance(value[0], dict) and "path" in value[0]:
-            rooted[column] = [{**item, "path": prefix + item["path"]} for item in value]
-    if row.get("shard"):
-        rooted["shard"] = prefix + row["shard"]
+            rooted[column] = [{**item, "path": f"{prefix}/{item['path']}"} for item in value]
+    if origin and row.get("shard"):
+        rooted["shard"] = f"{origin}/{row['shard']}"
     return rooted
 
 

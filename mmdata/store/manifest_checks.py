@@ -33,6 +33,7 @@ NPY_HEADER_MAX = 65536 + 16
 TIME_TOLERANCE = 1e-6
 SHARD_PATTERN = r"^shards/[A-Za-z0-9_.-]+\.tar$"
 CHECKSUM_PATTERN = r"^[0-9a-f]{16}$"
+_ANY_SHARD = "shards/<any>.tar"  # where a WebDataset stream added from another store names its pieces
 _POWERS_OF_TEN = 10 ** np.arange(1, 19, dtype=np.int64)  # a row number's digits: one more than the powers below it
 
 
@@ -51,14 +52,16 @@ def check_manifest(table: pa.Table, schema: DatasetSchema, where: str, first_row
     rows = _RowProblems(table.column("key").to_pylist(), first_row or 0)
     counts = _check_times(table, schema.streams, rows)
     for stream in schema.streams:
+        added = stream.name in schema.stream_origins
         if isinstance(stream, VideoStream):
-            _check_video(table, stream, counts[stream.name], schema.layout, rows)
+            _check_video(table, stream, counts[stream.name], schema.layout, rows, added)
         elif isinstance(stream, AudioStream):
-            _check_piece_column(table, f"{stream.name}/data", _piece_path(schema.layout, "audio", stream.name), rows)
+            where = _piece_path(schema.layout, "audio", stream.name, added)
+            _check_piece_column(table, f"{stream.name}/data", where, rows)
             limit = counts[stream.name] * stream.channels * 4 * 1.25 + 65536
             _check_piece_sizes(table, f"{stream.name}/data", 1, limit, rows)
         elif isinstance(stream, LowdimStream):
-            _check_lowdim(table, stream, counts[stream.name], schema.layout, rows)
+            _check_lowdim(table, stream, counts[stream.name], schema.layout, rows, added)
     if schema.layout == "wds":
         _check_members(table, rows)
     else:
@@ -226,14 +229,19 @@ def _period(stream) -> float | None:
     return None
 
 
-def _piece_path(layout: str, group: str, name: str) -> str | None:
-    """The array every piece of a stream must name (Zarr); None for WebDataset (the row's shard)."""
-    return f"{group}/{name}" if layout == "zarr" else None
+def _piece_path(layout: str, group: str, name: str, added: bool) -> str | None:
+    """The array every piece of a stream must name (Zarr); for WebDataset the row's shard (None), or any shard of
+    the store holding a stream added from it (`_ANY_SHARD`: its shards are not the row's)."""
+    if layout == "zarr":
+        return f"{group}/{name}"
+    return _ANY_SHARD if added else None
 
 
-def _check_video(table: pa.Table, stream: VideoStream, count: np.ndarray, layout: str, rows: _RowProblems) -> None:
+def _check_video(
+    table: pa.Table, stream: VideoStream, count: np.ndarray, layout: str, rows: _RowProblems, added: bool
+) -> None:
     name = stream.name
-    _check_piece_column(table, f"{name}/timestamps", _piece_path(layout, "timestamps", name), rows)
+    _check_piece_column(table, f"{name}/timestamps", _piece_path(layout, "timestamps", name, added), rows)
     _check_rows_size(table, f"{name}/timestamps", count, 8, layout, rows)
     lists = table.column(f"{name}/segments").combine_chunks()
     if lists.null_count:
@@ -242,7 +250,7 @@ def _check_video(table: pa.Table, stream: VideoStream, count: np.ndarray, layout
     rows.flag((lengths == 0) & (count > 0), lambda i: f"camera '{name}' has {count[i]:.0f} frames but no segment")
     flat = lists.flatten()
     parents = pc.list_parent_indices(lists).to_numpy(zero_copy_only=False)
-    _check_pieces(flat, parents, _piece_path(layout, "video", name), table, f"{name}/segments", rows)
+    _check_pieces(flat, parents, _piece_path(layout, "video", name, added), table, f"{name}/segments", rows)
     first = _field(flat, "first_frame")
     frames = _field(flat, "num_frames")
     bad = ~((frames >= 1) & (frames <= stream.segment_frames))
@@ -296,11 +304,13 @@ def _check_packet_indexes(
     )
 
 
-def _check_lowdim(table: pa.Table, stream: LowdimStream, count: np.ndarray, layout: str, rows: _RowProblems) -> None:
+def _check_lowdim(
+    table: pa.Table, stream: LowdimStream, count: np.ndarray, layout: str, rows: _RowProblems, added: bool
+) -> None:
     name = stream.name
     row_bytes = int(np.prod(stream.shape, dtype=np.int64)) * np.dtype(stream.dtype).itemsize
-    _check_piece_column(table, f"{name}/data", _piece_path(layout, "data", name), rows)
-    _check_piece_column(table, f"{name}/timestamps", _piece_path(layout, "timestamps", name), rows)
+    _check_piece_column(table, f"{name}/data", _piece_path(layout, "data", name, added), rows)
+    _check_piece_column(table, f"{name}/timestamps", _piece_path(layout, "timestamps", name, added), rows)
     _check_rows_size(table, f"{name}/data", count, row_bytes, layout, rows)
     _check_rows_size(table, f"{name}/timestamps", count, 8, layout, rows)
 
@@ -338,6 +348,9 @@ def _check_pieces(
         shards = table.column("shard").combine_chunks().take(pa.array(parents, pa.int64()))
         same = pc.fill_null(pc.equal(paths, shards), False).to_numpy(zero_copy_only=False)
         expected = "the row's shard"
+    elif array_path == _ANY_SHARD:
+        same = pc.fill_null(pc.match_substring_regex(paths, SHARD_PATTERN), False).to_numpy(zero_copy_only=False)
+        expected = "a file shards/<name>.tar of the store it was added from"
     else:
         same = pc.fill_null(pc.equal(paths, pa.scalar(array_path)), False).to_numpy(zero_copy_only=False)
         expected = f"'{array_path}'"

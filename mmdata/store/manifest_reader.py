@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import fsspec
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from cachetools import LRUCache
@@ -120,6 +121,7 @@ class Manifest:
     def __init__(self, table: pa.Table, damaged: dict[int, str] | None = None):
         self._table: pa.Table | None = table
         self.damaged = dict(damaged or {})
+        self.stream_origins: dict[str, str] = {}  # (set by `open_manifest` from the store's schema)
         self.num_rows = table.num_rows
         self._opener: ParquetOpener | None = None
         self._check: Check | None = None
@@ -134,7 +136,7 @@ class Manifest:
         `opened`: the file opened already in this process, and what it reads through)."""
         manifest = cls.__new__(cls)
         parquet, source = opened if opened is not None else opener()
-        manifest._table, manifest.damaged = None, {}
+        manifest._table, manifest.damaged, manifest.stream_origins = None, {}, {}
         manifest.num_rows = parquet.metadata.num_rows
         manifest._opener, manifest._check = opener, check
         counts = [parquet.metadata.row_group(g).num_rows for g in range(parquet.num_row_groups)]
@@ -215,7 +217,8 @@ class Manifest:
         self._check_row(index, group, start)
         if index in self.damaged:
             raise IntegrityError(f"{self.damaged[index]}; run `mmdata verify` to list every damaged episode")
-        found = self._rows[index] = rooted_in_origin(group.slice(index - start, 1).to_pylist()[0])
+        row = group.slice(index - start, 1).to_pylist()[0]
+        found = self._rows[index] = rooted_in_origin(row, self.stream_origins)
         return found
 
     @property
@@ -245,6 +248,23 @@ class Manifest:
         source.forget()
         pa.default_memory_pool().release_unused()  # the pages decoded on the way, kept by the allocator
         return read
+
+    def take(self, indexes: np.ndarray, names: Sequence[str]) -> pa.Table:
+        """The columns `names` of rows `indexes` (any order), as stored (not rooted in an origin), each row group
+        they lie in read once: what an edit reads of another store's rows, a part at a time."""
+        indexes = np.asarray(indexes, dtype=np.int64)
+        if self._table is not None:
+            return self._table.select(list(names)).take(pa.array(indexes))
+        numbers = np.searchsorted(np.asarray(self._starts), indexes, side="right") - 1
+        parts, places = [], []
+        for number in np.unique(numbers).tolist():
+            chosen = np.flatnonzero(numbers == number)
+            group, first = self._group_of(int(indexes[chosen[0]]))
+            parts.append(group.select(list(names)).take(pa.array(indexes[chosen] - first)))
+            places.append(chosen)
+        if not parts:
+            return self._file()[0].schema_arrow.empty_table().select(list(names))
+        return pa.concat_tables(parts).take(pa.array(np.argsort(np.concatenate(places), kind="stable")))
 
     def row_groups(self) -> Iterator[tuple[int, pa.Table]]:
         """Every row, as (first row, rows) in groups of at most `ROW_GROUP_ROWS`, read one at a time and not kept
@@ -356,13 +376,16 @@ def open_manifest(
             table = parquet.read(use_threads=False)
         except (pa.ArrowException, OSError, ValueError, IndexError) as exc:
             raise StoreError(f"{where} is not a readable Parquet file ({exc}); restore it or convert again") from exc
-        return Manifest(table, check_manifest(table, schema, where))
-    check_manifest_columns(parquet.schema_arrow, metadata.num_rows, schema, where)
+        manifest = Manifest(table, check_manifest(table, schema, where))
+    else:
+        check_manifest_columns(parquet.schema_arrow, metadata.num_rows, schema, where)
 
-    def check(group: pa.Table, first_row: int) -> dict[int, str]:
-        return check_manifest(group, schema, where, first_row)
+        def check(group: pa.Table, first_row: int) -> dict[int, str]:
+            return check_manifest(group, schema, where, first_row)
 
-    return Manifest.by_row_group(ParquetOpener(fs, path, size, policy, where), check, (parquet, source))
+        manifest = Manifest.by_row_group(ParquetOpener(fs, path, size, policy, where), check, (parquet, source))
+    manifest.stream_origins = dict(schema.stream_origins)
+    return manifest
 
 
 def arrow_owned(data: bytes) -> pa.Buffer:

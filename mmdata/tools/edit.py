@@ -1,12 +1,13 @@
-"""`mmdata edit STORE delete|keep|remove-stream|split|merge|compact ...`: a store's next version, or new stores made
-from it, their manifests pointing at the shards and arrays where the episodes are (no media copied, but by compact,
-which copies it byte for byte into a store of its own), published by writing `dataset.json` last."""
+"""`mmdata edit STORE delete|keep|remove-stream|add-stream|split|merge|compact ...`: a store's next version, or new
+stores made from it, their manifests pointing at the shards and arrays where the episodes are (no media copied, but
+by compact, which copies it byte for byte into a store of its own), published by writing `dataset.json` last."""
 
 from __future__ import annotations
 
 import argparse
 import textwrap
 
+from mmdata.editing.added_streams import MATCHES, add_streams
 from mmdata.editing.compaction import compact_store
 from mmdata.editing.derived import ValidationChoice, merge_stores, split_store
 from mmdata.editing.selection import EpisodeSelection
@@ -28,19 +29,20 @@ DERIVED = (
 def add_parser(commands) -> None:
     parser = commands.add_parser(
         "edit",
-        help="delete or keep episodes, remove a stream, split into train/validation, merge stores, compact",
+        help="delete or keep episodes, add or remove a stream, split into train/validation, merge stores, compact",
         description=textwrap.fill(
             "Edit a store without re-encoding media: delete episodes or keep only some (by id, task or duration),"
-            " or remove a stream, as the store's next version; split it into train and validation stores, or merge"
-            " stores with the same streams into a new one (none of these copies media); compact a store into a new"
-            " one holding exactly its episodes (media copied byte for byte). Local folders and object storage."
-            + PUBLISHING,
+            " remove a stream, or add one from another store, as the store's next version; split it into train and"
+            " validation stores, or merge stores with the same streams into a new one (none of these copies media);"
+            " compact a store into a new one holding exactly its episodes (media copied byte for byte). Local"
+            " folders and object storage." + PUBLISHING,
             100,
         ),
         epilog=(
             "examples:\n  mmdata edit robot.wds delete --episodes 3,17,40-44\n"
             "  mmdata edit robot.wds split --train robot-train.wds --validation robot-val.wds --fraction 0.1\n"
             "  mmdata edit robot-a.wds merge robot-b.wds --into robots.wds\n"
+            "  mmdata edit robot.wds add-stream --from robot-depth.wds --stream depth\n"
             "  mmdata edit robots.wds compact --into s3://bucket/robots.zarr --layout zarr\n"
             "each action has its own --help: mmdata edit STORE split --help"
         ),
@@ -84,6 +86,26 @@ def add_parser(commands) -> None:
         ),
     )
     removing.add_argument("stream", help="the stream's name, as `mmdata inspect` lists it")
+    adding = actions.add_parser(
+        "add-stream",
+        parents=[stats, common],
+        help="the store's next version with a stream of another store",
+        description=(
+            "Write the store's next version with streams of another store of the same layout (a stream converted"
+            " later from the same recordings: a depth camera, another view): each episode gets the stream of the"
+            " other store's episode of the same source (the recording it was converted from), or of the same"
+            " number (--match order). The media stay in the other store, which must lie beside this one and stay"
+            " there (dataset.json's 'stream_origins' names it); `compact` copies them in. An episode the stream"
+            " would leave inconsistent (a stream that ends after it) is refused, naming it." + PUBLISHING
+        ),
+    )
+    adding.add_argument("--from", dest="other", required=True, help="the store holding the stream (folder or URL)")
+    adding.add_argument(
+        "--stream", dest="streams", action="append", required=True, help="a stream to add (repeat for several)"
+    )
+    adding.add_argument(
+        "--match", choices=MATCHES, default="source", help="how episodes are matched: by source (default) or order"
+    )
     splitting = actions.add_parser(
         "split",
         parents=[selection, stats, common],
@@ -133,6 +155,8 @@ def run(args: argparse.Namespace) -> int:
     progress = not args.no_progress
     if args.action == "remove-stream":
         reports = [remove_stream(args.path, args.stream, progress)]
+    elif args.action == "add-stream":
+        reports = [add_streams(args.path, args.other, args.streams, args.match, not args.keep_stats, progress)]
     elif args.action == "compact":
         reports = [compact_store(args.path, args.into, args.layout, progress)]
     elif args.action == "merge":

@@ -85,6 +85,7 @@ def summarize(dataset: Store) -> dict[str, Any]:
         "created": dataset.schema.created,
         "history": dataset.schema.history,
         "origins": dataset.schema.origins,
+        "stream_origins": dataset.schema.stream_origins,
     }
 
 
@@ -130,6 +131,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"    {entry['name']:<{width}}  {entry['kind']:<6}  {_describe(entry)}")
     if summary["origins"]:
         print(f"  media     in the stores {', '.join(map(terminal_text, summary['origins']))} (split or merged from)")
+    for name, origin in summary["stream_origins"].items():
+        print(f"  media     of '{terminal_text(name)}' in the store {terminal_text(origin)} (added from)")
     if summary["history"]:
         first = summary["history"][0]
         print("  history")
