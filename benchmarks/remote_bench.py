@@ -7,7 +7,9 @@ on 127.0.0.1 behind a proxy that adds 0, 20 and 100 ms to every request (each in
 `s3_processes.py`, as object storage is not in the trainer's process), with the micro-batch's
 pieces fetched ahead in coalesced requests and without (each piece its own request), and with
 the local disk cache (`ReadPolicy(cache_dir=...)`) warmed by one epoch beforehand, as a second
-epoch finds it. Loaders run in alternating rounds; samples/s are medians. Beside them, samples per
+epoch finds it, and (`--compare-s3fs`) coalesced with every byte range read by s3fs rather than by plain
+signed GETs (`ReadPolicy(plain_s3_gets=False)`, what every read was before `store.s3_plain`). Loaders run in
+alternating rounds; samples/s are medians. Beside them, samples per
 CPU-second of the loader's worker processes alone: the S3 server and the proxy run on the same cores,
 so on a small machine their CPU takes the workers' place (`server_cpu_share`: their CPU per second of a
 run; moto copies a whole object for every ranged GET, which object storage does not). Results go to
@@ -52,8 +54,8 @@ SPEC = mmdata.Windows(
 )
 
 
-def loader_for(url: str, args, cache_dir: str | None = None) -> mmdata.DataLoader:
-    policy = mmdata.ReadPolicy(cache_dir=cache_dir, coalesce_gap=args.coalesce_gap)
+def loader_for(url: str, args, cache_dir: str | None = None, plain: bool = True) -> mmdata.DataLoader:
+    policy = mmdata.ReadPolicy(cache_dir=cache_dir, coalesce_gap=args.coalesce_gap, plain_s3_gets=plain)
     batching, runtime = mmdata.Batching(batch_size=args.batch_size), mmdata.Runtime(num_workers=args.workers)
     reading = mmdata.Reading(policy=policy)
     return mmdata.DataLoader(url, SPEC, batching=batching, runtime=runtime, reading=reading, seed=1)
@@ -93,6 +95,7 @@ def main() -> None:
     parser.add_argument("--layout", choices=("wds", "zarr"), default="wds")
     parser.add_argument("--coalesce-gap", type=int, default=1 << 20, help="ReadPolicy.coalesce_gap, bytes (1 MiB)")
     parser.add_argument("--tag", default="cpu", help="results go to remote_<tag>.json")
+    parser.add_argument("--compare-s3fs", action="store_true", help="also read every range by s3fs, coalesced")
     args = parser.parse_args()
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="mmdata-remote-bench-") as folder, moto_process() as (endpoint, server):
@@ -105,9 +108,12 @@ def main() -> None:
         url = f"s3://bench-bucket/store.{args.layout}"
         settings = {"local": None}
         for latency in args.latencies:
-            settings[f"s3 {latency:g} ms coalesced"] = (latency, True, None)
-            settings[f"s3 {latency:g} ms one request each"] = (latency, False, None)
-            settings[f"s3 {latency:g} ms coalesced, warm disk cache"] = (latency, True, str(Path(folder) / "cache"))
+            settings[f"s3 {latency:g} ms coalesced"] = (latency, True, None, True)
+            if args.compare_s3fs:
+                settings[f"s3 {latency:g} ms coalesced, s3fs reads"] = (latency, True, None, False)
+            settings[f"s3 {latency:g} ms one request each"] = (latency, False, None, True)
+            cache = str(Path(folder) / "cache")
+            settings[f"s3 {latency:g} ms coalesced, warm disk cache"] = (latency, True, cache, True)
         one_epoch(loader_for(url, args, str(Path(folder) / "cache")))  # a first epoch fills the cache
         runs: dict[str, list[float]] = {name: [] for name in settings}
         worker_rates: dict[str, list[float]] = {name: [] for name in settings}
@@ -125,14 +131,14 @@ def main() -> None:
                     record_run(measured, runs[name], worker_rates[name])
                     server_cpu[name].append(0.0)
                     continue
-                latency, coalesced, cache_dir = setting
+                latency, coalesced, cache_dir, plain = setting
                 with proxy_process(endpoint, latency / 1000) as proxy:
                     fsspec.config.conf["s3"] = {"endpoint_url": proxy.url}
                     s3fs.S3FileSystem.clear_instance_cache()
                     reader.fetches_ahead = original if coalesced else property(lambda self: False)
                     try:
                         before, started_run = server.cpu_seconds() + proxy.process.cpu_seconds(), time.perf_counter()
-                        measured = run(lambda cache=cache_dir: loader_for(url, args, cache), args)
+                        measured = run(lambda c=cache_dir, p=plain: loader_for(url, args, c, p), args)
                         spent = server.cpu_seconds() + proxy.process.cpu_seconds() - before
                         server_cpu[name].append(round(spent / (time.perf_counter() - started_run), 3))
                         record_run(measured, runs[name], worker_rates[name])
@@ -171,6 +177,7 @@ def main() -> None:
         "seconds_per_round": args.seconds,
         "rounds": args.rounds,
         "coalesce_gap": args.coalesce_gap,
+        "byte_ranges_read_by": "plain signed GETs (store.s3_plain) but where a row says s3fs",
         "spec": SPEC.describe(),
         "versions": {"mmdata": mmdata.__version__, "torch": torch.__version__, "s3fs": s3fs.__version__},
         "server": "moto's server on 127.0.0.1 behind tests.s3_server.S3Proxy, each in a process of its own",

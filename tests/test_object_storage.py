@@ -489,3 +489,145 @@ def test_an_append_to_a_store_in_s3_gives_the_store_a_local_append_gives_in_both
         assert all(np.array_equal(np.asarray(a[n].values), np.asarray(b[n].values)) for n in ("state", "cam_high"))
     verified = run_cli("verify", zarr_url)
     assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+class _CountedPlainReads:
+    """Counts the byte ranges read by plain GETs (`store.s3_plain`) in this process."""
+
+    def __init__(self, monkeypatch):
+        from mmdata.store import s3_plain
+
+        self.calls = 0
+        original = s3_plain.PlainS3Reader.read
+
+        def counted(reader, *args):
+            self.calls += 1
+            return original(reader, *args)
+
+        monkeypatch.setattr(s3_plain.PlainS3Reader, "read", counted)
+
+
+@pytest.mark.slow
+def test_byte_ranges_are_read_by_plain_gets_where_the_options_allow_and_by_s3fs_otherwise(
+    stores, s3_stores, monkeypatch
+):
+    spec = mmdata.Windows(anchor_fps=2, streams={"cam_high": mmdata.Frames(), "state": mmdata.Values()})
+    local = list(mmdata.DataLoader(str(stores["wds"]), spec, batch_size=4, seed=3))
+    plain = _CountedPlainReads(monkeypatch)
+    assert_same_batches(list(mmdata.DataLoader(s3_stores["wds"], spec, batch_size=4, seed=3)), local)
+    assert plain.calls > 0
+    plain.calls = 0
+    off = mmdata.open_dataset(s3_stores["wds"], read_policy=mmdata.ReadPolicy(plain_s3_gets=False))
+    assert_same_batches(list(mmdata.DataLoader(off, spec, batch_size=4, seed=3)), local)
+    assert plain.calls == 0
+    saved = dict(fsspec.config.conf["s3"])
+    try:
+        fsspec.config.conf["s3"] = {**saved, "config_kwargs": {"retries": {"total_max_attempts": 2}}}
+        s3fs.S3FileSystem.clear_instance_cache()
+        unknown = mmdata.open_dataset(s3_stores["wds"])  # an option a plain GET does not honour: s3fs reads
+    finally:
+        fsspec.config.conf["s3"] = saved
+        s3fs.S3FileSystem.clear_instance_cache()
+    assert_same_batches(list(mmdata.DataLoader(unknown, spec, batch_size=4, seed=3)), local)
+    assert plain.calls == 0
+
+
+@pytest.mark.slow
+def test_plain_gets_through_a_faulty_connection_are_retried_to_identical_batches(stores, s3_stores, monkeypatch):
+    proxy = S3Proxy(os.environ["FSSPEC_S3_ENDPOINT_URL"], refuse_every=4, reset_every=7)
+    saved = dict(fsspec.config.conf["s3"])
+    try:
+        fsspec.config.conf["s3"] = {"endpoint_url": proxy.url}
+        s3fs.S3FileSystem.clear_instance_cache()
+        policy = mmdata.ReadPolicy(timeout_s=10, attempts=6, backoff_s=0.01, max_backoff_s=0.05)
+        dataset = mmdata.open_dataset(s3_stores["zarr"], read_policy=policy)
+        plain = _CountedPlainReads(monkeypatch)
+        spec = mmdata.Windows(anchor_fps=2, streams={"cam_high": mmdata.Frames(), "state": mmdata.Values()})
+        loader = mmdata.DataLoader(dataset, spec, batch_size=4, seed=3)
+        remote = list(loader)
+        local = list(mmdata.DataLoader(str(stores["zarr"]), spec, batch_size=4, seed=3))
+        assert_same_batches(remote, local)
+        assert plain.calls > 0 and proxy.faults > 0 and loader.stats()["read_retries"] > 0
+    finally:
+        fsspec.config.conf["s3"] = saved
+        s3fs.S3FileSystem.clear_instance_cache()
+        proxy.close()
+
+
+class _Answer:
+    def __init__(self, status: int, data: bytes = b""):
+        self.status, self.data = status, data
+
+
+class _Pool:
+    def __init__(self, status: int, data: bytes = b""):
+        self.answer, self.seen = _Answer(status, data), []
+
+    def request(self, method, url, headers, **options):
+        self.seen.append((url, headers))
+        return self.answer
+
+
+@pytest.mark.parametrize(
+    ("status", "outcome"),
+    [(206, b"abc"), (416, b""), (404, FileNotFoundError), (503, OSError), (429, OSError), (301, None), (403, None)],
+)
+def test_a_plain_get_answers_as_s3fs_would_or_hands_the_read_to_it(status, outcome):
+    from botocore.credentials import Credentials
+
+    from mmdata.store.filesystem import is_transient
+    from mmdata.store.s3_plain import PlainS3Reader
+
+    reader = PlainS3Reader("http://127.0.0.1:9", "eu-west-1", Credentials("id", "secret"))
+    pool = _Pool(status, b"abc")
+    reader._pools[os.getpid()] = pool
+    if isinstance(outcome, type):
+        with pytest.raises(outcome) as raised:
+            reader.read("bucket/shards/a b.tar", 10, 3)
+        assert is_transient(raised.value) == (status >= 429)
+    else:
+        assert reader.read("bucket/shards/a b.tar", 10, 3) == outcome
+    url, headers = pool.seen[0]
+    assert url == "http://127.0.0.1:9/bucket/shards/a%20b.tar" and headers["Range"] == "bytes=10-12"
+    assert "eu-west-1/s3/aws4_request" in headers["Authorization"]
+
+
+def test_an_answer_only_s3fs_handles_sends_that_filesystems_reads_to_s3fs_from_then_on(s3_endpoint, monkeypatch):
+    from mmdata.store import filesystem, s3_plain
+
+    s3_endpoint.pipe(f"{BUCKET}/plain/object", b"0123456789")
+    handed = []
+    monkeypatch.setattr(s3_plain.PlainS3Reader, "read", lambda reader, *args: handed.append(args))  # None: s3fs
+    filesystem._PLAIN_READERS.pop(id(s3_endpoint), None)
+    assert filesystem.read_range(s3_endpoint, f"{BUCKET}/plain/object", 2, 5) == b"23456"
+    assert filesystem.read_range(s3_endpoint, f"{BUCKET}/plain/object", 0, 2) == b"01"
+    assert len(handed) == 1 and filesystem._plain_reader(s3_endpoint) is None
+
+
+def test_plain_gets_are_for_s3fs_filesystems_of_options_they_understand(monkeypatch, tmp_path):
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    from mmdata.store.s3_plain import PlainS3Reader, plain_reader_for
+
+    assert plain_reader_for(MemoryFileSystem()) is None
+    made = s3fs.S3FileSystem(key="id", secret="secret", endpoint_url="http://127.0.0.1:9", skip_instance_cache=True)
+    reader = plain_reader_for(made)
+    assert reader is not None and reader.endpoint == "http://127.0.0.1:9"
+    regional = s3fs.S3FileSystem(anon=True, client_kwargs={"region_name": "ap-south-1"}, skip_instance_cache=True)
+    reader = plain_reader_for(regional)
+    assert reader is not None and reader.credentials is None and reader.region == "ap-south-1"
+    aws = PlainS3Reader(None, "ap-south-1", None)  # no endpoint: AWS's, the bucket in the host name where it can be
+    assert aws._url("my-bucket", "a/b c") == "https://my-bucket.s3.ap-south-1.amazonaws.com/a/b%20c"
+    assert aws._url("my.dotted.bucket", "k") == "https://s3.ap-south-1.amazonaws.com/my.dotted.bucket/k"
+    for options in ({"requester_pays": True}, {"client_kwargs": {"verify": False}}, {"config_kwargs": {}}):
+        assert plain_reader_for(s3fs.S3FileSystem(anon=True, skip_instance_cache=True, **options)) is None
+    monkeypatch.setitem(fsspec.config.conf, "s3", {})  # (no endpoint from fsspec's configuration)
+    monkeypatch.delenv("FSSPEC_S3_ENDPOINT_URL", raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    assert plain_reader_for(s3fs.S3FileSystem(anon=True, skip_instance_cache=True)) is not None
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # an endpoint botocore finds and a plain GET not
+    assert plain_reader_for(s3fs.S3FileSystem(anon=True, skip_instance_cache=True)) is None
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    (tmp_path / "config").write_text("[default]\ns3 =\n    addressing_style = path\n")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    assert plain_reader_for(s3fs.S3FileSystem(anon=True, skip_instance_cache=True)) is None
