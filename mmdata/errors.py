@@ -63,6 +63,11 @@ class ReadTimeoutError(ReadError, TimeoutError):
     """A read did not complete within its timeout (a stalled remote, a file that never returns data)."""
 
 
+class StorageBusyError(StoreError, OSError):
+    """Object storage answered a read with throttling or a server error: transient, so the read policy tries it
+    again (raised past the retry budget as a ReadError)."""
+
+
 class DecodeError(MmdataError):
     """Encoded bytes could not be decoded by the chosen backend; `where` names the segment when known."""
 

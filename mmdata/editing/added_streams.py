@@ -31,7 +31,7 @@ from mmdata.editing.versions import (
     write_manifest,
 )
 from mmdata.errors import EditError, MmdataError, OptionError
-from mmdata.schema import DatasetSchema, is_origin
+from mmdata.schema import DatasetSchema, Stream, is_origin
 from mmdata.store.dataset import Dataset
 from mmdata.store.filesystem import join, relative_path
 from mmdata.store.handle import Store, open_store
@@ -79,7 +79,7 @@ def add_streams(
     return publish(store, schema, stats, len(store), "recomputed" if kept is None else "kept")
 
 
-def _addable(store: Store, other: Store, name: str):
+def _addable(store: Store, other: Store, name: str) -> Stream:
     """`other`'s stream `name`, which `store` (of `other`'s layout) lacks and can hold."""
     if other.schema.layout != store.schema.layout:
         raise EditError(

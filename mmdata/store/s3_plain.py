@@ -18,6 +18,8 @@ import threading
 from typing import Any
 from urllib.parse import quote
 
+from mmdata.errors import StorageBusyError
+
 # Options of an s3fs filesystem that a plain GET honours; any other sends its reads to s3fs.
 _UNDERSTOOD = frozenset(
     {"key", "secret", "token", "endpoint_url", "client_kwargs", "anon", "skip_instance_cache", "use_listings_cache"}
@@ -25,10 +27,6 @@ _UNDERSTOOD = frozenset(
 _CLIENT_OPTIONS = frozenset({"endpoint_url", "region_name"})
 _DNS_BUCKET = re.compile(r"[a-z0-9][a-z0-9-]{1,61}[a-z0-9]")
 _TRANSIENT = frozenset({429, 500, 502, 503, 504})
-
-
-class S3ServerBusy(OSError):
-    """Throttling or a server error on a plain GET: transient, tried again by the read policy."""
 
 
 class PlainS3Reader:
@@ -65,7 +63,7 @@ class PlainS3Reader:
         if answer.status == 404:
             raise FileNotFoundError(errno.ENOENT, f"s3://{path} does not exist")
         if answer.status in _TRANSIENT:
-            raise S3ServerBusy(None, f"s3://{path}: the server answered {answer.status} (throttled or failing)")
+            raise StorageBusyError(f"s3://{path}: the server answered {answer.status} (throttled or failing)")
         return None
 
     def _url(self, bucket: str, key: str) -> str:
