@@ -17,9 +17,9 @@ from mmdata.planning import order as order_module
 from mmdata.planning import sample_index as sample_index_module
 from mmdata.planning.block_order import BlockOrder, LaneLayout
 from mmdata.planning.block_planner import BlockPlanner, BlockSource
-from mmdata.planning.epoch_plan import Stretch
+from mmdata.planning.epoch_plan import EpochPlan, Stretch
 from mmdata.planning.permutation import KeyedPermutation
-from mmdata.planning.planner import PlanSettings
+from mmdata.planning.planner import PlanSettings, RankSteps
 from mmdata.planning.sample_index import SampleIndex
 from mmdata.planning.samples import enumerate_samples
 
@@ -67,9 +67,9 @@ def rank_samples(plan, steps=None) -> list[list[int]]:
     ]
 
 
-def assert_stretches_consume_the_epoch_once(blocks: BlockPlanner, worlds: tuple[int, ...]) -> None:
-    """A third of what is left run at each of `worlds` but the last, which runs the rest: every slot of the epoch
-    is read once or left out."""
+def run_stretches(blocks: BlockPlanner, worlds: tuple[int, ...]) -> tuple[list[int], EpochPlan]:
+    """A third of what is left run at each of `worlds` but the last: the slots those stretches read, and the plan of
+    the rest of the epoch at the last world size."""
     stretches: list[Stretch] = []
     seen: list[int] = []
     for world in worlds[:-1]:
@@ -77,11 +77,34 @@ def assert_stretches_consume_the_epoch_once(blocks: BlockPlanner, worlds: tuple[
         taken = plan.resume_step + (len(plan.plan) - plan.resume_step) // 3
         seen += [n for samples in rank_samples(plan, taken) for n in samples]
         stretches = [*plan.stretches[:-1], Stretch(world, taken)]
-    last = blocks.epoch_plan(4, 0, stretches, worlds[-1])
-    assert last.samples_before == len(seen)
-    seen += [n for samples in rank_samples(last) for n in samples]
+    return seen, blocks.epoch_plan(4, 0, stretches, worlds[-1])
+
+
+def assert_rest_read_once(blocks: BlockPlanner, seen: list[int], last: EpochPlan) -> None:
+    """With what the stretches before read (`seen`), `last` reads every slot of the epoch once or leaves it out."""
+    seen = seen + [n for samples in rank_samples(last) for n in samples]
     assert len(seen) == len(set(seen))
     assert sorted(seen + last.left_out.tolist()) == list(range(blocks.slots))
+
+
+def assert_stretches_consume_the_epoch_once(blocks: BlockPlanner, worlds: tuple[int, ...]) -> None:
+    """A third of what is left run at each of `worlds` but the last, which runs the rest: every slot of the epoch
+    is read once or left out."""
+    seen, last = run_stretches(blocks, worlds)
+    assert last.samples_before == len(seen)
+    assert_rest_read_once(blocks, seen, last)
+
+
+def first_step_resumed_at_half_the_world(blocks: BlockPlanner) -> tuple[EpochPlan, RankSteps, int]:
+    """The epoch's plan for the last rank of 512 after 1,000 steps at 1,024, that rank's steps and the peak memory
+    (tracemalloc) of planning them and making the first."""
+    tracemalloc.start()
+    plan = blocks.epoch_plan(1, 3, [Stretch(1024, 1000)], 512)
+    steps = blocks.rank_steps(plan, 511)
+    steps[0]
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return plan, steps, peak
 
 
 @pytest.mark.parametrize("size", [0, 1, 2, 3, 5, 16, 17, 255, 1000, 4097])
@@ -244,12 +267,8 @@ def test_planning_a_billion_samples_costs_a_rank_the_memory_of_its_first_step_no
         big, mmdata.Windows(anchor_fps=10, streams={"action": mmdata.Values()}), batch=8, lanes=8, block=32
     )
     assert blocks.slots == 10**9
-    tracemalloc.start()
-    plan = blocks.epoch_plan(1, 3, [Stretch(1024, 1000)], 512)  # resumed at half the world size
-    steps = blocks.rank_steps(plan, 511)
+    _, steps, peak = first_step_resumed_at_half_the_world(blocks)
     first = steps[0][1]
-    _, peak = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
     assert len(first) == 8 and len(steps) == 10**9 // (512 * 8) - 2 * 1000 // 1
     assert peak < 16 * 1024 * 1024, f"planning took {peak / 1e6:.0f} MB"
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import collections
 import json
-import tracemalloc
 
 import numpy as np
 import pyarrow as pa
@@ -17,12 +16,15 @@ import mmdata
 from mmdata.errors import OptionError
 from mmdata.planning import order as order_module
 from mmdata.planning.block_planner import BlockPlanner, BlockSource
-from mmdata.planning.epoch_plan import Stretch
 from mmdata.planning.mixed_order import MAX_MIXED_SLOTS, MixedBlockOrder, SourceInterleave
 from mmdata.planning.planner import PlanSettings
 from mmdata.planning.sample_index import SampleIndex
 from mmdata.planning.samples import enumerate_samples
-from tests.test_block_order import assert_stretches_consume_the_epoch_once, rank_samples
+from tests.test_block_order import (
+    assert_stretches_consume_the_epoch_once,
+    first_step_resumed_at_half_the_world,
+    rank_samples,
+)
 
 ACTIONS = mmdata.Windows(anchor_fps=10, streams={"action": mmdata.Values()})
 LOWDIM = mmdata.Windows(anchor_fps=30, streams={"state": mmdata.Values(offsets=[0.0]), "action": mmdata.Values()})
@@ -127,11 +129,8 @@ def test_planning_a_mixture_of_a_billion_slots_costs_a_rank_the_memory_of_its_fi
     settings = PlanSettings(None, 8, shuffle="blocks", lanes=8, open_segments=8)
     targets = np.array([600_000_000, 300_000_000, 100_000_000], np.int64)
     blocks = BlockPlanner([big(400_000, 100.0), big(100_000, 100.0), big(1_000, 1000.0)], settings, targets)
-    tracemalloc.start()
-    plan = blocks.epoch_plan(1, 3, [Stretch(1024, 1000)], 512)
-    first = blocks.rank_steps(plan, 511)[0][1]
-    _, peak = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
+    _, steps, peak = first_step_resumed_at_half_the_world(blocks)
+    first = steps[0][1]
     assert len(first) == 8 and blocks.slots == 10**9
     assert peak < 16 * 1024 * 1024, f"planning took {peak / 1e6:.0f} MB"
 

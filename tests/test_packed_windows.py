@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import time
-import tracemalloc
 
 import numpy as np
 import pyarrow as pa
@@ -27,7 +26,12 @@ from mmdata.planning.packed_windows import (
 from mmdata.planning.planner import PlanSettings
 from mmdata.planning.sample_index import SampleIndex
 from mmdata.planning.samples import enumerate_samples
-from tests.test_block_order import rank_samples
+from tests.test_block_order import (
+    assert_rest_read_once,
+    first_step_resumed_at_half_the_world,
+    rank_samples,
+    run_stretches,
+)
 from tests.test_mixed_block_order import manifest
 
 ACTION_SEQUENCES = mmdata.Sequences(fps=10, max_seconds=4.0, streams={"action": mmdata.Values()})
@@ -120,18 +124,9 @@ def test_the_micro_batches_do_not_depend_on_the_world_size():
 @pytest.mark.parametrize("worlds", [(4, 3), (2, 5), (3, 2, 4), (1, 8)])
 def test_a_packed_epoch_resumed_at_another_world_size_consumes_the_rest_exactly_once(worlds):
     blocks = packed_planner(lognormal_durations(600, seed=4), budget=200)
-    stretches: list[Stretch] = []
-    seen: list[int] = []
-    for world in worlds[:-1]:
-        plan = blocks.epoch_plan(4, 0, stretches, world)
-        taken = plan.resume_step + (len(plan.plan) - plan.resume_step) // 3
-        seen += [n for samples in rank_samples(plan, taken) for n in samples]
-        stretches = [*plan.stretches[:-1], Stretch(world, taken)]
-    last = blocks.epoch_plan(4, 0, stretches, worlds[-1])
+    seen, last = run_stretches(blocks, worlds)
     assert len(seen) <= last.samples_before <= len(seen) + len(last.left_out)  # positions passed, left-out included
-    seen += [n for samples in rank_samples(last) for n in samples]
-    assert len(seen) == len(set(seen))
-    assert sorted(seen + last.left_out.tolist()) == list(range(blocks.slots))
+    assert_rest_read_once(blocks, seen, last)
     with pytest.raises(ResumeError, match="another run"):
         blocks.epoch_plan(4, 0, [Stretch(worlds[0], 10**6)], worlds[-1])
 
@@ -180,12 +175,8 @@ def test_planning_a_billion_sequences_costs_a_rank_the_memory_of_its_windows_not
     started = time.perf_counter()
     blocks = BlockPlanner([BlockSource(index, table.column("shard"), 1)], settings)
     assert blocks.slots == 10**9 and blocks.packing is not None and blocks.packing.bins == 2048
-    tracemalloc.start()
-    plan = blocks.epoch_plan(1, 3, [Stretch(1024, 1000)], 512)  # resumed at half the world size
-    steps = blocks.rank_steps(plan, 511)
+    plan, steps, peak = first_step_resumed_at_half_the_world(blocks)
     first = steps[0][1]
-    _, peak = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
     assert len(first) == 4 and sum(ref.cost for ref in first) <= settings.batch_tokens
     assert plan.samples_before == 1000 * 1024 * 4  # every window of one cost fills its micro-batches
     assert peak < 16 * 1024 * 1024, f"planning took {peak / 1e6:.0f} MB"
