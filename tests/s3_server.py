@@ -17,6 +17,7 @@ import struct
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 from urllib.parse import urlsplit
 
 SLOW_DOWN = b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
@@ -38,6 +39,19 @@ def local_s3_server() -> Iterator[str]:
             yield endpoint
     finally:
         server.stop()
+
+
+@contextlib.contextmanager
+def local_s3_bucket(bucket: str) -> Iterator[Any]:
+    """`local_s3_server()` with `bucket` made (moto keeps its buckets per process, across servers); yields an s3fs
+    filesystem on it."""
+    import s3fs
+
+    with local_s3_server() as endpoint:
+        filesystem = s3fs.S3FileSystem(endpoint_url=endpoint)
+        if not filesystem.exists(bucket):
+            filesystem.mkdir(bucket)
+        yield filesystem
 
 
 @contextlib.contextmanager

@@ -21,7 +21,7 @@ from mmdata.editing.selection import EpisodeSelection
 from mmdata.editing.versions import edit_store, remove_stream
 from mmdata.errors import EditError, OptionError
 from tests.conftest import LAYOUTS, run_cli
-from tests.test_edit import SPEC, episode_data
+from tests.test_edit import SPEC, episode_data, fail_at
 from tests.test_edit_stores import contents, same_contents
 from tests.test_loader import assert_same_batches
 
@@ -133,14 +133,7 @@ def test_a_stream_the_store_has_of_another_layout_text_or_unknown_is_refused_wit
 def test_adding_a_stream_that_fails_at_any_step_leaves_the_version_before(pair, monkeypatch, failing):
     robot, cameras = pair["zarr"]
     module = versions if failing == "write_text_atomically" else added_streams
-    original = getattr(module, failing)
-
-    def fail(*args, **kwargs):
-        if failing == "write_text_atomically" and not str(args[0]).endswith("dataset.json"):
-            return original(*args, **kwargs)
-        raise OSError("the machine went away")
-
-    monkeypatch.setattr(module, failing, fail)
+    original = fail_at(monkeypatch, failing, module)
     with pytest.raises(OSError, match="went away"):
         add_streams(str(robot), str(cameras), ["cam_high"], progress=False)
     unchanged = mmdata.open_dataset(str(robot))
@@ -225,14 +218,11 @@ def test_the_edit_command_adds_a_stream_and_inspect_says_where_it_is_read(pair):
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_adding_a_stream_in_object_storage_gives_the_store_a_local_edit_gives(stores, tmp_path, layout):
     pytest.importorskip("moto.server", reason="the S3 tests need moto[server] (pip install -e .[dev])")
-    s3fs = pytest.importorskip("s3fs", reason="the S3 tests need s3fs (pip install -e .[dev])")
-    from tests.s3_server import local_s3_server
+    pytest.importorskip("s3fs", reason="the S3 tests need s3fs (pip install -e .[dev])")
+    from tests.s3_server import local_s3_bucket
 
     bucket = f"mmdata-add-stream-{layout}"
-    with local_s3_server() as endpoint:
-        filesystem = s3fs.S3FileSystem(endpoint_url=endpoint)
-        if not filesystem.exists(bucket):
-            filesystem.mkdir(bucket)
+    with local_s3_bucket(bucket) as filesystem:
         for name in ("robot", "cameras"):
             filesystem.put(str(stores[layout]), f"{bucket}/{name}", recursive=True)
             shutil.copytree(stores[layout], tmp_path / name)

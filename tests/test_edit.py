@@ -86,17 +86,17 @@ def test_a_reader_that_opened_the_store_before_an_edit_keeps_reading_its_version
         assert np.array_equal(episode_data(reader, index)[1], before[index])
 
 
-def fail_at(monkeypatch, failing: str):
-    """Make the step `failing` of `versions` (writing dataset.json, for `write_text_atomically`) raise OSError;
+def fail_at(monkeypatch, failing: str, module=versions):
+    """Make the step `failing` of `module` (writing dataset.json, for `write_text_atomically`) raise OSError;
     returns what it was."""
-    original = getattr(versions, failing)
+    original = getattr(module, failing)
 
     def fail(*args, **kwargs):
         if failing == "write_text_atomically" and not str(args[0]).endswith("dataset.json"):
             return original(*args, **kwargs)
         raise OSError("the machine went away")
 
-    monkeypatch.setattr(versions, failing, fail)
+    monkeypatch.setattr(module, failing, fail)
     return original
 
 
@@ -177,14 +177,11 @@ def test_an_edit_of_a_manifest_read_by_row_group_keeps_every_other_row_in_order(
 @pytest.mark.slow
 def test_an_edit_in_object_storage_gives_the_store_a_local_edit_gives(stores, tmp_path):
     pytest.importorskip("moto.server", reason="the S3 tests need moto[server] (pip install -e .[dev])")
-    s3fs = pytest.importorskip("s3fs", reason="the S3 tests need s3fs (pip install -e .[dev])")
-    from tests.s3_server import local_s3_server
+    pytest.importorskip("s3fs", reason="the S3 tests need s3fs (pip install -e .[dev])")
+    from tests.s3_server import local_s3_bucket
 
     local = shutil.copytree(stores["wds"], tmp_path / "local.wds")
-    with local_s3_server() as endpoint:
-        filesystem = s3fs.S3FileSystem(endpoint_url=endpoint)
-        if not filesystem.exists("mmdata-edit"):
-            filesystem.mkdir("mmdata-edit")
+    with local_s3_bucket("mmdata-edit") as filesystem:
         filesystem.put(str(stores["wds"]), "mmdata-edit/store.wds", recursive=True)
         remote = "s3://mmdata-edit/store.wds"
         for url in (remote, str(local)):

@@ -283,16 +283,13 @@ def test_the_edit_command_splits_merges_and_removes_streams_and_names_what_it_ne
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_every_edit_in_object_storage_gives_the_stores_the_same_edit_gives_locally(stores, tmp_path, layout):
     pytest.importorskip("moto.server", reason="the S3 tests need moto[server] (pip install -e .[dev])")
-    s3fs = pytest.importorskip("s3fs", reason="the S3 tests need s3fs (pip install -e .[dev])")
-    from tests.s3_server import local_s3_server
+    pytest.importorskip("s3fs", reason="the S3 tests need s3fs (pip install -e .[dev])")
+    from tests.s3_server import local_s3_bucket
 
     shutil.copytree(stores[layout], tmp_path / "robot")
     choice = ValidationChoice(fraction=0.5, seed=2)
     bucket = f"mmdata-edits-{layout}"
-    with local_s3_server() as endpoint:
-        filesystem = s3fs.S3FileSystem(endpoint_url=endpoint)
-        if not filesystem.exists(bucket):
-            filesystem.mkdir(bucket)
+    with local_s3_bucket(bucket) as filesystem:
         filesystem.put(str(stores[layout]), f"{bucket}/robot", recursive=True)
         for root in (f"s3://{bucket}", str(tmp_path)):
             split_store(f"{root}/robot", f"{root}/train", f"{root}/validation", choice, progress=False)
@@ -376,14 +373,11 @@ def test_a_compaction_that_fails_removes_what_it_wrote_and_runs_again(copies, tm
 @pytest.mark.slow
 def test_a_store_compacted_into_object_storage_reads_as_the_store_does(stores, tmp_path, monkeypatch):
     pytest.importorskip("moto.server", reason="the S3 tests need moto[server] (pip install -e .[dev])")
-    s3fs = pytest.importorskip("s3fs", reason="the S3 tests need s3fs (pip install -e .[dev])")
-    from tests.s3_server import local_s3_server
+    pytest.importorskip("s3fs", reason="the S3 tests need s3fs (pip install -e .[dev])")
+    from tests.s3_server import local_s3_bucket
 
     monkeypatch.setenv("MMDATA_STAGING", str(tmp_path / "staging"))
-    with local_s3_server() as endpoint:
-        filesystem = s3fs.S3FileSystem(endpoint_url=endpoint)
-        if not filesystem.exists("mmdata-compact"):
-            filesystem.mkdir("mmdata-compact")
+    with local_s3_bucket("mmdata-compact"):
         compact_store(str(stores["wds"]), "s3://mmdata-compact/robot", progress=False)
         assert_same_batches(
             list(mmdata.DataLoader("s3://mmdata-compact/robot", SPEC, batching=mmdata.Batching(batch_size=2))),

@@ -126,14 +126,11 @@ def test_a_large_manifest_in_object_storage_opens_with_a_few_byte_ranges(scaled,
     s3fs = pytest.importorskip("s3fs", reason="the S3 tests need s3fs (pip install -e .[dev])")
     import fsspec.config
 
-    from tests.s3_server import S3Proxy, local_s3_server
+    from tests.s3_server import S3Proxy, local_s3_bucket
 
     monkeypatch.setattr(manifest_reader, "EAGER_BYTES", 0)  # read by range whatever its size
     monkeypatch.setattr(manifest_reader, "EAGER_ROWS", 16)
-    with local_s3_server() as endpoint:
-        filesystem = s3fs.S3FileSystem(endpoint_url=endpoint)
-        if not filesystem.exists("mmdata-large"):
-            filesystem.mkdir("mmdata-large")
+    with local_s3_bucket("mmdata-large") as filesystem:
         filesystem.put(str(scaled), "mmdata-large/store.wds", recursive=True)
         proxy = S3Proxy(os.environ["FSSPEC_S3_ENDPOINT_URL"])
         try:

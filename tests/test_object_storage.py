@@ -14,7 +14,7 @@ import torch
 
 import mmdata
 from tests.conftest import run_cli
-from tests.s3_server import S3Proxy, local_s3_server
+from tests.s3_server import S3Proxy, local_s3_bucket
 from tests.test_loader import assert_same_batches
 
 moto_server = pytest.importorskip("moto.server", reason="the S3 tests need moto[server] (pip install -e .[dev])")
@@ -32,10 +32,7 @@ def s3_endpoint():
     """A moto S3 server on 127.0.0.1 (a free port), with fsspec and boto pointed at it through the
     environment and fsspec's configuration, as a user would configure a private endpoint; DataLoader
     workers inherit it. Yields an s3fs filesystem on it, with the test bucket made."""
-    with local_s3_server() as endpoint:
-        filesystem = s3fs.S3FileSystem(endpoint_url=endpoint)
-        if not filesystem.exists(BUCKET):  # moto keeps its buckets per process, across servers
-            filesystem.mkdir(BUCKET)
+    with local_s3_bucket(BUCKET) as filesystem:
         yield filesystem
 
 
