@@ -90,6 +90,10 @@ def test_episodes_are_matched_by_source_whatever_their_numbers_and_by_order_only
         EditError, match=r"1 episode\(s\) of .* have no episode of the same source .* the first: episode 2"
     ):
         add_streams(str(other), str(fewer), ["cam_high"], progress=False)
+    twice = cameras.parent / "twice.wds"
+    merge_stores([str(cameras), str(cameras)], str(twice), recompute_stats=False, progress=False)
+    with pytest.raises(EditError, match="holds 2 episodes of source .* each episode is matched to one"):
+        add_streams(str(other), str(twice), ["cam_high"], progress=False)
 
 
 @pytest.mark.slow

@@ -138,26 +138,30 @@ def _matched_rows(store: Store, other: Store, match: Match) -> np.ndarray:
             )
         return np.arange(len(store), dtype=np.int64)
     theirs = pc.cast(other.columns(["source"]).column("source"), pa.string()).combine_chunks()
-    unique, counts = np.unique(np.asarray(theirs.to_pylist(), dtype=object), return_counts=True)
-    repeated = unique[counts > 1]
     mine = pc.cast(store.columns(["source"]).column("source"), pa.string()).combine_chunks()
-    found = pc.index_in(mine, value_set=theirs).to_numpy(zero_copy_only=False)
-    missing = np.flatnonzero(np.isnan(found)) if found.dtype.kind == "f" else np.flatnonzero(found < 0)
+    found = pc.index_in(mine, value_set=theirs)
+    missing = np.flatnonzero(found.is_null().to_numpy(zero_copy_only=False))
     if len(missing):
         shown = ", ".join(f"episode {i} ('{mine[int(i)].as_py()}')" for i in missing[:_SHOWN])
         raise EditError(
             f"{len(missing)} episode(s) of '{store.url}' have no episode of the same source in '{other.url}', the"
             f" first: {shown}; convert the stream from the same recordings, or match by --match order"
         )
-    wanted = pc.is_in(mine, value_set=pa.array(repeated.tolist(), pa.string())).to_numpy(zero_copy_only=False)
-    if wanted.any():
-        first = int(np.flatnonzero(wanted)[0])
+    counted = pc.value_counts(theirs)
+    often = pc.greater(counted.field("counts"), 1)
+    held = dict(
+        zip(counted.field("values").filter(often).to_pylist(), counted.field("counts").filter(often).to_pylist())
+    )
+    repeated = pa.array(list(held), pa.string())
+    twice = np.flatnonzero(pc.is_in(mine, value_set=repeated).to_numpy(zero_copy_only=False))
+    if len(twice):
+        first = int(twice[0])
+        source = mine[first].as_py()
         raise EditError(
-            f"'{other.url}' holds {int(counts[unique == mine[first].as_py()][0])} episodes of source"
-            f" '{mine[first].as_py()}' (episode {first} of '{store.url}'): each episode is matched to one; match"
-            " by --match order"
+            f"'{other.url}' holds {held[source]} episodes of source '{source}' (episode {first} of '{store.url}'):"
+            " each episode is matched to one; match by --match order"
         )
-    return np.asarray(found, dtype=np.int64)
+    return found.to_numpy(zero_copy_only=False).astype(np.int64)
 
 
 def _joined(
