@@ -69,7 +69,7 @@ def plan_loader(
     that is not `mixed`: no source names, no composition), batched and ordered by `settings` (its order may be
     "auto", resolved here); `episodes` is a single store's filter, for the fingerprint. A damaged episode is
     refused, or with `on_error="skip"` left out; a sample costlier than the token budget, or the "segments"
-    or "blocks" order with a token budget, is refused with what to change."""
+    order with a token budget, is refused with what to change."""
     excluded: dict[Any, str] = {}
     rows = [_selected_rows(source, mixed, on_error, excluded) for source in sources]
     counts_samples = settings.batch_size is not None
@@ -97,8 +97,8 @@ def plan_loader(
     if mixed and (mixture.epoch_samples or 0) > MAX_ORDERED_SLOTS:
         raise OptionError(
             f"Mixture(epoch_samples={mixture.epoch_samples:,}) is more than the '{shuffle}' order holds"
-            f" ({MAX_ORDERED_SLOTS:,}): read it in batches of a size (Batching(batch_size=...)), which orders it in"
-            " 'blocks', or give epoch_samples no larger"
+            f" ({MAX_ORDERED_SLOTS:,}): order it in 'blocks' (Shuffling(mode='blocks'), or the 'auto' default),"
+            " or give epoch_samples no larger"
         )
     samples = concatenate_samples(
         [_enumerated(source, table, chosen, spec, mixed) for source, table, chosen in zip(sources, planning, rows)]
