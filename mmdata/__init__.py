@@ -13,6 +13,7 @@ from mmdata.version import __version__ as __version__
 
 _EXPORTS = {
     "AlignmentError": "mmdata.errors",
+    "ConcurrentWriteError": "mmdata.errors",
     "CopyError": "mmdata.errors",
     "DecodeError": "mmdata.errors",
     "DestinationError": "mmdata.errors",
@@ -67,6 +68,7 @@ __all__ = [
     "Audio",
     "AudioStream",
     "Batching",
+    "ConcurrentWriteError",
     "CopyError",
     "DataLoader",
     "Dataset",
@@ -117,6 +119,7 @@ __all__ = [
 if TYPE_CHECKING:
     from mmdata.errors import (
         AlignmentError,
+        ConcurrentWriteError,
         CopyError,
         DecodeError,
         DestinationError,

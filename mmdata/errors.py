@@ -43,6 +43,11 @@ class EditError(MmdataError):
     """A store edit (`mmdata edit`) that cannot be made as asked; the store is left as it was."""
 
 
+class ConcurrentWriteError(MmdataError):
+    """Another writer changed a store (published a version of it, or holds it now) while this one was writing it:
+    nothing of this writer's change was published, and running it again applies it to the store as it is now."""
+
+
 class ExportError(MmdataError):
     """A store (or the episodes asked for) cannot be written in the format asked; the message says why."""
 

@@ -41,7 +41,9 @@ MAX_STREAMS = 4096
 DEFAULT_MANIFEST_FILE = "episodes.parquet"
 DEFAULT_STATS_FILE = "stats.json"
 # A version's files: the defaults, or the names an append gives them (no folders: a name cannot point outside)
-_VERSION_FILE = re.compile(r"(episodes|stats)(-\d{6,})?\.(parquet|json)")
+# A version's manifest and statistics: version 0's plain names, a later version's numbered, with its writer's tag
+# (`store.versions`: concurrent writers of one version never write the same file).
+_VERSION_FILE = re.compile(r"(episodes|stats)(?:-(\d{6,})(?:-([0-9a-f]{8}))?)?\.(parquet|json)")
 MAX_HISTORY = 100_000
 # The stores whose media a split or merged store's rows name: paths relative to the store, of plain folder names
 MAX_ORIGINS = 1024
@@ -240,10 +242,22 @@ class DatasetSchema:
         return sorted({*self.origins, *self.stream_origins.values()})
 
 
-def version_file_name(stem: str, version: int) -> str:
-    """The manifest ("episodes") or statistics ("stats") file of store version `version`."""
+def version_file_name(stem: str, version: int, tag: str = "") -> str:
+    """The manifest ("episodes") or statistics ("stats") file of store version `version`, written by the writer
+    `tag` names (8 hexadecimal digits; none for the names of stores written before writers were tagged)."""
     suffix = ".parquet" if stem == "episodes" else ".json"
-    return f"{stem}{suffix}" if version == 0 else f"{stem}-{version:06d}{suffix}"
+    if version == 0:
+        return f"{stem}{suffix}"
+    return f"{stem}-{version:06d}{f'-{tag}' if tag else ''}{suffix}"
+
+
+def version_of_file(name: str) -> int | None:
+    """The store version whose manifest or statistics file is named `name` (`version_file_name`); None for any
+    other name."""
+    match = _VERSION_FILE.fullmatch(name)
+    if match is None or not name.endswith(".parquet" if match.group(1) == "episodes" else ".json"):
+        return None
+    return int(match.group(2) or 0)
 
 
 def _version_file(name: Any, field_name: str, suffix: str) -> str:

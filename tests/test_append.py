@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -107,7 +108,7 @@ def test_appended_episodes_follow_the_stores_own_and_read_as_a_store_of_their_ow
 
     entry = after.schema.history[-1]
     assert entry["episodes"] == 3 and entry["first_episode"] == 3 and entry["source"] == str(raws["second"])
-    assert after.schema.manifest_file == "episodes-000001.parquet"
+    assert re.fullmatch(r"episodes-000001-[0-9a-f]{8}\.parquet", after.schema.manifest_file), "version 1, its writer's"
     assert not (store / ".mmdata-partial").exists()
 
 
@@ -243,8 +244,13 @@ def test_a_reader_opened_before_the_append_keeps_reading_the_old_episodes(raws, 
     assert len(reader) == 3
     for index in range(3):
         assert_same_episode(episode_values(reader, index), expected[index])
-    assert len(mmdata.open_dataset(str(store))) == 9
-    assert not (store / "episodes.parquet").exists() and (store / "episodes-000001.parquet").exists()
+    latest = mmdata.open_dataset(str(store))
+    assert len(latest) == 9
+    manifests = sorted(path.name for path in store.glob("episodes*.parquet"))
+    assert manifests == sorted(
+        [latest.schema.manifest_file, *(m for m in manifests if m.startswith("episodes-000001-"))]
+    )
+    assert len(manifests) == 2, "version 2's manifest and the one before's; version 0's is gone"
 
 
 @pytest.mark.slow
@@ -354,7 +360,7 @@ def test_an_upload_never_writes_over_an_object_of_another_size(tmp_path):
     memory.pipe("/bucket/store/shards/shard-000003.tar", b"published by someone else")
     (tmp_path / "shards").mkdir()
     (tmp_path / "shards" / "shard-000003.tar").write_bytes(b"ours")
-    with pytest.raises(DestinationError, match="already exists .* never written over"):
+    with pytest.raises(mmdata.ConcurrentWriteError, match="already exists .* never written over"):
         upload_new_files(tmp_path, "memory://bucket/store", {"shards/shard-000003.tar"}, progress=False)
     assert memory.cat("/bucket/store/shards/shard-000003.tar") == b"published by someone else"
     memory.pipe("/bucket/store/shards/shard-000003.tar", b"ours")  # what an interrupted run uploaded: kept

@@ -17,6 +17,7 @@ from mmdata.editing.versions import edit_store
 from mmdata.errors import EditError
 from mmdata.store import manifest_reader
 from mmdata.store.scaled_store import write_scaled_store
+from mmdata.store.versions import NextVersion
 from tests.conftest import LAYOUTS, run_cli
 from tests.test_loader import assert_same_batches
 
@@ -51,7 +52,7 @@ def test_deleting_an_episode_leaves_the_others_renumbered_reading_what_they_held
     verified = run_cli("verify", str(copies[layout]))
     assert verified.returncode == 0, verified.stdout + verified.stderr
     stats = mmdata.open_dataset(str(copies[layout])).schema.stats_file
-    assert stats == "stats-000001.json" and (copies[layout] / stats).exists()
+    assert stats.startswith("stats-000001-") and (copies[layout] / stats).exists()
 
 
 @pytest.mark.slow
@@ -86,44 +87,51 @@ def test_a_reader_that_opened_the_store_before_an_edit_keeps_reading_its_version
         assert np.array_equal(episode_data(reader, index)[1], before[index])
 
 
-def fail_at(monkeypatch, failing: str, module=versions):
-    """Make the step `failing` of `module` (writing dataset.json, for `write_text_atomically`) raise OSError;
-    returns what it was."""
-    original = getattr(module, failing)
+def fail_at(monkeypatch, failing: str, module=versions) -> None:
+    """Make the step `failing` of `module` raise OSError ("publish": the swap of `dataset.json` every writer's
+    version ends with, `NextVersion.publish`); `monkeypatch.undo()` restores it."""
 
     def fail(*args, **kwargs):
-        if failing == "write_text_atomically" and not str(args[0]).endswith("dataset.json"):
-            return original(*args, **kwargs)
         raise OSError("the machine went away")
 
-    monkeypatch.setattr(module, failing, fail)
-    return original
+    if failing == "publish":
+        monkeypatch.setattr(NextVersion, "publish", fail)
+    else:
+        monkeypatch.setattr(module, failing, fail)
+
+
+def files_of_unpublished_versions(store: Path) -> list[str]:
+    """The manifests and statistics in `store` that its `dataset.json` does not name (nor the version before)."""
+    schema = mmdata.open_store(str(store)).schema
+    named = {schema.manifest_file, schema.stats_file, "episodes.parquet", "stats.json"}
+    return sorted(p.name for p in [*store.glob("episodes*.parquet"), *store.glob("stats*.json")] if p.name not in named)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("failing", ["write_manifest", "compute_stats", "write_text_atomically"])
+@pytest.mark.parametrize("failing", ["write_manifest", "compute_stats", "publish"])
 def test_an_edit_that_fails_at_any_step_leaves_the_version_before_and_can_be_made_again(copies, monkeypatch, failing):
     url = str(copies["wds"])
-    original = fail_at(monkeypatch, failing)
+    fail_at(monkeypatch, failing)
     with pytest.raises(OSError, match="went away"):
         edit_store(url, "delete", EpisodeSelection(ids=[1]), progress=False)
     unchanged = mmdata.open_dataset(url)
     assert unchanged.schema.version == 0 and len(unchanged) == 3
+    assert files_of_unpublished_versions(copies["wds"]) == [], "the failed edit's files are removed"
     assert len(list(mmdata.DataLoader(url, SPEC, batch_size=4))) > 0
-    monkeypatch.setattr(versions, failing, original)
+    monkeypatch.undo()
     assert edit_store(url, "delete", EpisodeSelection(ids=[1]), progress=False).episodes_after == 2
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("failing", ["write_manifest", "write_stats", "write_text_atomically"])
+@pytest.mark.parametrize("failing", ["write_manifest", "write_stats", "publish"])
 def test_removing_a_stream_that_fails_at_any_step_leaves_the_version_before(copies, monkeypatch, failing):
     url = str(copies["zarr"])
-    original = fail_at(monkeypatch, failing)
+    fail_at(monkeypatch, failing)
     with pytest.raises(OSError, match="went away"):
         versions.remove_stream(url, "audio", progress=False)
     unchanged = mmdata.open_dataset(url)
     assert unchanged.schema.version == 0 and "audio" in [stream.name for stream in unchanged.schema.streams]
-    monkeypatch.setattr(versions, failing, original)
+    monkeypatch.undo()
     assert versions.remove_stream(url, "audio", progress=False).version == 1
 
 

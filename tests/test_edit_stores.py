@@ -21,8 +21,9 @@ from mmdata.editing.derived import ValidationChoice, merge_stores, split_store
 from mmdata.editing.selection import EpisodeSelection
 from mmdata.editing.versions import remove_stream
 from mmdata.errors import EditError, OptionError
+from mmdata.store.versions import NextVersion
 from tests.conftest import LAYOUTS, run_cli
-from tests.test_edit import SPEC, episode_data
+from tests.test_edit import SPEC, episode_data, fail_at
 from tests.test_loader import assert_same_batches
 from tests.test_packet_decoding import store_with_manifest
 
@@ -140,15 +141,17 @@ def test_a_destination_that_is_a_store_holds_other_files_or_lies_inside_a_source
         split_store(source, str(copies["zarr"]), str(tmp_path / "validation"), choice, progress=False)
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "notes.txt").write_text("mine")
+    twin = str(shutil.copytree(copies["wds"], tmp_path / "twin.wds"))
     with pytest.raises(EditError, match=r"holds files \(notes.txt\)"):
-        merge_stores([source, source], str(tmp_path / "busy"), progress=False)
+        merge_stores([source, twin], str(tmp_path / "busy"), progress=False)
     with pytest.raises(EditError, match="not inside one"):
         split_store(source, str(copies["wds"] / "train"), str(tmp_path / "validation"), choice, progress=False)
     with pytest.raises(EditError, match="two places"):
         split_store(source, str(tmp_path / "same"), str(tmp_path / "same"), choice, progress=False)
+    zarr_twin = str(shutil.copytree(copies["zarr"], tmp_path / "twin.zarr"))
     (copies["zarr"] / "stats.json").unlink()
     with pytest.raises(EditError, match="no statistics to keep"):
-        merge_stores([str(copies["zarr"]), str(copies["zarr"])], str(tmp_path / "kept"), False, progress=False)
+        merge_stores([str(copies["zarr"]), zarr_twin], str(tmp_path / "kept"), False, progress=False)
     assert not (tmp_path / "kept").exists(), "refused before anything was written"
     with pytest.raises(EditError, match="lies inside .*side by side"):
         split_store(source, str(tmp_path / "both" / "train"), str(tmp_path / "both"), choice, progress=False)
@@ -158,15 +161,10 @@ def test_a_destination_that_is_a_store_holds_other_files_or_lies_inside_a_source
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("failing", ["write_rows", "compute_stats", "write_text_atomically"])
+@pytest.mark.parametrize("failing", ["write_rows", "compute_stats", "publish"])
 def test_a_split_that_fails_at_any_step_leaves_no_store_and_runs_again(copies, tmp_path, monkeypatch, failing):
     source = str(copies["zarr"])
-    original = getattr(derived, failing)
-
-    def fail(*args, **kwargs):
-        raise OSError("the machine went away")
-
-    monkeypatch.setattr(derived, failing, fail)
+    fail_at(monkeypatch, failing, derived)
     train, validation = tmp_path / "train", tmp_path / "validation"
     choice = ValidationChoice(fraction=0.5, seed=1)
     with pytest.raises(OSError, match="went away"):
@@ -174,7 +172,7 @@ def test_a_split_that_fails_at_any_step_leaves_no_store_and_runs_again(copies, t
     assert not (train / "dataset.json").exists() and not (validation / "dataset.json").exists()
     with pytest.raises(mmdata.StoreError, match="no dataset.json"):
         mmdata.open_dataset(str(train))
-    monkeypatch.setattr(derived, failing, original)
+    monkeypatch.undo()
     reports = split_store(source, str(train), str(validation), choice, progress=False)
     assert sum(report.episodes_after for report in reports) == 3
     assert mmdata.open_dataset(source).schema.version == 0
@@ -185,15 +183,15 @@ def test_a_split_stopped_between_its_two_stores_is_completed_by_running_it_again
     source = str(copies["wds"])
     choice = ValidationChoice(EpisodeSelection(ids=[1]))
     written = []
-    original = derived.write_text_atomically
+    original = NextVersion.publish
 
-    def once(path, *args, **kwargs):
+    def once(version, *args, **kwargs):
         if written:
             raise OSError("the machine went away")
-        written.append(path)
-        return original(path, *args, **kwargs)
+        written.append(version)
+        return original(version, *args, **kwargs)
 
-    monkeypatch.setattr(derived, "write_text_atomically", once)
+    monkeypatch.setattr(NextVersion, "publish", once)
     with pytest.raises(OSError):
         split_store(source, str(tmp_path / "train"), str(tmp_path / "validation"), choice, progress=False)
     assert len(mmdata.open_dataset(str(tmp_path / "train"))) == 2
@@ -227,7 +225,8 @@ def test_a_store_whose_origin_is_gone_or_undeclared_is_refused_naming_it(copies,
 @pytest.mark.slow
 def test_appending_to_a_merged_store_is_refused_with_the_way_on(copies, tmp_path, raw_dataset):
     merged = str(tmp_path / "merged")
-    merge_stores([str(copies["wds"]), str(copies["wds"])], merged, recompute_stats=False, progress=False)
+    twin = str(shutil.copytree(copies["wds"], tmp_path / "twin.wds"))
+    merge_stores([str(copies["wds"]), twin], merged, recompute_stats=False, progress=False)
     done = run_cli("convert", str(raw_dataset), merged, "--append")
     assert done.returncode != 0 and "merge the stores" in done.stderr
 
@@ -312,11 +311,13 @@ def test_compacting_a_merged_store_copies_exactly_its_episodes_into_a_store_of_i
     source = str(copies[layout])
     versions.edit_store(source, "delete", EpisodeSelection(ids=[0]), progress=False)
     merged, compacted = str(tmp_path / "merged"), str(tmp_path / "compacted")
-    merge_stores([source, source], merged, recompute_stats=False, progress=False)
+    twin = shutil.copytree(copies[layout], tmp_path / f"twin.{layout}")
+    merge_stores([source, str(twin)], merged, recompute_stats=False, progress=False)
     expected = contents(merged)
     report = compact_store(merged, compacted, progress=False)
     assert (report.episodes_before, report.episodes_after) == (4, 4)
     shutil.rmtree(copies[layout])  # the compacted store reads nothing outside itself
+    shutil.rmtree(twin)
     opened = mmdata.open_dataset(compacted)
     assert opened.schema.origins == [] and opened.schema.layout == layout
     assert same_contents(contents(compacted), expected)
@@ -393,7 +394,8 @@ def test_a_merged_store_is_viewed_and_exported_from_its_origins_media(copies, tm
     from mmdata.viewer.pages import write_episode_page
 
     merged = str(tmp_path / "merged")
-    merge_stores([str(copies["wds"]), str(copies["wds"])], merged, recompute_stats=False, progress=False)
+    twin = str(shutil.copytree(copies["wds"], tmp_path / "twin.wds"))
+    merge_stores([str(copies["wds"]), twin], merged, recompute_stats=False, progress=False)
     page = write_episode_page(mmdata.open_store(merged), 4, tmp_path / "view")
     assert page.exists() and list((tmp_path / "view" / "media" / "episode_000004").glob("cam_high.*"))
     exported = run_cli("export", merged, str(tmp_path / "lerobot"), "--episodes", "2-4", "--quiet")

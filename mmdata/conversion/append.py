@@ -27,11 +27,12 @@ from mmdata.conversion.convert_options import ConvertOptions
 from mmdata.errors import DestinationError, MmdataError, SourceError
 from mmdata.importers.episode import EpisodeSource
 from mmdata.moments import Moments
-from mmdata.schema import DatasetSchema, Stream, TextStream, version_file_name
+from mmdata.schema import DatasetSchema, Stream, TextStream
 from mmdata.store.filesystem import join, write_text_atomically
 from mmdata.store.handle import Store, open_store
 from mmdata.store.layout import APPEND_FILE, PARTIAL_DIR, SHARDS_DIR, give_append_up
 from mmdata.store.statistics import read_stats
+from mmdata.store.versions import NextVersion
 from mmdata.store.wds_writer import shard_number
 
 
@@ -136,17 +137,20 @@ def check_declared_streams(base: AppendBase, sources: list[EpisodeSource]) -> No
         )
 
 
-def appended_schema(base: AppendBase, streams: list[Stream], new_rows: int, source: str, started: str) -> DatasetSchema:
-    """The schema of the store after the append: its files named for the new version, the append in its history."""
-    version = base.schema.version + 1
+def appended_schema(
+    base: AppendBase, streams: list[Stream], new_rows: int, source: str, started: str, version: NextVersion
+) -> DatasetSchema:
+    """The schema of the store after the append: its files named for the new version by its writer (`version`),
+    the append in its history."""
+    manifest_file, stats_file = version.file_names(base.schema.version + 1)
     entry = {"time": started, "episodes": new_rows, "first_episode": base.first_episode, "source": source}
     return DatasetSchema(
         layout=base.schema.layout,
         streams=[TextStream(), *streams],
         num_episodes=base.first_episode + new_rows,
         created=base.schema.created,
-        manifest_file=version_file_name("episodes", version),
-        stats_file=version_file_name("stats", version),
+        manifest_file=manifest_file,
+        stats_file=stats_file,
         history=[*base.schema.history, entry],
     )
 
@@ -201,16 +205,6 @@ def utc_now() -> str:
     epoch = os.environ.get("SOURCE_DATE_EPOCH")
     seconds = int(epoch) if epoch and epoch.isdigit() else time.time()
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
-
-
-def remove_superseded(fs: fsspec.AbstractFileSystem, root: str, schema: DatasetSchema) -> None:
-    """Delete the manifest and statistics of versions older than the one before `schema`'s: a reader that
-    opened the version before may still be reading its files."""
-    for version in range(max(schema.version - 1, 0)):
-        for stem in ("episodes", "stats"):
-            path = join(root, version_file_name(stem, version))
-            if fs.exists(path):
-                fs.rm(path)
 
 
 def append_options(options: ConvertOptions, base: AppendBase) -> ConvertOptions:

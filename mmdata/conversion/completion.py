@@ -16,25 +16,27 @@ from mmdata.importers.episode import EpisodeSource
 from mmdata.moments import Moments
 from mmdata.schema import DatasetSchema, Layout, Stream, TextStream
 from mmdata.store.dataset import Dataset
-from mmdata.store.filesystem import join, write_text_atomically
+from mmdata.store.filesystem import join
 from mmdata.store.handle import Store
-from mmdata.store.layout import CONVERT_AGAIN, DATASET_FILE, PARTIAL_DIR, give_append_up
+from mmdata.store.layout import CONVERT_AGAIN, PARTIAL_DIR, give_append_up
 from mmdata.store.manifest import write_manifest
 from mmdata.store.statistics import compute_stats, write_stats
+from mmdata.store.versions import NextVersion
 
 
 def complete_store(
-    fs: fsspec.AbstractFileSystem,
-    root: str,
-    url: str,
+    version: NextVersion,
     rows: list[dict[str, Any]],
     schema: DatasetSchema,
     moments: dict[str, Moments],
     source_stats: dict[str, Any] | None,
+    previous: DatasetSchema | None = None,
 ) -> str | None:
-    """Write the manifest and statistics files `schema` names into the store at `root` on `fs` (`url` to name
-    it), then its `dataset.json`, then remove its partial folder; returns why the statistics were not
-    written, if so. Until `dataset.json` is replaced a reader sees the version before, whole."""
+    """Write the manifest and statistics files `schema` names (`version`'s own) into the store `version` is the
+    next version of, then publish it (`dataset.json` swapped if no other writer published one since: see
+    `store.versions`; `previous`: the version it follows), then remove its partial folder; returns why the
+    statistics were not written, if so. Until then a reader sees the version before, whole."""
+    fs, root, url = version.hold.fs, version.hold.root, version.hold.url
     try:
         write_manifest(rows, schema.streams, join(root, schema.manifest_file), fs)
     except (pa.ArrowException, TypeError, ValueError) as exc:
@@ -50,7 +52,7 @@ def complete_store(
     except (MmdataError, OSError, ValueError, MemoryError) as exc:
         why = str(exc) or type(exc).__name__
         stats_problem = f"normalization statistics were not written ({why}); run `mmdata stats {url}` to compute them"
-    write_text_atomically(join(root, DATASET_FILE), schema.to_json(), fs)
+    version.publish(schema, previous)
     if fs.exists(join(root, PARTIAL_DIR)):  # (an append into object storage keeps its state in its staging)
         fs.rm(join(root, PARTIAL_DIR), recursive=True)
     return stats_problem

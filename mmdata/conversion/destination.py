@@ -7,12 +7,9 @@ options as the interrupted run, recorded in `.mmdata-partial/options.json`) or `
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
 import os
 import shutil
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +19,7 @@ from mmdata.checks import parse_json
 from mmdata.errors import DestinationError
 from mmdata.importers.episode import EpisodeSource
 from mmdata.store.filesystem import join, write_text_atomically
+from mmdata.store.hold import is_writer_record
 from mmdata.store.layout import CONVERT_AGAIN, DATASET_FILE, PARTIAL_DIR, start_again
 
 OPTIONS_FILE = "options.json"
@@ -60,29 +58,6 @@ def destination_failure(root: Path | str, error: OSError) -> DestinationError:
     return DestinationError(f"writing '{where}' failed: {error.strerror or error}; fix it and run again with --resume")
 
 
-@contextmanager
-def destination_lock(root: Path) -> Iterator[None]:
-    """Hold a local destination for one conversion: an exclusive lock on the destination folder itself
-    (made if need be), taken before anything in it is removed or written and held to the end, so that a
-    second conversion into it, even with --overwrite, is refused instead of replacing the first's store
-    under it. (`--overwrite` empties the folder rather than removing it, so the lock stays on it.)"""
-    if root.exists() and not root.is_dir():
-        yield  # not a folder: prepare_destination refuses it
-        return
-    root.mkdir(parents=True, exist_ok=True)
-    descriptor = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise DestinationError(
-                f"another conversion is writing '{root}' now; wait for it to end, or choose another destination"
-            ) from None
-        yield
-    finally:
-        os.close(descriptor)
-
-
 def prepare_destination(root: Path, fingerprint: dict[str, Any], resume: bool, overwrite: bool) -> None:
     """Make a local destination ready: empty (created), replaced (`overwrite`), or an interrupted
     conversion with the same `fingerprint` (`resume`)."""
@@ -94,7 +69,7 @@ def prepare_destination(root: Path, fingerprint: dict[str, Any], resume: bool, o
         )
     if root.exists() and not root.is_dir():
         raise DestinationError(f"destination '{root}' exists and is not a folder")
-    if root.exists() and any(root.iterdir()):
+    if root.exists() and any(not is_writer_record(entry.name) for entry in root.iterdir()):
         if overwrite:
             _empty(root)
         elif resume:
@@ -150,7 +125,7 @@ def prepare_remote_destination(
 def check_remote_destination(fs: fsspec.AbstractFileSystem, root: str, url: str, resume: bool, overwrite: bool) -> bool:
     """Whether the object-store destination holds anything; refuses a complete store (unless `overwrite`)
     and anything else unless told what to do with it (`resume` or `overwrite`)."""
-    if not fs.exists(root) or not fs.ls(root):
+    if not fs.exists(root) or all(is_writer_record(entry.rstrip("/").rsplit("/", 1)[-1]) for entry in fs.ls(root)):
         return False
     if fs.exists(join(root, DATASET_FILE)) and not overwrite:
         raise DestinationError(f"'{url}' is already a complete store; {REPLACE_STORE}")
@@ -203,8 +178,10 @@ def check_converted_sources(root: Path, names: list[str], files: list[list[list[
 
 
 def _empty(root: Path) -> None:
-    """Remove what `root` holds, keeping the folder itself (and the lock held on it)."""
+    """Remove what `root` holds, keeping the folder itself (and the lock held on it, and its writer's record)."""
     for child in root.iterdir():
+        if is_writer_record(child.name):
+            continue
         if child.is_dir() and not child.is_symlink():
             shutil.rmtree(child)
         else:

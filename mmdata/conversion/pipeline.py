@@ -9,7 +9,9 @@ computed once the store is complete (see `mmdata.store.statistics`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import os
 import shutil
 import time
@@ -30,7 +32,6 @@ from mmdata.conversion.append import (
     check_declared_streams,
     merged_moments,
     open_base,
-    remove_superseded,
 )
 from mmdata.conversion.completion import complete_store, require_rows, source_bytes, store_bytes, store_schema
 from mmdata.conversion.convert_options import ConversionReport, ConvertOptions
@@ -38,7 +39,6 @@ from mmdata.conversion.destination import (
     check_converted_sources,
     check_remote_destination,
     destination_failure,
-    destination_lock,
     prepare_append,
     prepare_destination,
     refuse_overlap,
@@ -47,13 +47,15 @@ from mmdata.conversion.encode import EncodeOptions, encode_job, worker_crashed
 from mmdata.conversion.ledger import ConversionLedger
 from mmdata.conversion.publish import default_staging, is_remote, publish, remove_staging, upload_new_files
 from mmdata.conversion.workers import WorkerPool, spawned_pool
-from mmdata.errors import OptionError, SourceError
+from mmdata.errors import ConcurrentWriteError, OptionError, SourceError
 from mmdata.importers.episode import EpisodeSource, source_files
 from mmdata.schema import Stream
 from mmdata.store.encoded import EncodedEpisode
 from mmdata.store.filesystem import join, resolve
 from mmdata.store.handle import open_store
+from mmdata.store.hold import StoreHold, hold_store
 from mmdata.store.layout import DATASET_FILE, PARTIAL_DIR
+from mmdata.store.versions import NextVersion
 
 
 class StoreWriter(Protocol):
@@ -118,9 +120,9 @@ def _convert_to_object_storage(
     local = Path(options.staging) if options.staging else default_staging(url)
     fs, root = resolve(url)
     if options.append and fs.exists(join(root, DATASET_FILE)):
-        local.mkdir(parents=True, exist_ok=True)
-        with destination_lock(local):
-            return _append_locked(sources, local, options, str(source_root or ""), url)
+        writer = f"mmdata convert --append into {url}"
+        with hold_store(local, writer), hold_store(url, writer, lease=True) as hold:
+            return _append_locked(sources, hold, local, options, str(source_root or ""))
     check_remote_destination(fs, root, url, options.resume, options.overwrite)
     if options.resume and (local / DATASET_FILE).exists():
         report = ConversionReport(str(local), options.layout, 0, resumed_at=len(sources))  # staged whole before
@@ -143,17 +145,20 @@ def _convert(
     source_stats: dict[str, Any] | None,
     source_root: str | os.PathLike | None = None,
 ) -> ConversionReport:
-    with destination_lock(root):
-        if options.append and (root / DATASET_FILE).exists():
-            return _append_locked(sources, root, options, str(source_root or ""))
-        return _convert_locked(sources, root, options, source_stats)
+    appending = options.append and (root / DATASET_FILE).exists()
+    with hold_store(root, f"mmdata convert {'--append ' if appending else ''}into {root}") as hold:
+        if appending:
+            return _append_locked(sources, hold, root, options, str(source_root or ""))
+        return _convert_locked(sources, hold, options, source_stats)
 
 
 def _convert_locked(
-    sources: list[EpisodeSource], root: Path, options: ConvertOptions, source_stats: dict[str, Any] | None
+    sources: list[EpisodeSource], hold: StoreHold, options: ConvertOptions, source_stats: dict[str, Any] | None
 ) -> ConversionReport:
     started = time.perf_counter()
+    root = Path(hold.root)
     prepare_destination(root, options.fingerprint(sources), options.resume, options.overwrite)
+    version = NextVersion(hold)  # (after --overwrite emptied the folder)
     writer = _store_writer(options.layout, root, options.shard_bytes)
     with _workers(options) as pool:
         ledger = ConversionLedger(writer.restore(), len(sources), root)
@@ -162,7 +167,8 @@ def _convert_locked(
         created = options.creation_info(sources, ledger.skipped)
         schema = store_schema(options.layout, ledger.registry.streams, rows, created, str(root))
         fs = LocalFileSystem()
-        stats_problem = complete_store(fs, str(root), str(root), rows, schema, ledger.moments, source_stats)
+        with version:
+            stats_problem = complete_store(version, rows, schema, ledger.moments, source_stats)
     return ConversionReport(
         destination=str(root),
         layout=options.layout,
@@ -177,18 +183,22 @@ def _convert_locked(
 
 
 def _append_locked(
-    sources: list[EpisodeSource], local: Path, options: ConvertOptions, source: str, url: str | None = None
+    sources: list[EpisodeSource], hold: StoreHold, local: Path, options: ConvertOptions, source: str
 ) -> ConversionReport:
-    """Add `sources` to the complete store at `local`, or at the object-store `url` with `local` its staging
-    folder: new shards are made there and uploaded before the new version is published (see
+    """Add `sources` to the complete store `hold` holds: a local folder (`local`), or in object storage with `local`
+    its staging folder, where new shards are made and uploaded before the new version is published (see
     `mmdata.conversion.append`)."""
     started = time.perf_counter()
-    fs, root = resolve(url) if url else (LocalFileSystem(), str(local))
+    url = None if hold.local else hold.url
+    fs, root = hold.fs, hold.root
+    version = NextVersion(hold)
     base = open_base(url or str(local))
     if not options.skip_bad:
         check_declared_streams(base, sources)
     options = append_options(options, base)
-    prepare_append(local, {**options.fingerprint(sources), "append_to": base.fingerprint()}, options.resume)
+    fingerprint = {**options.fingerprint(sources), "append_to": base.fingerprint()}
+    prepare_append(local, fingerprint, options.resume)
+    version.tag_by(json.dumps(fingerprint, sort_keys=True))  # (a resumed append writes what an uninterrupted one does)
     layout = base.schema.layout
     arrays = url or str(local)
     state = append_state(
@@ -211,12 +221,16 @@ def _append_locked(
             raise
         rows = writer.finish(ledger.checkpoint(), ledger.registry.streams)
         require_rows(rows, ledger.skipped, url or root)
-        if url and layout == "wds":  # (a Zarr store's new rows were written into its arrays there)
-            upload_new_files(local, url, {row["shard"] for row in rows}, options.progress)
-        schema = appended_schema(base, ledger.registry.streams, len(rows), source, state["time"])
+        schema = appended_schema(base, ledger.registry.streams, len(rows), source, state["time"], version)
         moments = merged_moments(base, ledger.moments)
-        stats_problem = complete_store(fs, root, url or root, [*base.rows, *rows], schema, moments, None)
-    remove_superseded(fs, root, schema)
+        try:
+            with version:
+                if url and layout == "wds":  # (a Zarr store's new rows were written into its arrays there)
+                    upload_new_files(local, url, {row["shard"] for row in rows}, options.progress)
+                stats_problem = complete_store(version, [*base.rows, *rows], schema, moments, None, base.schema)
+        except ConcurrentWriteError:
+            _give_up_after_conflict(writer, local, hold, {row["shard"] for row in rows if layout == "wds"})
+            raise
     if url:
         remove_staging(local)
     return ConversionReport(
@@ -322,6 +336,19 @@ def _give_up_if_nothing_kept(writer: StoreWriter, local: Path) -> None:
     if not writer.durable():
         writer.discard()
         shutil.rmtree(local / PARTIAL_DIR, ignore_errors=True)
+
+
+def _give_up_after_conflict(writer: StoreWriter, local: Path, hold: StoreHold, shards: set[str]) -> None:
+    """An append that another writer's version overtook gives itself up, so that running it again appends to that
+    version: its partial folder removed, and its new shards (in object storage: uploaded, each created by it
+    alone; locally: linked into the store, no version naming them)."""
+    writer.discard()
+    shutil.rmtree(local / PARTIAL_DIR, ignore_errors=True)
+    for shard in sorted(shards):
+        with contextlib.suppress(OSError):
+            hold.fs.rm(join(hold.root, shard))
+        with contextlib.suppress(OSError):
+            (local / shard).unlink()
 
 
 def _store_writer(

@@ -18,9 +18,12 @@ import xxhash
 from fsspec.implementations.local import LocalFileSystem
 from tqdm import tqdm
 
-from mmdata.errors import DestinationError
-from mmdata.store.filesystem import join, resolve
+from mmdata.errors import ConcurrentWriteError, DestinationError
+from mmdata.schema import DatasetSchema
+from mmdata.store.filesystem import join, resolve, writing_new_file
+from mmdata.store.hold import hold_store
 from mmdata.store.layout import DATASET_FILE
+from mmdata.store.versions import NextVersion
 
 
 def is_remote(destination: str | os.PathLike) -> bool:
@@ -43,63 +46,106 @@ def publish(
 ) -> int:
     """Upload the complete store at `local` to `url`, `dataset.json` last; returns the bytes sent.
 
-    With `overwrite` the objects under `url` are removed first; otherwise an object already there
-    with the same size is kept (an upload interrupted before is completed, not repeated).
+    With `overwrite` the objects under `url` are removed first; otherwise an object already there with the same
+    size is kept (an upload interrupted before is completed, not repeated), an object of another size is another
+    writer's and refused, and every object is created only where none is (S3's conditional write), `dataset.json`
+    last (`store.versions`): of two uploads into one place, one publishes and the other is told.
     """
     fs, root = resolve(url)
     if overwrite and fs.exists(root):
         fs.rm(root, recursive=True)
     files = sorted(p for p in local.rglob("*") if p.is_file() and p.name != DATASET_FILE)
+    staged = DatasetSchema.from_json((local / DATASET_FILE).read_bytes(), str(local / DATASET_FILE))
     sent = 0
     put = upload or _put
-    with tqdm(total=len(files) + 1, unit="file", desc=f"upload -> {url}", disable=not progress) as bar:
-        for path in [*files, local / DATASET_FILE]:
+    with (
+        hold_store(url, f"the upload of {local} to {url}") as hold,
+        NextVersion(hold) as version,
+        tqdm(total=len(files) + 1, unit="file", desc=f"upload -> {url}", disable=not progress) as bar,
+    ):
+        for path in files:
             target = join(root, path.relative_to(local).as_posix())
-            if path.name != DATASET_FILE and _already_there(fs, target, path.stat().st_size):
-                bar.update(1)
-                continue
-            try:
-                put(fs, path, target)
-            except OSError as exc:
+            there = _size_there(fs, target)
+            if there is not None and there != path.stat().st_size:
                 raise DestinationError(
-                    f"uploading '{path.relative_to(local)}' to '{url}' failed ({exc}); run the same command"
-                    " with --resume to finish the upload"
-                ) from exc
-            sent += path.stat().st_size
+                    f"'{path.relative_to(local)}' already exists in '{url}' ({there} bytes) and is not this"
+                    " upload's: another writer is writing there; nothing of it was written over"
+                )
+            if there is None:
+                try:
+                    put(fs, path, target)
+                except FileExistsError:
+                    raise ConcurrentWriteError(
+                        f"'{path.relative_to(local)}' appeared in '{url}' while this upload was writing it: another"
+                        " writer is writing there; nothing of it was written over"
+                    ) from None
+                except OSError as exc:
+                    raise DestinationError(
+                        f"uploading '{path.relative_to(local)}' to '{url}' failed ({exc}); run the same command"
+                        " with --resume to finish the upload"
+                    ) from exc
+                sent += path.stat().st_size
             bar.update(1)
+        try:
+            version.publish(staged)
+        except OSError as exc:
+            raise DestinationError(
+                f"uploading '{DATASET_FILE}' to '{url}' failed ({exc}); run the same command with --resume to finish"
+                " the upload"
+            ) from exc
+        sent += (local / DATASET_FILE).stat().st_size
+        bar.update(1)
     return sent
 
 
 def upload_new_files(local: Path, url: str, names: set[str], progress: bool = True) -> int:
     """Upload the files `names` (relative to `local`) into the store at `url`; the bytes sent. An append's new
-    shards, before the version naming them is published: their names come after every file the store held when
-    the append began, so one found there with its size was uploaded by this append before it was interrupted,
-    and one of another size is not this append's and is never written over (DestinationError)."""
+    shards, before the version naming them is published: each is created only where no object is (S3's
+    conditional write). One found there with this append's bytes was uploaded by this append before it was
+    interrupted and is kept; any other is another writer's and never written over (ConcurrentWriteError)."""
     fs, root = resolve(url)
     sent = 0
     with tqdm(total=len(names), unit="file", desc=f"upload -> {url}", disable=not progress) as bar:
         for name in sorted(names):
             path, target = local / name, join(root, name)
-            there = _size_there(fs, target)
-            if there is not None and there != path.stat().st_size:
-                raise DestinationError(
-                    f"'{name}' already exists in '{url}' ({there} bytes) and is not this append's: a store's files"
-                    " are never written over; nothing of the store was changed"
-                )
-            if there is None:
+            if _size_there(fs, target) is None:
                 try:
                     _put(fs, path, target)
+                    sent += path.stat().st_size
+                except FileExistsError:
+                    pass  # (created meanwhile: compared below)
                 except OSError as exc:
                     raise DestinationError(
                         f"uploading '{name}' to '{url}' failed ({exc}); run the same command with --resume to finish"
                     ) from exc
-                sent += path.stat().st_size
+                else:
+                    bar.update(1)
+                    continue
+            if not _same_bytes(fs, target, path):
+                raise ConcurrentWriteError(
+                    f"'{name}' already exists in '{url}' and is not this append's: another writer appended to the"
+                    " store; a store's files are never written over, and nothing of this append was published: run"
+                    " it again to append to the store as it is now"
+                )
             bar.update(1)
     return sent
 
 
 def _put(fs: fsspec.AbstractFileSystem, path: Path, target: str) -> None:
-    fs.put_file(str(path), target)
+    """Upload `path` as `target`, only if no object is there (FileExistsError otherwise)."""
+    with path.open("rb") as source, writing_new_file(target, fs) as handle:
+        shutil.copyfileobj(source, handle, 8 << 20)
+
+
+def _same_bytes(fs: fsspec.AbstractFileSystem, target: str, path: Path) -> bool:
+    """Whether the object `target` holds exactly the bytes of the local file `path` (read a block at a time)."""
+    if _size_there(fs, target) != path.stat().st_size:
+        return False
+    with fs.open(target, "rb") as remote, path.open("rb") as mine:
+        while block := mine.read(8 << 20):
+            if remote.read(len(block)) != block:
+                return False
+    return True
 
 
 def _size_there(fs: fsspec.AbstractFileSystem, target: str) -> int | None:
@@ -108,10 +154,6 @@ def _size_there(fs: fsspec.AbstractFileSystem, target: str) -> int | None:
         return int(fs.size(target))
     except (FileNotFoundError, OSError):
         return None
-
-
-def _already_there(fs: fsspec.AbstractFileSystem, target: str, size: int) -> bool:
-    return _size_there(fs, target) == size
 
 
 def remove_staging(local: Path) -> None:

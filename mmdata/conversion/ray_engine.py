@@ -49,8 +49,10 @@ from mmdata.schema import Stream, stream_from_dict, stream_to_dict
 from mmdata.store.encoded import EncodedEpisode
 from mmdata.store.episode_file import episode_file_chunks, episode_from_bytes
 from mmdata.store.filesystem import join, resolve, write_bytes_atomically, write_text_atomically, writing_atomically
+from mmdata.store.hold import hold_store
 from mmdata.store.layout import CONVERT_AGAIN, PARTIAL_DIR, SHARDS_DIR
 from mmdata.store.manifest import episode_key
+from mmdata.store.versions import NextVersion
 from mmdata.store.wds_writer import (
     ShardTar,
     episode_members,
@@ -164,12 +166,14 @@ def convert_on_ray(
         )
     ray = _import_ray()
     try:
-        _prepare(store, sources, options)
-        with _connected(ray, options.ray_address):
-            ledger, rows = _run(ray, store, sources, options)
-        created = options.creation_info(sources, ledger.skipped)
-        schema = store_schema(options.layout, ledger.registry.streams, rows, created, store.url)
-        stats_problem = complete_store(fs, root, store.url, rows, schema, ledger.moments, source_stats)
+        with hold_store(destination, f"mmdata convert --engine ray into {destination}") as hold:
+            _prepare(store, sources, options)
+            with _connected(ray, options.ray_address):
+                ledger, rows = _run(ray, store, sources, options)
+            created = options.creation_info(sources, ledger.skipped)
+            schema = store_schema(options.layout, ledger.registry.streams, rows, created, store.url)
+            with NextVersion(hold) as version:
+                stats_problem = complete_store(version, rows, schema, ledger.moments, source_stats)
     except OSError as exc:
         raise destination_failure(destination, exc) from exc
     return ConversionReport(

@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 from mmdata.editing.derived import inside_path
 from mmdata.editing.versions import (
     EditReport,
-    editable_store,
+    editing,
     history_entry,
     next_version,
     publish,
@@ -60,23 +60,24 @@ def add_streams(
         raise OptionError(f"episodes are matched by {' or '.join(MATCHES)}, not {match!r}")
     if not names or len(set(names)) != len(names):
         raise OptionError(f"name each stream to add once, not {names!r}")
-    store, other = editable_store(url), open_store(other_url)
-    added = [_addable(store, other, name) for name in names]
-    origins = {name: _origin(store, other, name) for name in names}
-    rows = _matched_rows(store, other, match)
-    described = f"add {', '.join(repr(n) for n in names)} from '{other_url}' (episodes matched by {match})"
-    entry = history_entry("add-stream", len(store), len(store), described)
-    base = next_version(store.schema, entry)
-    schema = dataclasses.replace(
-        base, streams=[*store.schema.streams, *added], stream_origins={**store.schema.stream_origins, **origins}
-    )
-    columns = [f.name for f in other.manifest.schema if f.name.split("/", 1)[0] in names and "/" in f.name]
-    fields = pa.schema([*store.manifest.schema, *(other.manifest.schema.field(name) for name in columns)])
-    kept = None if recompute_stats else _kept_stats(store, other, names)  # (refused before anything is written)
-    parts = _joined(store, other, rows, columns, schema, other_url)
-    write_manifest(store, schema, parts, fields, progress)
-    stats = compute_stats(Dataset(Store(url, schema=schema))) if kept is None else kept
-    return publish(store, schema, stats, len(store), "recomputed" if kept is None else "kept")
+    with editing(url, f"mmdata edit {url} add-stream --from {other_url}") as (store, version):
+        other = open_store(other_url)
+        added = [_addable(store, other, name) for name in names]
+        origins = {name: _origin(store, other, name) for name in names}
+        rows = _matched_rows(store, other, match)
+        described = f"add {', '.join(repr(n) for n in names)} from '{other_url}' (episodes matched by {match})"
+        entry = history_entry("add-stream", len(store), len(store), described)
+        base = next_version(store.schema, entry, version)
+        schema = dataclasses.replace(
+            base, streams=[*store.schema.streams, *added], stream_origins={**store.schema.stream_origins, **origins}
+        )
+        columns = [f.name for f in other.manifest.schema if f.name.split("/", 1)[0] in names and "/" in f.name]
+        fields = pa.schema([*store.manifest.schema, *(other.manifest.schema.field(name) for name in columns)])
+        kept = None if recompute_stats else _kept_stats(store, other, names)  # (refused before anything is written)
+        parts = _joined(store, other, rows, columns, schema, other_url)
+        write_manifest(store, schema, parts, fields, progress)
+        stats = compute_stats(Dataset(Store(url, schema=schema))) if kept is None else kept
+        return publish(store, schema, stats, len(store), "recomputed" if kept is None else "kept", version)
 
 
 def _addable(store: Store, other: Store, name: str) -> Stream:

@@ -12,6 +12,8 @@ refused, naming them: they are deleted first.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
 import shutil
 from pathlib import Path
@@ -19,7 +21,7 @@ from pathlib import Path
 from fsspec.implementations.local import LocalFileSystem
 from tqdm import tqdm
 
-from mmdata.checks import inside
+from mmdata.checks import inside, parse_json
 from mmdata.conversion.completion import complete_store
 from mmdata.conversion.convert_options import ConvertOptions
 from mmdata.conversion.destination import check_remote_destination
@@ -28,11 +30,16 @@ from mmdata.editing.versions import EditReport, editable_store
 from mmdata.errors import EditError, IntegrityError, OptionError
 from mmdata.schema import LAYOUTS, AudioStream, DatasetSchema, LowdimStream, TextStream, VideoStream
 from mmdata.store.encoded import EncodedAudio, EncodedEpisode, EncodedLowdim, EncodedVideo
-from mmdata.store.filesystem import join, resolve
+from mmdata.store.filesystem import join, resolve, write_text_atomically
 from mmdata.store.handle import Store
+from mmdata.store.hold import StoreHold, hold_store, is_writer_record
+from mmdata.store.layout import DATASET_FILE, PARTIAL_DIR
 from mmdata.store.manifest import Piece
+from mmdata.store.versions import NextVersion
 from mmdata.store.wds_writer import WdsWriter
 from mmdata.store.zarr_writer import ZarrWriter
+
+COMPACTION_FILE = "compaction.json"  # in the partial folder: what a compaction under way copies, and how
 
 
 def compact_store(url: str, into: str, layout: str | None = None, progress: bool = True) -> EditReport:
@@ -48,20 +55,27 @@ def compact_store(url: str, into: str, layout: str | None = None, progress: bool
     if remote:
         fs, root = resolve(into)
         check_remote_destination(fs, root, into, resume=False, overwrite=False)
-        shutil.rmtree(local, ignore_errors=True)  # (a staging folder an interrupted compaction left)
-    else:
-        _check_local_destination(store, local)
     if store.damaged:
         why = store.damaged[min(store.damaged)]
         raise EditError(f"'{url}' has damaged episodes ({sorted(store.damaged)[:10]}; {why}); {_delete_first(url)}")
+    if local.exists() and not local.is_dir():
+        raise EditError(f"'{local}' is a file; a compacted store goes to a new or empty folder")
     existed = local.exists()
     try:
-        schema = _write(store, layout, local, progress)
-    except BaseException:  # (the folder was new or empty: nothing of anyone else's is removed)
-        for entry in list(local.iterdir()) if existed and local.is_dir() else []:
-            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+        with hold_store(local, f"mmdata edit {url} compact --into {into}") as hold:
+            if remote:
+                _empty(local)  # (a staging folder an interrupted compaction left)
+            else:
+                _check_local_destination(store, local, layout)
+            try:
+                schema = _write(store, layout, hold, progress)
+            except BaseException:  # (the folder was new, empty or an interrupted compaction's: nothing else removed)
+                _empty(local)
+                raise
+    except BaseException:
         if not existed:
-            shutil.rmtree(local, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                local.rmdir()  # (only if empty: a writer holding it meanwhile keeps its record there)
         raise
     if remote:
         publish(local, into, overwrite=False, progress=progress)
@@ -69,11 +83,14 @@ def compact_store(url: str, into: str, layout: str | None = None, progress: bool
     return EditReport(into, 0, len(store), schema.num_episodes, schema.manifest_file, "recomputed")
 
 
-def _write(store: Store, layout: str, local: Path, progress: bool) -> DatasetSchema:
-    """Write `store`'s episodes into a complete store of `layout` in the local folder `local`; its schema."""
+def _write(store: Store, layout: str, hold: StoreHold, progress: bool) -> DatasetSchema:
+    """Write `store`'s episodes into a complete store of `layout` in the local folder `hold` holds; its schema."""
+    local = Path(hold.root)
     shard_bytes = store.schema.created.get("shard_bytes")
     if not (isinstance(shard_bytes, int) and shard_bytes > 0):
         shard_bytes = ConvertOptions().shard_bytes
+    (local / PARTIAL_DIR).mkdir(parents=True, exist_ok=True)
+    write_text_atomically(str(local / PARTIAL_DIR / COMPACTION_FILE), json.dumps({"from": store.url, "layout": layout}))
     writer = WdsWriter(local, shard_bytes) if layout == "wds" else ZarrWriter(local)
     writer.restore()
     count = len(store)
@@ -92,7 +109,8 @@ def _write(store: Store, layout: str, local: Path, progress: bool) -> DatasetSch
         "shard_bytes": shard_bytes if layout == "wds" else None,
     }
     schema = DatasetSchema(layout=layout, streams=store.schema.streams, num_episodes=len(rows), created=created)
-    complete_store(LocalFileSystem(), str(local), str(local), rows, schema, {}, None)
+    with NextVersion(hold) as version:
+        complete_store(version, rows, schema, {}, None)
     return schema
 
 
@@ -122,11 +140,44 @@ def stored_episode(store: Store, index: int) -> EncodedEpisode:
     return episode
 
 
-def _check_local_destination(store: Store, local: Path) -> None:
-    """A new or empty folder, outside the store compacted and the stores it reads media from."""
-    if local.exists() and (not local.is_dir() or any(local.iterdir())):
-        what = "a file" if not local.is_dir() else "a folder that is not empty"
-        raise EditError(f"'{local}' is {what}; a compacted store goes to a new or empty folder")
+def _check_local_destination(store: Store, local: Path, layout: str) -> None:
+    """A new or empty folder (or what an interrupted compaction of the same store into the same layout left there,
+    which is removed: the folder is held, so that compaction is not running), outside the store compacted and the
+    stores it reads media from."""
+    if local.is_symlink():
+        raise EditError(
+            f"'{local}' is a symbolic link (to '{local.resolve()}'); a compacted store is written into a folder, not"
+            " through a link: give the folder itself, or remove the link"
+        )
+    held = [entry for entry in local.iterdir() if not is_writer_record(entry.name)]
+    if held:
+        interrupted = _interrupted_compaction(local)
+        if interrupted is None:
+            raise EditError(f"'{local}' is a folder that is not empty; a compacted store goes to a new or empty folder")
+        if interrupted != {"from": store.url, "layout": layout} or (local / DATASET_FILE).exists():
+            raise EditError(
+                f"'{local}' holds what an interrupted compaction of '{interrupted.get('from')}' into"
+                f" {interrupted.get('layout')} left ({PARTIAL_DIR}/{COMPACTION_FILE}); run that compaction again to"
+                " finish it, or delete the folder, then compact into it"
+            )
+        _empty(local)
     media = [store.root, *(join(store.root, origin) for origin in store.schema.media_stores())]
     if isinstance(store.fs, LocalFileSystem) and any(inside(root, local) for root in media):
         raise EditError(f"'{local}' lies inside a store whose media it copies; write the compacted store beside it")
+
+
+def _interrupted_compaction(local: Path) -> dict | None:
+    """What the compaction interrupted in `local` was (its record in the partial folder), or None."""
+    try:
+        found = parse_json((local / PARTIAL_DIR / COMPACTION_FILE).read_bytes())
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else {}
+
+
+def _empty(local: Path) -> None:
+    """Remove what `local` holds but the record of its writer (this compaction, which holds it)."""
+    for entry in list(local.iterdir()) if local.is_dir() else []:
+        if is_writer_record(entry.name):
+            continue
+        shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()

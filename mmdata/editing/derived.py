@@ -15,25 +15,31 @@ the very same edit (a split stopped between its two stores is completed by runni
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
+import posixpath
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from fsspec.implementations.local import LocalFileSystem
 
 from mmdata.editing.rows import chosen_rows, write_rows
 from mmdata.editing.selection import EpisodeSelection
 from mmdata.editing.versions import EditReport, editable_store, history_entry, stats_before
 from mmdata.errors import EditError, MmdataError, OptionError
-from mmdata.schema import DatasetSchema, is_origin, stream_to_dict, version_file_name
+from mmdata.schema import DatasetSchema, is_origin, stream_to_dict, version_file_name, version_of_file
 from mmdata.store.dataset import Dataset
-from mmdata.store.filesystem import join, read_file, relative_path, resolve, write_text_atomically
+from mmdata.store.filesystem import join, read_file, relative_path, resolve, temporary_of
 from mmdata.store.handle import MAX_SCHEMA_BYTES, Store
+from mmdata.store.hold import hold_store, is_writer_record
 from mmdata.store.layout import DATASET_FILE
 from mmdata.store.manifest import ORIGIN
 from mmdata.store.statistics import compute_stats, write_stats
+from mmdata.store.versions import NextVersion
 
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 
@@ -100,7 +106,7 @@ def split_store(
         for part, place, rows in parts
     ]
     for one, other in ((new[0], new[1]), (new[1], new[0])):
-        if _location(one.url) != _location(other.url) and inside_path(other.root, one.root):
+        if inside_path(_location(other.url), _location(one.url)):
             raise EditError(f"'{one.url}' lies inside '{other.url}'; the train and validation stores go side by side")
     return (
         new[0].write(recompute_stats, f"the split into '{train_url}'", progress),
@@ -114,6 +120,14 @@ def merge_stores(urls: Sequence[str], into: str, recompute_stats: bool = True, p
     (`recompute_stats=False`) the first store's are kept, marked as such."""
     if len(urls) < 2:
         raise EditError(f"a merge takes two stores or more, not {len(urls)}")
+    places: dict[str, str] = {}
+    for url in urls:
+        if _location(url) in places:
+            raise EditError(
+                f"'{url}' and '{places[_location(url)]}' are one store: a merge takes each store once (its episodes"
+                " would be in the merged store twice)"
+            )
+        places[_location(url)] = url
     stores = [editable_store(url) for url in urls]
     _check_same_streams(stores)
     described = "merge of " + ", ".join(f"'{store.url}' ({len(store)} episodes)" for store in stores)
@@ -164,20 +178,24 @@ class _NewStore:
         self._check_destination()
 
     def write(self, recompute_stats: bool, change: str, progress: bool) -> EditReport:
-        """Write the manifest, the statistics, then `dataset.json`, which makes the folder a store."""
+        """Write the manifest, the statistics, then `dataset.json`, which makes the folder a store (published as
+        every version is: `store.versions`; the destination held while it is written: `store.hold`)."""
         kept = None if recompute_stats else stats_before(self.sources[0][0], change)  # (refused before any write)
         columns = _union_schema([store.manifest.schema for store, _ in self.sources])
-        self.fs.makedirs(self.root, exist_ok=True)
-        path = join(self.root, self.schema.manifest_file)
-        total = self.schema.num_episodes
-        write_rows(self.fs, path, self._parts(), columns, total, f"write {self.url}", progress)
-        store = Store(self.url, schema=self.schema)
-        stats = compute_stats(Dataset(store)) if kept is None else kept
-        write_stats(store, stats)
-        write_text_atomically(join(self.root, DATASET_FILE), self.schema.to_json(), self.fs)
+        with hold_store(self.url, f"mmdata edit: {change}") as hold, NextVersion(hold) as version:
+            previous = self._check_destination(leftovers_removed=hold.local)
+            manifest_file, stats_file = version.file_names(self.schema.version)
+            schema = dataclasses.replace(self.schema, manifest_file=manifest_file, stats_file=stats_file)
+            path = join(self.root, schema.manifest_file)
+            total = schema.num_episodes
+            write_rows(self.fs, path, self._parts(), columns, total, f"write {self.url}", progress)
+            store = Store(self.url, schema=schema)
+            stats = compute_stats(Dataset(store)) if kept is None else kept
+            write_stats(store, stats)
+            version.publish(schema, previous)
         before = sum(len(source) for source, _ in self.sources)
         how = "recomputed" if recompute_stats else "kept"
-        return EditReport(self.url, self.schema.version, before, total, self.schema.manifest_file, how)
+        return EditReport(self.url, schema.version, before, total, schema.manifest_file, how)
 
     def _parts(self) -> Iterator[pa.Table]:
         """The chosen rows of every source, in order, each naming (`origin`) the store holding its media, from the
@@ -203,9 +221,17 @@ class _NewStore:
             )
         return origin
 
-    def _check_destination(self) -> None:
-        """The destination is no store (or this same edit's, stopped half-way) and holds nothing else."""
+    def _check_destination(self, leftovers_removed: bool = False) -> DatasetSchema | None:
+        """The destination is a plain folder (not a link) that is no store (or this same edit's, stopped half-way:
+        its schema is returned) and holds nothing else but what an interrupted edit leaves (a version's manifest or
+        statistics, temporaries), which `leftovers_removed` (the destination held: none is being written) removes."""
+        if isinstance(self.fs, LocalFileSystem) and os.path.islink(self.root):
+            raise EditError(
+                f"'{self.url}' is a symbolic link (to '{os.path.realpath(self.root)}'); a new store is written"
+                " into a folder, not through a link: give the folder itself, or remove the link"
+            )
         document = join(self.root, DATASET_FILE)
+        found = None
         if self.fs.exists(document):
             try:
                 found = DatasetSchema.from_json(read_file(self.fs, document, MAX_SCHEMA_BYTES))
@@ -215,17 +241,30 @@ class _NewStore:
                 raise EditError(
                     f"'{self.url}' is a store already; nothing was written: choose another destination, or delete it"
                 )
-        ours = {DATASET_FILE, self.schema.manifest_file, self.schema.stats_file}
         try:
             names = [name.rstrip("/").rsplit("/", 1)[-1] for name in self.fs.ls(self.root, detail=False, refresh=True)]
         except (FileNotFoundError, NotADirectoryError):
-            return
-        others = sorted(name for name in names if name not in ours and name.removesuffix(".tmp") not in ours)
+            return found
+        kept = {found.manifest_file, found.stats_file} if found is not None else set()
+        leftovers = [name for name in names if _left_by_an_edit(name) and name not in kept]
+        others = sorted(name for name in names if name not in (DATASET_FILE, *kept, *leftovers))
         if others:
             shown = ", ".join(others[:5]) + (", ..." if len(others) > 5 else "")
             raise EditError(
                 f"'{self.url}' holds files ({shown}) that no edit writes; a new store goes to an empty or new folder"
             )
+        if leftovers_removed:
+            for name in leftovers:
+                if not is_writer_record(name):
+                    self.fs.rm(join(self.root, name))
+        return found
+
+
+def _left_by_an_edit(name: str) -> bool:
+    """Whether a file named `name` in a new store's folder is what an edit writing it leaves when it is interrupted
+    (a manifest or statistics of a version, a temporary of one) or the record of the writer holding it."""
+    written = temporary_of(name)
+    return is_writer_record(name) or version_of_file(written or name) is not None or written == DATASET_FILE
 
 
 def _origin_values(store: Store) -> list[str]:
@@ -281,8 +320,12 @@ def inside_path(root: str, path: str) -> bool:
 
 
 def _location(url: str) -> str:
+    """Where `url` is, however it is spelled: a local path with links and `..` resolved, else the filesystem and
+    its path."""
     fs, root = resolve(url)
-    return f"{fs.protocol}:{root}"
+    if isinstance(fs, LocalFileSystem):
+        return f"file:{os.path.realpath(root)}"
+    return f"{fs.protocol}:{posixpath.normpath(root)}"
 
 
 def _hashed(numbers: np.ndarray, seed: int) -> np.ndarray:

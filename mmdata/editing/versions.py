@@ -1,16 +1,19 @@
 """A store's next version from a choice of its episodes: the kept rows renumbered into a new manifest, new
-statistics, then `dataset.json` naming them, replaced last and in one step.
+statistics, then `dataset.json` naming them, swapped last and in one step (`store.versions`).
 
-What a reader of the store sees is `dataset.json`: until it is replaced, the store is the version before (an
-edit that fails or is killed at any step leaves it so, and the files it wrote under the next version's names
-are written again by the next edit); after it, the new version, whose manifest points at the same shards and
-arrays. A reader that opened the version before keeps reading its files: the manifest and statistics of the
-version before the new one are kept, older ones removed (as an append does). The manifest is copied a row
-group at a time, so a store of millions of episodes is edited in the memory of one row group.
+What a reader of the store sees is `dataset.json`: until it is swapped, the store is the version before (an edit
+that fails or is killed at any step leaves it so, and the files it wrote under its own names are removed, by it or
+by the next writer); after it, the new version, whose manifest points at the same shards and arrays. An edit holds
+the store while it writes (`store.hold`: a second writer is refused at once, naming the first) and publishes only
+if the store is still the version it read, so two writers never lose each other's work. A reader that opened the
+version before keeps reading its files: the manifest and statistics of the version before the new one are kept,
+older ones removed (as an append does). The manifest is copied a row group at a time, so a store of millions of
+episodes is edited in the memory of one row group.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,17 +21,20 @@ from typing import Literal
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from mmdata.conversion.append import remove_superseded, utc_now
+from mmdata.conversion.append import utc_now
 from mmdata.editing.rows import chosen_rows, write_rows
 from mmdata.editing.selection import EpisodeSelection
 from mmdata.errors import EditError, MmdataError
-from mmdata.schema import DatasetSchema, version_file_name
+from mmdata.schema import DatasetSchema
 from mmdata.store.dataset import Dataset
-from mmdata.store.filesystem import join, write_text_atomically
+from mmdata.store.filesystem import join
 from mmdata.store.handle import Store, open_store
-from mmdata.store.layout import DATASET_FILE, PARTIAL_DIR
+from mmdata.store.hold import hold_store
+from mmdata.store.layout import PARTIAL_DIR
 from mmdata.store.statistics import compute_stats, read_stats, write_stats
+from mmdata.store.versions import NextVersion
 
 Action = Literal["delete", "keep"]
 
@@ -57,60 +63,83 @@ def edit_store(
     stores too large to read again) the version before's are kept, marked as such."""
     if action not in ("delete", "keep"):
         raise EditError(f"an edit deletes or keeps episodes, not {action!r}")
-    store = editable_store(url)
-    count = len(store)
-    table = store.columns(selection.columns) if selection.columns else pa.table({})
-    named = selection.rows(table, count)
-    kept = np.setdiff1d(np.arange(count), named) if action == "delete" else named
-    if len(kept) == 0:
-        raise EditError(f"keeping {selection.describe()} of '{url}' would leave no episode; nothing was changed")
-    if len(kept) == count:
-        raise EditError(f"'{url}' has no episode to {action} ({selection.describe()}): nothing was changed")
-    verb = "deleted" if action == "delete" else "kept"
-    described = f"{action} {len(named)} episode{'' if len(named) == 1 else 's'} ({selection.describe()})"
-    schema = next_version(store.schema, history_entry(action, len(kept), count, described))
-    parts = chosen_rows(store, kept)
-    write_manifest(store, schema, parts, store.manifest.schema, progress)
-    edited = Store(url, schema=schema)
-    stats = compute_stats(Dataset(edited)) if recompute_stats else stats_before(store, f"episodes were {verb}")
-    return publish(store, schema, stats, count, "recomputed" if recompute_stats else "kept")
+    with editing(url, f"mmdata edit {url} {action}") as (store, version):
+        count = len(store)
+        table = store.columns(selection.columns) if selection.columns else pa.table({})
+        named = selection.rows(table, count)
+        kept = np.setdiff1d(np.arange(count), named) if action == "delete" else named
+        if len(kept) == 0:
+            raise EditError(f"keeping {selection.describe()} of '{url}' would leave no episode; nothing was changed")
+        if len(kept) == count:
+            raise EditError(f"'{url}' has no episode to {action} ({selection.describe()}): nothing was changed")
+        verb = "deleted" if action == "delete" else "kept"
+        described = f"{action} {len(named)} episode{'' if len(named) == 1 else 's'} ({selection.describe()})"
+        schema = next_version(store.schema, history_entry(action, len(kept), count, described), version)
+        parts = chosen_rows(store, kept)
+        write_manifest(store, schema, parts, store.manifest.schema, progress)
+        edited = Store(url, schema=schema)
+        stats = compute_stats(Dataset(edited)) if recompute_stats else stats_before(store, f"episodes were {verb}")
+        return publish(store, schema, stats, count, "recomputed" if recompute_stats else "kept", version)
 
 
 def remove_stream(url: str, name: str, progress: bool = True) -> EditReport:
     """Write the next version of the store at `url` without stream `name`: its manifest columns and its entry in
-    `dataset.json` and in the statistics (the other streams' statistics are unchanged, so none is computed)."""
-    store = editable_store(url)
-    try:
-        store.schema.stream(name)
-    except KeyError as exc:
-        raise EditError(f"'{url}': {exc.args[0]}") from None
-    streams = [stream for stream in store.schema.streams if stream.name != name]
-    if not any(stream.kind != "text" for stream in streams):
-        raise EditError(f"'{url}': '{name}' is its last stream with values; a store without one cannot be read")
-    count = len(store)
-    entry = history_entry("remove-stream", count, count, f"remove stream '{name}'")
-    added = {stream: origin for stream, origin in store.schema.stream_origins.items() if stream != name}
-    schema = dataclasses.replace(next_version(store.schema, entry), streams=streams, stream_origins=added)
-    columns = [field for field in store.manifest.schema if not field.name.startswith(f"{name}/")]
-    parts = (rows.select([field.name for field in columns]) for _, rows in store.manifest.row_groups())
-    write_manifest(store, schema, parts, pa.schema(columns), progress)
-    try:
-        stats = read_stats(store)
-    except MmdataError:
-        stats = compute_stats(Dataset(Store(url, schema=schema)))
-    else:
-        stats = {key: _without(value, name) for key, value in stats.items()}
-    return publish(store, schema, stats, count, "kept")
+    `dataset.json` and in the statistics (the other streams' statistics are unchanged, so none is computed). An
+    episode's duration is the end of its longest stream: where the stream removed ended last, the episode's
+    duration becomes the end of the longest stream left."""
+    with editing(url, f"mmdata edit {url} remove-stream {name}") as (store, version):
+        try:
+            store.schema.stream(name)
+        except KeyError as exc:
+            raise EditError(f"'{url}': {exc.args[0]}") from None
+        streams = [stream for stream in store.schema.streams if stream.name != name]
+        timed = [stream.name for stream in streams if stream.kind != "text"]
+        if not timed:
+            raise EditError(f"'{url}': '{name}' is its last stream with values; a store without one cannot be read")
+        count = len(store)
+        entry = history_entry("remove-stream", count, count, f"remove stream '{name}'")
+        added = {stream: origin for stream, origin in store.schema.stream_origins.items() if stream != name}
+        schema = dataclasses.replace(next_version(store.schema, entry, version), streams=streams, stream_origins=added)
+        columns = [field for field in store.manifest.schema if not field.name.startswith(f"{name}/")]
+        kept = [field.name for field in columns]
+        parts = (ended_with_streams(rows.select(kept), timed) for _, rows in store.manifest.row_groups())
+        write_manifest(store, schema, parts, pa.schema(columns), progress)
+        try:
+            stats = read_stats(store)
+        except MmdataError:
+            stats = compute_stats(Dataset(Store(url, schema=schema)))
+        else:
+            stats = {key: _without(value, name) for key, value in stats.items()}
+        return publish(store, schema, stats, count, "kept", version)
 
 
-def next_version(schema: DatasetSchema, entry: dict) -> DatasetSchema:
-    """`schema`'s next version: its own manifest and statistics files, `entry` (`history_entry`) added."""
-    version = schema.version + 1
+def ended_with_streams(rows: pa.Table, streams: list[str]) -> pa.Table:
+    """`rows` with each episode's duration the end of the longest of `streams` (what the manifest checks hold a
+    duration to), for a version whose streams are `streams`."""
+    ends = [pc.fill_null(pc.cast(rows.column(f"{name}/t_end"), pa.float64()), 0.0) for name in streams]
+    latest = pc.max_element_wise(*ends, pa.scalar(0.0))
+    place = rows.schema.get_field_index("duration")
+    return rows.set_column(place, rows.schema.field(place), pc.cast(latest, rows.schema.field(place).type))
+
+
+@contextlib.contextmanager
+def editing(url: str, writer: str) -> Iterator[tuple[Store, NextVersion]]:
+    """The store at `url`, held by the edit `writer` ("mmdata edit URL delete"), and its next version (see
+    `store.versions`): what the block writes under the version's names is removed if it fails, and a store changed
+    meanwhile by another writer is a ConcurrentWriteError."""
+    with hold_store(url, writer) as hold, NextVersion(hold) as version:
+        yield editable_store(url), version
+
+
+def next_version(schema: DatasetSchema, entry: dict, version: NextVersion) -> DatasetSchema:
+    """`schema`'s next version: its manifest and statistics files, named by its writer `version`, and `entry`
+    (`history_entry`) added."""
+    manifest_file, stats_file = version.file_names(schema.version + 1)
     return dataclasses.replace(
         schema,
         num_episodes=entry["episodes"],
-        manifest_file=version_file_name("episodes", version),
-        stats_file=version_file_name("stats", version),
+        manifest_file=manifest_file,
+        stats_file=stats_file,
         history=[*schema.history, entry],
     )
 
@@ -146,12 +175,14 @@ def write_manifest(
     write_rows(store.fs, path, parts, columns, schema.num_episodes, f"edit {store.url}", progress)
 
 
-def publish(store: Store, schema: DatasetSchema, stats: dict, before: int, how: str) -> EditReport:
-    """Write the new version's statistics, then its `dataset.json` (the step that publishes it), then remove the
-    files of versions no reader can still be reading."""
+def publish(
+    store: Store, schema: DatasetSchema, stats: dict, before: int, how: str, version: NextVersion
+) -> EditReport:
+    """Write the new version's statistics, then publish it (`version.publish`: `dataset.json` swapped unless
+    another writer published a version first), which removes the files of versions no reader can still be
+    reading."""
     write_stats(Store(store.url, schema=schema), stats)
-    write_text_atomically(join(store.root, DATASET_FILE), schema.to_json(), store.fs)
-    remove_superseded(store.fs, store.root, schema)
+    version.publish(schema, store.schema)
     return EditReport(store.url, schema.version, before, schema.num_episodes, schema.manifest_file, how)
 
 

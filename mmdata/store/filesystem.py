@@ -16,9 +16,11 @@ import errno
 import os
 import posixpath
 import random
+import re
 import stat
 import threading
 import time
+import uuid
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -144,11 +146,29 @@ def write_bytes_atomically(path: str, chunks: Iterable[bytes], fs: fsspec.Abstra
 
 @contextlib.contextmanager
 def writing_atomically(path: str, fs: fsspec.AbstractFileSystem | None = None) -> Iterator[BinaryIO]:
-    """A binary file to write `path` through: locally a temporary file, synced and renamed over `path` when
-    the block ends, so a reader sees the old file or the whole new one; elsewhere one upload (object stores
-    replace whole objects, and an upload that fails is not completed). Nothing is left if the block fails."""
+    """A binary file to write `path` through: locally a temporary file of this writer's own (`create_temporary`),
+    synced and renamed over `path` when the block ends, so a reader sees the old file or the whole new one, and
+    a link planted at `path` is replaced, never written through; elsewhere one upload (object stores replace
+    whole objects, and an upload that fails is not completed). Nothing is left if the block fails."""
+    with _writing(path, fs, replace=True) as handle:
+        yield handle
+
+
+@contextlib.contextmanager
+def writing_new_file(path: str, fs: fsspec.AbstractFileSystem | None = None) -> Iterator[BinaryIO]:
+    """`writing_atomically` for a file that must not exist yet: locally the temporary is linked to `path`, which
+    fails if anything (a file, a link) is there; in object storage an upload that only creates (S3's
+    `If-None-Match: *`). FileExistsError when `path` exists: a writer never replaces what it did not make."""
+    with _writing(path, fs, replace=False) as handle:
+        yield handle
+
+
+@contextlib.contextmanager
+def _writing(path: str, fs: fsspec.AbstractFileSystem | None, replace: bool) -> Iterator[BinaryIO]:
     if fs is not None and not isinstance(fs, LocalFileSystem):
-        remote = fs.open(path, "wb")
+        if not replace and not is_s3(fs) and fs.exists(path):
+            raise FileExistsError(errno.EEXIST, "the object exists", path)
+        remote = fs.open(path, "wb" if replace or not is_s3(fs) else "xb")
         try:
             yield remote
         except BaseException:
@@ -157,17 +177,72 @@ def writing_atomically(path: str, fs: fsspec.AbstractFileSystem | None = None) -
             raise
         remote.close()
         return
-    temporary = f"{path}.tmp"
+    temporary, handle = create_temporary(path)
     try:
-        with open(temporary, "wb") as handle:
+        with handle:
             yield handle
             handle.flush()
             os.fsync(handle.fileno())
+        if replace:
+            os.replace(temporary, path)
+        else:
+            os.link(temporary, path)
+            os.unlink(temporary)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+def is_s3(fs: fsspec.AbstractFileSystem) -> bool:
+    """Whether `fs` is S3's (s3fs), whose writes can be conditional."""
+    protocol = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+    return "s3" in protocol or "s3a" in protocol
+
+
+_TEMPORARY = re.compile(r"\.(.+)\.[0-9a-f]{32}\.tmp")
+
+
+def create_temporary(path: str | os.PathLike) -> tuple[str, BinaryIO]:
+    """A new file beside `path`, named for it and for this writer alone (`.NAME.<random>.tmp`), created exclusively
+    and without following a link (`O_CREAT | O_EXCL | O_NOFOLLOW`): a link or file planted at any name is never
+    written through. Returns its path and the open file."""
+    folder, name = os.path.split(os.fspath(path))
+    temporary = os.path.join(folder, f".{name}.{uuid.uuid4().hex}.tmp")
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    return temporary, open(os.open(temporary, flags, 0o644), "w+b")  # noqa: SIM115 (a muxer may read back)
+
+
+@contextlib.contextmanager
+def replacing_by_name(path: str | os.PathLike) -> Iterator[str]:
+    """The path of a new temporary file of this writer's own beside the local `path` (`create_temporary`), for a
+    writer that must open it by name (FFmpeg's muxer reopens its output to move the index to the front), renamed
+    over `path` when the block ends, removed if it fails."""
+    temporary, handle = create_temporary(path)
+    handle.close()
+    try:
+        yield temporary
         os.replace(temporary, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         raise
+
+
+def create_afresh(path: str | os.PathLike) -> BinaryIO:
+    """A new, empty file at `path`, a name only this writer writes (a shard being written): whatever is there (the
+    file an interrupted run left, or a link) is removed first, then the file is created exclusively without
+    following a link, so nothing outside is ever written through it."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    return open(os.open(path, flags, 0o644), "wb")  # noqa: SIM115
+
+
+def temporary_of(name: str) -> str | None:
+    """The file name a temporary named `name` (`create_temporary`) was written for; None if it is no temporary."""
+    match = _TEMPORARY.fullmatch(name)
+    return match.group(1) if match else None
 
 
 def read_range(

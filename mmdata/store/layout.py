@@ -7,6 +7,7 @@ MANIFEST_FILE = "episodes.parquet"
 PARTIAL_DIR = ".mmdata-partial"
 SHARDS_DIR = "shards"
 APPEND_FILE = "append.json"  # in PARTIAL_DIR while an append is under way
+WRITER_FILE = ".mmdata-writer.json"  # who writes the store now (`store.hold`); no reader reads it
 CONVERT_AGAIN = "convert again with --overwrite, which deletes what the interrupted conversion wrote"
 
 

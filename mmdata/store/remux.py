@@ -22,6 +22,7 @@ import av
 from mmdata.codecs.video_encode import VideoEncoding, encode_segments
 from mmdata.errors import DecodeError
 from mmdata.schema import VideoStream
+from mmdata.store.filesystem import replacing_by_name, write_bytes_atomically
 from mmdata.store.handle import Store
 from mmdata.store.manifest import Piece
 
@@ -61,10 +62,9 @@ def write_episode_video(
     row = store.manifest.row(index)
     table = store.segment_table(row, camera)
     path = stem.with_name(f"{stem.name}.{extension}")
-    partial = stem.with_name(f"{stem.name}.partial.{extension}")
     options = {"movflags": "+faststart"} if extension == "mp4" else {}
     frames = 0
-    with av.open(str(partial), "w", format=extension, options=options) as output:
+    with replacing_by_name(path) as partial, av.open(partial, "w", format=extension, options=options) as output:
         target = None
         for number, (segment, piece) in enumerate(zip(table.segments, table.pieces)):
             where = f"episode '{row['key']}', camera '{camera}', segment {number}"
@@ -84,7 +84,6 @@ def write_episode_video(
                         frames += 1
             except av.error.FFmpegError as exc:
                 raise DecodeError(f"{where}: does not remux: {exc}; run `mmdata verify {store.url}`") from exc
-    partial.replace(path)
     return EpisodeVideo(path, mime, frames)
 
 
@@ -103,9 +102,8 @@ def _reencoded(store: Store, index: int, stream: VideoStream, stem: Path) -> Epi
             f" {count}; run `mmdata verify {store.url}`"
         )
     ((written, data),) = files
-    path, partial = stem.with_name(f"{stem.name}.mp4"), stem.with_name(f"{stem.name}.partial.mp4")
-    partial.write_bytes(data)
-    partial.replace(path)
+    path = stem.with_name(f"{stem.name}.mp4")
+    write_bytes_atomically(str(path), [data])
     return EpisodeVideo(path, "video/mp4", written)
 
 

@@ -25,7 +25,7 @@ from mmdata.errors import DestinationError
 from mmdata.schema import Stream
 from mmdata.store.checksum import checksum_bytes
 from mmdata.store.encoded import EncodedEpisode
-from mmdata.store.filesystem import write_text_atomically
+from mmdata.store.filesystem import create_afresh, write_text_atomically
 from mmdata.store.layout import CONVERT_AGAIN, PARTIAL_DIR, SHARDS_DIR, start_again
 from mmdata.store.manifest import PACKETS_SUFFIX, Piece, base_row, episode_key, packets_column, span_columns
 
@@ -231,13 +231,16 @@ class WdsWriter:
         """Close and remove the shard being written (not durable until closed)."""
         if self._file is not None:
             self._file.close()
-            Path(self._file.name).unlink(missing_ok=True)
+            self._writing().unlink(missing_ok=True)
             self._shard = self._file = None
 
+    def _writing(self) -> Path:
+        """The name the shard being written has until it is full."""
+        return self.root / f"{shard_name(self._shard_index)}.tmp"
+
     def _open_shard(self) -> None:
-        path = self.root / f"{shard_name(self._shard_index)}.tmp"
         # Stays open across add() calls until the shard is full; _close_shard closes it.
-        self._file = open(path, "wb")  # noqa: SIM115
+        self._file = create_afresh(self._writing())
         self._shard = ShardTar(self._file, shard_name(self._shard_index))
 
     def _close_shard(self) -> None:
@@ -246,7 +249,7 @@ class WdsWriter:
         self._file.flush()
         os.fsync(self._file.fileno())
         self._file.close()
-        publish_without_replacing(Path(self._file.name), self.root / shard_name(self._shard_index))
+        publish_without_replacing(self._writing(), self.root / shard_name(self._shard_index))
         sidecar = self.partial / sidecar_name(self._shard_index)
         write_text_atomically(str(sidecar), shard_record(self._shard.rows, self._checkpoint))
         self._rows.extend(self._shard.rows)

@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 
 from mmdata.errors import MmdataError
 from mmdata.schema import AudioStream, LowdimStream, VideoStream
+from mmdata.store.filesystem import write_text_atomically
 from mmdata.store.handle import Store
 from mmdata.store.remux import write_episode_video
 from mmdata.store.statistics import read_stats, stream_figures
@@ -302,6 +303,4 @@ def _write_page(path: Path, title: str, body: str, data: dict[str, Any]) -> None
 <script id="data" type="application/json">{payload}</script>
 <script src="static/viewer.js"></script></body></html>
 """
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(text, encoding="utf-8")
-    partial.replace(path)
+    write_text_atomically(str(path), text)
