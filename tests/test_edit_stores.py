@@ -21,7 +21,7 @@ from mmdata.editing.derived import ValidationChoice, merge_stores, split_store
 from mmdata.editing.selection import EpisodeSelection
 from mmdata.editing.versions import remove_stream
 from mmdata.errors import EditError, OptionError
-from mmdata.store.versions import NextVersion
+from mmdata.store.next_version import NextVersion
 from tests.conftest import LAYOUTS, run_cli
 from tests.test_edit import SPEC, episode_data, fail_at
 from tests.test_loader import assert_same_batches

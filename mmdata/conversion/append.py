@@ -31,8 +31,8 @@ from mmdata.schema import DatasetSchema, Stream, TextStream
 from mmdata.store.filesystem import join, write_text_atomically
 from mmdata.store.handle import Store, open_store
 from mmdata.store.layout import APPEND_FILE, PARTIAL_DIR, SHARDS_DIR, give_append_up
+from mmdata.store.next_version import NextVersion
 from mmdata.store.statistics import read_stats
-from mmdata.store.versions import NextVersion
 from mmdata.store.wds_writer import shard_number
 
 

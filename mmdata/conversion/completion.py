@@ -20,8 +20,8 @@ from mmdata.store.filesystem import join
 from mmdata.store.handle import Store
 from mmdata.store.layout import CONVERT_AGAIN, PARTIAL_DIR, give_append_up
 from mmdata.store.manifest import write_manifest
+from mmdata.store.next_version import NextVersion
 from mmdata.store.statistics import compute_stats, write_stats
-from mmdata.store.versions import NextVersion
 
 
 def complete_store(
@@ -34,7 +34,7 @@ def complete_store(
 ) -> str | None:
     """Write the manifest and statistics files `schema` names (`version`'s own) into the store `version` is the
     next version of, then publish it (`dataset.json` swapped if no other writer published one since: see
-    `store.versions`; `previous`: the version it follows), then remove its partial folder; returns why the
+    `store.next_version`; `previous`: the version it follows), then remove its partial folder; returns why the
     statistics were not written, if so. Until then a reader sees the version before, whole."""
     fs, root, url = version.hold.fs, version.hold.root, version.hold.url
     try:

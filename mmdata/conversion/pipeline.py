@@ -55,7 +55,7 @@ from mmdata.store.filesystem import join, resolve
 from mmdata.store.handle import open_store
 from mmdata.store.hold import StoreHold, hold_store
 from mmdata.store.layout import DATASET_FILE, PARTIAL_DIR
-from mmdata.store.versions import NextVersion
+from mmdata.store.next_version import NextVersion
 
 
 class StoreWriter(Protocol):

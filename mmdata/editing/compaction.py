@@ -35,7 +35,7 @@ from mmdata.store.handle import Store
 from mmdata.store.hold import StoreHold, hold_store, is_writer_record
 from mmdata.store.layout import DATASET_FILE, PARTIAL_DIR
 from mmdata.store.manifest import Piece
-from mmdata.store.versions import NextVersion
+from mmdata.store.next_version import NextVersion
 from mmdata.store.wds_writer import WdsWriter
 from mmdata.store.zarr_writer import ZarrWriter
 

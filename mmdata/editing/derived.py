@@ -38,8 +38,8 @@ from mmdata.store.handle import MAX_SCHEMA_BYTES, Store
 from mmdata.store.hold import hold_store, is_writer_record
 from mmdata.store.layout import DATASET_FILE
 from mmdata.store.manifest import ORIGIN
+from mmdata.store.next_version import NextVersion
 from mmdata.store.statistics import compute_stats, write_stats
-from mmdata.store.versions import NextVersion
 
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 
@@ -179,7 +179,7 @@ class _NewStore:
 
     def write(self, recompute_stats: bool, change: str, progress: bool) -> EditReport:
         """Write the manifest, the statistics, then `dataset.json`, which makes the folder a store (published as
-        every version is: `store.versions`; the destination held while it is written: `store.hold`)."""
+        every version is: `store.next_version`; the destination held while it is written: `store.hold`)."""
         kept = None if recompute_stats else stats_before(self.sources[0][0], change)  # (refused before any write)
         columns = _union_schema([store.manifest.schema for store, _ in self.sources])
         with hold_store(self.url, f"mmdata edit: {change}") as hold, NextVersion(hold) as version:

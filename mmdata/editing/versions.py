@@ -1,5 +1,5 @@
 """A store's next version from a choice of its episodes: the kept rows renumbered into a new manifest, new
-statistics, then `dataset.json` naming them, swapped last and in one step (`store.versions`).
+statistics, then `dataset.json` naming them, swapped last and in one step (`store.next_version`).
 
 What a reader of the store sees is `dataset.json`: until it is swapped, the store is the version before (an edit
 that fails or is killed at any step leaves it so, and the files it wrote under its own names are removed, by it or
@@ -33,8 +33,8 @@ from mmdata.store.filesystem import join
 from mmdata.store.handle import Store, open_store
 from mmdata.store.hold import hold_store
 from mmdata.store.layout import PARTIAL_DIR
+from mmdata.store.next_version import NextVersion
 from mmdata.store.statistics import compute_stats, read_stats, write_stats
-from mmdata.store.versions import NextVersion
 
 Action = Literal["delete", "keep"]
 
@@ -125,7 +125,7 @@ def ended_with_streams(rows: pa.Table, streams: list[str]) -> pa.Table:
 @contextlib.contextmanager
 def editing(url: str, writer: str) -> Iterator[tuple[Store, NextVersion]]:
     """The store at `url`, held by the edit `writer` ("mmdata edit URL delete"), and its next version (see
-    `store.versions`): what the block writes under the version's names is removed if it fails, and a store changed
+    `store.next_version`): what the block writes under the version's names is removed if it fails, and a store changed
     meanwhile by another writer is a ConcurrentWriteError."""
     with hold_store(url, writer) as hold, NextVersion(hold) as version:
         yield editable_store(url), version

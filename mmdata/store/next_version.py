@@ -133,10 +133,12 @@ class NextVersion:
         if error is None or self.published or isinstance(error, ConcurrentWriteError):
             return
         self.discard()
+        changed = False
         if isinstance(error, Exception):
-            with contextlib.suppress(Exception):
-                if self.changed():
-                    raise self._conflict() from error
+            with contextlib.suppress(Exception):  # (the failure reported stays the writer's own then)
+                changed = self.changed()
+        if changed:
+            raise self._conflict() from error
 
     def _conflict(self) -> ConcurrentWriteError:
         """The error of a writer whose store changed since it began, its files removed."""
