@@ -42,6 +42,7 @@ from mmdata.store.statistics import compute_stats, read_stats
 Match = Literal["source", "order"]
 MATCHES = ("source", "order")
 _SHOWN = 3
+ADDED_SLACK_S = 0.1  # an added stream may end this much after an episode, which then lasts until it ends
 
 
 def add_streams(
@@ -177,6 +178,7 @@ def _joined(
         joined = part
         for name in columns:
             joined = joined.append_column(name, found.column(name))
+        joined = _ended_with_added(joined, sorted({column.split("/", 1)[0] for column in columns}))
         before = check_manifest(part, store.schema, store.url, first)
         after = check_manifest(joined, schema, where, first)
         new = {row: message for row, message in after.items() if row not in before}
@@ -187,6 +189,20 @@ def _joined(
                 f" episodes and '{other_url}''s may not line up (--match source or order); nothing was changed"
             )
         yield joined
+
+
+def _ended_with_added(rows: pa.Table, added: list[str]) -> pa.Table:
+    """`rows` whose durations become the end of an added stream that ends after them by at most `ADDED_SLACK_S` (a
+    stream of the same recording: audio a few samples after the last frame); one ending later is left to the
+    checks, which refuse it (the stores' episodes do not line up)."""
+    duration = pc.cast(rows.column("duration"), pa.float64())
+    latest = duration
+    for name in added:
+        end = pc.fill_null(pc.cast(rows.column(f"{name}/t_end"), pa.float64()), 0.0)
+        near = pc.less_equal(end, pc.add(duration, ADDED_SLACK_S))
+        latest = pc.if_else(pc.and_(near, pc.greater(end, latest)), end, latest)
+    place = rows.schema.get_field_index("duration")
+    return rows.set_column(place, rows.schema.field(place), pc.cast(latest, rows.schema.field(place).type))
 
 
 def _kept_stats(store: Store, other: Store, names: list[str]) -> dict:

@@ -103,7 +103,8 @@ class BatchReader:
         enters the cache's plan at the next read (the cache plans the steps before it).
         """
         self._read_rows_ahead([*samples, *fallback, *(sample for later in horizon for sample in later)])
-        batch = MicroBatch(step, list(samples), [self._task(sample) for sample in samples], fallback=list(fallback))
+        batch = MicroBatch(step, list(samples), [""] * len(samples), fallback=list(fallback))
+        batch.tasks = [self._attempt(batch, p, "task", self._task, sample) or "" for p, sample in enumerate(samples)]
         upcoming = horizon[0] if len(horizon) > 0 else ()
         after_upcoming = horizon[1] if len(horizon) > 1 else ()
         fetching = self.fetch.fetches_ahead

@@ -70,8 +70,6 @@ def plan_loader(
     "auto", resolved here); `episodes` is a single store's filter, for the fingerprint. A damaged episode is
     refused, or with `on_error="skip"` left out; a sample costlier than the token budget, or the "segments"
     order with a token budget, is refused with what to change."""
-    excluded: dict[Any, str] = {}
-    rows = [_selected_rows(source, mixed, on_error, excluded) for source in sources]
     counts_samples = settings.batch_size is not None
     if settings.shuffle == "segments" and not counts_samples:
         raise OptionError(
@@ -79,6 +77,8 @@ def plan_loader(
             " give Batching(batch_size=...) with Shuffling(mode='segments')"
         )
     planning = [source.store.columns(["duration", "shard"]) for source in sources]  # what every order plans from
+    excluded: dict[Any, str] = {}
+    rows = [_selected_rows(source, mixed, on_error, excluded) for source in sources]  # (damage the columns showed)
     indexes, slots = None, None
     if settings.shuffle in ("auto", "blocks"):
         indexes = [

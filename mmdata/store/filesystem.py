@@ -21,6 +21,7 @@ import stat
 import threading
 import time
 import uuid
+import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
 from mmdata.checks import option_bool, option_int, option_number
-from mmdata.errors import IntegrityError, OptionError, ReadError, ReadTimeoutError
+from mmdata.errors import IntegrityError, OptionError, ReadError, ReadTimeoutError, StorageBusyError
 from mmdata.store.s3_plain import PlainS3Reader, plain_reader_for
 
 T = TypeVar("T")
@@ -114,17 +115,39 @@ DEFAULT_READ_POLICY = ReadPolicy()
 
 
 def resolve(path_or_url: str) -> tuple[fsspec.AbstractFileSystem, str]:
-    """The filesystem and the root path inside it for a local path or an fsspec URL."""
+    """The filesystem and the root path inside it for a local path or an fsspec URL. An object-store URL with a `.`
+    or `..` segment is refused before any request: object stores take keys literally, and an HTTP client that
+    resolves the segments would ask for another prefix's or another bucket's objects."""
     fs, root = url_to_fs(str(path_or_url))
+    if not isinstance(fs, LocalFileSystem) and any(part in (".", "..") for part in root.split("/")):
+        raise OptionError(
+            f"'{path_or_url}' has a '.' or '..' segment; object storage takes keys as they are written (no folder"
+            " climbs out of another): write the key without them"
+        )
     return fs, root.rstrip("/") or "/"
 
 
 def join(root: str, relative: str) -> str:
     """`relative` under `root`; a path that climbs out first (`../other/x`, a split or merged store's origins) is
-    resolved here, since object stores take keys literally."""
+    resolved here, since object stores take keys literally; one that would climb above the filesystem's root (or
+    out of the bucket) is refused (ValueError)."""
     if relative.startswith("../"):
-        return posixpath.normpath(f"{root.rstrip('/')}/{relative}")
+        return _climbed(root, relative)
     return f"{root.rstrip('/')}/{relative}" if relative else root
+
+
+def _climbed(root: str, relative: str) -> str:
+    """`root` joined with `relative`, which starts with `../`: resolved, and refused if it leaves `root`'s
+    filesystem root or bucket (the first component of an object store's path)."""
+    parts = relative.split("/")
+    ups = 0
+    while ups < len(parts) and parts[ups] == "..":
+        ups += 1
+    above = [part for part in root.strip("/").split("/") if part]
+    floor = 0 if root.startswith("/") else 1  # (an object store's bucket is never climbed out of)
+    if ups > len(above) - floor:
+        raise ValueError(f"'{relative}' climbs {ups} folders above '{root}', out of its filesystem or bucket")
+    return posixpath.normpath(f"{root.rstrip('/')}/{relative}")
 
 
 def relative_path(target: str, start: str) -> str:
@@ -253,7 +276,8 @@ def read_range(
         raise IntegrityError(f"{path}: invalid byte range at {offset} of {size} bytes")
     if size == 0:
         return b""
-    data = _retried(fs, path, policy, f"bytes {offset}..{offset + size}", lambda: _read(fs, path, offset, size, policy))
+    what = f"bytes {offset}..{offset + size}"
+    data = _retried(fs, path, policy, what, lambda: _ranged(fs, path, offset, size, policy))
     if len(data) != size:
         raise IntegrityError(
             f"{path}: {len(data)} bytes at byte {offset} where {size} were expected; the file is truncated:"
@@ -289,6 +313,39 @@ def read_tail(
         return _read(fs, path, length - size, size, policy), length
 
     return _retried(fs, path, policy, f"its last {size} bytes", attempt)
+
+
+def _ranged(fs: fsspec.AbstractFileSystem, path: str, offset: int, size: int, policy: ReadPolicy) -> bytes:
+    """`_read`, with the answer of object storage checked against the range asked for: a server that ignored the
+    range (the whole object back) is named once and its answer cut to the range; one that sent a longer body, or a
+    shorter one than the object holds there, is a transient failure that names what it sent (tried again)."""
+    data = _read(fs, path, offset, size, policy)
+    if len(data) == size or isinstance(fs, LocalFileSystem):
+        return data
+    length = _size(fs, path)
+    if len(data) < size and offset + size > length:
+        return data  # (the object ends first: a truncated file, which the caller names)
+    if len(data) == length and offset + size <= length:
+        _warn_once(
+            str(fs.protocol),
+            f"{fs.protocol}: the server ignored a byte-range request (it answered with the whole {length}-byte object"
+            f" {path}); every read downloads whole objects: use a server that serves ranges",
+        )
+        return data[offset : offset + size]
+    raise StorageBusyError(
+        f"{path}: the server answered {len(data)} bytes for the {size} bytes at {offset} of a {length}-byte object"
+        " (a body of the wrong length)"
+    )
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(key: str, message: str) -> None:
+    """Warn of `message` once per process for `key` (a filesystem)."""
+    if key not in _WARNED:
+        _WARNED.add(key)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
 def _read(fs: fsspec.AbstractFileSystem, path: str, offset: int, size: int, policy: ReadPolicy) -> bytes:

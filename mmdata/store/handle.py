@@ -167,7 +167,13 @@ class Store:
     def _check_origin(self, origin: str) -> None:
         """A split or merged store reads its episodes' media from the stores `origins` lists, and a store with a
         stream added from another store that stream's: each must be there."""
-        where = join(self.root, origin)
+        try:
+            where = join(self.root, origin)
+        except ValueError as exc:
+            raise StoreError(
+                f"'{self.url}': {DATASET_FILE} names a store to read media from whose path {exc}; restore"
+                f" {DATASET_FILE} or convert the store again"
+            ) from None
         if not self.fs.exists(join(where, DATASET_FILE)):
             raise StoreError(
                 f"'{self.url}' reads its episodes' media from the store at '{origin}' ({where}), which is not there:"

@@ -80,6 +80,18 @@ def check_manifest(table: pa.Table, schema: DatasetSchema, where: str, first_row
     return rows.messages()
 
 
+def duration_damage(durations: np.ndarray) -> dict[int, str]:
+    """The rows whose duration (`durations`, every row's, in order) no episode can have (not a number, infinite,
+    negative, longer than `MAX_EPISODE_SECONDS`), and why, worded as `check_manifest` words it: what a manifest read
+    by row group finds in its planning column before any of its rows is read."""
+    bad = np.flatnonzero(~((durations >= 0) & (durations <= MAX_EPISODE_SECONDS)))
+    return {
+        int(row): f"episode '{episode_key(int(row))}' (row {int(row)}) has an inconsistent manifest row: duration"
+        f" {durations[row]:g} s is not within [0, {MAX_EPISODE_SECONDS:g}]"
+        for row in bad
+    }
+
+
 def time_problems(table: pa.Table, streams: list) -> dict[int, list[str]]:
     """The rows of `table` (`key`, `duration` and each stream's count and span) whose times a reader would
     refuse, and why: what a conversion checks of each episode before it writes it."""

@@ -23,15 +23,16 @@ from typing import Any
 import fsspec
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from cachetools import LRUCache
 from fsspec.implementations.local import LocalFileSystem
 
-from mmdata.errors import IntegrityError, StoreError
+from mmdata.errors import IntegrityError, MmdataError, StoreError
 from mmdata.schema import DatasetSchema
 from mmdata.store.filesystem import ReadPolicy, file_size, read_file, read_range
 from mmdata.store.manifest import ORIGIN, ROW_GROUP_ROWS, rooted_in_origin
-from mmdata.store.manifest_checks import check_manifest, check_manifest_columns
+from mmdata.store.manifest_checks import check_manifest, check_manifest_columns, duration_damage
 
 # Columns read as dictionaries when read whole from a large manifest: a few distinct values over millions of rows.
 DICTIONARY_COLUMNS = ("shard", "task", "source", ORIGIN)
@@ -44,6 +45,9 @@ ROWS_CHECKED_ALONE = 4  # rows of a row group checked one by one before the whol
 # A Parquet footer may not declare more than this many times its file's size in row data (zstd
 # on a manifest gives 3-10x); beyond it the file is refused before its pages are decompressed.
 MANIFEST_EXPANSION = 64
+
+# What reading a damaged Parquet file raises (pyarrow's errors, and the store's own for bytes that came back wrong)
+UNREADABLE = (pa.ArrowException, OSError, ValueError, IndexError, EOFError, MmdataError)
 
 Check = Callable[[pa.Table, int], dict[int, str]]
 """(a row group, its first row's number) -> its damaged rows and why; raises StoreError."""
@@ -169,6 +173,8 @@ class Manifest:
             raise IndexError(f"episode {index} out of range: the dataset has {self.num_rows} episodes")
         found = self._rows.get(index)
         if found is None:
+            if index in self.damaged:
+                raise IntegrityError(f"{self.damaged[index]}; run `mmdata verify` to list every damaged episode")
             group, start = self._group_of(index)
             found = self._kept_row(index, group, start)
         return found
@@ -194,17 +200,24 @@ class Manifest:
         assert self._opener is not None, "a manifest read whole has no file to read again"
         opener = self._opener
 
-        def read(number: int) -> tuple[int, pa.Table]:
+        def read(number: int) -> tuple[int, pa.Table | None]:
             opened, source = opener(metadata=parquet.metadata, native=True)  # a file of its own in each thread
             with contextlib.closing(source):
-                _prefetch(opened, source, [number], None)
-                return number, opened.read_row_group(number, use_threads=False)
+                try:
+                    _prefetch(opened, source, [number], None)
+                    return number, opened.read_row_group(number, use_threads=False)
+                except UNREADABLE as exc:
+                    if isinstance(exc, MmdataError) and not isinstance(exc, IntegrityError):
+                        return number, None  # (a read that failed: `row` reads the group again, and reports it)
+                    self._damage_group(number, exc)
+                    return number, None
 
         unread = list(missing)
         with ThreadPoolExecutor(min(FETCH_THREADS, len(unread))) as pool:
             for first in range(0, len(unread), FETCH_THREADS):  # (a group takes ~18 MB: a few held at a time)
                 for number, group in pool.map(read, unread[first : first + FETCH_THREADS]):
-                    self._keep_rows(missing[number], group, self._starts[number])
+                    if group is not None:
+                        self._keep_rows(missing[number], group, self._starts[number])
         pa.default_memory_pool().release_unused()
 
     def _keep_rows(self, indexes: list[int], group: pa.Table, start: int) -> None:
@@ -233,7 +246,14 @@ class Manifest:
         look at a whole store use it; loaders use `columns` and `row`)."""
         if self._table is not None:
             return self._table
-        return self._file()[0].read(use_threads=False)
+        schema = self._file()[0].schema_arrow
+        parts = []
+        for number in range(len(self._starts)):
+            try:
+                parts.append(self._read_group(number))
+            except IntegrityError:  # (its rows are damaged now, and missing values here)
+                parts.append(_missing_rows(schema, self._group_rows(number)))
+        return pa.concat_tables(parts)
 
     def columns(self, names: Sequence[str]) -> pa.Table:
         """The manifest's columns `names`, every row (of a large manifest: read column by column, string columns of
@@ -243,11 +263,53 @@ class Manifest:
         assert self._opener is not None, "a manifest read whole has no file to read again"
         present = self._file()[0].schema_arrow.names
         parquet, source = self._opener([name for name in DICTIONARY_COLUMNS if name in present])
-        _prefetch(parquet, source, range(parquet.num_row_groups), names)
-        read = parquet.read(columns=list(names), use_threads=False)
+        try:
+            _prefetch(parquet, source, range(parquet.num_row_groups), names)
+            read = parquet.read(columns=list(names), use_threads=False)
+        except UNREADABLE as exc:
+            if isinstance(exc, MmdataError) and not isinstance(exc, IntegrityError):
+                raise
+            read = self._columns_by_group(parquet, names)
         source.forget()
         pa.default_memory_pool().release_unused()  # the pages decoded on the way, kept by the allocator
+        if "duration" in names:  # (what planning reads first: an episode no duration fits is damage, named now)
+            durations = pc.cast(read.column("duration"), pa.float64()).to_numpy(zero_copy_only=False)
+            for row, message in duration_damage(durations).items():
+                self.damaged.setdefault(row, message)  # (a row group that could not be read says so first)
         return read
+
+    def _columns_by_group(self, parquet: pq.ParquetFile, names: Sequence[str]) -> pa.Table:
+        """The columns `names` read a row group at a time: a group that cannot be read gives its rows as missing
+        values, each of them damaged (`_damage_group`), so that the others plan and read."""
+        parts = []
+        schema = pa.schema([parquet.schema_arrow.field(name) for name in names])
+        for number in range(parquet.num_row_groups):
+            try:
+                parts.append(parquet.read_row_group(number, columns=list(names), use_threads=False))
+            except UNREADABLE as exc:
+                if isinstance(exc, MmdataError) and not isinstance(exc, IntegrityError):
+                    raise
+                self._damage_group(number, exc)
+                parts.append(_missing_rows(schema, self._group_rows(number)))
+        return pa.concat_tables(parts)
+
+    def _group_rows(self, number: int) -> int:
+        end = self._starts[number + 1] if number + 1 < len(self._starts) else self.num_rows
+        return end - self._starts[number]
+
+    def _damage_group(self, number: int, error: BaseException) -> IntegrityError:
+        """Mark every row of row group `number`, which cannot be read (`error`), damaged; the error naming it."""
+        first = self._starts[number]
+        last = first + self._group_rows(number) - 1
+        problem = f"{type(error).__name__}: {str(error)[:300]}"
+        where = self._opener.where if self._opener is not None else "the manifest"
+        message = (
+            f"row group {number} of {where} (episodes {first} to {last}) cannot be read ({problem}); the manifest"
+            " is damaged: restore it or convert the store again"
+        )
+        for row in range(first, last + 1):
+            self.damaged.setdefault(row, message)
+        return IntegrityError(message)
 
     def take(self, indexes: np.ndarray, names: Sequence[str]) -> pa.Table:
         """The columns `names` of rows `indexes` (any order), as stored (not rooted in an origin), each row group
@@ -309,10 +371,16 @@ class Manifest:
     def _read_group(self, number: int) -> pa.Table:
         """Row group `number`, read as one span of the file."""
         parquet, source = self._file()
-        _prefetch(parquet, source, [number], None)
-        group = parquet.read_row_group(number, use_threads=False)
-        if isinstance(source, RangeFile):
-            source.forget()
+        try:
+            _prefetch(parquet, source, [number], None)
+            group = parquet.read_row_group(number, use_threads=False)
+        except UNREADABLE as exc:
+            if isinstance(exc, MmdataError) and not isinstance(exc, IntegrityError):
+                raise  # (a read that failed, not damage: tried again when asked again)
+            raise self._damage_group(number, exc) from exc
+        finally:
+            if isinstance(source, RangeFile):
+                source.forget()
         return group
 
     def _file(self) -> tuple[pq.ParquetFile, Any]:
@@ -386,6 +454,11 @@ def open_manifest(
         manifest = Manifest.by_row_group(ParquetOpener(fs, path, size, policy, where), check, (parquet, source))
     manifest.stream_origins = dict(schema.stream_origins)
     return manifest
+
+
+def _missing_rows(schema: pa.Schema, rows: int) -> pa.Table:
+    """`rows` rows of `schema`, every value missing: a damaged row group's place in the columns read."""
+    return pa.table([pa.nulls(rows, field.type) for field in schema], schema=schema)
 
 
 def arrow_owned(data: bytes) -> pa.Buffer:

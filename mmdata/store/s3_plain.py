@@ -27,6 +27,7 @@ _UNDERSTOOD = frozenset(
 _CLIENT_OPTIONS = frozenset({"endpoint_url", "region_name"})
 _DNS_BUCKET = re.compile(r"[a-z0-9][a-z0-9-]{1,61}[a-z0-9]")
 _TRANSIENT = frozenset({429, 500, 502, 503, 504})
+_DOT_SEGMENTS = {".": "%2E", "..": "%2E%2E"}
 
 
 class PlainS3Reader:
@@ -67,7 +68,9 @@ class PlainS3Reader:
         return None
 
     def _url(self, bucket: str, key: str) -> str:
-        quoted = quote(key, safe="/~")
+        """The object's URL, its key percent-encoded as written: a `.` or `..` segment encoded too, so that no HTTP
+        client resolves it into another prefix's or bucket's key (`resolve` refuses them in users' URLs)."""
+        quoted = "/".join(_DOT_SEGMENTS.get(part, part) for part in quote(key, safe="/~").split("/"))
         if self.endpoint:
             return f"{self.endpoint.rstrip('/')}/{bucket}/{quoted}"
         if _DNS_BUCKET.fullmatch(bucket):
