@@ -16,7 +16,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -90,10 +90,19 @@ def _clear_s3_instances() -> None:
 class S3Proxy:
     """An HTTP proxy on 127.0.0.1 in front of `upstream` that waits `latency_s` before answering each
     request, answers 503 SlowDown to every `refuse_every`-th byte-range read and resets the
-    connection of every `reset_every`-th (0: never), and forwards the rest (10 s bound upstream).
+    connection of every `reset_every`-th (0: never), and forwards the rest (10 s bound upstream), each GET's
+    answer changed by `rewrite(path, request headers, status, headers, body)` where given (a server that
+    misbehaves).
     `ranged` counts the byte-range reads, `faults` the ones it failed."""
 
-    def __init__(self, upstream: str, latency_s: float = 0.0, refuse_every: int = 0, reset_every: int = 0):
+    def __init__(
+        self,
+        upstream: str,
+        latency_s: float = 0.0,
+        refuse_every: int = 0,
+        reset_every: int = 0,
+        rewrite: Callable[[str, dict, int, list, bytes], tuple[int, list, bytes]] | None = None,
+    ):
         self.ranged = 0
         self.faults = 0
         target = urlsplit(upstream)
@@ -142,7 +151,10 @@ class S3Proxy:
                     if self.command != "HEAD":
                         dropped.add("content-length")
                     kept = [(k, v) for k, v in response.getheaders() if k.lower() not in dropped]
-                    self._answer(response.status, kept, payload)
+                    status = response.status
+                    if rewrite is not None and self.command == "GET":
+                        status, kept, payload = rewrite(self.path, dict(self.headers), status, kept, payload)
+                    self._answer(status, kept, payload)
                 finally:
                     upstream_connection.close()
 

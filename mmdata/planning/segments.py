@@ -46,7 +46,7 @@ def _segment_of(store: Store, camera: str, fps: float, episodes: np.ndarray, sta
     owners = pc.list_parent_indices(lists).to_numpy(zero_copy_only=False).astype(np.int64)
     begins = np.searchsorted(owners, np.arange(len(lists)))  # each row's first segment in the flat array
     t_start = columns.column(f"{camera}/t_start").to_numpy(zero_copy_only=False)
-    frames = np.rint((starts - t_start[episodes]) * fps).astype(np.int64)
+    frames = np.rint(np.nan_to_num((starts - t_start[episodes]) * fps)).astype(np.int64)  # (NaN: a damaged row's)
     found = np.searchsorted(owners * _ROW_SPAN + firsts, episodes * _ROW_SPAN + frames, side="right") - 1
     return found - begins[episodes]
 

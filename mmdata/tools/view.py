@@ -7,7 +7,6 @@ import argparse
 import errno
 import functools
 import http.server
-import json
 import re
 import shutil
 import sys
@@ -26,6 +25,7 @@ from mmdata.viewer.pages import (
     PAGE_ROWS,
     ROWS_URL,
     served_page_of,
+    strict_json,
     write_episode_page,
     write_site,
 )
@@ -186,10 +186,10 @@ def view_server(
                     raise OptionError("a rows.json request takes at most 16 parameters") from None
                 asked = table_query(fields)
                 with table_lock:
-                    body = json.dumps(table.page(asked, page_of)).encode()
+                    body = strict_json(table.page(asked, page_of)).encode()
                 status = 200
             except OptionError as exc:
-                body, status = json.dumps({"error": str(exc)}).encode(), 400
+                body, status = strict_json({"error": str(exc)}).encode(), 400
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))

@@ -4,6 +4,7 @@ browser (`mmdata view --serve` answers `rows.json` from it) or reading its piece
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -65,8 +66,10 @@ class EpisodeTable:
         self._orders: dict[tuple[str, bool], np.ndarray] = {}
 
     def totals(self) -> dict[str, Any]:
-        """Episodes and hours (each stream's items, frames, samples or rows, in all: `items`)."""
-        return {"episodes": self.count, "hours": round(float(self.durations.sum()) / 3600, 4)}
+        """Episodes and hours (each stream's items, frames, samples or rows, in all: `items`); a duration that is
+        not a number (a damaged episode's) counts for none."""
+        durations = self.durations[np.isfinite(self.durations)]
+        return {"episodes": self.count, "hours": round(float(durations.sum()) / 3600, 4)}
 
     def page(self, query: TableQuery, page_of: Callable[[int], str | None]) -> dict[str, Any]:
         """The rows `query` asks for (`page_of(index)`: the episode's page, or None), how many match, how many
@@ -90,20 +93,30 @@ class EpisodeTable:
         return order[keep[order]]
 
     def rows(self, numbers: np.ndarray, page_of: Callable[[int], str | None]) -> list[dict[str, Any]]:
-        """The table's rows of episodes `numbers`, as the page shows them."""
+        """The table's rows of episodes `numbers`, as the page shows them: a value that is not a number (a damaged
+        row's) shown as none, and the row flagged damaged."""
         damaged = self.store.damaged
-        return [
-            {
-                "index": int(index),
-                "key": episode_key(int(index)),
-                "duration": round(float(self.durations[index]), 3),
-                "task": self.task_texts[self.task_codes[index]],
-                "frames": ", ".join(f"{name}: {int(self.frames[name][index])}" for name in self.cameras),
-                "damaged": damaged.get(int(index)),
-                "page": page_of(int(index)),
-            }
-            for index in numbers
-        ]
+        shown = []
+        for index in numbers:
+            duration = float(self.durations[index])
+            frames = {name: float(self.frames[name][index]) for name in self.cameras}
+            problem = damaged.get(int(index))
+            if problem is None and not all(math.isfinite(value) for value in (duration, *frames.values())):
+                problem = f"episode {int(index)}'s manifest row holds a duration or frame count that is not a number"
+            shown.append(
+                {
+                    "index": int(index),
+                    "key": episode_key(int(index)),
+                    "duration": round(duration, 3) if math.isfinite(duration) else None,
+                    "task": self.task_texts[self.task_codes[index]],
+                    "frames": ", ".join(
+                        f"{name}: {int(count) if math.isfinite(count) else '?'}" for name, count in frames.items()
+                    ),
+                    "damaged": problem,
+                    "page": page_of(int(index)),
+                }
+            )
+        return shown
 
     def _order(self, sort: str, ascending: bool) -> np.ndarray:
         """Row numbers sorted by `sort` (ties in index order), kept for the next page of the same sort."""

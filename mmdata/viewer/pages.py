@@ -262,7 +262,7 @@ def _episode_body(data: dict[str, Any]) -> str:
 <source src="{html.escape(quote(c["src"]))}" type="{html.escape(c["mime"])}"></video></div>"""
         for c in data["cameras"]
     )
-    metadata = html.escape(json.dumps(data["metadata"], indent=1, default=str))
+    metadata = html.escape(strict_json(data["metadata"], indent=1))
     wave = '<h2>Audio</h2><canvas id="waveform" class="plot" width="900" height="80"></canvas>' if data["audio"] else ""
     return f"""<p><a href="index.html">all episodes</a></p>
 <h1>Episode {data["index"]}: {html.escape(data["key"])}</h1>
@@ -288,8 +288,30 @@ _SCRIPT_ESCAPES = str.maketrans(
 
 
 def script_json(data: Any) -> str:
-    """`data` as JSON that can sit inside a <script> element whatever text it holds."""
-    return json.dumps(data, default=str).translate(_SCRIPT_ESCAPES)
+    """`data` as JSON that can sit inside a <script> element whatever text it holds (`strict_json`)."""
+    return strict_json(data).translate(_SCRIPT_ESCAPES)
+
+
+def strict_json(data: Any, indent: int | None = None) -> str:
+    """`data` as JSON any parser reads: a number that is not finite (a damaged duration, a NaN a recording holds)
+    is written as null, never as the `NaN` / `Infinity` that JSON does not have."""
+    try:
+        return json.dumps(data, default=str, allow_nan=False, indent=indent)
+    except ValueError:
+        return json.dumps(_finite(data), default=str, allow_nan=False, indent=indent)
+
+
+def _finite(value: Any) -> Any:
+    """`value` with every float that is not finite (in dicts, lists, tuples and numpy arrays) replaced by None."""
+    if isinstance(value, float | np.floating):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    if isinstance(value, np.ndarray):
+        return _finite(value.tolist())
+    return value
 
 
 def _write_page(path: Path, title: str, body: str, data: dict[str, Any]) -> None:

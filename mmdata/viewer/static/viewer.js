@@ -162,9 +162,13 @@ function episodePage() {
     for (let d = 0; d < dims; d++) {
       context.strokeStyle = `hsl(${(d * 47) % 360}, 60%, 45%)`;
       context.beginPath();
+      let drawing = false;  // a value that is not a number (null in the page's data) leaves a gap in the line
       series.times.forEach((time, i) => {
-        const y = canvas.height - 4 - ((series.values[i][d] - low) / span) * (canvas.height - 8);
-        i ? context.lineTo(x(canvas, time), y) : context.moveTo(x(canvas, time), y);
+        const value = series.values[i][d];
+        if (!Number.isFinite(value) || !Number.isFinite(time)) { drawing = false; return; }
+        const y = canvas.height - 4 - ((value - low) / span) * (canvas.height - 8);
+        drawing ? context.lineTo(x(canvas, time), y) : context.moveTo(x(canvas, time), y);
+        drawing = true;
       });
       context.stroke();
     }
