@@ -231,3 +231,16 @@ def test_a_history_entry_of_an_edit_that_no_edit_writes_is_refused_when_the_stor
     )
     with pytest.raises(mmdata.StoreError, match="episodes_before"):
         mmdata.open_dataset(url)
+
+
+def test_episode_ids_past_a_number_or_a_range_of_billions_are_named_not_built(copies):
+    url = str(copies["wds"])
+    huge = run_cli("edit", url, "delete", "--episodes", "18446744073709551617")
+    assert (
+        huge.returncode == 2 and "is not an episode number or a range" in huge.stderr and "Traceback" not in huge.stderr
+    )
+    wide = run_cli("edit", url, "delete", "--episodes", "0-4000000000")
+    assert wide.returncode == 2 and "episode ids [3, 4, 5" in wide.stderr and "MemoryError" not in wide.stderr
+    with pytest.raises(EditError, match=r"episode ids \[3, 4, 5, 6, 7, 8, 9, 10, 11, 12\] are not in the store"):
+        edit_store(url, "delete", EpisodeSelection(ids=[range(1, 10**12)]), progress=False)
+    assert edit_store(url, "delete", EpisodeSelection(ids=[range(1, 3)]), progress=False).episodes_after == 1

@@ -411,3 +411,44 @@ def test_a_store_with_damaged_episodes_is_not_compacted_and_the_way_on_is_named(
     with pytest.raises(EditError, match=r"damaged episodes \(\[1\]; .*delete them first"):
         compact_store(str(damaged), str(tmp_path / "compacted"), progress=False)
     assert not (tmp_path / "compacted").exists()
+
+
+def test_destinations_spelled_two_ways_links_and_a_store_merged_with_itself_are_refused(copies, tmp_path):
+    source = str(copies["wds"])
+    choice = ValidationChoice(EpisodeSelection(ids=[0]))
+    (tmp_path / "a").mkdir()
+    with pytest.raises(EditError, match="two places"):
+        split_store(source, str(tmp_path / "a" / ".." / "t.wds"), str(tmp_path / "t.wds"), choice, progress=False)
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    with pytest.raises(EditError, match=r"symbolic link .* not through a link"):
+        split_store(source, str(tmp_path / "link"), str(tmp_path / "v.wds"), choice, progress=False)
+    assert list((tmp_path / "elsewhere").iterdir()) == [], "nothing written through the link"
+    with pytest.raises(EditError, match="are one store: a merge takes each store once"):
+        merge_stores([source, str(tmp_path / "a" / ".." / copies["wds"].name)], str(tmp_path / "m"), progress=False)
+    assert not (tmp_path / "m" / "dataset.json").exists() and not (tmp_path / "t.wds" / "dataset.json").exists()
+
+
+@pytest.mark.slow
+def test_a_killed_compaction_is_named_by_the_next_one_and_run_again_completes_it(copies, tmp_path):
+    import subprocess
+    import sys
+
+    into = tmp_path / "compacted"
+    killed = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import os, signal\nfrom mmdata.editing import compaction\noriginal = compaction.stored_episode\n"
+            "def dying(store, index):\n    if index == 2:\n        os.kill(os.getpid(), signal.SIGKILL)\n"
+            "    return original(store, index)\ncompaction.stored_episode = dying\n"
+            f"compaction.compact_store({str(copies['wds'])!r}, {str(into)!r}, progress=False)",
+        ],
+        capture_output=True,
+    )
+    assert killed.returncode == -9 and (into / ".mmdata-partial" / "compaction.json").exists()
+    with pytest.raises(EditError, match=r"interrupted compaction of '.*robot.wds' into wds .* run that compaction"):
+        compact_store(str(copies["zarr"]), str(into), progress=False)
+    report = compact_store(str(copies["wds"]), str(into), progress=False)
+    assert report.episodes_after == 3 and run_cli("verify", str(into)).returncode == 0
+    assert not (into / ".mmdata-partial").exists()

@@ -572,3 +572,24 @@ def test_a_state_with_an_impossible_world_size_or_step_is_a_resume_error(stores,
     state = loader.state_dict() | {"stretches": stretches}
     with pytest.raises(ResumeError, match="the loader state is incomplete or damaged"):
         loader.load_state_dict(state)
+
+
+@pytest.mark.parametrize(
+    "field, value, named",
+    [
+        ("stretches", [[1, 1]] * 1_000_000, "at most 4096"),
+        ("epoch", 2**62, "epoch"),
+        ("episodes", "three", "'episodes'"),
+        ("episodes", [-1], "episode count"),
+        ("episodes", [{"a": 1}], "episode count"),
+    ],
+    ids=["a-million-stretches", "epoch-2-62", "episodes-text", "episodes-negative", "episodes-object"],
+)
+def test_a_state_beyond_what_a_run_can_hold_is_refused_naming_its_field(stores, field, value, named):
+    from mmdata.errors import ResumeError
+
+    loader = mmdata.DataLoader(stores["wds"], LOWDIM_WINDOWS, batch_size=2)
+    with pytest.raises(ResumeError, match=f"incomplete or damaged: .*{named}"):
+        loader.load_state_dict(loader.state_dict() | {field: value})
+    with pytest.raises(mmdata.OptionError, match="set_epoch's epoch"):
+        loader.set_epoch(2**62)

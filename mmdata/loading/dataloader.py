@@ -22,7 +22,7 @@ from mmdata.loading.loader_options import Batching, Reading, Runtime, Shuffling,
 from mmdata.loading.loader_stats import LoaderStats
 from mmdata.loading.micro_batch import OnError
 from mmdata.loading.normalize import attach_normalizers
-from mmdata.loading.state import RunPosition
+from mmdata.loading.state import MAX_EPOCH, RunPosition
 from mmdata.loading.timing import enable_profiler_ranges
 from mmdata.planning.episodes import Episodes
 from mmdata.planning.epoch_plan import EpochPlan
@@ -113,7 +113,7 @@ class DataLoader:
 
     def set_epoch(self, epoch: int) -> None:
         """Start epoch `epoch` from its beginning (a no-op when already in it); epochs also advance on their own."""
-        if self._position.set_epoch(epoch):
+        if self._position.set_epoch(option_int(epoch, "set_epoch's epoch", 0, MAX_EPOCH)):
             self.close()
 
     def state_dict(self) -> dict[str, Any]:

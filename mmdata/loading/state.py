@@ -14,7 +14,10 @@ from mmdata.store.handle import Store
 STATE_FORMAT = "mmdata.loader"
 STATE_VERSION = 1
 MAX_WORLD_SIZE = 1 << 20
-BIG = 1 << 62  # seeds, epochs, steps and sample counts
+MAX_EPOCH = (1 << 31) - 1
+MAX_STRETCHES = 4096  # world-size changes within one epoch (each resize adds one; replaying them costs each its plan)
+MAX_STORES = 1 << 16  # the stores (sources) a state counts episodes of
+BIG = 1 << 62  # seeds, steps and sample counts
 
 
 @dataclass
@@ -79,16 +82,26 @@ class LoaderState:
         if state.get("version") != STATE_VERSION:
             raise ResumeError(f"loader state version {state.get('version')}; this mmdata reads {STATE_VERSION}")
         try:
+            listed = state["stretches"]
+            if not isinstance(listed, list) or len(listed) > MAX_STRETCHES:
+                raise ValueError(f"'stretches' is not a list of at most {MAX_STRETCHES} [world size, steps] pairs")
+            if any(not isinstance(pair, list | tuple) or len(pair) != 2 for pair in listed):
+                raise ValueError("a stretch is not a [world size, steps] pair")
             stretches = [
                 Stretch(as_int(w, "a stretch's world size", 1, MAX_WORLD_SIZE), as_int(s, "a stretch's steps", 0, BIG))
-                for w, s in state["stretches"]
+                for w, s in listed
             ]
+            episodes = state.get("episodes")
+            if episodes is not None and (not isinstance(episodes, list) or len(episodes) > MAX_STORES):
+                raise ValueError(f"'episodes' is not a list of at most {MAX_STORES} episode counts")
+            for count in episodes or []:
+                as_int(count, "a store's episode count", 0, BIG)
             fingerprint = state["fingerprint"]
             if not isinstance(fingerprint, str):
                 raise ValueError(f"fingerprint is {type(fingerprint).__name__}, not text")
             return cls(
                 as_int(state["seed"], "seed", 0, BIG),
-                as_int(state["epoch"], "epoch", 0, BIG),
+                as_int(state["epoch"], "epoch", 0, MAX_EPOCH),
                 fingerprint,
                 stretches,
                 as_int(state["samples_consumed"], "samples_consumed", 0, BIG),

@@ -13,6 +13,7 @@ from mmdata.editing.derived import ValidationChoice, merge_stores, split_store
 from mmdata.editing.selection import EpisodeSelection
 from mmdata.editing.versions import EditReport, edit_store, remove_stream
 from mmdata.errors import OptionError
+from mmdata.tools.export import parse_episodes
 from mmdata.tools.storage import add_storage_options
 
 PUBLISHING = (
@@ -182,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _selection(args: argparse.Namespace) -> EpisodeSelection | None:
     selection = EpisodeSelection(
-        ids=episode_ids(args.episodes) if args.episodes else None,
+        ids=parse_episodes(args.episodes) if args.episodes else None,
         tasks=args.task,
         min_seconds=args.min_seconds,
         max_seconds=args.max_seconds,
@@ -195,19 +196,3 @@ def _described(report: EditReport) -> str:
         f"{report.url}: version {report.version}, {report.episodes_after} episodes (of {report.episodes_before});"
         f" manifest {report.manifest_file}; statistics {report.stats}"
     )
-
-
-def episode_ids(text: str) -> list[int]:
-    """Episode ids from "3,7,10-19"."""
-    ids: list[int] = []
-    for part in text.split(","):
-        first, dash, last = part.strip().partition("-")
-        try:
-            low = int(first)
-            high = int(last) if dash else low
-        except ValueError:
-            raise OptionError(f"--episodes takes ids and ranges like 3,7,10-19, not {text!r}") from None
-        if low < 0 or high < low:
-            raise OptionError(f"--episodes: {part!r} is not an id or a range low-high of ids from 0")
-        ids.extend(range(low, high + 1))
-    return ids
