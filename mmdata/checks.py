@@ -25,6 +25,36 @@ MAX_NAME_BYTES = 200  # a stream's name is a folder of a Zarr store: file system
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
+def dump_json(value: Any, indent: int | None = None, sort_keys: bool = False) -> str:
+    """`value` as JSON that every parser reads (what `parse_json` reads back): a number that is not finite (a
+    NaN a recording holds, a figure computed from it) is written as null, never as the `NaN` / `Infinity` that
+    JSON does not have; numpy numbers and arrays as JSON numbers and lists."""
+    try:
+        return json.dumps(value, allow_nan=False, indent=indent, sort_keys=sort_keys, default=_plain)
+    except ValueError:
+        return json.dumps(_finite(value), allow_nan=False, indent=indent, sort_keys=sort_keys, default=_plain)
+
+
+def _plain(value: Any) -> Any:
+    """What `dump_json` writes for a value `json` does not know: numpy's as Python's, anything else as text."""
+    if isinstance(value, np.ndarray | np.generic):
+        return _finite(value.tolist())
+    return str(value)
+
+
+def _finite(value: Any) -> Any:
+    """`value` with every float that is not finite (in dicts, lists, tuples and numpy values) replaced by None."""
+    if isinstance(value, float | np.floating):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    if isinstance(value, np.ndarray | np.generic):
+        return _finite(value.tolist())
+    return value
+
+
 def parse_json(data: str | bytes, max_bytes: int = MAX_JSON_BYTES, max_depth: int = MAX_JSON_DEPTH) -> Any:
     """A JSON document of at most `max_bytes`, nested at most `max_depth` deep, with valid text."""
     if len(data) > max_bytes:

@@ -293,3 +293,19 @@ def test_an_append_to_object_storage_overtaken_by_an_edit_gives_itself_up_and_ru
         convert(sources, url, appending)
         after = mmdata.open_store(url)
         assert len(after) == 5 and [e.get("edit", "append") for e in after.schema.history] == ["delete", "append"]
+
+
+@pytest.mark.slow
+def test_a_second_export_into_one_place_is_refused_and_leaves_the_first_whole(stores, tmp_path, monkeypatch):
+    from mmdata.errors import DestinationError
+    from mmdata.exporters import lerobot_v3
+    from mmdata.exporters.lerobot_v3 import export_lerobot
+
+    into = tmp_path / "lerobot"
+    first_export = lambda: export_lerobot(str(stores["wds"]), into, progress=False)  # noqa: E731
+    with paused(monkeypatch, lerobot_v3, "write_episode_video", first_export) as first:
+        with pytest.raises(DestinationError, match="another export is writing .* wait for it to end"):
+            export_lerobot(str(stores["wds"]), into, progress=False)
+        assert (tmp_path / "lerobot.partial").is_dir(), "the first export's work is untouched"
+    assert "error" not in first, first.get("error")
+    assert (into / "meta" / "info.json").exists() and not (tmp_path / "lerobot.partial").exists()

@@ -235,3 +235,25 @@ def test_camera_statistics_of_large_frames_decode_a_bounded_block_at_a_time(tmp_
     tracemalloc.stop()
     assert stats["cameras"]["cam"]["frames"] == frames
     assert peak < 150 << 20, f"{peak >> 20} MB held while counting"
+
+
+@pytest.mark.slow
+def test_a_recording_holding_nan_gives_statistics_every_reader_parses_the_other_streams_normalize(raw_copy, tmp_path):
+    from mmdata.store.statistics import read_stats
+
+    episode = sorted(raw_copy.iterdir())[1]
+    values = np.load(episode / "state.npy")
+    values[3, 2] = np.nan
+    np.save(episode / "state.npy", values)
+    store = tmp_path / "nan.wds"
+    convert(discover_episodes(raw_copy, "raw"), store, ConvertOptions(workers=1, progress=False))
+    text = (store / "stats.json").read_text()
+    json.loads(text, parse_constant=lambda constant: pytest.fail(f"stats.json holds {constant}"))
+    stats = read_stats(mmdata.open_store(str(store)))
+    assert stats["lowdim"]["state"] == {"count": stats["lowdim"]["state"]["count"], "non_finite": True}
+    assert stats["moments"]["state"]["mean"][2] is None and stats["moments"]["action"]["mean"][2] is not None
+    normalized = mmdata.Windows(anchor_fps=5, streams={"action": mmdata.Values(normalize="mean_std")})
+    assert len(list(mmdata.DataLoader(str(store), normalized, batching=mmdata.Batching(batch_size=4)))) > 0
+    refused = mmdata.Windows(anchor_fps=5, streams={"state": mmdata.Values(normalize="mean_std")})
+    with pytest.raises(mmdata.StoreError, match="stream 'state' holds NaN or infinite values"):
+        mmdata.DataLoader(str(store), refused, batching=mmdata.Batching(batch_size=4))

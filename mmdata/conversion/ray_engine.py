@@ -20,7 +20,6 @@ episode files and the complete shards; `resume=True` re-plans the same shards an
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 from tqdm import tqdm
 
-from mmdata.checks import parse_json
+from mmdata.checks import dump_json, parse_json
 from mmdata.conversion.completion import complete_store, source_bytes, store_bytes, store_schema
 from mmdata.conversion.convert_options import ConversionReport, ConvertOptions
 from mmdata.conversion.destination import (
@@ -111,7 +110,7 @@ class EpisodeSummary:
         return member_disk_bytes(meta_member(key), len(meta)) + data_bytes
 
     def to_json(self) -> str:
-        return json.dumps(
+        return dump_json(
             {
                 "position": self.position,
                 "source": self.source,

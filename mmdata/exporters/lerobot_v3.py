@@ -15,12 +15,13 @@ encodes (AV1, a key frame every 2 frames, crf 30). Audio has no place in a LeRob
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import shutil
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -32,13 +33,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from mmdata.checks import inside
+from mmdata.checks import dump_json, inside
 from mmdata.codecs.align import values_at
 from mmdata.errors import DestinationError, ExportError, OptionError
 from mmdata.lerobot.numbering import EpisodeNumbering
 from mmdata.schema import LowdimStream, VideoStream
 from mmdata.store.dataset import Dataset
 from mmdata.store.handle import Store, open_store
+from mmdata.store.hold import locked_folder
 from mmdata.store.remux import write_episode_video
 
 CODEBASE_VERSION = "v3.0"
@@ -96,21 +98,22 @@ def export_lerobot(
     fps = frame_rate(cameras)
     root = Path(os.path.abspath(destination))
     _refuse_inside_store(root, store)
-    work = _work_folder(root)
     report = ExportReport(str(destination))
     report.left_out = [s.name for s in store.schema.streams if s.kind == "audio"]
-    try:
-        writer = _Writer(work, store, keys, cameras, lowdim, fps)
-        for position, index in enumerate(tqdm(chosen, unit="episode", desc="export -> lerobot", disable=not progress)):
-            writer.add_episode(position, index, report)
-        writer.finish()
-        work.joinpath(PARTIAL_MARK).unlink()
-        _publish(work, root)
-    except BaseException as exc:
-        shutil.rmtree(work, ignore_errors=True)  # nothing half-written is left behind
-        if isinstance(exc, OSError):
-            raise _write_failure(root, exc) from exc
-        raise
+    with _working_in(root) as work:
+        try:
+            writer = _Writer(work, store, keys, cameras, lowdim, fps)
+            chosen_shown = tqdm(chosen, unit="episode", desc="export -> lerobot", disable=not progress)
+            for position, index in enumerate(chosen_shown):
+                writer.add_episode(position, index, report)
+            writer.finish()
+            work.joinpath(PARTIAL_MARK).unlink()
+            _publish(work, root)
+        except BaseException as exc:
+            shutil.rmtree(work, ignore_errors=True)  # nothing half-written is left behind
+            if isinstance(exc, OSError):
+                raise _write_failure(root, exc) from exc
+            raise
     report.episodes, report.frames = len(chosen), writer.total
     report.remuxed = [s.name for s in cameras if s.codec in REMUXED_CODECS]
     report.reencoded = [s.name for s in cameras if s.codec not in REMUXED_CODECS]
@@ -194,11 +197,37 @@ def _refuse_inside_store(root: Path, store: Store) -> None:
         )
 
 
+@contextlib.contextmanager
+def _working_in(root: Path) -> Iterator[Path]:
+    """The folder the export is written into before it is published (`_work_folder`), locked while the block runs:
+    an unfinished export's work folder is removed only when no export holds it (a second export into one place at
+    once is refused, naming it, instead of deleting the first's work)."""
+    work = _work_folder(root)
+    with contextlib.ExitStack() as held:
+        try:
+            held.enter_context(locked_folder(work))
+        except BlockingIOError:
+            raise DestinationError(
+                f"another export is writing '{root}' now (into '{work}'); wait for it to end, or export elsewhere"
+            ) from None
+        try:
+            if any(entry.name != PARTIAL_MARK for entry in work.iterdir()):  # (an unfinished export's, no one's now)
+                shutil.rmtree(work)
+                work.mkdir()
+                (work / PARTIAL_MARK).touch()
+                held.close()
+                held.enter_context(locked_folder(work))
+        except OSError as exc:
+            raise _write_failure(work, exc) from exc
+        yield work
+
+
 def _work_folder(root: Path) -> Path:
     """The folder the export is written into before it is published: `DST.partial/` beside a new destination, or,
     for an existing empty folder (the current one, a folder made for it), a hidden folder inside it, so that the
     folder itself is kept. Refuses a destination that is a link, a file, or a folder that holds anything (but an
-    unfinished export's work folder, removed), and a work folder that is not an unfinished export's."""
+    unfinished export's work folder, kept for `_working_in` to remove), and a work folder that is not an unfinished
+    export's."""
     if root.is_symlink():
         raise DestinationError(
             f"'{root}' is a symbolic link (to '{os.path.realpath(root)}'); export into a new folder, or into the"
@@ -217,7 +246,7 @@ def _work_folder(root: Path) -> Path:
         if work.exists() or work.is_symlink():
             if work.is_symlink() or not (work / PARTIAL_MARK).is_file():
                 raise DestinationError(f"'{work}' exists and is not an unfinished export's; move it away")
-            shutil.rmtree(work)
+            return work
         work.mkdir(parents=True)
         (work / PARTIAL_MARK).touch()
     except OSError as exc:
@@ -391,8 +420,8 @@ class _Writer:
         self._flush()
         pq.write_table(pa.Table.from_pylist(self.episodes), self._target("meta/episodes/chunk-000/file-000.parquet"))
         _write_tasks(self._target("meta/tasks.parquet"), self.tasks)
-        self._target("meta/info.json").write_text(json.dumps(self._info(), indent=4))
-        self._target("meta/stats.json").write_text(json.dumps(self._stats(), indent=4))
+        self._target("meta/info.json").write_text(dump_json(self._info(), indent=4))
+        self._target("meta/stats.json").write_text(dump_json(self._stats(), indent=4))
 
     def _target(self, relative: str) -> Path:
         """The path of `relative` in the export, its folder made; ExportError unless it lies inside the export

@@ -8,14 +8,13 @@ cannot make `convert --resume` run their code, and a damaged file is an error na
 
 from __future__ import annotations
 
-import json
 import struct
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from mmdata.checks import as_int, as_number, as_text, parse_json
+from mmdata.checks import as_int, as_number, as_text, dump_json, parse_json
 from mmdata.codecs.lowdim import NpyError, decode_npy, encode_npy
 from mmdata.errors import DestinationError
 from mmdata.schema import AudioStream, LowdimStream, VideoStream, stream_from_dict, stream_to_dict
@@ -151,4 +150,4 @@ def _checkpoint(checkpoint: Any) -> dict[str, Any]:
 
 
 def _json(value: Any) -> bytes:
-    return json.dumps(value, sort_keys=True, ensure_ascii=False).encode("utf-8")
+    return dump_json(value, sort_keys=True).encode("utf-8")

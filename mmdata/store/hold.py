@@ -76,15 +76,26 @@ def hold_store(url: str | os.PathLike, writer: str, lease: bool = False) -> Iter
 
 
 @contextlib.contextmanager
+def locked_folder(path: str | os.PathLike) -> Iterator[None]:
+    """The local folder `path` (which must exist) locked by this process until the block ends (`flock`: released
+    by the kernel however the process ends); BlockingIOError when another holds it."""
+    descriptor = os.open(path, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        yield
+    finally:
+        os.close(descriptor)
+
+
+@contextlib.contextmanager
 def _locked_folder(hold: StoreHold) -> Iterator[None]:
     if os.path.lexists(hold.root) and not os.path.isdir(hold.root):
         raise DestinationError(f"'{hold.url}' is not a folder; a store is written into a folder")
     os.makedirs(hold.root, exist_ok=True)
-    descriptor = os.open(hold.root, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
     record = join(hold.root, WRITER_FILE)
-    try:
+    with contextlib.ExitStack() as held:
         try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held.enter_context(locked_folder(hold.root))
         except BlockingIOError:
             raise _held(hold, _holder(hold.fs, record), stale_hint=False) from None
         with contextlib.suppress(OSError), writing_atomically(record) as handle:  # (only informs a writer refused)
@@ -94,8 +105,6 @@ def _locked_folder(hold: StoreHold) -> Iterator[None]:
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(record)
-    finally:
-        os.close(descriptor)
 
 
 def _record(writer: str) -> bytes:

@@ -17,12 +17,11 @@ version's `dataset.json` names).
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import numpy as np
 
-from mmdata.checks import option_number, parse_json
+from mmdata.checks import dump_json, option_number, parse_json
 from mmdata.errors import OptionError, ReadError, StoreError
 from mmdata.moments import Moments, mixture_figures
 from mmdata.schema import LowdimStream, VideoStream
@@ -216,7 +215,7 @@ def write_stats(dataset: Store | Dataset, stats: dict[str, Any]) -> str:
     """Write the statistics file `dataset.json` names (`stats.json`, or an appended version's) beside it,
     atomically in a local folder; its path."""
     path = join(dataset.root, dataset.schema.stats_file)
-    write_text_atomically(path, json.dumps(stats, indent=1) + "\n", dataset.fs)
+    write_text_atomically(path, dump_json(stats, indent=1) + "\n", dataset.fs)
     return path
 
 

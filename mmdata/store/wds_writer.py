@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from mmdata.checks import parse_json
+from mmdata.checks import dump_json, parse_json
 from mmdata.codecs.lowdim import encode_npy
 from mmdata.codecs.video_encode import SEGMENT_SUFFIXES
 from mmdata.errors import DestinationError
@@ -147,7 +147,7 @@ class ShardTar:
 
 def shard_record(rows: list[dict[str, Any]], checkpoint: dict[str, Any] | None) -> str:
     """The sidecar saved beside a complete shard: its manifest rows and the state to resume from after it."""
-    return json.dumps({"rows": [_row_to_json(row) for row in rows], "checkpoint": checkpoint})
+    return dump_json({"rows": [_row_to_json(row) for row in rows], "checkpoint": checkpoint})
 
 
 def read_shard_record(

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mmdata.checks import dump_json
 from mmdata.errors import MmdataError, OptionError
 from mmdata.measure.plots import plot_stages, plot_sweep
 from mmdata.measure.presets import PRESETS, default_tokens_per, preset_spec
@@ -146,7 +146,7 @@ def run_bench(args: argparse.Namespace) -> int:
         plot_stages(document, args.plot, f"mmdata bench {document['config'].get('spec_name', '')}".strip())
         print(f"plot written to {args.plot}")
     if args.json and not args.from_json:
-        Path(args.json).write_text(json.dumps(document, indent=1) + "\n")
+        Path(args.json).write_text(dump_json(document, indent=1) + "\n")
         print(f"\nwritten {args.json}")
     if args.compare:
         problems = compare(load(args.compare), document, limit)

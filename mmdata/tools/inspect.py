@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
+from mmdata.checks import dump_json
 from mmdata.schema import DERIVING, AudioStream, LowdimStream, VideoStream
 from mmdata.store.handle import Store
 from mmdata.tools.formatting import format_bytes, format_seconds, terminal_text
@@ -112,7 +112,7 @@ def _describe(entry: dict[str, Any]) -> str:
 def run(args: argparse.Namespace) -> int:
     summary = summarize(Store(args.path))
     if args.json:
-        print(json.dumps(summary, indent=2))
+        print(dump_json(summary, indent=2))
         return 0
     d = summary["duration_seconds"]
     print(f"{summary['path']}: mmdata store, format {summary['format_version']}, layout {summary['layout']}")

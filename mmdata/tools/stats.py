@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
+from mmdata.checks import dump_json
 from mmdata.store.dataset import open_dataset
 from mmdata.store.statistics import QUANTILE_BINS, compute_stats, pooled_stats, write_stats
 from mmdata.tools.storage import add_storage_options
@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
 def run_pooled(args: argparse.Namespace) -> int:
     weights = args.weights or [1.0] * len(args.path)
     stats = pooled_stats([open_dataset(path, cache_bytes=256 << 20) for path in args.path], weights)
-    text = json.dumps(stats, indent=1) + "\n"
+    text = dump_json(stats, indent=1) + "\n"
     if args.out:
         Path(args.out).write_text(text)
         for name, figures in stats["lowdim"].items():

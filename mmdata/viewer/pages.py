@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import html
-import json
 import math
 import shutil
 from collections.abc import Callable, Iterable
@@ -24,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from mmdata.checks import dump_json
 from mmdata.errors import MmdataError
 from mmdata.schema import AudioStream, LowdimStream, VideoStream
 from mmdata.store.filesystem import write_text_atomically
@@ -294,24 +294,8 @@ def script_json(data: Any) -> str:
 
 def strict_json(data: Any, indent: int | None = None) -> str:
     """`data` as JSON any parser reads: a number that is not finite (a damaged duration, a NaN a recording holds)
-    is written as null, never as the `NaN` / `Infinity` that JSON does not have."""
-    try:
-        return json.dumps(data, default=str, allow_nan=False, indent=indent)
-    except ValueError:
-        return json.dumps(_finite(data), default=str, allow_nan=False, indent=indent)
-
-
-def _finite(value: Any) -> Any:
-    """`value` with every float that is not finite (in dicts, lists, tuples and numpy arrays) replaced by None."""
-    if isinstance(value, float | np.floating):
-        return float(value) if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {key: _finite(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(item) for item in value]
-    if isinstance(value, np.ndarray):
-        return _finite(value.tolist())
-    return value
+    is written as null, never as the `NaN` / `Infinity` that JSON does not have (`checks.dump_json`)."""
+    return dump_json(data, indent=indent)
 
 
 def _write_page(path: Path, title: str, body: str, data: dict[str, Any]) -> None:
