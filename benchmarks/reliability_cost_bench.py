@@ -10,10 +10,14 @@ other way round; the ratios are this tree's median over the baseline's. `--cpu-r
 one-process CPU measure alone that many more times (it is cheap, and the VM's swings are larger than what a
 check costs): `cpu_ms_more`.
 
+With `--edits`, each tree also edits: a copy of its converted store (delete an episode with the statistics
+computed again, then remove a stream) and a manifest of 100,000 episodes (delete one, statistics kept).
+
 usage: python benchmarks/reliability_cost_bench.py --baseline-tree DIR --record NAME [--rounds 4] [--copy]
-       [--cpu-rounds N]
+       [--cpu-rounds N] [--edits]
 (DIR: `git worktree add DIR <the commit before the round>`). Writes benchmarks/results/NAME.json.
-Recorded: round3_cost (issue 27, baseline 8978f34), round4_cost (issue 38, baseline ac8b010, --copy).
+Recorded: round3_cost (issue 27, baseline 8978f34), round4_cost (issue 38, baseline ac8b010, --copy),
+round5_cost (issue 55, baseline 52f9d1f, --edits).
 """
 
 from __future__ import annotations
@@ -70,6 +74,35 @@ options = ConvertOptions(layout="wds", encode=EncodeOptions(video=video), worker
 """
 
 
+# Edits of the converted store's copy (statistics computed again: every episode read) and of a manifest of
+# 100,000 episodes (statistics kept: the manifest copied a row group at a time), each in a fresh interpreter.
+EDITS = """
+import json, resource, shutil, time
+from mmdata.editing.selection import EpisodeSelection
+from mmdata.editing.versions import edit_store, remove_stream
+shutil.rmtree({copy!r}, ignore_errors=True)
+shutil.copytree({store!r}, {copy!r})
+figures = {{}}
+for name, edit in (
+    ("edit_small", lambda: (edit_store({copy!r}, "delete", EpisodeSelection(ids=[0]), progress=False),
+                            remove_stream({copy!r}, "audio", progress=False))),
+    ("edit_large", lambda: edit_store({large!r}, "delete", EpisodeSelection(ids=[0]), False, progress=False)),
+):
+    started, cpu = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+    edit()
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    figures[name + "_s"] = time.perf_counter() - started
+    figures[name + "_cpu_s"] = after.ru_utime + after.ru_stime - cpu.ru_utime - cpu.ru_stime
+print("RESULT " + json.dumps(figures))
+"""
+LARGE = """
+import json
+from mmdata.store.scaled_store import write_scaled_store
+write_scaled_store({store!r}, {large!r}, 100_000, 4096)
+print("RESULT " + json.dumps({{}}))
+"""
+
+
 def write_log(path: Path) -> Path:
     """The 640x480 H.264 log the copy of robot logs is measured on, written by the tests' log writer."""
     sys.path.insert(0, str(HERE.parent))
@@ -97,6 +130,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--copy", action="store_true", help="also measure --video-codec copy conversions")
     parser.add_argument("--cpu-rounds", type=int, default=0, help="more rounds of the loader's CPU per sample alone")
+    parser.add_argument("--edits", action="store_true", help="also measure edits (a small store, 100,000 episodes)")
     args = parser.parse_args()
     trees = {"this": HERE.parent, "baseline": args.baseline_tree.resolve()}
     with tempfile.TemporaryDirectory(prefix="mmdata-reliability-bench-") as folder:
@@ -107,6 +141,8 @@ def main() -> None:
             log = write_log(Path(folder) / "camera.mcap")
             conversions |= {"copy_lerobot": (str(LEROBOT), "lerobot", COPIED), "copy_log": (str(log), "mcap", COPIED)}
         keys = [f"{name}_{figure}" for name in conversions for figure in ("s", "cpu_s")]
+        if args.edits:
+            keys += [f"{name}_{figure}" for name in ("edit_small", "edit_large") for figure in ("s", "cpu_s")]
         figures = {
             name: {key: [] for key in [*keys, "loader_samples_per_s", "cpu_ms", "cpu_ms_more"]} for name in trees
         }
@@ -119,6 +155,13 @@ def main() -> None:
                     converted = run(tree, code)
                     figures[name][f"{conversion}_s"].append(converted["seconds"])
                     figures[name][f"{conversion}_cpu_s"].append(converted["cpu_s"])
+            for name, tree in order if args.edits else ():
+                store, large = str(Path(folder) / f"{name}-convert.wds"), str(Path(folder) / f"{name}-large.wds")
+                if number == 0:
+                    run(tree, LARGE.format(store=store, large=large))
+                copy = str(Path(folder) / f"{name}-edited.wds")
+                for key, value in run(tree, EDITS.format(store=store, copy=copy, large=large)).items():
+                    figures[name][key].append(value)
             for name, tree in order:
                 store = str(Path(folder) / f"{name}-convert.wds")
                 loaded = run(tree, LOADER.format(store=store, workers=2, verify=True, seconds=args.seconds))

@@ -263,7 +263,7 @@ class _NewStore:
 def _left_by_an_edit(name: str) -> bool:
     """Whether a file named `name` in a new store's folder is what an edit writing it leaves when it is interrupted
     (a manifest or statistics of a version, a temporary of one) or the record of the writer holding it."""
-    written = temporary_of(name)
+    written = temporary_of(name) or (name.removesuffix(".tmp") if name.endswith(".tmp") else None)  # (or older)
     return is_writer_record(name) or version_of_file(written or name) is not None or written == DATASET_FILE
 
 

@@ -264,7 +264,7 @@ def test_a_second_conversion_into_a_destination_being_written_is_refused_and_the
         text=True,
         timeout=120,
     )
-    assert second.returncode == 2 and "another conversion is writing" in second.stderr
+    assert second.returncode == 2 and "is being written by another mmdata writer" in second.stderr
     out, err = first.communicate(timeout=300)
     assert first.returncode == 0, err
     assert json.loads((destination / "dataset.json").read_text())["layout"] == "wds"

@@ -148,3 +148,68 @@ def test_a_feature_key_is_one_plain_folder_name():
     assert feature_key_problem("observation.images.top") is None and feature_key_problem("..top") is None
     for key in ("../x", "", "a\x00b", "..", "a/b"):
         assert feature_key_problem(key), key
+
+
+PLANTED = (
+    "dataset.json.tmp",
+    "episodes-000001.parquet.tmp",
+    "stats-000001.json.tmp",
+    "episodes.parquet.tmp",
+    "stats.json.tmp",
+)
+
+
+def plant_links(folder: Path, victim: Path, names=PLANTED) -> None:
+    """Links to `victim` at the temporary names writers used to write through."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        (folder / name).symlink_to(victim)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("writer", ["delete", "remove-stream", "split", "merge", "append", "compact", "convert"])
+def test_links_planted_at_temporary_names_are_never_written_through(stores, raw_dataset, tmp_path, writer):
+    from mmdata.conversion.pipeline import ConvertOptions, convert
+    from mmdata.editing.compaction import compact_store
+    from mmdata.editing.derived import ValidationChoice, merge_stores, split_store
+    from mmdata.editing.selection import EpisodeSelection
+    from mmdata.editing.versions import edit_store, remove_stream
+    from mmdata.importers import discover_episodes
+    from mmdata.store.verification import verify_dataset
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("not the store's")
+    store = Path(shutil.copytree(stores["wds"], tmp_path / "robot.wds"))
+    plant_links(store, victim)
+    (store / "shards" / "shard-000003.tar.tmp").symlink_to(victim)  # (the next shard's name while it is written)
+    written = [store]
+    if writer == "delete":
+        edit_store(str(store), "delete", EpisodeSelection(ids=[1]), progress=False)
+    elif writer == "remove-stream":
+        remove_stream(str(store), "audio", progress=False)
+    elif writer == "split":
+        written = [tmp_path / "train", tmp_path / "validation"]
+        for folder in written:
+            plant_links(folder, victim)
+        choice = ValidationChoice(EpisodeSelection(ids=[0]))
+        split_store(str(store), str(written[0]), str(written[1]), choice, progress=False)
+    elif writer == "merge":
+        written = [tmp_path / "merged"]
+        plant_links(written[0], victim)
+        twin = shutil.copytree(stores["wds"], tmp_path / "twin.wds")
+        merge_stores([str(store), str(twin)], str(written[0]), progress=False)
+    elif writer == "append":
+        convert(discover_episodes(raw_dataset, "raw"), store, ConvertOptions(workers=1, progress=False, append=True))
+    elif writer == "compact":
+        written = [tmp_path / "compacted"]
+        compact_store(str(store), str(written[0]), progress=False)
+    else:
+        written = [tmp_path / "converted.wds"]
+        convert(discover_episodes(raw_dataset, "raw"), written[0], ConvertOptions(workers=1, progress=False))
+    assert victim.read_text() == "not the store's"
+    for folder in written:
+        assert not (folder / "dataset.json").is_symlink() and (folder / "dataset.json").is_file()
+        opened = mmdata.open_store(str(folder))
+        for name in (opened.schema.manifest_file, opened.schema.stats_file):
+            assert not (folder / name).is_symlink() and (folder / name).is_file()
+        assert verify_dataset(str(folder), progress=False).ok
