@@ -18,6 +18,8 @@ import pytest
 from mmdata.codecs.video_encode import VideoEncoding, encode_segments
 from mmdata.conversion.pipeline import ConvertOptions, convert
 from mmdata.importers.raw import discover_raw_episodes
+from mmdata.store import manifest_reader
+from mmdata.store.scaled_store import write_scaled_store
 from mmdata.synthetic import SynthSpec, synthetic_frame, write_synthetic_dataset, write_wav
 
 
@@ -41,6 +43,7 @@ def pytest_sessionfinish(session, exitstatus):
 SMALL = SynthSpec(episodes=3, min_seconds=1.5, max_seconds=3.0)
 SEGMENT, GOP = 16, 4  # frames per encoded segment, key-frame interval: the decoder tests' `segments`
 LAYOUTS = ("wds", "zarr")
+EPISODES, GROUP_ROWS = 40, 8  # the scaled store's episodes and manifest row groups
 
 
 @pytest.fixture(scope="session")
@@ -121,3 +124,15 @@ def camera_batches(store: Path, decoder, seed: int) -> list:
 
 def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "mmdata", *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def scaled(stores, tmp_path_factory) -> Path:
+    """40 episodes over the session's WebDataset store, in manifest row groups of 8 rows."""
+    return write_scaled_store(stores["wds"], tmp_path_factory.mktemp("scaled") / "store.wds", EPISODES, GROUP_ROWS)
+
+
+@pytest.fixture
+def by_row_group(monkeypatch):
+    """Stores opened from now on read a manifest of more than 16 rows by row group."""
+    monkeypatch.setattr(manifest_reader, "EAGER_ROWS", 16)

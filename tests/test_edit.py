@@ -149,7 +149,7 @@ def test_the_edit_command_deletes_episodes_and_names_what_it_needs(copies):
     assert done.returncode == 0, done.stderr
     assert "version 1, 1 episodes (of 3)" in done.stdout
     inspected = run_cli("inspect", url)
-    assert "edited: delete 2 episodes (ids 0, 1), 3 -> 1 episodes" in inspected.stdout
+    assert "edited: delete 2 episodes (ids 0-1), 3 -> 1 episodes" in inspected.stdout
     bare = run_cli("edit", url, "keep")
     assert bare.returncode == 2 and "--episodes, --task" in bare.stderr
     wrong = run_cli("edit", url, "delete", "--episodes", "3-1")

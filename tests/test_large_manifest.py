@@ -15,23 +15,10 @@ import pytest
 import mmdata
 from mmdata.errors import IntegrityError
 from mmdata.store import manifest_reader
-from mmdata.store.scaled_store import write_scaled_store
+from tests.conftest import EPISODES, GROUP_ROWS
 from tests.test_loader import assert_same_batches
 
-EPISODES, GROUP_ROWS = 40, 8
 SPEC = mmdata.Windows(anchor_fps=5, streams={"cam_high": mmdata.Frames(offsets=[-0.1, 0.0]), "state": mmdata.Values()})
-
-
-@pytest.fixture(scope="module")
-def scaled(stores, tmp_path_factory) -> Path:
-    """40 episodes over the session's WebDataset store, in row groups of 8 rows."""
-    return write_scaled_store(stores["wds"], tmp_path_factory.mktemp("scaled") / "store.wds", EPISODES, GROUP_ROWS)
-
-
-@pytest.fixture
-def by_row_group(monkeypatch):
-    """Stores opened from now on read a manifest of more than 16 rows by row group."""
-    monkeypatch.setattr(manifest_reader, "EAGER_ROWS", 16)
 
 
 def test_a_large_manifest_opens_from_its_footer_and_reads_each_row_as_the_whole_one_does(scaled, by_row_group):

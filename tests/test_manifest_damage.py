@@ -22,23 +22,9 @@ from mmdata.errors import IntegrityError, OptionError, SampleError, SourceError,
 from mmdata.importers.episode import EpisodeSource, LowdimSource
 from mmdata.store import manifest_reader
 from mmdata.store.s3_plain import PlainS3Reader
-from mmdata.store.scaled_store import write_scaled_store
-from tests.conftest import run_cli
+from tests.conftest import EPISODES, GROUP_ROWS, run_cli
 
-EPISODES, GROUP_ROWS = 40, 8
 STATE = mmdata.Windows(anchor_fps=5, streams={"state": mmdata.Values()})
-
-
-@pytest.fixture(scope="module")
-def scaled(stores, tmp_path_factory) -> Path:
-    """40 episodes over the session's WebDataset store, in row groups of 8 rows."""
-    return write_scaled_store(stores["wds"], tmp_path_factory.mktemp("scaled") / "store.wds", EPISODES, GROUP_ROWS)
-
-
-@pytest.fixture
-def by_row_group(monkeypatch):
-    """Stores opened from now on read a manifest of more than 16 rows by row group."""
-    monkeypatch.setattr(manifest_reader, "EAGER_ROWS", 16)
 
 
 def copy_with_manifest(scaled: Path, folder: Path, change) -> Path:
