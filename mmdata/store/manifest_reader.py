@@ -46,8 +46,15 @@ ROWS_CHECKED_ALONE = 4  # rows of a row group checked one by one before the whol
 # on a manifest gives 3-10x); beyond it the file is refused before its pages are decompressed.
 MANIFEST_EXPANSION = 64
 
-# What reading a damaged Parquet file raises (pyarrow's errors, and the store's own for bytes that came back wrong)
+# What reading a manifest's row group may raise: damage (`is_damage`), or a read that failed
 UNREADABLE = (pa.ArrowException, OSError, ValueError, IndexError, EOFError, MmdataError)
+
+
+def is_damage(error: BaseException) -> bool:
+    """Whether a row group that could not be read is damaged (pyarrow's errors, bytes that came back wrong), rather
+    than a read that failed (a timeout, an unreachable store: the group is read again when asked again)."""
+    return not isinstance(error, MmdataError) or isinstance(error, IntegrityError)
+
 
 Check = Callable[[pa.Table, int], dict[int, str]]
 """(a row group, its first row's number) -> its damaged rows and why; raises StoreError."""
@@ -207,9 +214,8 @@ class Manifest:
                     _prefetch(opened, source, [number], None)
                     return number, opened.read_row_group(number, use_threads=False)
                 except UNREADABLE as exc:
-                    if isinstance(exc, MmdataError) and not isinstance(exc, IntegrityError):
-                        return number, None  # (a read that failed: `row` reads the group again, and reports it)
-                    self._damage_group(number, exc)
+                    if is_damage(exc):  # (else a read that failed: `row` reads the group again, and reports it)
+                        self._damage_group(number, exc)
                     return number, None
 
         unread = list(missing)
@@ -267,7 +273,7 @@ class Manifest:
             _prefetch(parquet, source, range(parquet.num_row_groups), names)
             read = parquet.read(columns=list(names), use_threads=False)
         except UNREADABLE as exc:
-            if isinstance(exc, MmdataError) and not isinstance(exc, IntegrityError):
+            if not is_damage(exc):
                 raise
             read = self._columns_by_group(parquet, names)
         source.forget()
@@ -287,7 +293,7 @@ class Manifest:
             try:
                 parts.append(parquet.read_row_group(number, columns=list(names), use_threads=False))
             except UNREADABLE as exc:
-                if isinstance(exc, MmdataError) and not isinstance(exc, IntegrityError):
+                if not is_damage(exc):
                     raise
                 self._damage_group(number, exc)
                 parts.append(_missing_rows(schema, self._group_rows(number)))
@@ -375,8 +381,8 @@ class Manifest:
             _prefetch(parquet, source, [number], None)
             group = parquet.read_row_group(number, use_threads=False)
         except UNREADABLE as exc:
-            if isinstance(exc, MmdataError) and not isinstance(exc, IntegrityError):
-                raise  # (a read that failed, not damage: tried again when asked again)
+            if not is_damage(exc):
+                raise
             raise self._damage_group(number, exc) from exc
         finally:
             if isinstance(source, RangeFile):
