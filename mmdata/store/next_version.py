@@ -27,10 +27,10 @@ import xxhash
 from mmdata.errors import ConcurrentWriteError, StoreError
 from mmdata.schema import DatasetSchema, version_file_name, version_of_file
 from mmdata.store.filesystem import is_s3, join, temporary_of, writing_atomically, writing_new_file
+from mmdata.store.handle import MAX_SCHEMA_BYTES
 from mmdata.store.hold import StoreHold
 from mmdata.store.layout import DATASET_FILE
 
-MAX_DOCUMENT_BYTES = 64 << 20  # (a dataset.json of 100,000 history entries)
 _CONFLICT_CODES = ("PreconditionFailed", "ConditionalRequestConflict", "NoSuchKey", "404")
 
 
@@ -67,11 +67,6 @@ class NextVersion:
         as a run that was not interrupted writes."""
         self.tag = xxhash.xxh64_hexdigest(what.encode())[:8]
 
-    @property
-    def store_exists(self) -> bool:
-        """Whether a store was there when this writer began (else it writes a new one)."""
-        return self._noted.exists
-
     def file_names(self, version: int) -> tuple[str, str]:
         """The manifest and statistics file names of store version `version`, this writer's own (version 0, a
         conversion's or a compaction's, keeps the plain names: its destination is held by one writer)."""
@@ -89,7 +84,7 @@ class NextVersion:
         fs = self.hold.fs
         try:
             if self.hold.local or not is_s3(fs):
-                if _note(self.hold).content != self._noted.content:
+                if self.changed():
                     raise FileExistsError(path)
                 writing = writing_atomically if self._noted.exists else writing_new_file
                 with writing(path, fs) as handle:
@@ -115,13 +110,12 @@ class NextVersion:
 
     def changed(self) -> bool:
         """Whether `dataset.json` is no longer what this writer noted when it began."""
-        now = _note(self.hold)
-        return now.content != self._noted.content if self._noted.etag is None else now.etag != self._noted.etag
+        return _note(self.hold) != self._noted
 
     def discard(self) -> None:
         """Remove the files written under this writer's names (nothing a reader reads: they are no version's yet)."""
         for name in self._own:
-            with contextlib.suppress(FileNotFoundError, OSError):
+            with contextlib.suppress(OSError):
                 self.hold.fs.rm(join(self.hold.root, name))
 
     def __enter__(self) -> NextVersion:
@@ -182,7 +176,7 @@ def _note(hold: StoreHold) -> _Noted:
         return _Noted(None, str(etag or ""))
     try:
         with fs.open(path, "rb") as handle:
-            return _Noted(handle.read(MAX_DOCUMENT_BYTES + 1), None)
+            return _Noted(handle.read(MAX_SCHEMA_BYTES + 1), None)
     except FileNotFoundError:
         return _Noted(None, None)
 
@@ -191,7 +185,7 @@ def _described_version(hold: StoreHold) -> str:
     """The store version there now, in words ("version 3 (delete 2 episodes (...))")."""
     try:
         with hold.fs.open(join(hold.root, DATASET_FILE), "rb") as handle:
-            schema = DatasetSchema.from_json(handle.read(MAX_DOCUMENT_BYTES + 1))
+            schema = DatasetSchema.from_json(handle.read(MAX_SCHEMA_BYTES + 1))
     except (OSError, StoreError, ValueError):
         return "a version of it"
     if not schema.history:
@@ -205,7 +199,8 @@ def _is_conflict(error: BaseException) -> bool:
     """Whether an object store refused a conditional write because the object changed (or went away)."""
     seen: BaseException | None = error
     while seen is not None:
-        code = getattr(seen, "response", {}).get("Error", {}).get("Code") if hasattr(seen, "response") else None
+        response = getattr(seen, "response", None)  # (botocore's ClientError, under s3fs's OSError)
+        code = response.get("Error", {}).get("Code") if isinstance(response, dict) else None
         if code in _CONFLICT_CODES or any(marker in str(seen) for marker in ("PreconditionFailed", "pre-conditions")):
             return True
         seen = seen.__cause__ or seen.__context__
