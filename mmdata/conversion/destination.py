@@ -9,7 +9,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ from mmdata.checks import parse_json
 from mmdata.errors import DestinationError
 from mmdata.importers.episode import EpisodeSource
 from mmdata.store.filesystem import join, write_text_atomically
-from mmdata.store.hold import is_writer_record
+from mmdata.store.hold import empty_folder, is_writer_record
 from mmdata.store.layout import CONVERT_AGAIN, DATASET_FILE, PARTIAL_DIR, start_again
 
 OPTIONS_FILE = "options.json"
@@ -71,7 +70,7 @@ def prepare_destination(root: Path, fingerprint: dict[str, Any], resume: bool, o
         raise DestinationError(f"destination '{root}' exists and is not a folder")
     if root.exists() and any(not is_writer_record(entry.name) for entry in root.iterdir()):
         if overwrite:
-            _empty(root)
+            empty_folder(root)
         elif resume:
             if (root / DATASET_FILE).exists():
                 raise DestinationError(f"'{root}' is already a complete store; nothing to resume ({REPLACE_STORE})")
@@ -175,17 +174,6 @@ def check_converted_sources(root: Path, names: list[str], files: list[list[list[
                     f" which was modified since; {start_again(root)}"
                 )
     write_text_atomically(str(path), json.dumps(files))
-
-
-def _empty(root: Path) -> None:
-    """Remove what `root` holds, keeping the folder itself (and the lock held on it, and its writer's record)."""
-    for child in root.iterdir():
-        if is_writer_record(child.name):
-            continue
-        if child.is_dir() and not child.is_symlink():
-            shutil.rmtree(child)
-        else:
-            child.unlink()
 
 
 def _not_empty(root: str) -> DestinationError:

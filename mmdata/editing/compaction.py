@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import shutil
 from pathlib import Path
 
 from fsspec.implementations.local import LocalFileSystem
@@ -32,7 +31,7 @@ from mmdata.schema import LAYOUTS, AudioStream, DatasetSchema, LowdimStream, Tex
 from mmdata.store.encoded import EncodedAudio, EncodedEpisode, EncodedLowdim, EncodedVideo
 from mmdata.store.filesystem import join, resolve, write_text_atomically
 from mmdata.store.handle import Store
-from mmdata.store.hold import StoreHold, hold_store, is_writer_record
+from mmdata.store.hold import StoreHold, empty_folder, hold_store, is_writer_record
 from mmdata.store.layout import DATASET_FILE, PARTIAL_DIR
 from mmdata.store.manifest import Piece
 from mmdata.store.next_version import NextVersion
@@ -64,13 +63,13 @@ def compact_store(url: str, into: str, layout: str | None = None, progress: bool
     try:
         with hold_store(local, f"mmdata edit {url} compact --into {into}") as hold:
             if remote:
-                _empty(local)  # (a staging folder an interrupted compaction left)
+                empty_folder(local)  # (a staging folder an interrupted compaction left)
             else:
                 _check_local_destination(store, local, layout)
             try:
                 schema = _write(store, layout, hold, progress)
             except BaseException:  # (the folder was new, empty or an interrupted compaction's: nothing else removed)
-                _empty(local)
+                empty_folder(local)
                 raise
     except BaseException:
         if not existed:
@@ -160,7 +159,7 @@ def _check_local_destination(store: Store, local: Path, layout: str) -> None:
                 f" {interrupted.get('layout')} left ({PARTIAL_DIR}/{COMPACTION_FILE}); run that compaction again to"
                 " finish it, or delete the folder, then compact into it"
             )
-        _empty(local)
+        empty_folder(local)
     media = [store.root, *(join(store.root, origin) for origin in store.schema.media_stores())]
     if isinstance(store.fs, LocalFileSystem) and any(inside(root, local) for root in media):
         raise EditError(f"'{local}' lies inside a store whose media it copies; write the compacted store beside it")
@@ -173,11 +172,3 @@ def _interrupted_compaction(local: Path) -> dict | None:
     except (OSError, ValueError):
         return None
     return found if isinstance(found, dict) else {}
-
-
-def _empty(local: Path) -> None:
-    """Remove what `local` holds but the record of its writer (this compaction, which holds it)."""
-    for entry in list(local.iterdir()) if local.is_dir() else []:
-        if is_writer_record(entry.name):
-            continue
-        shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()

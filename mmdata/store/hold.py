@@ -15,10 +15,12 @@ import contextlib
 import fcntl
 import json
 import os
+import shutil
 import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
@@ -140,6 +142,18 @@ def _held(hold: StoreHold, holder: str, stale_hint: bool) -> ConcurrentWriteErro
             " then run this again"
         )
     return ConcurrentWriteError(message)
+
+
+def empty_folder(root: str | os.PathLike) -> None:
+    """Remove what the local folder `root` holds, keeping the folder itself (and the lock held on it) and the record
+    of the writer holding it: what `--overwrite` and a compaction starting again over a leftover do."""
+    for child in Path(root).iterdir():
+        if is_writer_record(child.name):
+            continue
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
 
 
 def is_writer_record(name: str) -> bool:
