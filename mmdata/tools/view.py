@@ -16,6 +16,7 @@ import threading
 import urllib.parse
 from pathlib import Path
 
+from mmdata.checks import dump_json
 from mmdata.errors import DestinationError, MmdataError, OptionError
 from mmdata.store.handle import Store
 from mmdata.tools.storage import add_storage_options
@@ -25,7 +26,6 @@ from mmdata.viewer.pages import (
     PAGE_ROWS,
     ROWS_URL,
     served_page_of,
-    strict_json,
     write_episode_page,
     write_site,
 )
@@ -186,10 +186,10 @@ def view_server(
                     raise OptionError("a rows.json request takes at most 16 parameters") from None
                 asked = table_query(fields)
                 with table_lock:
-                    body = strict_json(table.page(asked, page_of)).encode()
+                    body = dump_json(table.page(asked, page_of)).encode()
                 status = 200
             except OptionError as exc:
-                body, status = strict_json({"error": str(exc)}).encode(), 400
+                body, status = dump_json({"error": str(exc)}).encode(), 400
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))

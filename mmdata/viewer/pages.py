@@ -262,7 +262,7 @@ def _episode_body(data: dict[str, Any]) -> str:
 <source src="{html.escape(quote(c["src"]))}" type="{html.escape(c["mime"])}"></video></div>"""
         for c in data["cameras"]
     )
-    metadata = html.escape(strict_json(data["metadata"], indent=1))
+    metadata = html.escape(dump_json(data["metadata"], indent=1))
     wave = '<h2>Audio</h2><canvas id="waveform" class="plot" width="900" height="80"></canvas>' if data["audio"] else ""
     return f"""<p><a href="index.html">all episodes</a></p>
 <h1>Episode {data["index"]}: {html.escape(data["key"])}</h1>
@@ -288,14 +288,9 @@ _SCRIPT_ESCAPES = str.maketrans(
 
 
 def script_json(data: Any) -> str:
-    """`data` as JSON that can sit inside a <script> element whatever text it holds (`strict_json`)."""
-    return strict_json(data).translate(_SCRIPT_ESCAPES)
-
-
-def strict_json(data: Any, indent: int | None = None) -> str:
-    """`data` as JSON any parser reads: a number that is not finite (a damaged duration, a NaN a recording holds)
-    is written as null, never as the `NaN` / `Infinity` that JSON does not have (`checks.dump_json`)."""
-    return dump_json(data, indent=indent)
+    """`data` as JSON that can sit inside a <script> element whatever text it holds, every number a JSON number
+    (`checks.dump_json`: one that is not finite written as null)."""
+    return dump_json(data).translate(_SCRIPT_ESCAPES)
 
 
 def _write_page(path: Path, title: str, body: str, data: dict[str, Any]) -> None:
