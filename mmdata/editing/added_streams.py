@@ -28,6 +28,8 @@ from mmdata.editing.versions import (
     next_version,
     publish,
     stats_before,
+    stream_end,
+    with_durations,
     write_manifest,
 )
 from mmdata.errors import EditError, MmdataError, OptionError
@@ -198,11 +200,10 @@ def _ended_with_added(rows: pa.Table, added: list[str]) -> pa.Table:
     duration = pc.cast(rows.column("duration"), pa.float64())
     latest = duration
     for name in added:
-        end = pc.fill_null(pc.cast(rows.column(f"{name}/t_end"), pa.float64()), 0.0)
+        end = stream_end(rows, name)
         near = pc.less_equal(end, pc.add(duration, ADDED_SLACK_S))
         latest = pc.if_else(pc.and_(near, pc.greater(end, latest)), end, latest)
-    place = rows.schema.get_field_index("duration")
-    return rows.set_column(place, rows.schema.field(place), pc.cast(latest, rows.schema.field(place).type))
+    return with_durations(rows, latest)
 
 
 def _kept_stats(store: Store, other: Store, names: list[str]) -> dict:

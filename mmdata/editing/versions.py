@@ -116,10 +116,18 @@ def remove_stream(url: str, name: str, progress: bool = True) -> EditReport:
 def ended_with_streams(rows: pa.Table, streams: list[str]) -> pa.Table:
     """`rows` with each episode's duration the end of the longest of `streams` (what the manifest checks hold a
     duration to), for a version whose streams are `streams`."""
-    ends = [pc.fill_null(pc.cast(rows.column(f"{name}/t_end"), pa.float64()), 0.0) for name in streams]
-    latest = pc.max_element_wise(*ends, pa.scalar(0.0))
+    return with_durations(rows, pc.max_element_wise(*(stream_end(rows, name) for name in streams), pa.scalar(0.0)))
+
+
+def stream_end(rows: pa.Table, name: str) -> pa.Array:
+    """Each row's end of stream `name` in seconds (0 where missing), as float64."""
+    return pc.fill_null(pc.cast(rows.column(f"{name}/t_end"), pa.float64()), 0.0)
+
+
+def with_durations(rows: pa.Table, durations: pa.Array) -> pa.Table:
+    """`rows` with `durations` (seconds) as their `duration` column, of its type."""
     place = rows.schema.get_field_index("duration")
-    return rows.set_column(place, rows.schema.field(place), pc.cast(latest, rows.schema.field(place).type))
+    return rows.set_column(place, rows.schema.field(place), pc.cast(durations, rows.schema.field(place).type))
 
 
 @contextlib.contextmanager
