@@ -188,7 +188,8 @@ class Store:
 
     @property
     def damaged(self) -> dict[int, str]:
-        """Episodes whose manifest row failed the checks at open, and why (reading them raises)."""
+        """Episodes whose manifest row failed the checks, and why (reading them raises): all of them, found at open,
+        for a manifest read whole; for one read by row group, those found so far (by `columns` and reads)."""
         return self.manifest.damaged
 
     @property

@@ -263,7 +263,9 @@ class Manifest:
 
     def columns(self, names: Sequence[str]) -> pa.Table:
         """The manifest's columns `names`, every row (of a large manifest: read column by column, string columns of
-        few values as dictionaries; not kept, as a loader reads each once)."""
+        few values as dictionaries; not kept, as a loader reads each once). Reading a large manifest's columns adds
+        to `damaged` what they show: rows of a row group that cannot be read (given as missing values), and, when
+        `duration` is among them, rows whose duration no episode can have."""
         if self._table is not None:
             return self._table.select(list(names))
         assert self._opener is not None, "a manifest read whole has no file to read again"
