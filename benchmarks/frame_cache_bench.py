@@ -3,7 +3,7 @@
 lerobot_bench.py's mmdata workload (`cam_high` at t-0.1 s and t, `cam_wrist` at t, state, 16 actions at
 30 Hz, every frame an anchor, batch 8, 2 workers) on 24 synthetic episodes of 4.4-6 s (two cameras at
 30 fps) converted with the defaults (gop 8), with `Reading(frame_cache_bytes=0)` and with the default
-bound, for the "locality", "global" and "segments" orders; each run in a fresh interpreter, the configurations
+bound, for the "locality", "global" and "blocks" orders; each run in a fresh interpreter, the configurations
 alternating by round. Reports samples/s, samples per CPU-second, decode waste (frames decoded per frame
 delivered) and the cache's peak bytes per worker. Writes benchmarks/results/frame_cache_cpu.json.
 
@@ -45,7 +45,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=8.0)
     args = parser.parse_args()
-    configurations = [(mode, cache) for mode in ("locality", "global", "segments") for cache in (0, 256 << 20)]
+    configurations = [(mode, cache) for mode in ("locality", "global", "blocks") for cache in (0, 256 << 20)]
     runs: dict[str, list[dict]] = {f"{mode}, cache {cache >> 20} MiB": [] for mode, cache in configurations}
     with tempfile.TemporaryDirectory(prefix="mmdata-frame-cache-bench-") as folder:
         root = Path(folder)

@@ -11,7 +11,7 @@
 3. Policy windows (cam_high at t-0.1 s and t, cam_wrist at t, state at t-0.1 s and t, 16 actions at
    30 Hz; every frame an anchor), batch 8, shuffled, are drawn for `--seconds` by each loader in a
    fresh interpreter, in `--rounds` rounds whose order rotates: LeRobotDataset + torch DataLoader
-   (torchcodec and pyav, 0 and 2 workers), mmdata.DataLoader in its default order (the segment order
+   (torchcodec and pyav, 0 and 2 workers), mmdata.DataLoader in its default order (the "blocks" order
    with the frame cache) on each store, and on the default store in the global and locality orders (what
    an order costs in mixing: distinct episodes per batch), and mmdata.lerobot.LeRobotLoader (LeRobot's
    batches: float CHW frames, its keys and index fields; 2 workers), reported against the native loader
@@ -68,7 +68,7 @@ figures["episodes_per_batch"] = sum(episodes) / max(1, len(episodes))
 print("RESULT " + json.dumps(figures))
 """
 
-# Written with the loader's ungrouped keywords, which a baseline tree takes too. With shuffle="segments" (issue 29)
+# Written with the loader's ungrouped keywords, which a baseline tree takes too. In the "blocks" order (the default)
 # the decoded-frame cache, on by default, serves a segment's samples from one decode.
 # The policy windows on LeRobot's feature names, as code for a run in a fresh interpreter (`mmdata` imported, then
 # formatted with the run's fields: hence the doubled braces).
@@ -262,7 +262,7 @@ def main() -> None:
                 python, "load", str(source), "--backend", b, "--workers", str(w), "--seconds", str(args.seconds)
             )
     # the store `mmdata convert` makes by default (gop 8 tuned for decoding), in the default order ("auto": the
-    # segment order with the frame cache), and in the orders that were the defaults before, for their mixing
+    # "blocks" order with the frame cache), and in the other orders, for their mixing
     default_store = args.workdir / "store-default.wds"
     convert(tree, source, default_store, "wds")
     for workers in (0, 2):

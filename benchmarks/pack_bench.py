@@ -4,10 +4,12 @@ Distributions (token counts per sample):
 - episodes: log-normal lengths of whole episodes (100 k samples);
 - lerobot-windows: 50 k policy windows (2-4 cameras x 1-2 frames x 256 tokens + 50-100 actions
   + 14 state tokens);
-- world-model: 10 k long sequences, log-uniform 2 k - 200 k tokens, split into budget-sized chunks.
+- world-model: 10 k long sequences, log-uniform 2 k - 200 k tokens, cut into budget-sized chunks (as a loader
+  cuts them with `Sequences(max_seconds=...)`).
 
-mmdata packs with its default `algorithm="auto"` (per shuffle window, the fewer micro-batches of
-first-fit decreasing and minimum bin slack); the same plan with FFD alone is reported beside it.
+mmdata packs as its loader does (`planning.packed_windows`): the epoch in a keyed global order, each shuffle window
+packed into a fixed number of micro-batches (the fewer of first-fit decreasing and minimum bin slack, at the
+smallest capacity that holds the window), dealt to the ranks heaviest first.
 
 Baselines: (a) naive padding of random batches to the batch maximum, (b) first-fit decreasing
 in pure Python, (c) the Multipack sampler's approach re-implemented (per step, binary search for
@@ -22,7 +24,6 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -31,8 +32,39 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
 from machine import machine_name  # noqa: E402
 
-from mmdata.planning.packing import PackingConfig, fit_to_budget, plan_packing, plan_stats  # noqa: E402
+from mmdata.planning.orders import GlobalOrder  # noqa: E402
+from mmdata.planning.packed_windows import PackedRankPlan, PackedWindows, plan_window_packing  # noqa: E402
 from mmdata.planning.packing.kernels import first_fit_decreasing, minimum_bin_slack  # noqa: E402
+
+
+def cut_to_budget(costs: np.ndarray, budget: int) -> np.ndarray:
+    """Each sample longer than `budget` cut into budget-sized chunks and a shorter last one."""
+    pieces = -(-costs // budget)
+    chunk = np.arange(int(pieces.sum())) - np.repeat(np.cumsum(pieces) - pieces, pieces)
+    return np.minimum(budget, np.repeat(costs, pieces) - chunk * budget).astype(np.int64)
+
+
+def plan_packed(costs: np.ndarray, budget: int, ranks: int, window: int, seed: int = 0) -> PackedRankPlan:
+    """The epoch of `costs` as the loader packs it at `ranks` ranks."""
+    order = GlobalOrder(len(costs), seed, 0)
+    packing = plan_window_packing(lambda p: costs[order.samples_at(p)], len(costs), window, budget, "tokens")
+    return PackedRankPlan(order, PackedWindows(order.samples_at, costs.__getitem__, len(costs), packing), ranks, 0)
+
+
+def plan_figures(plan: PackedRankPlan, costs: np.ndarray, budget: int) -> dict:
+    """Efficiency (tokens over the budgets of the steps' micro-batches), the ranks' token spread per step, and the
+    samples left out, of the whole epoch."""
+    loads = np.array(
+        [[costs[plan.micro_batch(s, r)].sum() for r in range(plan.world)] for s in range(len(plan))], np.float64
+    )
+    spread = loads.max(axis=1) / loads.mean(axis=1) - 1
+    return {
+        "steps": len(plan),
+        "efficiency": float(loads.sum() / (loads.size * budget)),
+        "rank_token_spread": float(spread.mean()),
+        "rank_token_spread_max": float(spread.max()),
+        "deferred_samples": int(len(plan.deferred)),
+    }
 
 
 def distributions(seed: int = 0) -> dict[str, np.ndarray]:
@@ -50,7 +82,7 @@ def naive_padding(costs: np.ndarray, budget: int, seed: int) -> dict:
     Padded efficiency is real tokens over padded tokens (the share of compute doing real work);
     budget utilisation is real tokens over the budget per batch (above 1: batches overrun it).
     """
-    chunks = fit_to_budget(costs, budget).tokens
+    chunks = cut_to_budget(costs, budget)
     order = np.random.default_rng(seed).permutation(len(chunks))
     size = max(1, budget // int(np.median(chunks)))
     usable = len(order) // size * size
@@ -76,7 +108,7 @@ def python_ffd(lengths: list[int], capacity: int) -> int:
 
 def multipack(costs: np.ndarray, budget: int, ranks: int, seed: int) -> dict:
     """Per step: the longest prefix that FFD packs into `ranks` bins (binary search), one bin per rank."""
-    chunks = fit_to_budget(costs, budget).tokens
+    chunks = cut_to_budget(costs, budget)
     lengths = chunks[np.random.default_rng(seed).permutation(len(chunks))]
     start, loads, started = 0, [], time.perf_counter()
     while start < len(lengths):
@@ -102,7 +134,7 @@ def multipack(costs: np.ndarray, budget: int, ranks: int, seed: int) -> dict:
 
 def kernel_speed(kernel, costs: np.ndarray, budget: int, window: int) -> float:
     """A packing kernel's sequences/s on one core, on shuffle windows of `window` samples (as the plan packs)."""
-    chunks = fit_to_budget(costs, budget).tokens
+    chunks = cut_to_budget(costs, budget)
     kernel(chunks[:16], budget)
     repeats = max(1, 1_000_000 // len(chunks))
     started = time.perf_counter()
@@ -121,32 +153,29 @@ def main() -> None:
     args = parser.parse_args()
     rows = []
     for name, costs in distributions().items():
-        config = PackingConfig(budget=args.budget, ranks=args.ranks, window=args.window)
-        plan_packing(costs[:100], config)  # compile
+        costs = cut_to_budget(costs, args.budget)
+        plan_packed(costs[:100], args.budget, args.ranks, args.window)  # compile
         started = time.perf_counter()
-        plan = plan_packing(costs, config, seed=0)
+        plan = plan_packed(costs, args.budget, args.ranks, args.window)
+        figures = plan_figures(plan, costs, args.budget)
         plan_seconds = time.perf_counter() - started
-        stats = plan_stats(plan)
-        ffd_only = plan_stats(plan_packing(costs, replace(config, algorithm="ffd"), seed=0))
         numba_speed = kernel_speed(first_fit_decreasing, costs, args.budget, args.window)
         slack_speed = kernel_speed(minimum_bin_slack, costs, args.budget, args.window)
-        sample = fit_to_budget(costs, args.budget).tokens[: args.window].tolist()  # one shuffle window
+        sample = costs[: args.window].tolist()  # one shuffle window
         started = time.perf_counter()
         python_ffd(sample, args.budget)
         python_speed = len(sample) / (time.perf_counter() - started)
         row = {
             "distribution": name,
-            "samples": len(costs),
+            "samples": len(costs),  # (after cutting to the budget)
             "mean_tokens": round(float(costs.mean())),
             "mmdata": {
-                **{k: v for k, v in stats.as_dict().items()},
+                **figures,
                 "plan_seconds": round(plan_seconds, 3),
                 "plan_samples_per_s": round(len(costs) / plan_seconds),
                 "ffd_sequences_per_s_one_core": round(numba_speed),
                 "mbs_sequences_per_s_one_core": round(slack_speed),
-                "algorithm": config.algorithm,
             },
-            "mmdata_ffd_only": {"efficiency": ffd_only.efficiency, "rank_token_spread": ffd_only.rank_token_spread},
             "naive_padding": naive_padding(costs, args.budget, 0),
             "python_ffd": {"sequences_per_s": round(python_speed), "measured_on": len(sample)},
             "multipack": multipack(costs, args.budget, args.ranks, 0),
@@ -155,7 +184,7 @@ def main() -> None:
         rows.append(row)
         m = row["mmdata"]
         print(
-            f"{name:16s} mmdata eff {m['efficiency']:.4%} (FFD alone {ffd_only.efficiency:.4%})"
+            f"{name:16s} mmdata eff {m['efficiency']:.4%}"
             f" spread {m['rank_token_spread']:.4%}"
             f" (max {m['rank_token_spread_max']:.3%}) deferred {m['deferred_samples']} | naive eff"
             f" {row['naive_padding']['padded_efficiency']:.2%} | multipack eff {row['multipack']['efficiency']:.4%}"

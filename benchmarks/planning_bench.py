@@ -3,15 +3,15 @@
 A loader plans every epoch (order, then micro-batches per rank) in the main process for the first
 epoch and in each worker for the next ones, so planning time is time the GPU waits at every epoch
 boundary. This measures, for an epoch of `--samples` policy windows (low-dim only, so nothing but
-planning is timed):
+planning is timed), with the loader's defaults (the "auto" order):
 
-- `plan_s`: ordering and packing the epoch (`LoaderPlanner.epoch_plan`);
+- `build_s`: building the loader (reading the manifest's planning columns, the sample index, the planner);
+- `plan_s`: the epoch's plan (`Planner.epoch_plan`);
 - `first_step_s`: one rank's steps and the samples of its first step (`rank_steps`, made lazily);
-- baseline `all_steps_s`: the samples of every step made at once, as the loader did before steps
-  became lazy, and the bytes each form takes to reach a spawned worker process with the planner
-  (pickled; forked workers inherit them instead);
+- `pickled_mb`: the planner and a rank's steps as they reach a spawned worker process (pickled; forked
+  workers inherit them instead);
 - `advance_us`: the per-step bookkeeping of the loader's state (samples consumed so far);
-- `first_batch_s`: `iter(DataLoader)` to its first batch, no workers.
+- `first_batch_s`: `iter(DataLoader)` to its first batch, no workers; `build_to_first_batch_s` adds `build_s`.
 
 usage: python benchmarks/planning_bench.py [--samples 1000000] [--out benchmarks/results/planning_cpu.json]
 """
@@ -43,18 +43,17 @@ def store(folder: Path) -> mmdata.Dataset:
     return mmdata.open_dataset(str(folder / "store.wds"))
 
 
-def measure(dataset: mmdata.Dataset, samples: int, batching: dict) -> dict:
+def measure(dataset: mmdata.Dataset, samples: int, batching: mmdata.Batching) -> dict:
     seconds = sum(float(dataset.manifest.row(i)["duration"]) for i in range(len(dataset)))
     spec = mmdata.Windows(anchor_fps=samples / seconds, streams={"action": mmdata.Values(offsets=[0.0, 0.1])})
-    loader = mmdata.DataLoader(dataset, spec, seed=1, **batching)
-    started = time.perf_counter()
+    building = time.perf_counter()
+    loader = mmdata.DataLoader(dataset, spec, seed=1, batching=batching)
+    built = time.perf_counter()
     plan = loader.planner.epoch_plan(1, 0, [], 1)
     planned = time.perf_counter()
     steps = loader.planner.rank_steps(plan, 0)
     steps[0]
     first = time.perf_counter()
-    eager = [steps[i] for i in range(len(steps))]
-    every = time.perf_counter()
     advance_started = time.perf_counter()
     for count in range(1, 1001):
         plan.samples_consumed(count)
@@ -65,14 +64,15 @@ def measure(dataset: mmdata.Dataset, samples: int, batching: dict) -> dict:
     loader.close()
     return {
         "samples": len(loader.samples),
+        "order": loader.shuffle,
         "steps": len(steps),
-        "plan_s": round(planned - started, 3),
+        "build_s": round(built - building, 3),
+        "plan_s": round(planned - built, 3),
         "first_step_s": round(first - planned, 4),
-        "all_steps_s": round(every - first, 3),
-        "lazy_pickled_mb": round(len(pickle.dumps((loader.planner, steps))) / 1e6, 2),
-        "eager_pickled_mb": round(len(pickle.dumps((loader.planner, eager))) / 1e6, 2),
+        "pickled_mb": round(len(pickle.dumps((loader.planner, steps))) / 1e6, 2),
         "advance_us": round(advance * 1e6, 2),
         "first_batch_s": round(first_batch, 3),
+        "build_to_first_batch_s": round(built - building + first_batch, 3),
     }
 
 
@@ -85,12 +85,9 @@ def main() -> None:
         dataset = store(Path(folder))
         results = {
             "machine": machine_name(),
-            "batch_size_256": measure(dataset, args.samples, {"batch_size": 256}),
-            "batch_tokens_4096": measure(dataset, args.samples, {"batch_tokens": 4096}),
+            "batch_size_256": measure(dataset, args.samples, mmdata.Batching(batch_size=256)),
+            "batch_tokens_4096": measure(dataset, args.samples, mmdata.Batching(batch_tokens=4096)),
         }
-    for figures in results.values():
-        if isinstance(figures, dict):
-            figures["eager_over_lazy"] = round(figures["all_steps_s"] / max(figures["first_step_s"], 1e-6), 1)
     print(json.dumps(results, indent=1))
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1) + "\n")

@@ -4,9 +4,9 @@ Three parts, each a curve rather than one point:
 
 - `plan`: manifests of 10^5 to 10^7 episodes (synthetic rows in memory: key, shard, duration; planning reads nothing
   else), windows giving 10^7 to 10^9 samples. Per (store, world size): one rank's (the last) time to plan the epoch
-  and make its first step, in the "blocks" order and in today's "segments" order where it fits in memory, also
-  resumed at half the world size half-way through; the planner's peak memory (tracemalloc, Python and numpy
-  allocations) and what the planner with its steps pickles to (what a spawned worker receives).
+  and make its first step, in the "blocks" and "locality" orders (one planner, each order evaluated position by
+  position), also resumed at half the world size half-way through; the planner's peak memory (tracemalloc, Python
+  and numpy allocations) and what the planner with its steps pickles to (what a spawned worker receives).
 - `first_batch`: `iter(DataLoader)` to its first batch for the last rank of 1,024 over a real store of 4 episodes
   of 5 minutes (low-dim only) read at an anchor rate that gives 10^9 samples ("auto" resolves to "blocks"), and
   over a mixture of it and its Zarr copy (0.7/0.3) of 10^9 slots; the process's resident memory growth.
@@ -18,8 +18,7 @@ Three parts, each a curve rather than one point:
   rest; no media byte is copied (the new stores hold a manifest, statistics and dataset.json).
 - `mixture`: a mixture of three such manifests (10^5 and 10^6 episodes in all, 60/30/10% of them, weights
   0.5/0.3/0.2, so sources are weighed up and down) with epochs of 10^7 to 10^9 slots: one rank's plan and first
-  step, fresh and resumed at half the world, in the "blocks" order and, where the sources hold at most 10^7
-  samples, in the order a mixture with a camera had before ("segments" over the epoch's composition); over rank 0's
+  step, fresh and resumed at half the world, in the "blocks" and "locality" orders; over rank 0's
   first 2,000 batches of 8, each source's share of a batch (mean and the largest miss of its weight) and the mixing
   figures of each source's samples.
 - `packed`: a token budget over sequences (4 s of actions, 40 tokens when whole, in micro-batches of 1,024 tokens)
@@ -27,11 +26,11 @@ Three parts, each a curve rather than one point:
   first step, fresh and resumed at half the world, in the "blocks" order (windows packed into a fixed number of
   micro-batches); what counting the samples consumed costs (`count_consumed_ms`: once per `state_dict()`, a window
   packed in the training loop's process; measured after each of 50 steps); and over 10^4 episodes, against the
-  "locality" order's packer on the same samples: fill (tokens per micro-batch over the budget), samples left out,
-  spread of the ranks' tokens within a step and the mixing figures of rank 0's micro-batches.
+  "locality" order packed the same way on the same samples: fill (tokens per micro-batch over the budget), samples
+  left out, spread of the ranks' tokens within a step and the mixing figures of rank 0's micro-batches.
 - `mixing`: rank 0's micro-batches of 8 over 1,000 episodes of 300 windows (segments of 32 windows): distinct
   episodes per batch, episodes shared with the batch before, lag-1 correlation of the batches' mean episode, in the
-  "blocks" and "segments" orders (`mmdata bench`'s figures).
+  "blocks" and "locality" orders (`mmdata bench`'s figures).
 
 usage: python benchmarks/scale_bench.py [--quick] [--parts plan first_batch manifest edit mixture packed mixing]
        [--record scale_cpu]
@@ -40,7 +39,6 @@ usage: python benchmarks/scale_bench.py [--quick] [--parts plan first_batch mani
 from __future__ import annotations
 
 import argparse
-import functools
 import gc
 import json
 import pickle
@@ -69,18 +67,16 @@ from mmdata.editing.selection import EpisodeSelection  # noqa: E402
 from mmdata.editing.versions import edit_store  # noqa: E402
 from mmdata.importers.raw import discover_raw_episodes  # noqa: E402
 from mmdata.measure.runner import mixing_figures  # noqa: E402
-from mmdata.planning.block_planner import BlockPlanner, BlockSource  # noqa: E402
 from mmdata.planning.epoch_plan import Stretch  # noqa: E402
-from mmdata.planning.mixture import Mixture, Source, epoch_composition, source_targets  # noqa: E402
-from mmdata.planning.planner import LoaderPlanner, PlanSettings  # noqa: E402
+from mmdata.planning.mixture import Mixture, Source, source_targets  # noqa: E402
+from mmdata.planning.orders import OrderRecipe, shard_run_starts  # noqa: E402
+from mmdata.planning.planner import PlannedSource, Planner, PlanSettings  # noqa: E402
 from mmdata.planning.sample_index import SampleIndex  # noqa: E402
-from mmdata.planning.samples import concatenate_samples, enumerate_samples  # noqa: E402
 from mmdata.store.scaled_store import write_scaled_store  # noqa: E402
 from mmdata.synthetic import SynthSpec, write_synthetic_dataset  # noqa: E402
 
 BATCH, LANES, OPEN, BLOCK = 8, 8, 8, 32
 SPEC_FPS = 10.0
-SEGMENTS_UP_TO = 10**7  # samples: today's order beyond this takes minutes and tens of GB per rank
 
 
 def synthetic_manifest(episodes: int, samples_per_episode: int) -> pa.Table:
@@ -95,18 +91,27 @@ def spec() -> mmdata.Windows:
     return mmdata.Windows(anchor_fps=SPEC_FPS, streams={"action": mmdata.Values(offsets=[0.0, 0.1])})
 
 
-def block_planner(table: pa.Table) -> BlockPlanner:
-    settings = PlanSettings(None, BATCH, shuffle="blocks", lanes=LANES, open_segments=OPEN)
-    return BlockPlanner([BlockSource(SampleIndex(table, spec(), None, None), table.column("shard"), BLOCK)], settings)
+def planned_source(table: pa.Table, index: SampleIndex, order: str, block: int = BLOCK) -> PlannedSource:
+    """One manifest as the planner plans it in `order` ("blocks": blocks of `block` windows, a stored segment's)."""
+    if order == "locality":
+        codes = pc.dictionary_encode(table.column("shard")).combine_chunks().indices.to_numpy(zero_copy_only=False)
+        recipe = OrderRecipe("locality", run_starts=shard_run_starts(codes, index.firsts))
+    else:
+        recipe = OrderRecipe(order, block=block, open_blocks=OPEN)
+    return PlannedSource(index, table.column("shard"), recipe)
 
 
-def segments_planner(table: pa.Table) -> LoaderPlanner:
-    samples = enumerate_samples(table, spec(), np.arange(table.num_rows))
-    widest = int(samples.chunk.max()) // BLOCK + 1
-    blocks = samples.episode * widest + samples.chunk // BLOCK  # a stored segment of BLOCK windows each
-    settings = PlanSettings(None, BATCH, shuffle="segments", lanes=LANES, open_segments=OPEN)
-    keys, shards = table.column("key").to_pylist(), table.column("shard").to_pylist()
-    return LoaderPlanner(samples, samples.costs(None), [keys], [shards], settings, None, blocks)
+def planner_in(order: str):
+    """A maker of the planner of one manifest in `order`, batches of BATCH."""
+
+    def make(table: pa.Table) -> Planner:
+        settings = PlanSettings(None, BATCH, shuffle=order, lanes=LANES, open_segments=OPEN)
+        return Planner([planned_source(table, SampleIndex(table, spec(), None, None), order)], settings)
+
+    return make
+
+
+block_planner, locality_planner = planner_in("blocks"), planner_in("locality")
 
 
 def measured(make_planner, table: pa.Table | list[pa.Table], world: int, stretches: list[Stretch]) -> dict:
@@ -140,8 +145,7 @@ def plan_curve(sizes: list[tuple[int, int]], worlds: list[int]) -> list[dict]:
     for episodes, per_episode in sizes:
         table = synthetic_manifest(episodes, per_episode)
         samples = episodes * per_episode
-        orders = [("blocks", block_planner)] + ([("segments", segments_planner)] if samples <= SEGMENTS_UP_TO else [])
-        for order, make in orders:
+        for order, make in (("blocks", block_planner), ("locality", locality_planner)):
             for world in worlds:
                 fresh = measured(make, table, world, [])
                 half = fresh["steps"] // 2 // 2  # half the epoch at twice the world size, then this world size
@@ -309,7 +313,7 @@ def mixing(episodes: int = 1000, per_episode: int = 300) -> dict:
     """`mmdata bench`'s mixing figures over rank 0's whole epoch, in both orders."""
     table = synthetic_manifest(episodes, per_episode)
     figures = {}
-    for order, make in (("blocks", block_planner), ("segments", segments_planner)):
+    for order, make in (("blocks", block_planner), ("locality", locality_planner)):
         planner = make(table)
         plan = planner.epoch_plan(1, 0, [], 1)
         rank_steps = planner.rank_steps(plan, 0)
@@ -330,9 +334,9 @@ def lognormal_manifest(episodes: int, seed: int = 0) -> pa.Table:
     return pa.table({"shard": shards, "duration": durations})
 
 
-def packed_block_planner(table: pa.Table) -> BlockPlanner:
-    settings = PlanSettings(PACKED_BUDGET, None, shuffle="blocks")
-    return BlockPlanner([BlockSource(SampleIndex(table, PACKED_SPEC, None, None), table.column("shard"), 1)], settings)
+def packed_planner(table: pa.Table, order: str = "blocks") -> Planner:
+    settings = PlanSettings(PACKED_BUDGET, None, shuffle=order)
+    return Planner([planned_source(table, SampleIndex(table, PACKED_SPEC, None, None), order, block=1)], settings)
 
 
 def packed_curve(episode_counts: list[int], worlds: list[int]) -> dict:
@@ -342,9 +346,9 @@ def packed_curve(episode_counts: list[int], worlds: list[int]) -> dict:
     for episodes in episode_counts:
         table = lognormal_manifest(episodes)
         for world in worlds:
-            fresh = measured(packed_block_planner, table, world, [])
-            elastic = measured(packed_block_planner, table, world, [Stretch(world * 2, fresh["steps"] // 4)])
-            planner = packed_block_planner(table)
+            fresh = measured(packed_planner, table, world, [])
+            elastic = measured(packed_planner, table, world, [Stretch(world * 2, fresh["steps"] // 4)])
+            planner = packed_planner(table)
             plan = planner.epoch_plan(1, 0, [], world)
             started = time.perf_counter()
             for step in range(1, 51):
@@ -363,34 +367,24 @@ def packed_quality(episodes: int, world: int) -> dict:
     """Fill, samples left out, the ranks' spread within a step and the mixing of rank 0's micro-batches, for
     the "blocks" order's window packing and the "locality" order's packer, on the same samples and budget."""
     table = lognormal_manifest(episodes, seed=1)
-    blocks = packed_block_planner(table)
+    blocks, locality = packed_planner(table), packed_planner(table, "locality")
     index = blocks.sources[0].samples
-    samples = enumerate_samples(table, PACKED_SPEC, np.arange(episodes))
-    costs = samples.costs(None)
-    settings = PlanSettings(PACKED_BUDGET, None, shuffle="locality")
-    keys = [[str(i) for i in range(episodes)]]
-    locality = LoaderPlanner(samples, costs, keys, [table.column("shard").to_pylist()], settings)
     figures = {}
     for order, planner in (("blocks", blocks), ("locality", locality)):
         plan = planner.epoch_plan(1, 0, [], world)
         steps = [[plan.plan.micro_batch(s, r) for r in range(world)] for s in range(len(plan.plan))]
-        if order == "blocks":
-            loads = np.array([[index.costs_of(mb).sum() for mb in step] for step in steps])
-            episodes_of = [index.episodes_of(step[0])[0] for step in steps]
-        else:
-            slots = np.asarray(plan.slots)
-            loads = np.array([[costs[slots[mb]].sum() for mb in step] for step in steps])
-            episodes_of = [samples.episode[slots[step[0]]] for step in steps]
+        loads = np.array([[index.costs_of(mb).sum() for mb in step] for step in steps])
+        episodes_of = [index.episodes_of(step[0])[0] for step in steps]
         figures[order] = {
             "steps": len(steps),
             "fill": round(float(loads.mean() / PACKED_BUDGET), 4),
             "left_out": int(len(plan.left_out)),
-            "left_out_share": round(len(plan.left_out) / len(costs), 5),
+            "left_out_share": round(len(plan.left_out) / len(index), 5),
             "rank_spread_of_budget": round(float(((loads.max(axis=1) - loads.min(axis=1)) / PACKED_BUDGET).mean()), 4),
             **mixing_figures(episodes_of),
         }
     print(figures, flush=True)
-    return {"episodes": episodes, "samples": len(costs), "world_size": world, **figures}
+    return {"episodes": episodes, "samples": len(index), "world_size": world, **figures}
 
 
 MIXTURE_SHARES, MIXTURE_WEIGHTS = (0.6, 0.3, 0.1), (0.5, 0.3, 0.2)
@@ -405,30 +399,11 @@ def mixture_targets(tables: list[pa.Table], slots: int) -> np.ndarray:
     return source_targets(mixture, [t.num_rows * 100 for t in tables], [1.0] * len(tables))
 
 
-def mixed_block_planner(slots: int):
-    def make(tables: list[pa.Table]) -> BlockPlanner:
-        settings = PlanSettings(None, BATCH, shuffle="blocks", lanes=LANES, open_segments=OPEN)
-        sources = [BlockSource(SampleIndex(t, spec(), None, None), t.column("shard"), BLOCK) for t in tables]
-        return BlockPlanner(sources, settings, mixture_targets(tables, slots))
-
-    return make
-
-
-def mixed_segments_planner(slots: int):
-    """The planner a mixture read with a camera had before the "blocks" order took mixtures (`plan_loader`'s other
-    branch, "segments" over the epoch's composition)."""
-
-    def make(tables: list[pa.Table]) -> LoaderPlanner:
-        per_source = [enumerate_samples(t, spec(), np.arange(t.num_rows)) for t in tables]
-        samples = concatenate_samples(per_source)
-        widest = int(samples.chunk.max()) // BLOCK + 1
-        episode_ids = samples.source * (max(t.num_rows for t in tables) + 1) + samples.episode
-        blocks = episode_ids * widest + samples.chunk // BLOCK
-        composition = functools.partial(epoch_composition, samples.source, mixture_targets(tables, slots))
-        settings = PlanSettings(None, BATCH, shuffle="segments", lanes=LANES, open_segments=OPEN)
-        keys = [t.column("key").to_pylist() for t in tables]
-        shards = [t.column("shard").to_pylist() for t in tables]
-        return LoaderPlanner(samples, samples.costs(None), keys, shards, settings, composition, blocks)
+def mixed_planner(slots: int, order: str = "blocks"):
+    def make(tables: list[pa.Table]) -> Planner:
+        settings = PlanSettings(None, BATCH, shuffle=order, lanes=LANES, open_segments=OPEN)
+        sources = [planned_source(t, SampleIndex(t, spec(), None, None), order) for t in tables]
+        return Planner(sources, settings, mixture_targets(tables, slots))
 
     return make
 
@@ -450,16 +425,13 @@ def source_mixing(batches: list[list]) -> dict:
 
 
 def mixture_curve(episode_counts: list[int], slot_counts: list[int], worlds: list[int]) -> dict:
-    """One rank's planning cost for a mixture of three manifests of each size at each epoch size ("segments" where
-    the sources' samples fit), and how rank 0's batches mix in both orders over the smallest."""
+    """One rank's planning cost for a mixture of three manifests of each size at each epoch size, in the "blocks"
+    and "locality" orders, and how rank 0's batches mix in both over the smallest."""
     rows = []
     for episodes in episode_counts:
         tables = mixture_tables(episodes)
         for slots in slot_counts:
-            orders = [("blocks", mixed_block_planner(slots))]
-            if slots <= SEGMENTS_UP_TO and episodes * 100 <= SEGMENTS_UP_TO:
-                orders.append(("segments", mixed_segments_planner(slots)))
-            for order, make in orders:
+            for order, make in (("blocks", mixed_planner(slots)), ("locality", mixed_planner(slots, "locality"))):
                 for world in worlds:
                     fresh = measured(make, tables, world, [])
                     elastic = measured(make, tables, world, [Stretch(world * 2, fresh["steps"] // 4)])
@@ -470,7 +442,7 @@ def mixture_curve(episode_counts: list[int], slot_counts: list[int], worlds: lis
         del tables
     tables = mixture_tables(min(episode_counts))
     batches = {}
-    for order, make in (("blocks", mixed_block_planner(10**7)), ("segments", mixed_segments_planner(10**7))):
+    for order, make in (("blocks", mixed_planner(10**7)), ("locality", mixed_planner(10**7, "locality"))):
         planner = make(tables)
         steps = planner.rank_steps(planner.epoch_plan(1, 0, [], 1), 0)
         batches[order] = source_mixing([steps[k][1] for k in range(2000)])
@@ -502,7 +474,7 @@ def plot(rows: list[dict], path: Path, size: str = "samples") -> None:
 
     world = max(row["world_size"] for row in rows)
     figure, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for order, style in (("blocks", "-o"), ("segments", "--s")):
+    for order, style in (("blocks", "-o"), ("locality", "--s")):
         for episodes in sorted({row["episodes"] for row in rows}):
             picked = sorted(
                 (r for r in rows if r["order"] == order and r["episodes"] == episodes and r["world_size"] == world),

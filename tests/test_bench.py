@@ -58,7 +58,7 @@ def test_bench_prints_the_table_and_writes_json_valid_against_the_documented_sch
     jsonschema.validate(document, SCHEMA)
     assert document["figures"]["samples_per_s"] > 0
     assert document["versions"]["mmdata"] == mmdata.__version__
-    assert document["config"]["shuffle"] == "locality" and "order locality" in table  # "auto" under a token budget
+    assert document["config"]["shuffle"] == "blocks" and "order blocks" in table  # "auto" with a camera
 
 
 @pytest.mark.slow
@@ -334,7 +334,7 @@ def test_the_decode_floor_decodes_each_frame_the_samples_deliver_once(stores):
     # every stored frame an anchor, each sample also asking for the frame before: each frame asked twice
     spec = mmdata.Windows(anchor_fps=fps, streams={"cam_high": mmdata.Frames(offsets=[-1 / fps, 0.0])})
     loader = mmdata.DataLoader(stores["wds"], spec, batching=mmdata.Batching(batch_size=4))
-    first_episode = np.flatnonzero(loader.samples.episode == 0)
+    first_episode = np.flatnonzero(loader.samples.episodes_of(np.arange(len(loader.samples)))[0] == 0)
     floor = decode_floor(loader, [*first_episode.tolist(), *first_episode[:5].tolist()])
     assert floor.samples == len(first_episode), "a sample delivered twice is counted once"
     assert floor.frames == len(first_episode), "one frame decoded per stored frame, though each is asked twice"

@@ -13,15 +13,14 @@ import pytest
 
 import mmdata
 from mmdata.errors import ResumeError
-from mmdata.planning import order as order_module
 from mmdata.planning import sample_index as sample_index_module
-from mmdata.planning.block_order import BlockOrder, LaneLayout
-from mmdata.planning.block_planner import BlockPlanner, BlockSource
 from mmdata.planning.epoch_plan import EpochPlan, Stretch
+from mmdata.planning.lanes import LaneLayout
+from mmdata.planning.orders import BlockOrder, OrderRecipe
 from mmdata.planning.permutation import KeyedPermutation
-from mmdata.planning.planner import PlanSettings, RankSteps
+from mmdata.planning.planner import PlannedSource, Planner, PlanSettings, RankSteps
 from mmdata.planning.sample_index import SampleIndex
-from mmdata.planning.samples import enumerate_samples
+from tests.sample_oracle import enumerate_samples
 
 CAMERA_WINDOWS = mmdata.Windows(
     anchor_fps=10, streams={"cam_high": mmdata.Frames(offsets=[-0.1, 0.0]), "action": mmdata.Values(offsets=[0.0])}
@@ -41,14 +40,17 @@ def manifest(durations: list[float]) -> pa.Table:
     )
 
 
-def planner(table: pa.Table, spec, batch: int, lanes: int = 2, open_blocks: int = 4, block: int = 5) -> BlockPlanner:
-    settings = PlanSettings(None, batch, shuffle="blocks", lanes=lanes, open_segments=open_blocks)
+def planner(
+    table: pa.Table, spec, batch: int, lanes: int = 2, open_blocks: int = 4, block: int = 5, drop_last: bool = False
+) -> Planner:
+    settings = PlanSettings(None, batch, shuffle="blocks", lanes=lanes, open_segments=open_blocks, drop_last=drop_last)
     index = SampleIndex(table, spec, None, None)
-    return BlockPlanner([BlockSource(index, table.column("shard"), block)], settings)
+    recipe = OrderRecipe("blocks", block=block, open_blocks=open_blocks)
+    return Planner([PlannedSource(index, table.column("shard"), recipe)], settings)
 
 
 def assert_numbers_alike(index: SampleIndex, enumerated, tokens_per) -> None:
-    """The index numbers the samples as the sample table does: each one's episode, chunk, span and cost."""
+    """The index numbers the samples as the oracle enumerates them: each one's episode, chunk, span and cost."""
     numbers = np.arange(len(index))
     assert len(index) == len(enumerated)
     episodes, chunks = index.episodes_of(numbers)
@@ -67,7 +69,7 @@ def rank_samples(plan, steps=None) -> list[list[int]]:
     ]
 
 
-def run_stretches(blocks: BlockPlanner, worlds: tuple[int, ...]) -> tuple[list[int], EpochPlan]:
+def run_stretches(blocks: Planner, worlds: tuple[int, ...]) -> tuple[list[int], EpochPlan]:
     """A third of what is left run at each of `worlds` but the last: the slots those stretches read, and the plan of
     the rest of the epoch at the last world size."""
     stretches: list[Stretch] = []
@@ -80,14 +82,14 @@ def run_stretches(blocks: BlockPlanner, worlds: tuple[int, ...]) -> tuple[list[i
     return seen, blocks.epoch_plan(4, 0, stretches, worlds[-1])
 
 
-def assert_rest_read_once(blocks: BlockPlanner, seen: list[int], last: EpochPlan) -> None:
+def assert_rest_read_once(blocks: Planner, seen: list[int], last: EpochPlan) -> None:
     """With what the stretches before read (`seen`), `last` reads every slot of the epoch once or leaves it out."""
     seen = seen + [n for samples in rank_samples(last) for n in samples]
     assert len(seen) == len(set(seen))
     assert sorted(seen + last.left_out.tolist()) == list(range(blocks.slots))
 
 
-def assert_stretches_consume_the_epoch_once(blocks: BlockPlanner, worlds: tuple[int, ...]) -> None:
+def assert_stretches_consume_the_epoch_once(blocks: Planner, worlds: tuple[int, ...]) -> None:
     """A third of what is left run at each of `worlds` but the last, which runs the rest: every slot of the epoch
     is read once or left out."""
     seen, last = run_stretches(blocks, worlds)
@@ -95,7 +97,7 @@ def assert_stretches_consume_the_epoch_once(blocks: BlockPlanner, worlds: tuple[
     assert_rest_read_once(blocks, seen, last)
 
 
-def first_step_resumed_at_half_the_world(blocks: BlockPlanner) -> tuple[EpochPlan, RankSteps, int]:
+def first_step_resumed_at_half_the_world(blocks: Planner) -> tuple[EpochPlan, RankSteps, int]:
     """The epoch's plan for the last rank of 512 after 1,000 steps at 1,024, that rank's steps and the peak memory
     (tracemalloc) of planning them and making the first."""
     tracemalloc.start()
@@ -155,13 +157,18 @@ def test_the_block_order_changes_with_the_epoch_and_the_seed_only():
 
 def test_a_lane_layout_gives_each_rank_a_run_of_positions_and_its_steps_take_the_runs_lanes_in_turn():
     layout = LaneLayout(count=103, world=2, batch=4, lanes=3)
-    assert layout.steps == 12
-    rank_one = np.concatenate([layout.positions(step, 1) for step in range(layout.steps)])
+    assert layout.steps == 13
+    rank_one = np.concatenate([layout.positions(step, 1) for step in range(layout.whole_steps)])
     assert sorted(rank_one.tolist()) == list(range(48, 96))
     assert layout.positions(0, 0).tolist() == [0, 1, 2, 3]
     assert layout.positions(1, 0).tolist() == [16, 17, 18, 19]  # lane 1 starts after lane 0's 4 steps
     assert layout.positions(3, 0).tolist() == [4, 5, 6, 7]  # lane 0's second step
-    assert layout.left_over().tolist() == list(range(96, 103))
+    assert layout.left_over().tolist() == [] and layout.whole_steps == 12
+    short = LaneLayout(count=103, world=2, batch=4, lanes=3, keep_last=True)
+    assert short.steps == 13 and short.positions(12, 0).tolist() == [96, 97, 98, 99]
+    assert short.positions(12, 1).tolist() == [100, 101, 102]
+    dropped = LaneLayout(count=103, world=2, batch=4, lanes=3, keep_last=False)
+    assert dropped.steps == 12 and dropped.left_over().tolist() == list(range(96, 103))
 
 
 def test_what_a_stretch_consumed_leaves_the_rest_numbered_afresh_in_order():
@@ -171,11 +178,13 @@ def test_what_a_stretch_consumed_leaves_the_rest_numbered_afresh_in_order():
     rest = consumed.earlier(np.arange(103 - consumed.total))
     assert consumed.total == len(taken) == 40
     assert rest.tolist() == sorted(set(range(103)) - taken)
+    everything = layout.consumed(steps=13)
+    assert everything.total == 103 and len(everything.earlier(np.arange(0))) == 0
     with pytest.raises(ResumeError, match="another run"):
-        layout.consumed(steps=13)
+        layout.consumed(steps=14)
 
 
-def test_the_sample_index_numbers_windows_as_the_sample_table_does():
+def test_the_sample_index_numbers_windows_as_a_plain_enumeration_does():
     table = manifest([0.0, 0.05, 1.0, 2.34, 7.5])
     spec = mmdata.Windows(anchor_fps=7.5, streams={"action": mmdata.Values(offsets=[0.0, 0.1])})
     rows = np.arange(table.num_rows)
@@ -184,7 +193,7 @@ def test_the_sample_index_numbers_windows_as_the_sample_table_does():
 
 
 @pytest.mark.parametrize(("max_seconds", "min_seconds"), [(None, 0.0), (1.0, 0.0), (1.0, 0.5), (0.7, 0.7), (0.3, 0.5)])
-def test_the_sample_index_cuts_sequences_as_the_sample_table_does(max_seconds, min_seconds):
+def test_the_sample_index_cuts_sequences_as_a_plain_enumeration_does(max_seconds, min_seconds):
     durations = [0.0, 0.2, 0.5, 1.0, 1.4, 2.0, 3.3, 10.01]
     table = manifest(durations)
     spec = mmdata.Sequences(
@@ -209,12 +218,15 @@ def test_every_sample_is_in_one_step_of_one_rank_or_left_out_and_ranks_have_equa
     blocks = planner(table, mmdata.Windows(anchor_fps=10, streams={"action": mmdata.Values()}), batch=4)
     plan = blocks.epoch_plan(seed=9, epoch=2, stretches=[], world_size=world)
     per_rank = rank_samples(plan)
-    assert len({len(samples) for samples in per_rank}) == 1
+    assert max(len(samples) for samples in per_rank) - min(len(samples) for samples in per_rank) <= 1
     seen = [n for samples in per_rank for n in samples]
     assert len(seen) == len(set(seen))
     assert sorted(seen + plan.left_out.tolist()) == list(range(blocks.slots))
-    assert len(plan.left_out) < world * 4
+    assert len(plan.left_out) < world, "only fewer samples than ranks are left out: the last step is shorter"
     assert plan.samples_consumed(3) == 3 * world * 4
+    dropped = planner(table, blocks.sources[0].samples.spec, batch=4, drop_last=True).epoch_plan(9, 2, [], world)
+    assert all(len(dropped.plan.micro_batch(step, 0)) == 4 for step in range(len(dropped.plan)))
+    assert len(dropped.plan) == blocks.slots // (world * 4) and len(dropped.left_out) < world * 4
 
 
 @pytest.mark.parametrize("worlds", [(4, 3), (2, 5), (3, 2, 4)])
@@ -269,7 +281,7 @@ def test_planning_a_billion_samples_costs_a_rank_the_memory_of_its_first_step_no
     assert blocks.slots == 10**9
     _, steps, peak = first_step_resumed_at_half_the_world(blocks)
     first = steps[0][1]
-    assert len(first) == 8 and len(steps) == 10**9 // (512 * 8) - 2 * 1000 // 1
+    assert len(first) == 8 and len(steps) == -(-(10**9 - 1000 * 1024 * 8) // (512 * 8))  # the last step shorter
     assert peak < 16 * 1024 * 1024, f"planning took {peak / 1e6:.0f} MB"
 
 
@@ -336,22 +348,15 @@ def test_a_loader_in_the_blocks_order_resumes_exactly_and_at_another_world_size(
 
 @pytest.mark.slow
 def test_a_state_saved_in_another_order_is_refused_by_the_blocks_order(stores):
-    segments = mmdata.DataLoader(stores["wds"], CAMERA_WINDOWS, batching=mmdata.Batching(batch_size=4))
+    segments = mmdata.DataLoader(
+        stores["wds"], CAMERA_WINDOWS, batching=mmdata.Batching(batch_size=4), shuffling=mmdata.Shuffling("locality")
+    )
     next(iter(segments))
     blocks = mmdata.DataLoader(
         stores["wds"], CAMERA_WINDOWS, batching=mmdata.Batching(batch_size=4), shuffling=mmdata.Shuffling(mode="blocks")
     )
     with pytest.raises(ResumeError):
         blocks.load_state_dict(segments.state_dict())
-
-
-def test_auto_orders_a_single_store_of_more_samples_than_the_threshold_in_blocks(stores, monkeypatch):
-    monkeypatch.setattr(order_module, "BLOCKS_FROM", 10)
-    loader = mmdata.DataLoader(stores["wds"], CAMERA_WINDOWS, batching=mmdata.Batching(batch_size=4))
-    assert loader.shuffle == "blocks"
-    monkeypatch.setattr(order_module, "BLOCKS_FROM", 10**9)
-    loader = mmdata.DataLoader(stores["wds"], CAMERA_WINDOWS, batching=mmdata.Batching(batch_size=4))
-    assert loader.shuffle == "segments"
 
 
 @pytest.mark.slow
@@ -368,12 +373,6 @@ def test_a_token_budget_over_windows_in_the_blocks_order_holds_as_many_windows_a
     assert indices(budget) == indices(mmdata.Batching(batch_size=7))
     with pytest.raises(mmdata.SpecError, match="costliest sample takes 7 tokens"):
         indices(mmdata.Batching(batch_tokens=6, tokens_per={"cam_high": 3}))
-
-
-def test_auto_orders_a_token_budget_over_windows_in_blocks_above_the_threshold(stores, monkeypatch):
-    monkeypatch.setattr(order_module, "BLOCKS_FROM", 10)
-    budget = mmdata.Batching(batch_tokens=64)
-    assert mmdata.DataLoader(stores["wds"], CAMERA_WINDOWS, batching=budget).shuffle == "blocks"
 
 
 @pytest.mark.slow

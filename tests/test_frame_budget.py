@@ -4,7 +4,6 @@ and again is named with its cause and fix."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 import mmdata
@@ -21,7 +20,6 @@ from mmdata.loading.frame_budget import (
     waste_cause,
 )
 from mmdata.loading.frame_cache import HORIZON
-from mmdata.planning.segments import segment_life_steps
 from tests.test_frame_cache import WINDOWS, loader
 from tests.test_loader import assert_same_batches
 
@@ -81,9 +79,9 @@ def test_the_loaders_bound_follows_its_batch_and_frame_sizes(stores):
 
 
 def test_a_loader_short_of_memory_plans_fewer_reads_ahead_and_gives_the_same_batches(stores, monkeypatch):
-    expected = list(loader(stores["wds"], "windows", 0, shuffle="segments"))
+    expected = list(loader(stores["wds"], "windows", 0, shuffle="blocks"))
     monkeypatch.setattr(frame_budget_module, "available_host_memory", lambda: 8 * MIB)
-    short = loader(stores["wds"], "windows", "auto", shuffle="segments")
+    short = loader(stores["wds"], "windows", "auto", shuffle="blocks")
     assert_same_batches(list(short), expected)
     budget = short.stats()["frame_cache"]
     assert budget["horizon"] < LONGEST_HORIZON
@@ -91,12 +89,12 @@ def test_a_loader_short_of_memory_plans_fewer_reads_ahead_and_gives_the_same_bat
 
 
 def test_a_thrashing_run_names_its_cause_and_the_default_does_not_thrash(stores):
-    tiny = loader(stores["wds"], "windows", 1000, shuffle="segments")
+    tiny = loader(stores["wds"], "windows", 1000, shuffle="blocks")
     list(tiny)
     stats = tiny.stats()
     assert stats["decode_waste"] > 1.5 and "1,000 bytes per cache, given" in stats["decode_waste_cause"]
     assert "cam_high 224x224" in stats["decode_waste_cause"]
-    sized = loader(stores["wds"], "windows", "auto", shuffle="segments")
+    sized = loader(stores["wds"], "windows", "auto", shuffle="blocks")
     list(sized)
     assert sized.stats()["decode_waste"] < 1.5 and sized.stats()["decode_waste_cause"] is None
     assert sized.stats()["frames_evicted"] == 0
@@ -117,16 +115,16 @@ def test_frame_cache_bytes_is_auto_or_a_count_of_bytes(value):
 
 
 def test_each_step_of_the_horizon_is_made_once_not_once_per_read(stores, monkeypatch):
-    from mmdata.planning.planner import LoaderPlanner
+    from mmdata.planning.planner import Planner
 
     made = []
-    refs = LoaderPlanner.refs
+    refs = Planner.refs
 
     def counted(self, plan, slots):
         made.append(len(slots))
         return refs(self, plan, slots)
 
-    monkeypatch.setattr(LoaderPlanner, "refs", counted)
+    monkeypatch.setattr(Planner, "refs", counted)
     run = mmdata.DataLoader(str(stores["wds"]), WINDOWS, batching=mmdata.Batching(batch_size=1))
     steps = sum(1 for _ in run)
     budget = run.stats()["frame_cache"]
@@ -137,10 +135,6 @@ def test_each_step_of_the_horizon_is_made_once_not_once_per_read(stores, monkeyp
 
 
 def test_a_cache_plans_as_many_reads_ahead_as_a_segment_stays_open_in_its_reads():
-    blocks = np.repeat(np.arange(40), 32)  # 40 segments of 32 samples
-    blocks[-5:] = 99  # a short one does not set it
-    assert segment_life_steps(blocks, open_segments=8, step_samples=8) == 32
-    assert segment_life_steps(blocks, open_segments=8, step_samples=16) == 16
     assert horizon_for(32, lanes=8, workers=2) == 128  # 4 lanes per worker, a lane's step every 4th read
     assert horizon_for(32, lanes=8, workers=0) == 256  # all 8 lanes in the main process
     assert horizon_for(4, lanes=8, workers=2) == LONGEST_HORIZON and horizon_for(None, 8, 0) == LONGEST_HORIZON
@@ -159,7 +153,8 @@ def test_a_loaders_caches_plan_ahead_over_a_segments_life_in_their_own_reads(sto
         runtime = mmdata.Runtime(num_workers=workers)
         run = mmdata.DataLoader(str(stores["wds"]), spec, batching=mmdata.Batching(batch_size=1), runtime=runtime)
         next(iter(run))
-        life = segment_life_steps(run.planner.blocks, open_segments=8, step_samples=1)
+        life = run.planner.sources[0].recipe.block * 8  # a block's samples, one per turn of 8 open blocks
+        assert run.planner.segment_life_steps(1) == life
         longest[workers] = run.chain.frame_budget.longest
         assert longest[workers] == min(1024, max(LONGEST_HORIZON, life * 8 // max(1, workers)))
         run.close()

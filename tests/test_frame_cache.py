@@ -14,7 +14,6 @@ import torch
 import mmdata
 from mmdata.errors import OptionError, ResumeError
 from mmdata.loading.frame_cache import FrameCache
-from mmdata.planning.order import segment_order
 from tests.test_loader import assert_same_batches
 
 WINDOWS = mmdata.Windows(
@@ -31,7 +30,7 @@ def loader(store, kind: str, cache_bytes: int, workers: int = 0, shuffle="global
         str(store),
         spec,
         batching=batching,
-        shuffling=mmdata.Shuffling(mode=shuffle, lanes=2 if shuffle == "segments" else None),
+        shuffling=mmdata.Shuffling(mode=shuffle, lanes=2 if shuffle == "blocks" else None),
         seed=5,
         runtime=mmdata.Runtime(num_workers=workers, decoder="pyav", **options),
         reading=mmdata.Reading(frame_cache_bytes=cache_bytes),
@@ -161,60 +160,12 @@ def test_kept_frames_view_an_output_mostly_kept_and_copy_out_of_one_mostly_not()
     assert cache.bytes == 0 and not cache.cached("dense")
 
 
-def test_the_segments_order_is_a_permutation_drawn_from_seed_and_epoch():
-    blocks = np.repeat(np.arange(37), np.arange(37) % 9 + 1)
-    first = segment_order(blocks, 3, 0, lanes=2, open_blocks=8, step_samples=8)
-    assert sorted(first.tolist()) == list(range(len(blocks)))
-    assert np.array_equal(first, segment_order(blocks, 3, 0, lanes=2, open_blocks=8, step_samples=8))
-    assert not np.array_equal(first, segment_order(blocks, 3, 1, lanes=2, open_blocks=8, step_samples=8))
-
-
-def _lanes_of_blocks(blocks: np.ndarray, order: np.ndarray, lanes: int, step_samples: int) -> dict[int, set[int]]:
-    """Per block, the lanes (step number modulo `lanes`) whose steps hold its samples."""
-    seen: dict[int, set[int]] = {}
-    for number, start in enumerate(range(0, len(order), step_samples)):
-        for block in blocks[order[start : start + step_samples]].tolist():
-            seen.setdefault(block, set()).add(number % lanes)
-    return seen
-
-
-def test_a_segments_samples_stay_in_one_lane_and_each_step_mixes_the_open_segments():
-    blocks = np.repeat(np.arange(40), 30)
-    order = segment_order(blocks, 0, 0, lanes=2, open_blocks=8, step_samples=8)
-    shared = [block for block, lanes in _lanes_of_blocks(blocks, order, 2, 8).items() if len(lanes) > 1]
-    assert len(shared) <= 1  # the one segment cut between the two lanes, at most
-    mixed = [len(set(step.tolist())) for step in blocks[order].reshape(-1, 8)]
-    assert np.mean(mixed) >= 7
-
-
-@pytest.mark.parametrize("lanes", [2, 3, 8])
-def test_each_step_stays_its_lanes_to_the_epochs_end_when_segments_differ_in_length(lanes):
-    # segments of 1 to 32 samples: lanes dealt whole segments would run out at different steps, and from then
-    # on each lane's steps would fall to other workers, which would decode its segments again
-    blocks = np.repeat(np.arange(97), np.arange(97) * 7 % 32 + 1)
-    for epoch in range(3):
-        order = segment_order(blocks, 5, epoch, lanes=lanes, open_blocks=4, step_samples=8)
-        assert sorted(order.tolist()) == list(range(len(blocks)))
-        shared = [block for block, seen in _lanes_of_blocks(blocks, order, lanes, 8).items() if len(seen) > 1]
-        assert len(shared) <= lanes - 1
-
-
-def test_a_segments_samples_come_in_time_order_within_each_lane():
-    blocks = np.repeat(np.arange(20), 12)
-    order = segment_order(blocks, 4, 0, lanes=3, open_blocks=4, step_samples=8)
-    lane_of_position = (np.arange(len(order)) // 8) % 3
-    for block in range(20):
-        for lane in range(3):
-            mine = order[(blocks[order] == block) & (lane_of_position == lane)]
-            assert np.array_equal(mine, np.sort(mine))
-
-
-def test_the_default_order_is_segments_for_counted_batches_of_video_and_locality_for_token_budgets(stores):
+def test_the_default_order_is_blocks_where_the_spec_reads_a_camera_and_locality_elsewhere(stores):
     def shuffle_of(batching, spec=WINDOWS) -> str:
         return mmdata.DataLoader(str(stores["wds"]), spec, batching=batching).shuffle
 
-    assert shuffle_of(mmdata.Batching(batch_size=4)) == "segments"
-    assert shuffle_of(mmdata.Batching(batch_tokens=64)) == "locality"
+    assert shuffle_of(mmdata.Batching(batch_size=4)) == "blocks"
+    assert shuffle_of(mmdata.Batching(batch_tokens=64)) == "blocks"
     lowdim = mmdata.Windows(anchor_fps=15, streams={"state": mmdata.Values(offsets=[0.0])})
     assert shuffle_of(mmdata.Batching(batch_size=4), lowdim) == "locality"
 
@@ -234,65 +185,43 @@ def test_the_default_order_does_not_depend_on_the_worker_count(stores):
     assert_same_batches(batches(3), batches(0))
 
 
-def test_a_state_saved_in_the_former_default_order_is_refused_with_the_option_that_resumes_it(stores):
-    def build(**shuffling) -> mmdata.DataLoader:
-        return mmdata.DataLoader(
-            str(stores["wds"]), WINDOWS, batching=mmdata.Batching(batch_size=4), shuffling=mmdata.Shuffling(**shuffling)
-        )
-
-    saved = build(mode="locality")
-    next(iter(saved))
-    with pytest.raises(ResumeError, match=r"pass shuffling=mmdata.Shuffling\(mode='locality'\) to resume it"):
-        build().load_state_dict(saved.state_dict())
-    build(mode="locality").load_state_dict(saved.state_dict())
+def test_a_state_saved_before_the_one_planner_is_refused_by_name_with_how_to_go_on(stores):
+    loader = mmdata.DataLoader(str(stores["wds"]), WINDOWS, batching=mmdata.Batching(batch_size=4))
+    next(iter(loader))
+    state = {**loader.state_dict(), "version": 1, "epoch": 2}
+    loader.close()
+    with pytest.raises(ResumeError, match=r"no longer makes.*loader.set_epoch\(3\) instead of load_state_dict"):
+        mmdata.DataLoader(str(stores["wds"]), WINDOWS, batching=mmdata.Batching(batch_size=4)).load_state_dict(state)
 
 
-def test_a_state_saved_in_an_earlier_segment_order_is_refused_by_name_with_how_to_go_on(stores, monkeypatch):
-    def build() -> mmdata.DataLoader:
-        return mmdata.DataLoader(str(stores["wds"]), WINDOWS, batching=mmdata.Batching(batch_size=4))
-
-    with monkeypatch.context() as earlier:  # the loader of the mmdata before lanes were cut to their steps
-        earlier.setattr("mmdata.planning.loader_plan.SEGMENT_ORDER_VERSION", "time order")
-        saved = build()
-        next(iter(saved))
-        state = saved.state_dict()
-    with pytest.raises(ResumeError, match=r"'segments' order of an earlier mmdata.*loader.set_epoch\(1\)"):
-        build().load_state_dict(state)
-
-
-def test_the_segments_order_needs_samples_per_batch(stores):
-    with pytest.raises(OptionError, match="Batching\\(batch_size=...\\) with Shuffling\\(mode='segments'\\)"):
-        mmdata.DataLoader(
-            str(stores["wds"]),
-            WINDOWS,
-            batching=mmdata.Batching(batch_tokens=64),
-            shuffling=mmdata.Shuffling(mode="segments"),
-        )
+def test_the_segments_order_is_refused_naming_the_blocks_order_it_became():
+    with pytest.raises(OptionError, match="'segments' order is now 'blocks'"):
+        mmdata.Shuffling(mode="segments")
 
 
 @pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])
-def test_the_segments_order_delivers_each_sample_once_and_the_cache_decodes_less(stores, workers):
+def test_the_blocks_order_delivers_each_sample_once_and_the_cache_decodes_less(stores, workers):
     def run(mode, cache_bytes):
         loader_ = loader(stores["wds"], "windows", cache_bytes, workers=workers, shuffle=mode)
         batches = list(loader_)
         return loader_, batches
 
-    segments, with_cache = run("segments", 64 << 20)
+    segments, with_cache = run("blocks", 64 << 20)
     ids = [i for batch in with_cache for i in batch["sample_index"].tolist()]
     assert sorted(ids) == sorted(set(ids)) and len(ids) == len(segments.samples) - len(segments.epoch_plan().left_out)
-    _, without_cache = run("segments", 0)
+    _, without_cache = run("blocks", 0)
     assert_same_batches(with_cache, without_cache)
     global_, _ = run("global", 64 << 20)
     assert segments.stats()["frames_decoded"] <= global_.stats()["frames_decoded"]
 
 
-def test_a_resume_in_the_segments_order_gives_the_uninterrupted_batches(stores):
-    whole = list(loader(stores["zarr"], "windows", 64 << 20, shuffle="segments"))
-    first = loader(stores["zarr"], "windows", 64 << 20, shuffle="segments")
+def test_a_resume_in_the_blocks_order_gives_the_uninterrupted_batches(stores):
+    whole = list(loader(stores["zarr"], "windows", 64 << 20, shuffle="blocks"))
+    first = loader(stores["zarr"], "windows", 64 << 20, shuffle="blocks")
     for step, _ in enumerate(first):
         if step + 1 == 3:
             break
-    resumed = loader(stores["zarr"], "windows", 64 << 20, shuffle="segments")
+    resumed = loader(stores["zarr"], "windows", 64 << 20, shuffle="blocks")
     resumed.load_state_dict(first.state_dict())
     assert_same_batches(list(resumed), whole[3:])
 
@@ -301,7 +230,7 @@ def test_a_resume_in_the_segments_order_gives_the_uninterrupted_batches(stores):
 @pytest.mark.parametrize("workers", [0, 2])
 def test_main_process_decoding_follows_the_workers_plan_and_decodes_what_worker_decoding_does(stores, workers):
     def run(cache_bytes: int, decode_in: str) -> tuple[mmdata.DataLoader, list]:
-        made = loader(stores["wds"], "windows", cache_bytes, workers=workers, shuffle="segments", decode_in=decode_in)
+        made = loader(stores["wds"], "windows", cache_bytes, workers=workers, shuffle="blocks", decode_in=decode_in)
         return made, list(made)
 
     off, expected = run(0, "main")
@@ -352,7 +281,7 @@ def test_a_gpu_decoder_in_the_main_process_keeps_the_frames_later_steps_need(sto
             str(stores["wds"]),
             WINDOWS,
             batching=mmdata.Batching(batch_size=4),
-            shuffling=mmdata.Shuffling(mode="segments", lanes=2),
+            shuffling=mmdata.Shuffling(mode="blocks", lanes=2),
             seed=5,
             runtime=mmdata.Runtime(num_workers=2, decoder=decoder),
             reading=mmdata.Reading(frame_cache_bytes=cache_bytes),

@@ -204,7 +204,7 @@ def test_sequences_are_chunked_packed_within_budget_and_cover_every_chunk_once(s
             assert read_index_stripe(batch["cam_high"][start].numpy()) == round(float(anchor) * 30)
         seen += sample_ids([batch])
     assert sorted(seen + left_out) == list(range(len(loader.samples)))
-    assert len(set(loader.samples.chunk.tolist())) > 1
+    assert len(set(loader.samples.episodes_of(np.arange(len(loader.samples)))[1].tolist())) > 1
 
 
 def test_padded_layout_pads_sequences_to_the_longest_and_flags_the_padding(stores):
@@ -289,7 +289,7 @@ def test_offsets_denser_than_the_recorded_rate_fail_naming_the_rate(stores):
 
 
 def test_a_token_budget_smaller_than_one_sample_fails_with_the_sample_cost(stores):
-    with pytest.raises(mmdata.SpecError, match="smaller than one sample.*costs 614 tokens"):
+    with pytest.raises(mmdata.SpecError, match="smaller than one sample.*takes 614 tokens"):
         mmdata.DataLoader(stores["wds"], POLICY_WINDOWS, tokens_per={"cam_high": 256, "audio": 50}, batch_tokens=600)
 
 
@@ -553,7 +553,7 @@ def test_shuffle_true_and_false_mean_the_default_shuffle_and_none_as_in_torch(st
         loader = mmdata.DataLoader(stores["wds"], POLICY_WINDOWS, batch_size=4, shuffle=shuffle, seed=1)
         return [(e, t) for b in loader for e, t in zip(b["episode_index"].tolist(), b["time"].tolist())]
 
-    assert order(True) == order("auto") == order("segments") != order(False) == order("none")
+    assert order(True) == order("auto") == order("blocks") != order(False) == order("none")
     with pytest.raises(
         ValueError, match="shuffle is True, False or one of auto, locality, global, none, segments, blocks, not 'yes'"
     ):

@@ -13,7 +13,6 @@ import torch
 import mmdata
 from mmdata.conversion.pipeline import ConvertOptions, convert
 from mmdata.importers.raw import discover_raw_episodes
-from mmdata.planning.mixture import epoch_composition
 from mmdata.store.statistics import compute_stats, write_stats
 from mmdata.synthetic import CameraSpec, SynthSpec, write_synthetic_dataset
 
@@ -107,23 +106,14 @@ def test_weights_by_tokens_give_each_source_its_share_of_tokens(three_stores):
     # whole episodes: 'wide' has shorter ones, so it must give more samples for its share of tokens
     spec = mmdata.Sequences(fps=30, streams={"state": mmdata.Values(pad_to=14)})
     loader = mmdata.DataLoader(_mixture(three_stores, epoch_samples=EPOCH, weight_by="tokens"), spec, batch_tokens=4096)
-    slots = loader.epoch_plan().slots
-    owners, costs = loader.samples.source[slots], loader.costs[slots]
+    plan = loader.epoch_plan()
+    slots = np.concatenate([plan.plan.micro_batch(step, 0) for step in range(len(plan.plan))])
+    refs = loader.planner.refs(plan, slots)
+    owners, costs = np.array([ref.source for ref in refs]), np.array([ref.cost for ref in refs], np.float64)
     token_shares = np.bincount(owners, weights=costs) / costs.sum()
     assert np.allclose(token_shares, list(WEIGHTS.values()), atol=0.01), token_shares
     sample_shares = np.bincount(owners) / len(owners)
     assert not np.allclose(sample_shares, list(WEIGHTS.values()), atol=0.01)
-
-
-def test_epoch_composition_up_and_down_samples_deterministically():
-    owners = np.repeat([0, 1], [10, 100])
-    targets = np.array([25, 40])
-    first = epoch_composition(owners, targets, seed=3, epoch=0)
-    counts = collections.Counter(first.tolist())
-    assert all(counts[i] in (2, 3) for i in range(10)) and sum(counts[i] for i in range(10)) == 25
-    assert sum(counts[i] for i in range(10, 110)) == 40 and max(counts[i] for i in range(10, 110)) == 1
-    assert np.array_equal(first, epoch_composition(owners, targets, seed=3, epoch=0))
-    assert not np.array_equal(first, epoch_composition(owners, targets, seed=3, epoch=1))
 
 
 def test_mixture_without_weights_reads_every_sample_once(three_stores):
@@ -135,7 +125,8 @@ def test_mixture_without_weights_reads_every_sample_once(three_stores):
     )
     loader = mmdata.DataLoader(mixture, LOWDIM, batch_size=8, shuffle="none")
     plan = loader.epoch_plan()
-    assert np.array_equal(plan.slots, np.arange(len(loader.samples)))
+    slots = np.concatenate([plan.plan.micro_batch(step, 0) for step in range(len(plan.plan))] + [plan.left_out])
+    assert sorted(loader.planner.samples_of(plan, slots).tolist()) == list(range(len(loader.samples)))
 
 
 @pytest.mark.slow
@@ -233,10 +224,10 @@ def test_mixture_resumes_exactly_and_elastically(three_stores):
     rest = _epoch(trio)
 
     def samples_of(slots) -> collections.Counter:
-        return collections.Counter(int(plan.slots[s]) for s in slots)
+        return collections.Counter(trio[0].planner.samples_of(plan, np.asarray(slots, np.int64)).tolist())
 
     delivered = collections.Counter(int(i) for batch in consumed + rest for i in batch["sample_index"])
-    assert delivered + samples_of(plan.left_out) == samples_of(range(len(plan.slots)))
+    assert delivered + samples_of(plan.left_out) == samples_of(range(trio[0].planner.slots))
     assert max(delivered.values()) > 1, "the epoch up-samples, so some samples come twice, as planned"
 
 

@@ -8,16 +8,18 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-from mmdata.planning.packing import PackingConfig, pack_values, packed_layout, padded_layout, plan_packing
+from mmdata.planning.packed_windows import fit_into_bins
+from mmdata.planning.packing import pack_values, packed_layout, padded_layout
 
 HEADS, DIM = 2, 16
 
 
 def random_pack(seed: int) -> list[int]:
-    """The lengths of one micro-batch of a real plan over random sample lengths."""
+    """The lengths of one micro-batch of a window of random sample lengths packed as the planner packs it."""
     rng = np.random.default_rng(seed)
-    plan = plan_packing(rng.integers(1, 40, size=60), PackingConfig(budget=96, ranks=2, window=30), seed=seed)
-    return plan.lengths(int(rng.integers(len(plan))), int(rng.integers(2))).tolist()
+    lengths = rng.integers(1, 40, size=60)
+    assignment = fit_into_bins(lengths, 96, 24)
+    return lengths[assignment == int(rng.integers(24))].tolist()
 
 
 def per_sample_reference(q, k, v, lengths, causal):

@@ -13,9 +13,8 @@ import pytest
 
 import mmdata
 from mmdata.errors import ResumeError
-from mmdata.planning import order as order_module
-from mmdata.planning.block_planner import BlockPlanner, BlockSource
 from mmdata.planning.epoch_plan import Stretch
+from mmdata.planning.orders import OrderRecipe
 from mmdata.planning.packed_windows import (
     PackedWindows,
     WindowPacking,
@@ -23,9 +22,9 @@ from mmdata.planning.packed_windows import (
     fit_into_bins,
     plan_window_packing,
 )
-from mmdata.planning.planner import PlanSettings
+from mmdata.planning.planner import PlannedSource, Planner, PlanSettings
 from mmdata.planning.sample_index import SampleIndex
-from mmdata.planning.samples import enumerate_samples
+from tests.sample_oracle import enumerate_samples
 from tests.test_block_order import (
     assert_rest_read_once,
     first_step_resumed_at_half_the_world,
@@ -34,10 +33,11 @@ from tests.test_block_order import (
 )
 from tests.test_mixed_block_order import manifest
 
+SEQUENCE_BLOCKS = OrderRecipe("blocks", block=1)  # a sequence is its own block
 ACTION_SEQUENCES = mmdata.Sequences(fps=10, max_seconds=4.0, streams={"action": mmdata.Values()})
 
 
-def packed_planner(durations, budget: int, window: int = 512, spec=ACTION_SEQUENCES, targets=None) -> BlockPlanner:
+def packed_planner(durations, budget: int, window: int = 512, spec=ACTION_SEQUENCES, targets=None) -> Planner:
     """A "blocks" planner under a token budget over one store's sequences, or a mixture of stores (`durations`
     a list of lists, with `targets`)."""
     settings = PlanSettings(budget, None, shuffle="blocks", shuffle_window=window)
@@ -45,8 +45,8 @@ def packed_planner(durations, budget: int, window: int = 512, spec=ACTION_SEQUEN
     sources = []
     for group in groups:
         table = manifest(list(group))
-        sources.append(BlockSource(SampleIndex(table, spec, None, None), table.column("shard"), 1))
-    return BlockPlanner(sources, settings, None if targets is None else np.asarray(targets, np.int64))
+        sources.append(PlannedSource(SampleIndex(table, spec, None, None), table.column("shard"), SEQUENCE_BLOCKS))
+    return Planner(sources, settings, None if targets is None else np.asarray(targets, np.int64))
 
 
 def lognormal_durations(count: int, seed: int = 0) -> list[float]:
@@ -173,7 +173,7 @@ def test_planning_a_billion_sequences_costs_a_rank_the_memory_of_its_windows_not
     index = SampleIndex(table, ACTION_SEQUENCES, None, None)
     settings = PlanSettings(4 * 40 + 10, None, shuffle="blocks", shuffle_window=8192)
     started = time.perf_counter()
-    blocks = BlockPlanner([BlockSource(index, table.column("shard"), 1)], settings)
+    blocks = Planner([PlannedSource(index, table.column("shard"), SEQUENCE_BLOCKS)], settings)
     assert blocks.slots == 10**9 and blocks.packing is not None and blocks.packing.bins == 2048
     plan, steps, peak = first_step_resumed_at_half_the_world(blocks)
     first = steps[0][1]
@@ -267,14 +267,6 @@ def test_a_packed_loader_in_the_blocks_order_resumes_exactly_and_at_another_worl
     assert sorted(seen + left_out) == sorted(every)
 
 
-def test_auto_orders_a_token_budget_over_sequences_in_blocks_above_the_threshold(stores, monkeypatch):
-    budget = mmdata.Batching(batch_tokens=64)
-    monkeypatch.setattr(order_module, "BLOCKS_FROM", 10)
-    assert mmdata.DataLoader(stores["wds"], SEQUENCES, batching=budget).shuffle == "blocks"
-    monkeypatch.setattr(order_module, "BLOCKS_FROM", 10**9)
-    assert mmdata.DataLoader(stores["wds"], SEQUENCES, batching=budget).shuffle == "locality"
-
-
 def test_reference_packing_scales_a_short_epoch_to_a_whole_window():
     costs = np.full(100, 10, np.int64)
     packing = plan_window_packing(lambda positions: costs[positions], 100, 400, 50, "tokens")
@@ -283,7 +275,7 @@ def test_reference_packing_scales_a_short_epoch_to_a_whole_window():
 
 def test_a_window_packed_for_attention_deals_the_micro_batches_of_most_squared_tokens_first():
     blocks = packed_planner(lognormal_durations(300, seed=8), budget=300)
-    attention = BlockPlanner(
+    attention = Planner(
         blocks.sources, PlanSettings(300, None, balance="attention", shuffle="blocks", shuffle_window=512)
     )
     index = blocks.sources[0].samples

@@ -1,4 +1,5 @@
-"""The packer: property tests over random lengths, kernels against plain Python, bad input."""
+"""The packer: the kernels against plain Python, and the epoch's windows packed over random lengths (every sample
+once or reported, within the budget, dense, the ranks of a step even), bad input."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmdata.planning.packing import PackingConfig, fit_to_budget, plan_packing, plan_padded, plan_stats, token_costs
-from mmdata.planning.packing.kernels import best_fit_decreasing, first_fit_decreasing, minimum_bin_slack
+from mmdata.planning.orders import GlobalOrder
+from mmdata.planning.packed_windows import PackedRankPlan, PackedWindows, pack_window, plan_window_packing
+from mmdata.planning.packing import token_costs
+from mmdata.planning.packing.kernels import first_fit_decreasing, minimum_bin_slack
 
 lengths_strategy = st.lists(st.integers(1, 3000), min_size=1, max_size=400)
 
@@ -29,32 +32,11 @@ def python_first_fit_decreasing(lengths: list[int], capacity: int) -> tuple[list
     return assignment, len(room)
 
 
-def python_best_fit_decreasing_bins(lengths: list[int], capacity: int) -> int:
-    room: list[int] = []
-    for length in sorted(lengths, reverse=True):
-        fits = [i for i, free in enumerate(room) if free >= length]
-        if fits:
-            best = min(fits, key=lambda i: room[i])
-            room[best] -= length
-        else:
-            room.append(capacity - length)
-    return len(room)
-
-
 @settings(max_examples=60, deadline=None)
 @given(lengths_strategy, st.integers(3000, 9000))
 def test_segment_tree_ffd_matches_plain_first_fit_decreasing(lengths, capacity):
     assignment, bins = first_fit_decreasing(np.array(lengths, dtype=np.int64), capacity)
     assert (assignment.tolist(), bins) == python_first_fit_decreasing(lengths, capacity)
-
-
-@settings(max_examples=60, deadline=None)
-@given(lengths_strategy, st.integers(3000, 9000))
-def test_best_fit_decreasing_never_overfills_and_matches_plain_bin_count(lengths, capacity):
-    lengths_array = np.array(lengths, dtype=np.int64)
-    assignment, bins = best_fit_decreasing(lengths_array, capacity)
-    assert np.bincount(assignment, weights=lengths_array, minlength=bins).max() <= capacity
-    assert bins == python_best_fit_decreasing_bins(lengths, capacity)
 
 
 @settings(max_examples=60, deadline=None)
@@ -83,86 +65,90 @@ def test_minimum_bin_slack_fills_policy_windows_where_first_fit_leaves_gaps():
     assert slack_bins <= lower_bound * 1.005
 
 
+def packed_epoch(costs: np.ndarray, budget: int, window: int, ranks: int, seed: int = 0, balance: str = "tokens"):
+    """The epoch of `costs` in a global order packed window by window and dealt to `ranks`, as the planner packs it."""
+    order = GlobalOrder(len(costs), seed, 0)
+
+    def costs_at(slots: np.ndarray) -> np.ndarray:
+        return costs[slots]
+
+    packing = plan_window_packing(lambda p: costs[order.samples_at(p)], len(costs), window, budget, balance)
+    windows = PackedWindows(order.samples_at, costs_at, len(costs), packing)
+    return PackedRankPlan(order, windows, ranks, 0)
+
+
+def step_loads(plan: PackedRankPlan, costs: np.ndarray, power: int = 1) -> np.ndarray:
+    """[steps, ranks] tokens (or sums of squared tokens) of each micro-batch."""
+    return np.array(
+        [
+            [
+                float((costs[plan.micro_batch(step, rank)].astype(np.float64) ** power).sum())
+                for rank in range(plan.world)
+            ]
+            for step in range(len(plan))
+        ]
+    )
+
+
 def test_auto_packing_is_as_dense_as_the_better_of_its_two_packers():
     windows = policy_window_costs(20000, seed=1)
-    long_chunks = np.exp(np.random.default_rng(2).uniform(np.log(2000), np.log(200_000), 3000)).astype(np.int64)
+    long_chunks = np.exp(np.random.default_rng(2).uniform(np.log(200), np.log(16384), 3000)).astype(np.int64)
     for costs in (windows, long_chunks):
-        efficiency = {}
-        for algorithm in ("auto", "ffd", "mbs"):
-            config = PackingConfig(budget=16384, ranks=8, algorithm=algorithm)
-            efficiency[algorithm] = plan_stats(plan_packing(costs, config)).efficiency
-        assert efficiency["auto"] >= max(efficiency["ffd"], efficiency["mbs"]) - 0.001
+        _, auto = pack_window(costs, 16384)
+        assert auto == min(first_fit_decreasing(costs, 16384)[1], minimum_bin_slack(costs, 16384)[1])
 
 
 @settings(max_examples=40, deadline=None)
 @given(
-    lengths=st.lists(st.integers(1, 6000), min_size=1, max_size=600),
-    budget=st.integers(1000, 5000),
+    lengths=st.lists(st.integers(1, 5000), min_size=1, max_size=600),
+    budget=st.integers(5000, 9000),
     ranks=st.integers(1, 8),
     window=st.integers(8, 300),
     seed=st.integers(0, 2**16),
-    algorithm=st.sampled_from(["auto", "ffd", "bfd", "mbs"]),
-    long=st.sampled_from(["split", "drop"]),
 )
-def test_every_sample_is_planned_once_or_reported(lengths, budget, ranks, window, seed, algorithm, long):
-    config = PackingConfig(budget=budget, ranks=ranks, window=window, algorithm=algorithm, long=long)
-    plan = plan_packing(np.array(lengths), config, seed=seed, epoch=1)
-    rows = plan.rows
-    planned = np.concatenate([plan.members, plan.deferred])
-    assert np.array_equal(np.sort(planned), np.arange(len(rows))), "each chunk once, planned or deferred"
-    covered = set(rows.sample.tolist()) | set(plan.dropped_samples.tolist())
-    assert covered == set(range(len(lengths))), "every sample is planned, split or reported dropped"
-    for sample in set(rows.sample.tolist()):
-        assert rows.tokens[rows.sample == sample].sum() == lengths[sample], "chunks add up to the sample"
-    assert plan.steps.shape[1] == ranks, "every rank gets a micro-batch at every step"
-    for step in range(len(plan)):
-        for rank in range(ranks):
-            assert plan.lengths(step, rank).sum() <= budget
-    if long == "drop":
-        assert set(plan.dropped_samples.tolist()) == {i for i, n in enumerate(lengths) if n > budget}
+def test_every_sample_is_packed_once_within_the_budget_or_reported(lengths, budget, ranks, window, seed):
+    costs = np.array(lengths, np.int64)
+    plan = packed_epoch(costs, budget, window, ranks, seed)
+    packed = [plan.micro_batch(step, rank) for step in range(len(plan)) for rank in range(ranks)]
+    seen = np.concatenate([*packed, plan.deferred]).astype(np.int64)
+    assert np.array_equal(np.sort(seen), np.arange(len(costs))), "each sample once, packed or reported"
+    assert all(costs[slots].sum() <= budget for slots in packed)
 
 
 @settings(max_examples=25, deadline=None)
-@given(lengths=st.lists(st.integers(1, 2000), min_size=50, max_size=400), seed=st.integers(0, 1000))
-def test_plan_is_a_pure_function_of_seed_and_epoch(lengths, seed):
-    config = PackingConfig(budget=4096, ranks=2, window=64)
-    costs = np.array(lengths)
+@given(lengths=st.lists(st.integers(200, 2000), min_size=200, max_size=400), seed=st.integers(0, 1000))
+def test_a_packed_epoch_is_a_pure_function_of_seed_and_epoch(lengths, seed):
+    # (an epoch of several windows: a window's micro-batches are those of its samples' costs, whatever their order)
+    costs = np.array(lengths, np.int64)
 
-    def order(plan):
-        return np.concatenate([plan.members, plan.deferred])
+    def micro_batches(plan) -> list[list[int]]:
+        return [plan.micro_batch(step, rank).tolist() for step in range(len(plan)) for rank in range(2)]
 
-    first, again = plan_packing(costs, config, seed, 0), plan_packing(costs, config, seed, 0)
-    assert np.array_equal(first.steps, again.steps) and np.array_equal(order(first), order(again))
-    assert not np.array_equal(order(first), order(plan_packing(costs, config, seed, 1)))
-    assert not np.array_equal(order(first), order(plan_packing(costs, config, seed + 1, 0)))
+    first = micro_batches(packed_epoch(costs, 4096, 64, 2, seed))
+    assert first == micro_batches(packed_epoch(costs, 4096, 64, 2, seed))
+    assert first != micro_batches(packed_epoch(costs, 4096, 64, 2, seed + 1))
 
 
-def test_plan_on_log_normal_lengths_is_dense_and_balanced():
+def test_a_packed_epoch_of_log_normal_lengths_is_dense_and_balanced():
     rng = np.random.default_rng(0)
-    costs = np.exp(rng.normal(6.5, 1.0, size=20000)).astype(np.int64).clip(1, 60000)
-    stats = plan_stats(plan_packing(costs, PackingConfig(budget=16384, ranks=8), seed=0))
-    assert stats.efficiency > 0.995 and stats.rank_token_spread < 0.005
-    assert stats.deferred_samples < 0.01 * len(costs)
+    costs = np.exp(rng.normal(6.5, 1.0, size=20000)).astype(np.int64).clip(1, 16384)
+    plan = packed_epoch(costs, 16384, 8192, 8)
+    loads = step_loads(plan, costs)
+    efficiency = loads.sum() / (loads.size * 16384)
+    spread = float(np.mean(loads.max(axis=1) / loads.mean(axis=1) - 1))
+    assert efficiency > 0.97 and spread < 0.02, (efficiency, spread)
+    assert len(plan.deferred) < 0.01 * len(costs)
 
 
 def test_balancing_attention_cost_evens_sum_of_squares():
     rng = np.random.default_rng(1)
     costs = np.exp(rng.normal(6.0, 1.2, size=20000)).astype(np.int64).clip(1, 16384)
-    by_tokens = plan_stats(plan_packing(costs, PackingConfig(budget=16384, ranks=8, balance="tokens")))
-    by_attention = plan_stats(plan_packing(costs, PackingConfig(budget=16384, ranks=8, balance="attention")))
-    assert by_attention.rank_attention_spread < by_tokens.rank_attention_spread
 
+    def squares_spread(balance: str) -> float:
+        squares = step_loads(packed_epoch(costs, 16384, 8192, 8, balance=balance), costs, power=2)
+        return float(np.mean(squares.max(axis=1) / squares.mean(axis=1) - 1))
 
-def test_long_samples_are_split_into_ordered_chunks():
-    rows = fit_to_budget(np.array([10, 25, 7]), budget=10)
-    assert rows.sample.tolist() == [0, 1, 1, 1, 2]
-    assert rows.chunk.tolist() == [0, 0, 1, 2, 0]
-    assert rows.tokens.tolist() == [10, 10, 10, 5, 7]
-
-
-def test_long_samples_split_on_unit_boundaries():
-    rows = fit_to_budget(np.array([1000, 300]), budget=600, unit=256)
-    assert rows.sample.tolist() == [0, 0, 1] and rows.tokens.tolist() == [512, 488, 300]
+    assert squares_spread("attention") < squares_spread("tokens")
 
 
 def test_token_costs_add_streams_with_rates_and_callables():
@@ -176,49 +162,10 @@ def test_token_costs_add_streams_with_rates_and_callables():
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda: fit_to_budget(np.array([3, 0, 2]), 10), "sample 1 costs 0 tokens"),
-        (lambda: fit_to_budget(np.array([-4]), 10), "sample 0 costs -4 tokens"),
-        (lambda: PackingConfig(budget=0), "token budget must be at least 1"),
-        (lambda: PackingConfig(budget=100, ranks=0), "ranks must be at least 1"),
         (lambda: token_costs({"cam": np.array([1])}, {"state": 1}), "tokens_per names streams with no lengths"),
-        (lambda: fit_to_budget(np.array([300]), 200, unit=256), "budget 200 is smaller than the smallest chunk"),
+        (lambda: token_costs({"cam": np.array([1])}, {}), "tokens_per is empty"),
     ],
 )
 def test_bad_input_raises_clear_value_errors(call, message):
     with pytest.raises(ValueError, match=message):
         call()
-
-
-def test_budget_smaller_than_every_sample_with_drop_reports_them_all():
-    plan = plan_packing(np.array([50, 60]), PackingConfig(budget=10, long="drop"))
-    assert len(plan) == 0 and plan.dropped_samples.tolist() == [0, 1]
-
-
-@settings(max_examples=30, deadline=None)
-@given(
-    lengths=st.lists(st.integers(1, 3000), min_size=1, max_size=500),
-    batch_size=st.integers(1, 16),
-    ranks=st.integers(1, 4),
-    window=st.integers(16, 200),
-    seed=st.integers(0, 1000),
-)
-def test_padded_plan_batches_one_bucket_each_and_loses_nothing(lengths, batch_size, ranks, window, seed):
-    boundaries = [128, 512, 1024, 2048]
-    plan = plan_padded(np.array(lengths), batch_size, boundaries, ranks=ranks, seed=seed, window=window)
-    planned = np.concatenate([*plan.batches, plan.deferred]) if plan.batches else plan.deferred
-    assert np.array_equal(np.sort(planned), np.arange(len(plan.rows)))
-    assert len(plan.deferred) < ranks
-    assert all(len(b) > 0 for b in plan.batches) and plan.steps.shape[1] == ranks
-    last_step = set(plan.steps[-1].tolist()) if len(plan) else set()
-    for index, batch in enumerate(plan.batches):
-        if index not in last_step:
-            assert len(batch) == batch_size
-            assert len(np.unique(np.searchsorted(boundaries, plan.rows.tokens[batch]))) == 1
-
-
-def test_bucketing_cuts_padding_against_random_batches():
-    rng = np.random.default_rng(0)
-    costs = np.exp(rng.normal(6.0, 1.0, size=5000)).astype(np.int64).clip(1, 4096)
-    bucketed = plan_padded(costs, 16, [64, 128, 256, 512, 1024, 2048, 4096], seed=0)
-    single_bucket = plan_padded(costs, 16, [4096], seed=0)
-    assert bucketed.padding_fraction() < single_bucket.padding_fraction() / 2, "power-of-two buckets halve padding"

@@ -156,7 +156,7 @@ class VideoEncoding:
 #   decoding speed: each frame decodes alone, at ~2.5x the bytes of the clips setting.
 # - clips: runs of consecutive frames (world models). A key frame every 8 frames.
 # - both (the default): a key frame every 8 frames, tuned for decoding speed: with the loader's
-#   "segments" order and frame cache it serves windows faster than the windows setting, at ~1.2x the
+#   "blocks" order and frame cache it serves windows faster than the windows setting, at ~1.2x the
 #   bytes of clips (LeRobot's 100 episodes with x264's "fast" preset: 29.2 MB against LeRobot's 30.5 MB; 25.0 MB
 #   untuned; "medium" at crf 19.5, the default since, in about 8% fewer at the same fidelity: see DEFAULT_PRESETS).
 ACCESS_PATTERNS = {

@@ -132,5 +132,5 @@ class ChainAssembly:
 
 def reads_ahead(planner: Planner, world_size: int, runtime: Runtime) -> int:
     """The reads a frame cache plans ahead when its memory allows: a segment's life in one cache's reads in the
-    "segments" and "blocks" orders (`frame_budget.horizon_for`), so that each segment is decoded in one pass."""
+    "blocks" order (`frame_budget.horizon_for`), so that each segment is decoded in one pass."""
     return horizon_for(planner.segment_life_steps(world_size), planner.batching.lanes, runtime.num_workers)

@@ -41,7 +41,7 @@ class DataLoader:
 
     The options come in groups (see `mmdata.loading.loader_options`): `batching` (a `Batching`: batch size or
     token budget, layout, balance across ranks; required), `shuffling` (a `Shuffling`: "auto", the default,
-    "segments", "locality", "global" or "none"), `runtime` (a `Runtime`: workers, device, decoder and where it
+    "blocks", "locality", "global" or "none"), `runtime` (a `Runtime`: workers, device, decoder and where it
     decodes, rank and world size) and `reading` (a `Reading`: checksums, memory cache, the `ReadPolicy` of the
     stores it opens). The keywords of the ungrouped form (`batch_size=`, `num_workers=`, ...) still work
     and warn. Each rank gets the same number of steps; `len(loader)` is that number for the epoch.
@@ -89,7 +89,7 @@ class DataLoader:
         self.decoder, self.decode_in_main = self.chain.decoder, self.chain.decode_in_main
         settings, mixed = plan_settings(batching, shuffling, runtime.num_workers), self.mixture is not None
         plan = plan_loader(self.sources, spec, settings, batching.tokens_per, mixture, mixed, episodes, on_error)
-        self.samples, self.costs, self.planner, self.excluded = plan.samples, plan.costs, plan.planner, plan.excluded
+        self.samples, self.planner, self.excluded = plan.samples, plan.planner, plan.excluded
         self.source_targets, self.shuffle = plan.source_targets, plan.settings.shuffle
         attach_normalizers(self.sources, spec, self.source_targets.tolist(), mixture.normalize_with)
         self._position = RunPosition(plan, seed, self.world_size)

@@ -126,6 +126,7 @@ class StepSource(IterableDataset):
         while True:
             for index in range(len(steps)):
                 if position % count == number:
+                    making, planned = time.perf_counter(), self._planning_seconds  # (a step's samples are made now)
                     step, samples = steps[index]
                     # the samples planned after this step, to borrow from if all of its own fail
                     fallback = steps.samples_after(index, FALLBACK_SAMPLES)
@@ -133,6 +134,7 @@ class StepSource(IterableDataset):
                         upcoming = upcoming or _next_or_error(epochs)
                         if not isinstance(upcoming, BaseException):
                             fallback += islice(_samples_of(upcoming[1]), FALLBACK_SAMPLES - len(fallback))
+                    self._planning_seconds = planned + time.perf_counter() - making  # (the next epoch's plan in it)
                     later = range(index + count, min(len(steps), index + count * (self.reader.horizon + 1)), count)
                     yield self._read(epoch, step, samples, number, fallback, StepsAhead(steps, later))
                 position += 1

@@ -8,7 +8,7 @@ smaller one evicts frames that come back and are decoded again (at 480x640, a fi
 decoded 5.7 times). So the bound is that working set, unless it is given.
 
 The longer the horizon, the fewer times a segment is decoded: a segment's samples reach a worker over many
-reads (in the "segments" order a 32-frame segment's 32 anchors span 128 reads of a worker with 8 lanes over 2
+reads (in the "blocks" order a 32-frame segment's 32 anchors span 128 reads of a worker with 8 lanes over 2
 workers), and each pass over it starts again from the key frame before its first wanted frame. A horizon of
 `LONGEST_HORIZON` reads decodes such a segment in one pass (480x640 policy windows: 8.1 ms of CPU per sample
 at 32 reads, 6.3 ms at 128). All the caches of a loader and the workers' frame rings share `MEMORY_SHARE`
@@ -136,7 +136,7 @@ def delivered_frame_sizes(spec: Spec, fillers: dict[str, Filler]) -> str:
 
 
 def horizon_for(segment_life_steps: int | None, lanes: int, workers: int) -> int:
-    """The reads a cache should plan ahead: in the "segments" order, the reads a segment stays open for in one
+    """The reads a cache should plan ahead: in the "blocks" order, the reads a segment stays open for in one
     cache (`segment_life_steps` of its lane, whose steps reach a cache every `lanes / workers` reads, so a
     segment is decoded in one pass), and never fewer than `LONGEST_HORIZON` nor more than `MOST_READS_AHEAD`."""
     if segment_life_steps is None:

@@ -22,7 +22,7 @@ from mmdata.checks import option_bool, option_int
 from mmdata.codecs.decoders import BACKEND_NAMES, VideoDecoder
 from mmdata.errors import OptionError
 from mmdata.loading.collate import LAYOUTS, Layout
-from mmdata.planning.order import Shuffle, as_shuffle
+from mmdata.planning.orders import Shuffle, as_shuffle
 from mmdata.planning.packing.layouts import MaskKind
 from mmdata.planning.planner import PlanSettings
 from mmdata.store.filesystem import DEFAULT_READ_POLICY, ReadPolicy
@@ -76,18 +76,15 @@ class Batching:
 
 @dataclass(frozen=True)
 class Shuffling:
-    """The order of an epoch's samples: `mode` "locality" (shards shuffled, then samples within groups of
-    `shards_per_group` shards), "global" (one permutation of every sample), "none", "segments" (the samples
-    that read one stored segment close together in one lane of steps, in time order, `open_segments` segments
-    mixed in each step, `lanes` lanes taking turns; with `Batching(batch_size=...)`. A lane's steps go to one
-    worker when `lanes` is a multiple of `num_workers`, so that its frame cache decodes each frame about once;
-    None gives one lane per worker, an order that then depends on the worker count), "blocks" (the same idea for
-    a single store of any size: runs of about a segment's samples, `open_segments` of them dealt in turn, each rank
-    reading its own run of them, planned per rank in the time and memory of its own steps; with
-    `Batching(batch_size=...)`), or "auto" (the default: "blocks" with `Batching(batch_size=...)` over a single
-    store of more than 2**24 samples, else "segments" with `Batching(batch_size=...)` and a camera in the spec,
-    else "locality"). `True` /
-    `False` are torch's ("auto" / "none"). `window` bounds the samples the packer looks over at once."""
+    """The order of an epoch's samples (`mmdata.planning.orders`): `mode` "blocks" (runs of about a stored
+    segment's samples, `open_segments` of them dealt in turn, each rank's steps cut into `lanes` lanes taken in
+    turn; a lane's steps go to one worker when `lanes` is a multiple of `num_workers`, so that its frame cache
+    decodes each frame about once; None gives one lane per worker, an order that then depends on the worker
+    count), "locality" (shards shuffled, then samples within groups of `shards_per_group` shards), "global" (one
+    permutation of every sample), "none" (manifest and time order), or "auto" (the default: "blocks" where the
+    spec reads a camera, else "locality"). Every order is planned per rank in the time and memory of its own steps,
+    whatever the epoch's size. `True` / `False` are torch's ("auto" / "none"). `window` bounds the samples the
+    packer looks over at once."""
 
     mode: Shuffle | bool = "auto"
     window: int = 8192

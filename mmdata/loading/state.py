@@ -12,7 +12,9 @@ from mmdata.planning.loader_plan import LoaderPlan
 from mmdata.store.handle import Store
 
 STATE_FORMAT = "mmdata.loader"
-STATE_VERSION = 1
+STATE_VERSION = 2
+# States of version 1 were saved before the one planner: their orders' steps are no longer made.
+RETIRED_VERSIONS = {1: "an mmdata before 2026-12 (its orders made other steps)"}
 MAX_WORLD_SIZE = 1 << 20
 MAX_EPOCH = (1 << 31) - 1
 MAX_STRETCHES = 4096  # world-size changes within one epoch (each resize adds one; replaying them costs each its plan)
@@ -79,8 +81,18 @@ class LoaderState:
     def from_dict(cls, state: dict[str, Any]) -> LoaderState:
         if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
             raise ResumeError("this is not an mmdata.DataLoader state (no 'format': 'mmdata.loader')")
-        if state.get("version") != STATE_VERSION:
-            raise ResumeError(f"loader state version {state.get('version')}; this mmdata reads {STATE_VERSION}")
+        version = state.get("version")
+        if version in RETIRED_VERSIONS:
+            epoch = state.get("epoch")
+            next_epoch = f"loader.set_epoch({epoch + 1})" if isinstance(epoch, int) else "loader.set_epoch(...)"
+            raise ResumeError(
+                f"the loader state was saved by {RETIRED_VERSIONS[version]}, whose steps this mmdata no longer makes"
+                f" (loader state version {version}; this one reads {STATE_VERSION}). To go on from the next epoch,"
+                f" build the loader and call {next_epoch} instead of load_state_dict; to finish that epoch exactly,"
+                " resume it with the mmdata that saved it"
+            )
+        if version != STATE_VERSION:
+            raise ResumeError(f"loader state version {version!r:.40}; this mmdata reads {STATE_VERSION}")
         try:
             listed = state["stretches"]
             if not isinstance(listed, list) or len(listed) > MAX_STRETCHES:
@@ -112,24 +124,10 @@ class LoaderState:
 
 def check_resumable(loaded: LoaderState, saved_counts: list[int] | None, plan: LoaderPlan, stores: list[Store]) -> None:
     """Refuse a state a loader of `plan` over `stores` cannot go on from, saying why and how to go on: one made
-    in the order that was the default before, in the "segments" order of an earlier mmdata, over other
-    episodes (`saved_counts`, each store's episodes when it was saved: an append), or for other data or
-    settings."""
+    over other episodes (`saved_counts`, each store's episodes when it was saved: an append), or for other data
+    or settings."""
     if loaded.fingerprint == plan.fingerprint:
         return
-    if loaded.fingerprint == plan.locality_fingerprint:
-        raise ResumeError(
-            f"the saved loader state was made in the 'locality' order, the default before this loader's"
-            f" '{plan.settings.shuffle}' (the \"auto\" default since the segment order and frame cache); pass"
-            " shuffling=mmdata.Shuffling(mode='locality') to resume it"
-        )
-    if loaded.fingerprint == plan.earlier_segments_fingerprint:
-        raise ResumeError(
-            "the saved loader state was made in the 'segments' order of an earlier mmdata (lanes of whole"
-            " segments), whose steps this one no longer makes; to go on from the next epoch, build the loader"
-            f" and call loader.set_epoch({loaded.epoch + 1}) instead of load_state_dict; to finish that epoch"
-            " exactly, resume it with the mmdata that saved it"
-        )
     counts = [len(store) for store in stores]
     if saved_counts not in (None, counts):
         grown = [

@@ -1,58 +1,41 @@
-"""The loader's plan, made once when a loader is built and before anything is read: its samples and their
-costs, each source's share, the order resolved, the planner that orders and packs any epoch for any world
-size, and the fingerprint a saved state is checked against. Every epoch's steps follow from it, the seed and
-the epoch alone (`LoaderPlanner`)."""
+"""The loader's plan, made once when a loader is built and before anything is read: its samples (a sample index per
+source, nothing of the size of the epoch), each source's share, the order resolved, the one planner that orders and
+packs any epoch for any world size (`planning.planner`), and the fingerprint a saved state is checked against."""
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import xxhash
 
-from mmdata.errors import OptionError, SpecError, StoreError
-from mmdata.planning.block_order import BLOCK_ORDER_VERSION
-from mmdata.planning.block_planner import BlockPlanner, BlockSource
+from mmdata.errors import SpecError, StoreError
 from mmdata.planning.episodes import Episodes
-from mmdata.planning.mixed_order import MIXED_ORDER_VERSION
-from mmdata.planning.mixture import (
-    MAX_ORDERED_SLOTS,
-    Mixture,
-    OpenSource,
-    describe_sources,
-    epoch_composition,
-    source_targets,
-)
-from mmdata.planning.order import SEGMENT_ORDER_VERSION, resolve_shuffle
+from mmdata.planning.mixture import Mixture, OpenSource, source_targets
+from mmdata.planning.orders import ORDER_VERSION, OrderRecipe, resolve_shuffle, shard_run_starts
 from mmdata.planning.packed_windows import WINDOW_PACKING_VERSION
-from mmdata.planning.planner import LoaderPlanner, PlanSettings
+from mmdata.planning.packing.cost import TokensPer
+from mmdata.planning.planner import PlannedSource, Planner, PlanSettings
 from mmdata.planning.sample_index import SampleIndex, SourceSampleIndexes
-from mmdata.planning.samples import SampleTable, TokensPer, concatenate_samples, enumerate_samples
-from mmdata.planning.segments import block_samples, segment_blocks
+from mmdata.planning.segments import block_samples
 from mmdata.planning.specs import Frames, Spec, Windows
 
 
 @dataclass(frozen=True)
 class LoaderPlan:
-    """What `plan_loader` made. `excluded` names the damaged episodes left out (with `on_error="skip"`), and
-    besides this plan's fingerprint are the fingerprints of the plans whose saved states it still takes by name:
-    the loader's before "auto" became the default order ("locality" was), and the "segments" order's before its
-    lanes were cut to their steps' samples."""
+    """What `plan_loader` made. `excluded` names the damaged episodes left out (with `on_error="skip"`)."""
 
-    samples: SampleTable | SampleIndex | SourceSampleIndexes
-    costs: np.ndarray | None  # per sample; None in the "blocks" order, whose costs are worked out per step
+    samples: SampleIndex | SourceSampleIndexes
     source_targets: np.ndarray
     settings: PlanSettings
-    planner: LoaderPlanner
+    planner: Planner
     excluded: dict[Any, str]
     fingerprint: str
-    locality_fingerprint: str
-    earlier_segments_fingerprint: str
 
 
 def plan_loader(
@@ -65,138 +48,64 @@ def plan_loader(
     episodes: Episodes | None,
     on_error: Literal["raise", "skip"],
 ) -> LoaderPlan:
-    """Plan a loader of `spec` over the opened `sources` of `mixture` (a single store is a mixture of one
-    that is not `mixed`: no source names, no composition), batched and ordered by `settings` (its order may be
-    "auto", resolved here); `episodes` is a single store's filter, for the fingerprint. A damaged episode is
-    refused, or with `on_error="skip"` left out; a sample costlier than the token budget, or the "segments"
-    order with a token budget, is refused with what to change."""
-    counts_samples = settings.batch_size is not None
-    if settings.shuffle == "segments" and not counts_samples:
-        raise OptionError(
-            "the 'segments' order keeps its steps in order, which token-budgeted packing does not:"
-            " give Batching(batch_size=...) with Shuffling(mode='segments')"
-        )
+    """Plan a loader of `spec` over the opened `sources` of `mixture` (a single store is a mixture of one that is
+    not `mixed`: no source names, no composition), batched and ordered by `settings` (its order may be "auto",
+    resolved here); `episodes` is a single store's filter, for the fingerprint. A damaged episode is refused, or
+    with `on_error="skip"` left out; a sample costlier than the token budget is refused with what to change."""
     planning = [source.store.columns(["duration", "shard"]) for source in sources]  # what every order plans from
     excluded: dict[Any, str] = {}
     rows = [_selected_rows(source, mixed, on_error, excluded) for source in sources]  # (damage the columns showed)
-    indexes, slots = None, None
-    if settings.shuffle in ("auto", "blocks"):
-        indexes = [
-            _indexed(source, table, chosen, spec, tokens_per, mixed)
-            for source, table, chosen in zip(sources, planning, rows)
-        ]
-        slots = _index_targets(mixture, indexes) if mixed else np.array([len(indexes[0])], np.int64)
-    cameras = [name for name, stream in spec.streams.items() if isinstance(stream, Frames)]
-    epoch_samples = int(slots.sum()) if slots is not None else 0
-    shuffle = resolve_shuffle(settings.shuffle, counts_samples, bool(cameras), epoch_samples)
-    settings = dataclasses.replace(settings, shuffle=shuffle)
-    if shuffle == "blocks":
-        assert indexes is not None and slots is not None, "the 'blocks' order was resolved without sample indexes"
-        blocks = _BlocksInput(sources, planning, indexes, slots, mixture if mixed else None)
-        return _blocks_plan(blocks, spec, settings, tokens_per, episodes, excluded)
-    if mixed and (mixture.epoch_samples or 0) > MAX_ORDERED_SLOTS:
-        raise OptionError(
-            f"Mixture(epoch_samples={mixture.epoch_samples:,}) is more than the '{shuffle}' order holds"
-            f" ({MAX_ORDERED_SLOTS:,}): order it in 'blocks' (Shuffling(mode='blocks'), or the 'auto' default),"
-            " or give epoch_samples no larger"
-        )
-    samples = concatenate_samples(
-        [_enumerated(source, table, chosen, spec, mixed) for source, table, chosen in zip(sources, planning, rows)]
-    )
-    costs = samples.costs(tokens_per)
-    if settings.batch_tokens is not None and costs.max() > settings.batch_tokens:
-        worst = int(np.argmax(costs))
-        raise SpecError(
-            f"batch_tokens={settings.batch_tokens} is smaller than one sample: sample {worst} (episode"
-            f" {int(samples.episode[worst])}) costs {int(costs[worst])} tokens; raise batch_tokens"
-            " to at least that, lower tokens_per, or shorten the samples (Sequences(max_seconds=...))"
-        )
-    counts = np.bincount(samples.source, minlength=len(sources))
-    mean_costs = [float(costs[samples.source == n].mean()) if c else 0.0 for n, c in enumerate(counts)]
-    targets = source_targets(mixture, counts, mean_costs)
-    composition = functools.partial(epoch_composition, samples.source, targets) if mixed else None
-    blocks = None
-    if shuffle == "segments":
-        stored = [s.streams.get(cameras[0]) if cameras else None for s in sources]
-        blocks = segment_blocks(samples, [s.store for s in sources], stored)
-    keys = [s.store.columns(["key"]).column("key").to_pylist() for s in sources]
-    shards = [table.column("shard").to_pylist() for table in planning]
-    planner = LoaderPlanner(samples, costs, keys, shards, settings, composition, blocks)
-    if mixed:
-        data = [describe_sources(sources), mixture.describe()]
-    else:
-        data = [keys[0], planning[0].column("duration").to_pylist()]
-    data_text = [_json(part) for part in data]  # the manifest's part, written once for the three fingerprints
-
-    def fingerprint_in(order: str, segments_version: str = SEGMENT_ORDER_VERSION) -> str:
-        planned = _planned(spec, episodes, tokens_per, settings, order)
-        if order == "segments":  # (the other orders' states stay as they were before it existed)
-            planned.append([settings.lanes, settings.open_segments, segments_version])
-        return _hash_of_list([*data_text, *(_json(part) for part in planned)])
-
-    return LoaderPlan(
-        samples,
-        costs,
-        targets,
-        settings,
-        planner,
-        excluded,
-        fingerprint_in(shuffle),
-        fingerprint_in("locality"),
-        fingerprint_in(shuffle, "time order"),
-    )
-
-
-@dataclass(frozen=True)
-class _BlocksInput:
-    """What the "blocks" order plans from: the sources, their manifests' duration and shard columns, their sample
-    indexes and slots per epoch, and the mixture (None for a single store)."""
-
-    sources: list[OpenSource]
-    planning: list[pa.Table]
-    indexes: list[SampleIndex]
-    slots: np.ndarray
-    mixture: Mixture | None
-
-
-def _blocks_plan(
-    given: _BlocksInput,
-    spec: Spec,
-    settings: PlanSettings,
-    tokens_per: TokensPer | None,
-    episodes: Episodes | None,
-    excluded: dict[Any, str],
-) -> LoaderPlan:
-    """The plan of a single store or a mixture in the "blocks" order from the manifests' duration and shard columns:
-    nothing of the size of the epoch is made, and the fingerprint hashes the durations as bytes rather than as a
-    JSON list (the keys are the rows' numbers)."""
-    cameras = [name for name, stream in spec.streams.items() if isinstance(stream, Frames)]
-    sources = [
-        BlockSource(index, table.column("shard"), block_samples(source.store, _stored_camera(source, cameras), spec))
-        for source, table, index in zip(given.sources, given.planning, given.indexes)
+    indexes = [
+        _indexed(source, table, chosen, spec, tokens_per, mixed)
+        for source, table, chosen in zip(sources, planning, rows)
     ]
-    mixed = given.mixture is not None
-    dealt = _dealt(settings, given.indexes)
-    planner = BlockPlanner(sources, dealt, given.slots if mixed else None)
-    planned = _planned(spec, episodes, tokens_per, settings, "blocks")
+    slots = _index_targets(mixture, indexes) if mixed else np.array([len(indexes[0])], np.int64)
+    cameras = [name for name, stream in spec.streams.items() if isinstance(stream, Frames)]
+    settings = dataclasses.replace(settings, shuffle=resolve_shuffle(settings.shuffle, bool(cameras)))
+    recipes = [
+        _recipe(source, table, index, spec, settings, cameras)
+        for source, table, index in zip(sources, planning, indexes)
+    ]
+    planned_sources = [
+        PlannedSource(index, table.column("shard"), recipe) for index, table, recipe in zip(indexes, planning, recipes)
+    ]
+    dealt = _dealt(settings, indexes)
+    planner = Planner(planned_sources, dealt, slots if mixed else None)
+    planned = _planned(spec, episodes, tokens_per, settings)
+    planned.append([planner.lanes, settings.drop_last, [r.describe() for r in recipes], ORDER_VERSION])
     if dealt.batch_size is None:
         planned.append(WINDOW_PACKING_VERSION)
     if not mixed:
-        planned.append([settings.lanes, settings.open_segments, sources[0].block, BLOCK_ORDER_VERSION])
-        table = given.planning[0]
+        table = planning[0]
         data = json.dumps([table.num_rows, _durations_digest(table)])
-        samples: SampleIndex | SourceSampleIndexes = given.indexes[0]
+        samples: SampleIndex | SourceSampleIndexes = indexes[0]
     else:
-        blocks = [source.block for source in sources]
-        planned.append([settings.lanes, settings.open_segments, blocks, MIXED_ORDER_VERSION])
         described = [
             {"name": s.name, "rows": table.num_rows, "durations": _durations_digest(table), "streams": s.streams}
-            for s, table in zip(given.sources, given.planning)
+            for s, table in zip(sources, planning)
         ]
-        data = _json([described, given.mixture.describe()])
+        data = _json([described, mixture.describe()])
         samples = planner.samples
-    fingerprint = _hash_of_list([data, *(_json(p) for p in planned)])
-    return LoaderPlan(samples, None, given.slots, settings, planner, excluded, fingerprint, fingerprint, fingerprint)
+    fingerprint = _hash_of_list([data, *(_json(part) for part in planned)])
+    return LoaderPlan(samples, slots, settings, planner, excluded, fingerprint)
+
+
+def _recipe(
+    source: OpenSource, table: pa.Table, index: SampleIndex, spec: Spec, settings: PlanSettings, cameras: list[str]
+) -> OrderRecipe:
+    """How one source's samples are ordered: the samples of a block of its first camera's segments ("blocks"), or
+    its samples' runs of one shard ("locality")."""
+    if settings.shuffle == "blocks":
+        block = block_samples(source.store, _stored_camera(source, cameras), spec)
+        return OrderRecipe("blocks", block=block, open_blocks=settings.open_segments)
+    if settings.shuffle == "locality":
+        codes = pc.dictionary_encode(pc.fill_null(table.column("shard"), "")).combine_chunks().indices
+        shards = codes.to_numpy(zero_copy_only=False)
+        if index.rows is not None:
+            shards = shards[index.rows]
+        starts = shard_run_starts(shards, index.firsts)
+        return OrderRecipe("locality", run_starts=starts, shards_per_group=settings.shards_per_group)
+    return OrderRecipe(settings.shuffle)
 
 
 def _dealt(settings: PlanSettings, indexes: list[SampleIndex]) -> PlanSettings:
@@ -228,7 +137,7 @@ def _indexed(
     source: OpenSource, table: pa.Table, rows: np.ndarray, spec: Spec, tokens_per: TokensPer | None, labelled: bool
 ) -> SampleIndex:
     """The sample index of one source's manifest `rows` (`table`: its duration and shard columns); a spec that
-    yields no sample of a source is refused naming it, as the other orders' sample tables refuse it."""
+    yields no sample of a source is refused naming it."""
     chosen = None if len(rows) == len(source.store) else rows
     try:
         return SampleIndex(table, spec, chosen, tokens_per)
@@ -244,9 +153,7 @@ def _index_targets(mixture: Mixture, indexes: list[SampleIndex]) -> np.ndarray:
     return source_targets(mixture, counts, mean_costs)
 
 
-def _planned(
-    spec: Spec, episodes: Episodes | None, tokens_per: TokensPer | None, settings: PlanSettings, order: str
-) -> list:
+def _planned(spec: Spec, episodes: Episodes | None, tokens_per: TokensPer | None, settings: PlanSettings) -> list:
     """What a plan depends on besides the data, seed, epoch and world size, in the fingerprint's form."""
     return [
         spec.describe(),
@@ -256,7 +163,7 @@ def _planned(
             settings.batch_tokens,
             settings.batch_size,
             settings.balance,
-            order,
+            settings.shuffle,
             settings.shuffle_window,
             settings.shards_per_group,
         ],
@@ -278,8 +185,7 @@ def _durations_digest(table: pa.Table) -> str:
 
 def _hash_of_list(texts: list[str]) -> str:
     """A short hash of everything the plan of an epoch depends on besides seed, epoch and world size: the JSON
-    list of the parts written as `texts` (as `json.dumps` writes the list itself, so states saved before keep
-    their fingerprints)."""
+    list of the parts written as `texts`."""
     return xxhash.xxh64_hexdigest(("[" + ", ".join(texts) + "]").encode())
 
 
@@ -309,11 +215,3 @@ def _selected_rows(source: OpenSource, labelled: bool, on_error: str, excluded: 
         )
     selected = np.asarray(selected, dtype=np.int64)
     return selected[~np.isin(selected, list(damaged))] if damaged else selected
-
-
-def _enumerated(source: OpenSource, table: pa.Table, rows: np.ndarray, spec: Spec, labelled: bool) -> SampleTable:
-    """The samples of one source's manifest `rows` (`table`: its duration and shard columns), each its own row."""
-    try:
-        return enumerate_samples(table, spec, rows)
-    except SpecError as exc:
-        raise SpecError(f"source '{source.name}': {exc}" if labelled else str(exc)) from None

@@ -1,11 +1,11 @@
-"""The "blocks" order of a mixture: each source's samples in its own "blocks" order, the sources interleaved.
+"""The order of a mixture: each source's samples in its own order (`planning.orders`), the sources interleaved.
 
 An epoch of a mixture holds `targets[s]` slots of source s (`mixture.source_targets`). Its positions are dealt
 to the sources by a chain of even spreads (`SourceInterleave`): source 0 takes every position where
 floor(p * t0 / N) steps up, the others share the rest in the same way, so every stretch of the epoch holds each
 source in its share, within a slot for each source before it in the chain. A source's k-th slot reads position
-k % n of a `BlockOrder` over its n samples, a fresh one for each whole pass (k // n), so a source weighed up reads
-each sample once per pass and a source weighed down reads a random set of its blocks. Everything is worked out per
+k % n of the source's order over its n samples, a fresh one for each whole pass (k // n), so a source weighed up
+reads each sample once per pass and a source weighed down reads a random part of its order. Everything is worked out per
 position, as in the order of a single store: an epoch of billions of slots costs a rank the arrays of its sources'
 episodes.
 """
@@ -18,13 +18,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mmdata.errors import OptionError
-from mmdata.planning.block_order import BlockOrder
+from mmdata.planning.orders import Order, OrderRecipe
 
 _PASS_STREAM = 0x313C
 # Slots an epoch of a mixture may hold in this order: the spreads multiply two slot numbers in 64 bits.
 MAX_MIXED_SLOTS = 1 << 32
-# Names the way `MixedBlockOrder` makes an epoch's steps (part of a loader state's fingerprint).
-MIXED_ORDER_VERSION = "blocks of sources interleaved 1"
 _KEPT_PASSES = 64
 
 
@@ -39,7 +37,7 @@ class SourceInterleave:
             raise OptionError(f"a mixture's slots per source are at least 0, not {list(self.targets)}")
         if sum(self.targets) > MAX_MIXED_SLOTS:
             raise OptionError(
-                f"an epoch of a mixture in the 'blocks' order holds at most {MAX_MIXED_SLOTS:,} samples, not"
+                f"an epoch of a mixture holds at most {MAX_MIXED_SLOTS:,} samples, not"
                 f" {sum(self.targets):,}: give Mixture(epoch_samples=...) no larger"
             )
 
@@ -66,21 +64,21 @@ class SourceInterleave:
 
 
 @dataclass(frozen=True)
-class MixedBlockOrder:
-    """The "blocks" order of one epoch of a mixture (see the module): the slot at any position, numbered one source
-    after another (source s's slots from `sum(targets[:s])`), and the sample each slot reads."""
+class MixedOrder:
+    """The order of one epoch of a mixture (see the module): the slot at any position, numbered one source after
+    another (source s's slots from `sum(targets[:s])`), and the sample each slot reads (`recipes`: how each source's
+    samples are ordered)."""
 
     counts: tuple[int, ...]
     targets: tuple[int, ...]
-    blocks: tuple[int, ...]
-    open_blocks: int
+    recipes: tuple[OrderRecipe, ...]
     seed: int
     epoch: int
     _passes: OrderedDict = field(default_factory=OrderedDict, init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        if not len(self.counts) == len(self.targets) == len(self.blocks):
-            raise OptionError("a mixture's order needs a sample count, a slot count and a block size per source")
+        if not len(self.counts) == len(self.targets) == len(self.recipes):
+            raise OptionError("a mixture's order needs a sample count, a slot count and an order per source")
         fed = [s for s, (count, target) in enumerate(zip(self.counts, self.targets)) if target and not count]
         if fed:
             raise OptionError(f"source {fed[0]} of the mixture has slots in the epoch but no sample")
@@ -109,12 +107,12 @@ class MixedBlockOrder:
             sample[chosen] = self._pass(int(source[first]), int(passes[first])).samples_at(within[chosen])
         return source, sample
 
-    def _pass(self, source: int, number: int) -> BlockOrder:
-        """Source `source`'s block order of its pass `number` through its samples (the last few kept)."""
+    def _pass(self, source: int, number: int) -> Order:
+        """Source `source`'s order of its pass `number` through its samples (the last few kept)."""
         made = self._passes.get((source, number))
         if made is None:
             seed = int(np.random.SeedSequence([self.seed, source, number, _PASS_STREAM]).generate_state(1)[0])
-            made = BlockOrder(self.counts[source], self.blocks[source], self.open_blocks, seed, self.epoch)
+            made = self.recipes[source].order(self.counts[source], seed, self.epoch)
             self._passes[(source, number)] = made
             while len(self._passes) > _KEPT_PASSES:
                 self._passes.popitem(last=False)

@@ -6,8 +6,8 @@ one source, with the same kind, frame size (unless frames are resized), low-dim 
 `Values(pad_to=...)`) and audio layout everywhere; a source that lacks a stream gets padding
 for it, with `<stream>_is_pad` all true. An epoch holds `epoch_samples` samples, each source
 contributing its weight's share (of samples, or of tokens with `weight_by="tokens"`): every
-sample of a source as many whole times as its share allows, then a subset drawn from
-(seed, epoch), so up- and down-sampling are exact and reproducible (`epoch_composition`).
+sample of a source once per whole pass its share allows, then a part of its order of the next pass
+(`planning.mixed_order`), so up- and down-sampling are exact and reproducible.
 """
 
 from __future__ import annotations
@@ -33,12 +33,9 @@ from mmdata.store.lru import ByteBudgetCache
 
 WeightBy = Literal["samples", "tokens"]
 NormalizeWith = Literal["source", "pooled"]
-_COMPOSITION_STREAM = 0x4D49
 MAX_WEIGHT = 1e12  # weights are relative; this keeps their sum finite and the shares meaningful
-# Slots an epoch of a mixture may hold: in the "blocks" order (`mixed_order`) nothing of the epoch's size is made; the
-# other orders keep a few dozen bytes per slot, so they take at most `MAX_ORDERED_SLOTS` (about 10 GB at that bound).
+# Slots an epoch of a mixture may hold (`mixed_order`: nothing of the epoch's size is made).
 MAX_EPOCH_SAMPLES = MAX_MIXED_SLOTS
-MAX_ORDERED_SLOTS = 1 << 28
 
 
 @dataclass(frozen=True)
@@ -294,32 +291,3 @@ def source_targets(mixture: Mixture, counts: Sequence[int], mean_costs: Sequence
     short = total - int(targets.sum())
     targets[np.argsort(-(exact - targets), kind="stable")[:short]] += 1
     return targets
-
-
-def epoch_composition(owners: np.ndarray, targets: np.ndarray, seed: int, epoch: int) -> np.ndarray:
-    """The samples of one epoch (numbers into the loader's sample table, whose sample i belongs to
-    source `owners[i]`): every sample of source s `targets[s] // n_s` times, then `targets[s] % n_s` of
-    them drawn without replacement from (seed, epoch, s). Sorted, so slot numbers follow the table."""
-    picked = []
-    for source, target in enumerate(targets.tolist()):
-        members = np.flatnonzero(owners == source)
-        if not len(members) or not target:
-            continue
-        whole, extra = divmod(target, len(members))
-        rng = np.random.default_rng([seed, epoch, source, _COMPOSITION_STREAM])
-        picked.append(np.repeat(members, whole))
-        picked.append(np.sort(rng.choice(members, size=extra, replace=False)))
-    return np.sort(np.concatenate(picked)).astype(np.int64)
-
-
-def describe_sources(sources: list[OpenSource]) -> list[dict[str, Any]]:
-    """What identifies each source's data for a resume fingerprint."""
-    return [
-        {
-            "name": s.name,
-            "keys": s.store.columns(["key"]).column("key").to_pylist(),
-            "durations": s.store.columns(["duration"]).column("duration").to_pylist(),
-            "streams": s.streams,
-        }
-        for s in sources
-    ]

@@ -1,4 +1,4 @@
-"""The "blocks" order under a token budget: the epoch's positions cut into windows of `window` positions, each
+"""An epoch's order under a token budget: the epoch's positions cut into windows of `window` positions, each
 packed on its own into the same number of micro-batches, so that micro-batch m of the epoch is worked out from its
 own window alone, at any world size and after any stretch.
 
@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mmdata.errors import OptionError
-from mmdata.planning.packing.kernels import bin_loads
-from mmdata.planning.packing.plan import pack_window
+from mmdata.planning.orders import Order
+from mmdata.planning.packing.kernels import bin_loads, first_fit_decreasing, minimum_bin_slack
 
 # Names the way windows are packed (part of a loader state's fingerprint): changes with the micro-batches made.
 WINDOW_PACKING_VERSION = "windows packed into a fixed number of micro-batches 1"
@@ -36,7 +36,7 @@ SlotCosts = Callable[[np.ndarray], np.ndarray]
 
 @dataclass(frozen=True)
 class WindowPacking:
-    """How the "blocks" order packs under a token budget: `window` positions of the order at a time, each window
+    """How an order is packed under a token budget: `window` positions of the order at a time, each window
     into `bins` micro-batches of at most `budget` tokens, dealt heaviest first by `balance` ("tokens", or
     "attention": the sum of squared lengths)."""
 
@@ -57,9 +57,18 @@ class WindowPacking:
         return max(1, min(length, math.ceil(self.bins * length / self.window)))
 
 
+def pack_window(costs: np.ndarray, budget: int) -> tuple[np.ndarray, int]:
+    """Micro-batch per sample of one window, and the number of micro-batches: whichever of first-fit decreasing
+    and minimum bin slack needs fewer. FFD is best when samples are long against the budget; minimum bin slack when
+    they come in a few sizes (policy windows), where FFD leaves each micro-batch short by up to the smallest one."""
+    first_fit = first_fit_decreasing(costs, budget)
+    slack = minimum_bin_slack(costs, budget)
+    return slack if slack[1] < first_fit[1] else first_fit
+
+
 def fewest_bins(costs: np.ndarray, budget: int) -> int:
     """The micro-batches of at most `budget` tokens the packer needs for every sample of `costs`."""
-    return max(1, pack_window(np.asarray(costs, dtype=np.int64), budget, "auto")[1])
+    return max(1, pack_window(np.asarray(costs, dtype=np.int64), budget)[1])
 
 
 def fit_into_bins(costs: np.ndarray, budget: int, bins: int) -> np.ndarray:
@@ -68,7 +77,7 @@ def fit_into_bins(costs: np.ndarray, budget: int, bins: int) -> np.ndarray:
     multifit schedules do), so the micro-batches end about as heavy as one another; where even `budget` needs
     more, the samples of the lightest extra micro-batches are left out."""
     costs = np.asarray(costs, dtype=np.int64)
-    assignment, used = pack_window(costs, budget, "auto")
+    assignment, used = pack_window(costs, budget)
     if used > bins:
         loads = np.bincount(assignment, weights=costs, minlength=used)
         renumbered = np.full(used, -1, np.int64)
@@ -77,7 +86,7 @@ def fit_into_bins(costs: np.ndarray, budget: int, bins: int) -> np.ndarray:
     low, high = max(int(costs.max(initial=1)), -(-int(costs.sum()) // bins)), budget
     while low < high:
         middle = (low + high) // 2
-        trial, count = pack_window(costs, middle, "auto")
+        trial, count = pack_window(costs, middle)
         if count <= bins:
             high, assignment, used = middle, trial, count
         else:
@@ -193,3 +202,37 @@ class PackedWindows:
         while len(self._packed) > _KEPT_WINDOWS:
             self._packed.popitem(last=False)
         return packed
+
+
+@dataclass
+class PackedRankPlan:
+    """One stretch's steps under a token budget (a `RankPlan`): the epoch's micro-batches
+    (`windows`) from the `first` that the stretches before consumed, dealt `world` a step (rank r takes the r-th).
+    The micro-batches do not depend on the world size, so a stretch consumed a run of them and nothing else.
+
+    What it counts as consumed is positions of the order passed (`PackedWindows.positions_passed`): the samples
+    of the micro-batches taken and, for windows passed, the few their packing left out."""
+
+    order: Order
+    windows: PackedWindows
+    world: int
+    first: int
+
+    def __len__(self) -> int:
+        return max(0, self.windows.micro_batches - self.first) // self.world
+
+    @property
+    def deferred(self) -> np.ndarray:
+        """The slots no step holds: those the packing left out and those of the micro-batches after the last whole
+        step (packs the whole epoch)."""
+        after = range(self.first + len(self) * self.world, self.windows.micro_batches)
+        return np.concatenate([self.windows.left_out(), *(self.windows.slots(m) for m in after)]).astype(np.int64)
+
+    def micro_batch(self, step: int, rank: int) -> np.ndarray:
+        if not 0 <= step < len(self) or not 0 <= rank < self.world:
+            raise IndexError(f"step {step} of {len(self)}, rank {rank} of {self.world}")
+        return self.windows.slots(self.first + step * self.world + rank)
+
+    def samples_in_steps(self, steps: int) -> int:
+        passed = self.windows.positions_passed
+        return passed(self.first + steps * self.world) - passed(self.first)

@@ -1,159 +1,233 @@
-"""Stage 1 of the loading chain, plan (the main process; workers plan the epochs after the first):
-the plan side of a loader: its samples and their token costs, and how an epoch is composed,
-ordered, packed and split into one rank's steps. A pure function of (seed, epoch, stretches, world
-size), small enough to hand to worker processes, which plan the epochs after the first themselves.
+"""Stage 1 of the loading chain, plan (the main process; workers plan the epochs after the first): the one planner.
 
-An epoch is a list of slots, each one sample of the table: all samples once for a single store, or
-a mixture's composition (`mmdata.planning.mixture.epoch_composition`), where a sample may fill
-several slots. Ordering and packing work on slots, so resuming never confuses two copies."""
+An epoch's plan at any world size, after any stretches, is a few arrays of the size of the world (its layouts and
+what each stretch consumed), and a step's samples are worked out when the step is read: the epoch's order gives the
+slot at each position (`planning.orders`; a mixture's sources interleaved, `planning.mixed_order`), the sample index
+the sample of each slot (`planning.sample_index`). `batch_size` samples are dealt per step (`planning.lanes`); under
+a token budget the order is packed window by window into micro-batches numbered whatever the world size
+(`planning.packed_windows`). Planning a billion samples costs a rank what planning its first step does, and the
+planner travels to worker processes as its sources' per-episode arrays.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import functools
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal
 
 import numpy as np
+import pyarrow as pa
 
-from mmdata.planning.epoch_plan import EpochPlan, Stretch, plan_epoch
-from mmdata.planning.order import Shuffle, sample_order, segment_order
-from mmdata.planning.packing import PackingConfig, plan_packing, plan_padded
-from mmdata.planning.samples import SampleRef, SampleTable
-from mmdata.planning.segments import segment_life_steps
-
-Composition = Callable[[int, int], np.ndarray]
-"""(seed, epoch) -> the sample of each slot of the epoch."""
+from mmdata.errors import ResumeError
+from mmdata.planning.epoch_plan import EpochPlan, Stretch
+from mmdata.planning.lanes import DealtRankPlan, LaneLayout
+from mmdata.planning.mixed_order import MixedOrder
+from mmdata.planning.orders import Order, OrderRecipe, Shuffle
+from mmdata.planning.packed_windows import PackedRankPlan, PackedWindows, WindowPacking, plan_window_packing
+from mmdata.planning.sample_index import SampleIndex, SourceSampleIndexes
+from mmdata.planning.samples import SampleRef
+from mmdata.store.manifest import episode_key
 
 
 @dataclass(frozen=True)
 class PlanSettings:
-    """How samples become micro-batches: a token budget (`batch_tokens`) or a sample count (`batch_size`)."""
+    """How samples become micro-batches: a token budget (`batch_tokens`) or a sample count (`batch_size`, the
+    last, shorter step left out with `drop_last`), in which order, over how many lanes."""
 
     batch_tokens: int | None
     batch_size: int | None
     balance: Literal["tokens", "attention"] = "tokens"
-    shuffle: Shuffle = "locality"
+    shuffle: Shuffle = "auto"
     shuffle_window: int = 8192
     shards_per_group: int = 8
     lanes: int = 1
     open_segments: int = 8
+    drop_last: bool = False
 
 
-class Planner(Protocol):
-    """What the loading chain asks of a loader's planner (`LoaderPlanner`, or `BlockPlanner` for the "blocks"
-    order): any epoch's plan, a rank's steps of it, the samples of a step, and how long a segment stays open."""
+@dataclass(frozen=True)
+class PlannedSource:
+    """One store as the planner plans it: its samples, its manifest's shard column (read per step) and how its
+    samples are ordered. An episode's key is its row's (`episode_key`: the manifest's checks hold every row to
+    it)."""
 
-    batching: PlanSettings
-
-    def epoch_plan(self, seed: int, epoch: int, stretches: list[Stretch], world_size: int) -> EpochPlan: ...
-
-    def rank_steps(self, plan: EpochPlan, rank: int) -> RankSteps: ...
-
-    def refs(self, plan: EpochPlan, slots: np.ndarray) -> list[SampleRef]: ...
-
-    def segment_life_steps(self, world_size: int) -> int | None: ...
+    samples: SampleIndex
+    shards: pa.ChunkedArray
+    recipe: OrderRecipe
 
 
-class LoaderPlanner:
-    """Orders and packs the samples of a loader for any epoch, world size and point of resumption."""
+class Planner:
+    """Orders and packs the samples of one store, or of a mixture's sources (`targets`: each source's slots in an
+    epoch), for any epoch, world size and point of resumption."""
 
-    def __init__(
-        self,
-        samples: SampleTable,
-        costs: np.ndarray,
-        keys: list[list[str]],
-        shards: list[list[str]],
-        batching: PlanSettings,
-        composition: Composition | None = None,
-        blocks: np.ndarray | None = None,
-    ):
-        self.samples = samples
-        self.costs = costs
-        self.keys = keys  # per source, per manifest row
-        self.shards = shards
-        self.batching = batching
-        self.composition = composition
-        self.blocks = blocks  # per sample, its segment (the "segments" order)
+    def __init__(self, sources: list[PlannedSource], batching: PlanSettings, targets: np.ndarray | None = None):
+        if targets is None and len(sources) != 1:
+            raise ValueError("the sources of a mixture need their slots per epoch (targets)")
+        if batching.batch_size is None and batching.batch_tokens is None:
+            raise ValueError("a plan deals a batch size or packs a token budget")
+        self.sources, self.batching, self.targets = sources, batching, targets
+        self.samples = SourceSampleIndexes(tuple(source.samples for source in sources))  # numbered source by source
+        self.packing: WindowPacking | None = None
+        if batching.batch_size is None:
+            reference = self.order(0, 0)
+            self.packing = plan_window_packing(
+                lambda positions: self.slot_costs(reference, reference.samples_at(positions)),
+                self.slots,
+                batching.shuffle_window,
+                batching.batch_tokens,
+                batching.balance,
+            )
 
-    def slots(self, seed: int, epoch: int) -> np.ndarray:
-        """The sample in each slot of the epoch."""
-        if self.composition is None:
-            return np.arange(len(self.samples), dtype=np.int64)
-        return self.composition(seed, epoch)
+    @property
+    def slots(self) -> int:
+        """Slots of an epoch: every sample of a single store, or the mixture's targets."""
+        return len(self.samples) if self.targets is None else int(self.targets.sum())
 
-    def epoch_plan(self, seed: int, epoch: int, stretches: list[Stretch], world_size: int) -> EpochPlan:
-        """The epoch's plan at `world_size`, after the `stretches` already run (see `plan_epoch`);
-        its steps hold slot numbers, `plan.slots` maps them to samples."""
+    @property
+    def lanes(self) -> int:
+        """Lanes of steps a rank's steps take in turn: the settings' in the "blocks" order, whose blocks a lane keeps
+        with one worker; one in the others, whose steps then follow the order."""
+        return self.batching.lanes if self.batching.shuffle == "blocks" else 1
+
+    def order(self, seed: int, epoch: int) -> Order:
+        """The epoch's order of slots."""
+        if self.targets is None:
+            return self.sources[0].recipe.order(self.slots, seed, epoch)
+        counts = tuple(len(source.samples) for source in self.sources)
+        recipes = tuple(source.recipe for source in self.sources)
+        return MixedOrder(counts, tuple(self.targets.tolist()), recipes, seed, epoch)
+
+    def epoch_plan(self, seed: int, epoch: int, stretches: Sequence[Stretch], world_size: int) -> EpochPlan:
+        """The epoch's plan at `world_size` after the `stretches` already run; its steps hold slot numbers."""
         b = self.batching
-        slots = self.slots(seed, epoch)
-        costs = self.costs[slots]
-        if b.shuffle == "segments":
-            step_samples = (b.batch_size or 1) * world_size
-            order = segment_order(self.blocks[slots], seed, epoch, b.lanes, b.open_segments, step_samples)
-        else:
-            order = sample_order(self.samples.shard[slots], seed, epoch, b.shuffle, b.shards_per_group)
-        plan = plan_epoch(
-            order,
-            lambda rows, ranks, stretch: self._pack(costs, rows, ranks, stretch, seed, epoch),
-            stretches,
-            world_size,
-        )
-        plan.slots = slots
-        plan.draw = (seed, epoch)
-        return plan
+        stretches = list(stretches) or [Stretch(world_size, 0)]
+        if stretches[-1].world_size != world_size:
+            stretches.append(Stretch(world_size, 0))
+        if self.packing is not None:
+            return self._packed_plan(seed, epoch, stretches)
+        assert b.batch_size is not None
+        left, consumed, steps_before = self.slots, [], 0
+        for stretch in stretches[:-1]:
+            taken = self._layout(left, stretch.world_size).consumed(stretch.steps)
+            consumed.append(taken)
+            left -= taken.total
+            steps_before += stretch.steps
+        layout = self._layout(left, world_size)
+        layout.consumed(stretches[-1].steps)  # refuses a step count the layout does not have
+        plan = DealtRankPlan(self.order(seed, epoch), layout, consumed)
+        return EpochPlan(stretches, plan, steps_before, self.slots - left, (seed, epoch))
+
+    def _layout(self, count: int, world_size: int) -> LaneLayout:
+        b = self.batching
+        assert b.batch_size is not None
+        return LaneLayout(count, world_size, b.batch_size, self.lanes, not b.drop_last)
+
+    def _packed_plan(self, seed: int, epoch: int, stretches: list[Stretch]) -> EpochPlan:
+        """The epoch's plan under a token budget: each stretch consumed the next `steps * world` micro-batches."""
+        assert self.packing is not None
+        order = self.order(seed, epoch)
+        windows = PackedWindows(order.samples_at, functools.partial(self.slot_costs, order), self.slots, self.packing)
+        first = steps_before = 0
+        for number, stretch in enumerate(stretches):
+            plan = PackedRankPlan(order, windows, stretch.world_size, first)
+            if not 0 <= stretch.steps <= len(plan):
+                raise ResumeError(
+                    f"the saved state says {stretch.steps} steps were taken at world size {stretch.world_size},"
+                    f" but that part of the epoch has {len(plan)} steps; the state belongs to another run"
+                )
+            if number < len(stretches) - 1:
+                first += stretch.steps * stretch.world_size
+                steps_before += stretch.steps
+        return EpochPlan(stretches, plan, steps_before, windows.positions_passed(first), (seed, epoch))
+
+    def slot_costs(self, order: Order, slots: np.ndarray) -> np.ndarray:
+        """Each of `slots`' tokens (`order`: the epoch's order, which says a mixture's slot's sample)."""
+        slots = np.asarray(slots, dtype=np.int64)
+        if not isinstance(order, MixedOrder):
+            return self.sources[0].samples.costs_of(slots)
+        owners, numbers = order.sources_of(slots)
+        costs = np.empty(len(slots), np.int64)
+        for owner in np.unique(owners).tolist():
+            mine = owners == owner
+            costs[mine] = self.sources[owner].samples.costs_of(numbers[mine])
+        return costs
 
     def rank_steps(self, plan: EpochPlan, rank: int) -> RankSteps:
         """The steps `rank` has left in `plan`; each step's samples are made when it is read."""
         return RankSteps(self, plan, rank)
 
+    def samples_of(self, plan: EpochPlan, slots: np.ndarray) -> np.ndarray:
+        """The sample numbers (source by source) that `slots` of `plan` read."""
+        slots = np.asarray(slots, dtype=np.int64)
+        order = plan.plan.order
+        if not isinstance(order, MixedOrder):
+            return slots
+        owners, numbers = order.sources_of(slots)
+        return self.samples.firsts[owners] + numbers
+
     def refs(self, plan: EpochPlan, slots: np.ndarray) -> list[SampleRef]:
-        """The samples in `slots` of `plan` (built column by column: a step costs microseconds, not a loop of
-        lookups per sample)."""
-        table = self.samples
-        index = np.asarray(plan.slots, dtype=np.int64)[slots]
-        episode, source = table.episode[index], table.source[index]
-        seed, epoch = plan.draw
+        """The samples of `slots` (a step of `plan`), numbered one source after another; their random choices are
+        drawn by slot, so a sample crops alike wherever a resume at another world size puts it."""
+        slots = np.asarray(slots, dtype=np.int64)
+        order = plan.plan.order
+        if isinstance(order, MixedOrder):
+            owners, numbers = order.sources_of(slots)
+        else:
+            owners, numbers = np.zeros(len(slots), np.int64), slots
+        made: list[SampleRef] = []
+        places: list[np.ndarray] = []
+        for owner in np.unique(owners).tolist():
+            mine = np.flatnonzero(owners == owner)
+            made += self._source_refs(owner, numbers[mine], slots[mine], plan.draw)
+            places.append(mine)
+        if len(places) == 1:
+            return made
+        arranged: list[SampleRef] = [made[0]] * len(slots)
+        for place, ref in zip(np.concatenate(places).tolist(), made):
+            arranged[place] = ref
+        return arranged
+
+    def _source_refs(
+        self, owner: int, numbers: np.ndarray, slots: np.ndarray, draw: tuple[int, int]
+    ) -> list[SampleRef]:
+        source = self.sources[owner]
+        episodes, chunks, starts, ends, costs = source.samples.described(numbers)
+        keys = [episode_key(e) for e in episodes.tolist()]
+        shards = source.shards.take(pa.array(episodes)).to_pylist()
+        seed, epoch = draw
+        first = int(self.samples.firsts[owner])
         return [
-            SampleRef(i, e, self.keys[src][e], self.shards[src][e], start, end, chunk, cost, src, (seed, epoch, slot))
-            for i, e, src, start, end, chunk, cost, slot in zip(
-                index.tolist(),
-                episode.tolist(),
-                source.tolist(),
-                table.start[index].tolist(),
-                table.end[index].tolist(),
-                table.chunk[index].tolist(),
-                self.costs[index].astype(np.int64).tolist(),
-                np.asarray(slots).tolist(),
+            SampleRef(first + n, e, key, shard, start, end, chunk, cost, owner, (seed, epoch, slot))
+            for n, e, key, shard, start, end, chunk, cost, slot in zip(
+                numbers.tolist(),
+                episodes.tolist(),
+                keys,
+                shards,
+                starts.tolist(),
+                ends.tolist(),
+                chunks.tolist(),
+                costs.tolist(),
+                slots.tolist(),
             )
         ]
 
     def segment_life_steps(self, world_size: int) -> int | None:
-        """How many of its lane's steps a segment stays open in the "segments" order (None in the others)."""
+        """How many of its lane's steps a block of the "blocks" order stays open: its samples, one per turn of the
+        open blocks, in the share of the positions its source holds; None in the other orders and under a token
+        budget (a sequence, its own block, reads whole segments itself, and the micro-batches of a window go to
+        every rank)."""
         b = self.batching
-        if b.shuffle != "segments" or self.blocks is None or not b.batch_size:
+        if b.batch_size is None or b.shuffle != "blocks":
             return None
-        return segment_life_steps(self.blocks, b.open_segments, b.batch_size * world_size)
-
-    def _pack(self, costs: np.ndarray, order: np.ndarray, ranks: int, stretch: int, seed: int, epoch: int):
-        if stretch:
-            seed = int(np.random.SeedSequence([seed, stretch]).generate_state(1)[0])
-        b = self.batching
-        if b.batch_tokens is not None:
-            config = PackingConfig(b.batch_tokens, ranks, b.shuffle_window, balance=b.balance, long="drop")
-            return plan_packing(costs, config, seed, epoch, order)
-        boundaries = np.unique(np.ceil(np.quantile(self.costs, np.linspace(0, 1, 9)[1:]))).astype(np.int64)
-        max_len = int(self.costs.max())
-        return plan_padded(
-            costs,
-            b.batch_size,
-            boundaries,
-            ranks,
-            seed,
-            epoch,
-            b.shuffle_window,
-            max_len,
-            order,
-            b.shuffle in ("none", "segments"),
+        if self.targets is None:
+            return math.ceil(self.sources[0].recipe.block * b.open_segments / b.batch_size)
+        slots = self.slots
+        return max(
+            math.ceil(source.recipe.block * b.open_segments * slots / (target * b.batch_size))
+            for source, target in zip(self.sources, self.targets.tolist())
+            if target
         )
 
 
@@ -175,7 +249,7 @@ class RankSteps(Sequence):
     def __len__(self) -> int:
         return max(0, len(self.plan.plan) - self.first)
 
-    def __getitem__(self, position: int) -> tuple[int, list[SampleRef]]:
+    def __getitem__(self, position: int) -> tuple[int, list[SampleRef]]:  # type: ignore[override]
         if not 0 <= position < len(self):
             raise IndexError(f"step {position} of {len(self)}")
         made = self._made.get(position)

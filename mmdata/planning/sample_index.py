@@ -61,7 +61,9 @@ class SampleIndex:
 
     def spans_of(self, numbers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each sample's time span [start, end) in its episode (start == end for a window's anchor)."""
-        place, local = self._placed(numbers)
+        return self._spans(*self._placed(numbers))
+
+    def _spans(self, place: np.ndarray, local: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if self.durations is None:
             start = local / self.spec.anchor_fps
             return start, start.copy()
@@ -78,7 +80,17 @@ class SampleIndex:
 
     def costs_of(self, numbers: np.ndarray) -> np.ndarray:
         """Each sample's tokens (streams missing from `tokens_per` count one token per unit)."""
-        start, end = self.spans_of(numbers)
+        return self._costs(*self.spans_of(numbers))
+
+    def described(self, numbers: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Each sample's manifest row, chunk, start, end and tokens, each sample located once (what a step's
+        samples are made from)."""
+        place, local = self._placed(numbers)
+        start, end = self._spans(place, local)
+        rows = place if self.rows is None else self.rows[place]
+        return rows.astype(np.int64), local, start, end, self._costs(start, end)
+
+    def _costs(self, start: np.ndarray, end: np.ndarray) -> np.ndarray:
         return token_costs({name: self._lengths(name, start, end) for name in self.spec.streams}, self.tokens_per)
 
     def mean_cost(self) -> float:

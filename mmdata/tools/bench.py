@@ -15,7 +15,7 @@ from mmdata.measure.plots import plot_stages, plot_sweep
 from mmdata.measure.presets import PRESETS, default_tokens_per, preset_spec
 from mmdata.measure.report import build_document, compare, format_table, load, parse_fraction
 from mmdata.measure.sweep import label, parse_sweep
-from mmdata.planning.order import SHUFFLE_MODES
+from mmdata.planning.orders import SHUFFLE_MODES
 from mmdata.store.dataset import open_dataset
 from mmdata.store.filesystem import ReadPolicy
 from mmdata.store.handle import open_store
@@ -64,8 +64,8 @@ def add_parser(commands) -> None:
         "--shuffle",
         choices=SHUFFLE_MODES,
         default="auto",
-        help="the epoch's order (default auto: 'blocks' for an epoch of more than 2**24 samples, else 'segments'"
-        " for batches of a size with a camera, else 'locality'); the report names the order resolved",
+        help="the epoch's order (default auto: 'blocks' where the spec reads a camera, else 'locality');"
+        " the report names the order resolved",
     )
     loader = parser.add_argument_group("runtime (mmdata.Runtime)")
     loader.add_argument("--num-workers", type=int, default=2)

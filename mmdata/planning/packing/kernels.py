@@ -1,11 +1,8 @@
-"""Numba kernels for bin packing by token counts: first-fit and best-fit decreasing in O(n log n),
-and minimum bin slack.
+"""Numba kernels for bin packing by token counts: first-fit decreasing in O(n log n), and minimum bin slack.
 
 First fit keeps a segment tree over bins holding each bin's remaining capacity, so the leftmost
-bin with room is found in O(log bins). Best fit keeps a segment tree over remaining-capacity
-values (0..capacity) counting the bins at each, and a stack of bins per value, so the bin with
-the least room that still fits is found in O(log capacity). Minimum bin slack keeps the same
-kind of tree over the *items'* lengths, so "the longest item that fits" and the pair and triple
+bin with room is found in O(log bins). Minimum bin slack keeps a segment tree over the items'
+lengths (0..capacity) counting the items at each, so "the longest item that fits" and the pair and triple
 searches that complete a bin cost O(log capacity) per probe.
 """
 
@@ -53,40 +50,6 @@ def first_fit_decreasing(lengths, capacity):
         while node >= 1:
             tree[node] = max(tree[2 * node], tree[2 * node + 1])
             node //= 2
-    return assignment, bins
-
-
-@njit(cache=True)
-def best_fit_decreasing(lengths, capacity):
-    """Bin index per item, each put in the open bin with the least room that fits it."""
-    n = lengths.shape[0]
-    order = np.argsort(-lengths, kind="mergesort")
-    size = _tree_size(capacity + 1)
-    counts = np.zeros(2 * size, dtype=np.int64)  # bins whose remaining capacity is each value
-    head = np.full(capacity + 1, -1, dtype=np.int64)  # a stack of bins per remaining capacity
-    next_bin = np.full(max(n, 1), -1, dtype=np.int64)
-    assignment = np.empty(n, dtype=np.int64)
-    bins = 0
-    for k in range(n):
-        item = order[k]
-        need = lengths[item]
-        value = -1
-        if counts[1] > 0:
-            value = _smallest_at_least(counts, size, need)
-        if value < 0:
-            chosen = bins
-            bins += 1
-            room = capacity
-        else:
-            chosen = head[value]
-            head[value] = next_bin[chosen]
-            _add(counts, size, value, -1)
-            room = value
-        assignment[item] = chosen
-        room -= need
-        next_bin[chosen] = head[room]
-        head[room] = chosen
-        _add(counts, size, room, 1)
     return assignment, bins
 
 
@@ -262,9 +225,3 @@ def bin_loads(assignment, bins, lengths):
         tokens[assignment[item]] += lengths[item]
         squares[assignment[item]] += float(lengths[item]) * float(lengths[item])
     return tokens, squares
-
-
-@njit(cache=True)
-def bucket_indices(lengths, boundaries):
-    """Bucket per item: the first boundary >= its length (len(boundaries) when longer than all)."""
-    return np.searchsorted(boundaries, lengths, side="left")

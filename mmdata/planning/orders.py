@@ -1,0 +1,224 @@
+"""An epoch's order: a map from each position of the epoch to the sample read there, evaluated position by position
+(nothing of the size of the epoch is made), so one planner serves ten samples and a billion alike.
+
+Samples are numbered in manifest and time order (`planning.sample_index`). The orders:
+
+- "blocks": the samples cut into blocks of about a stored segment's worth, the blocks in a keyed permutation and
+  dealt in turn from `open_blocks` of them, so that a worker's frame cache decodes a segment once for its samples
+  while each step mixes several episodes (`BlockOrder`);
+- "locality": the runs of samples of one shard in a keyed permutation, taken `shards_per_group` runs at a time,
+  the samples of each group in a keyed permutation of their own (WebDataset's shard shuffle and sample buffer,
+  exactly reproducible: a worker reads few shards at a time);
+- "global": one keyed permutation of every sample;
+- "none": manifest and time order;
+- "auto", a loader's default: "blocks" where the samples read a camera, else "locality" (`resolve_shuffle`).
+
+Every permutation is a `KeyedPermutation` keyed by (seed, epoch), so an order costs the same at any size and any
+position of it is found without the positions before it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import numpy as np
+
+from mmdata.errors import OptionError
+from mmdata.planning.permutation import KeyedPermutation
+
+Shuffle = Literal["auto", "blocks", "locality", "global", "none"]
+SHUFFLES = ("blocks", "locality", "global", "none")  # the orders an epoch is made in
+SHUFFLE_MODES = ("auto", *SHUFFLES)  # what a loader takes: "auto" is resolved by `resolve_shuffle`
+# Names the way the orders and their dealing make an epoch's steps; a loader state carries it (in its fingerprint),
+# so a state saved by another way is refused by name rather than resumed into other steps. Changes with the steps.
+ORDER_VERSION = "one planner 1"
+_BLOCK_STREAM, _GLOBAL_STREAM, _LOCALITY_STREAM = 0xB10C, 0x610B, 0x10CA
+
+
+def as_shuffle(value: Shuffle | bool) -> Shuffle:
+    """An order from torch's `shuffle=True/False` (the default "auto" / "none") or by name."""
+    if isinstance(value, (bool, np.bool_)):
+        return "auto" if value else "none"
+    if value == "segments":
+        raise OptionError(
+            "the 'segments' order is now 'blocks' (the same order at any size: runs of a segment's samples dealt in"
+            " turn); give shuffle='blocks', or leave the 'auto' default"
+        )
+    if value not in SHUFFLE_MODES:
+        raise OptionError(f"shuffle is True, False or one of {', '.join(SHUFFLE_MODES)}, not {value!r:.60}")
+    return value
+
+
+def resolve_shuffle(mode: Shuffle, reads_video: bool) -> Shuffle:
+    """The order "auto" stands for: "blocks" where the samples read a camera (its frame cache then decodes each
+    frame about once per epoch), else "locality". Other modes are themselves."""
+    if mode != "auto":
+        return mode
+    return "blocks" if reads_video else "locality"
+
+
+class Order(Protocol):
+    """One epoch's order of `count` samples: the sample at any of its positions."""
+
+    count: int
+
+    def samples_at(self, positions: np.ndarray) -> np.ndarray: ...
+
+
+@dataclass(frozen=True)
+class IdentityOrder:
+    """The "none" order: position p reads sample p."""
+
+    count: int
+
+    def samples_at(self, positions: np.ndarray) -> np.ndarray:
+        return np.asarray(positions, dtype=np.int64)
+
+
+class GlobalOrder:
+    """The "global" order: a keyed permutation of every sample."""
+
+    def __init__(self, count: int, seed: int, epoch: int):
+        self.count = count
+        self._permutation = KeyedPermutation(count, _key(seed, epoch, _GLOBAL_STREAM))
+
+    def samples_at(self, positions: np.ndarray) -> np.ndarray:
+        return self._permutation(np.asarray(positions, dtype=np.int64))
+
+
+class LocalityOrder:
+    """The "locality" order (see the module) of `count` samples whose runs of one shard begin at `run_starts`
+    (ascending, the first 0): the runs permuted, grouped `shards_per_group` at a time, each group's samples
+    permuted on their own. Costs the runs' arrays, not the samples'."""
+
+    def __init__(self, count: int, run_starts: np.ndarray, shards_per_group: int, seed: int, epoch: int):
+        if shards_per_group < 1:
+            raise OptionError(f"shards_per_group must be at least 1, not {shards_per_group}")
+        self.count, self.group_runs = count, shards_per_group
+        self._seed, self._epoch = seed, epoch
+        starts = np.asarray(run_starts, dtype=np.int64)
+        sizes = np.diff(np.append(starts, count))
+        runs = KeyedPermutation(len(starts), _key(seed, epoch, _LOCALITY_STREAM))(np.arange(len(starts)))
+        self._run_at = runs  # the run at each place of the permuted list
+        self._run_starts = starts
+        self._placed = np.concatenate([[0], np.cumsum(sizes[runs])]).astype(np.int64)  # positions before each place
+
+    def samples_at(self, positions: np.ndarray) -> np.ndarray:
+        positions = np.asarray(positions, dtype=np.int64)
+        places = len(self._run_at)
+        group = (np.searchsorted(self._placed, positions, side="right") - 1) // self.group_runs
+        first = self._placed[group * self.group_runs]
+        size = self._placed[np.minimum((group + 1) * self.group_runs, places)] - first
+        shuffled = np.empty(len(positions), np.int64)
+        for number in np.unique(group).tolist():
+            mine = group == number
+            within = KeyedPermutation(int(size[mine][0]), _key(self._seed, self._epoch, _LOCALITY_STREAM, number + 1))
+            shuffled[mine] = first[mine] + within(positions[mine] - first[mine])
+        place = np.searchsorted(self._placed, shuffled, side="right") - 1
+        return self._run_starts[self._run_at[place]] + shuffled - self._placed[place]
+
+
+@dataclass(frozen=True)
+class BlockOrder:
+    """The "blocks" order of one epoch of `count` samples: the samples, turned by a random offset per epoch, cut into
+    blocks of `block` consecutive samples; a keyed permutation orders the blocks, and each run of `open_blocks`
+    blocks of that order is a group whose samples are dealt one from each block in turn (a micro-batch of 8 from a
+    group of 8 holds 8 blocks, about 8 episodes); the blocks left over from whole groups close the epoch as one
+    smaller group, and the samples of no whole block after them, in order."""
+
+    count: int
+    block: int
+    open_blocks: int
+    seed: int
+    epoch: int
+
+    def __post_init__(self):
+        if self.block < 1 or self.open_blocks < 1:
+            raise OptionError("a block holds at least 1 sample and at least 1 block is open")
+        keys = np.random.SeedSequence([self.seed, self.epoch, _BLOCK_STREAM]).generate_state(3, np.uint64)
+        span = self.block * self.open_blocks
+        groups = self.count // span
+        object.__setattr__(self, "_main", groups * span)
+        object.__setattr__(self, "_blocks", KeyedPermutation(groups * self.open_blocks, int(keys[0])))
+        object.__setattr__(self, "_tail", KeyedPermutation((self.count - groups * span) // self.block, int(keys[1])))
+        object.__setattr__(self, "_turn", int(keys[2] % max(1, self.count)))
+
+    def samples_at(self, positions: np.ndarray) -> np.ndarray:
+        """The sample number (manifest and time order) at each of `positions` in [0, count)."""
+        positions = np.asarray(positions, dtype=np.int64)
+        virtual = np.empty(len(positions), np.int64)
+        grouped = positions < self._main
+        inside = positions[grouped]
+        group, offset = np.divmod(inside, self.block * self.open_blocks)
+        turn, slot = np.divmod(offset, self.open_blocks)
+        virtual[grouped] = self._blocks(group * self.open_blocks + slot) * self.block + turn
+        virtual[~grouped] = self._main + self._in_tail(positions[~grouped] - self._main)
+        return (virtual + self._turn) % self.count
+
+    def _in_tail(self, offsets: np.ndarray) -> np.ndarray:
+        """Where the positions after the whole groups lie past them: the last whole blocks dealt in turn, then
+        the samples of no whole block."""
+        blocks = len(self._tail)
+        dealt = offsets < blocks * self.block
+        turn, slot = np.divmod(offsets[dealt], max(1, blocks))
+        placed = offsets.copy()
+        placed[dealt] = self._tail(slot) * self.block + turn
+        return placed
+
+
+@dataclass(frozen=True, eq=False)
+class OrderRecipe:
+    """How one source's samples are ordered, whatever the epoch (`order`): the resolved `mode`, the samples of a
+    block and the blocks open at once ("blocks"), the first sample of each run of one shard's samples and the runs
+    per group ("locality")."""
+
+    mode: Shuffle
+    block: int = 1
+    open_blocks: int = 8
+    run_starts: np.ndarray | None = None
+    shards_per_group: int = 8
+
+    def __post_init__(self):
+        if self.mode not in SHUFFLES:
+            raise OptionError(f"an epoch is ordered in one of {', '.join(SHUFFLES)}, not {self.mode!r:.60}")
+        if self.mode == "locality" and self.run_starts is None:
+            raise OptionError("the 'locality' order needs the samples' runs of one shard")
+
+    def order(self, count: int, seed: int, epoch: int) -> Order:
+        """The order of an epoch of the source's `count` samples (`seed` and `epoch` key it)."""
+        if self.mode == "none":
+            return IdentityOrder(count)
+        if self.mode == "global":
+            return GlobalOrder(count, seed, epoch)
+        if self.mode == "locality":
+            assert self.run_starts is not None
+            return LocalityOrder(count, self.run_starts, self.shards_per_group, seed, epoch)
+        return BlockOrder(count, self.block, self.open_blocks, seed, epoch)
+
+    def describe(self) -> list:
+        """What of the recipe decides the steps, for a loader state's fingerprint (the runs follow from the data)."""
+        if self.mode == "blocks":
+            return [self.mode, self.block, self.open_blocks]
+        if self.mode == "locality":
+            return [self.mode, self.shards_per_group]
+        return [self.mode]
+
+
+def shard_run_starts(shards: np.ndarray, first_samples: np.ndarray) -> np.ndarray:
+    """The first sample of each run of consecutive episodes in one shard (`shards`: each episode's shard, as codes
+    or names; `first_samples`: each episode's first sample number and, last, the count): the runs "locality"
+    shuffles. Episodes without samples join their neighbours' runs."""
+    shards = np.asarray(shards)
+    if len(shards) == 0:
+        return np.zeros(1, np.int64)
+    begins = np.flatnonzero(np.concatenate([[True], shards[1:] != shards[:-1]]))
+    firsts = np.asarray(first_samples, dtype=np.int64)
+    starts = firsts[begins]
+    keep = np.concatenate([[True], np.diff(starts) > 0]) & (starts < firsts[-1])
+    keep[0] = True
+    return starts[keep]
+
+
+def _key(seed: int, epoch: int, stream: int, *more: int) -> int:
+    return int(np.random.SeedSequence([seed, epoch, stream, *more]).generate_state(1, np.uint64)[0])
