@@ -161,7 +161,7 @@ def test_an_edit_of_a_manifest_read_by_row_group_keeps_every_other_row_in_order(
     url = str(write_scaled_store(stores["wds"], tmp_path / "scaled.wds", 40, row_group_rows=8))
     monkeypatch.setattr(manifest_reader, "EAGER_ROWS", 16)
     before = mmdata.open_dataset(url).store
-    assert not before.manifest.read_whole
+    assert not before.manifest.checked_whole
     rows = before.table.to_pylist()
     deleted = list(range(0, 40, 3))
     edit_store(url, "delete", EpisodeSelection(ids=deleted), recompute_stats=False, progress=False)

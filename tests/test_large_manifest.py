@@ -24,11 +24,11 @@ SPEC = mmdata.Windows(anchor_fps=5, streams={"cam_high": mmdata.Frames(offsets=[
 def test_a_large_manifest_opens_from_its_footer_and_reads_each_row_as_the_whole_one_does(scaled, by_row_group):
     lazy = mmdata.open_dataset(str(scaled)).store
     assert pq.ParquetFile(scaled / "episodes.parquet").num_row_groups == EPISODES // GROUP_ROWS
-    assert not lazy.manifest.read_whole and len(lazy) == EPISODES
+    assert not lazy.manifest.checked_whole and len(lazy) == EPISODES
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(manifest_reader, "EAGER_ROWS", 1 << 16)
         whole = mmdata.open_dataset(str(scaled)).store
-    assert whole.manifest.read_whole
+    assert whole.manifest.checked_whole
     for index in (0, 39, 17, 8, 7):
         assert lazy.manifest.row(index) == whole.manifest.row(index)
     columns = lazy.columns(["duration", "shard"])
@@ -102,7 +102,7 @@ def test_a_loader_over_a_large_manifest_gives_the_batches_it_gives_over_the_whol
     whole = list(mmdata.DataLoader(str(scaled), SPEC, batch_size=4, num_workers=workers, seed=2))
     monkeypatch.setattr(manifest_reader, "EAGER_ROWS", 16)
     dataset = mmdata.open_dataset(str(scaled))
-    assert not dataset.store.manifest.read_whole
+    assert not dataset.store.manifest.checked_whole
     lazy = list(mmdata.DataLoader(dataset, SPEC, batch_size=4, num_workers=workers, seed=2))
     assert_same_batches(lazy, whole)
 
@@ -130,7 +130,7 @@ def test_a_large_manifest_in_object_storage_opens_with_a_few_byte_ranges(scaled,
         finally:
             proxy.close()
             s3fs.S3FileSystem.clear_instance_cache()
-    assert not store.manifest.read_whole
+    assert not store.manifest.checked_whole
     assert row["key"] == "episode_000030"
     assert 1 <= opened <= 4, f"opening read {opened} byte ranges"
     assert read_row == 1, f"a row group read {read_row} byte ranges, not its one span"

@@ -118,6 +118,21 @@ def test_a_row_group_that_cannot_be_read_is_named_and_its_episodes_skipped_where
     assert loader.stats()["skipped_samples"] > 0 and all("row group 2" in message for message in skipped)
 
 
+def test_a_small_manifest_is_read_by_the_same_row_groups_and_names_an_unreadable_one_when_the_store_opens(
+    scaled, tmp_path
+):
+    store = str(with_group_damaged(scaled, tmp_path, 2, "cam_high/segments.list.element.first_frame"))
+    opened = mmdata.open_store(store)  # (40 rows: read in one request, every row group checked now)
+    assert opened.manifest.checked_whole and sorted(opened.damaged) == list(range(16, 24))
+    assert "row group 2 of" in opened.damaged[16] and opened.manifest.row(24)["key"] == "episode_000024"
+    with pytest.raises(IntegrityError, match=r"row group 2 of .*episodes.parquet \(episodes 16 to 23\) cannot be read"):
+        opened.manifest.row(17)
+    with pytest.raises(StoreError, match=r"8 episode\(s\) .* row group 2 of"):
+        mmdata.DataLoader(store, STATE, batch_size=4)
+    loader = mmdata.DataLoader(store, STATE, batch_size=4, on_error="skip")
+    assert {int(e) for batch in loader for e in batch["episode_index"]} == set(range(EPISODES)) - set(range(16, 24))
+
+
 @pytest.mark.slow
 def test_a_row_group_whose_planning_column_cannot_be_read_is_left_out_and_verify_and_inspect_name_it(
     scaled, tmp_path, by_row_group, monkeypatch

@@ -34,7 +34,7 @@ def large_store(stores, tmp_path_factory):
 def table(large_store, monkeypatch) -> EpisodeTable:
     monkeypatch.setattr(manifest_reader, "EAGER_ROWS", 1000)  # opened as a store too large to read whole is
     store = mmdata.open_store(str(large_store))
-    assert not store.manifest.read_whole
+    assert not store.manifest.checked_whole
     return EpisodeTable(store)
 
 

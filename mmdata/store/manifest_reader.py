@@ -1,13 +1,14 @@
-"""Reading `episodes.parquet`: whole and checked at once when it is small, by row group and by column when it is
-large, so that a rank of a job over ten million episodes holds the columns it plans with and the row groups it
-reads rather than the whole manifest (whose segment lists and packet indexes take kilobytes per episode).
+"""Reading `episodes.parquet` by row group and by column, whatever its size, so that a rank of a job over ten
+million episodes holds the columns it plans with and the row groups it reads rather than the whole manifest (whose
+segment lists and packet indexes take kilobytes per episode), and a store of ten episodes is read by the same code.
 
-A manifest of at most `EAGER_ROWS` rows in a file of at most `EAGER_BYTES` is read in one request and checked
-whole when the store opens, as it always was: `Store.damaged` then lists every damaged episode. A larger one is
-opened from its footer; the columns a planner asks for are read column by column (`columns`), and a row group is
-read and kept (within `ROW_GROUP_CACHE_BYTES`) when one of its rows is first read (`row`); a row is checked before
-it is first read (on its own, or with its whole group once several of the group's rows were read). Its damaged
-episodes are found as they are read, and `mmdata verify` reads every one.
+The columns a planner asks for are read column by column (`columns`), and a row group is read and kept (within
+`ROW_GROUP_CACHE_BYTES`) when one of its rows is first read (`row`). A manifest of at most `EAGER_ROWS` rows in a
+file of at most `EAGER_BYTES` is read in one request and every row group of it checked when the store opens
+(`checked_whole`): `Store.damaged` then lists every damaged episode. In a larger one a row is checked before it is
+first read (on its own, or with its whole group once several of the group's rows were read): its damaged episodes
+are found as they are read, and `mmdata verify` reads every one. A row group that cannot be read marks its rows
+damaged, named, in either.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from fsspec.implementations.local import LocalFileSystem
 from mmdata.errors import IntegrityError, MmdataError, StoreError
 from mmdata.schema import DatasetSchema
 from mmdata.store.filesystem import ReadPolicy, file_size, read_file, read_range
-from mmdata.store.manifest import ORIGIN, ROW_GROUP_ROWS, rooted_in_origin
+from mmdata.store.manifest import ORIGIN, rooted_in_origin
 from mmdata.store.manifest_checks import check_manifest, check_manifest_columns, duration_damage
 
 # Columns read as dictionaries when read whole from a large manifest: a few distinct values over millions of rows.
@@ -129,32 +130,45 @@ class Manifest:
     reading one raises IntegrityError, so nothing is ever read through an inconsistent address.
     """
 
-    def __init__(self, table: pa.Table, damaged: dict[int, str] | None = None):
-        self._table: pa.Table | None = table
-        self.damaged = dict(damaged or {})
-        self.stream_origins: dict[str, str] = {}  # (set by `open_manifest` from the store's schema)
-        self.num_rows = table.num_rows
-        self._opener: ParquetOpener | None = None
-        self._check: Check | None = None
-        self._starts = [0]
-        self._setup_caches()
-
-    @classmethod
-    def by_row_group(
-        cls, opener: ParquetOpener, check: Check, opened: tuple[pq.ParquetFile, Any] | None = None
-    ) -> Manifest:
+    def __init__(self, opener: ParquetOpener, check: Check, opened: tuple[pq.ParquetFile, Any] | None = None):
         """A manifest read by row group and column from the Parquet file `opener` opens (again in each process;
         `opened`: the file opened already in this process, and what it reads through)."""
-        manifest = cls.__new__(cls)
         parquet, source = opened if opened is not None else opener()
-        manifest._table, manifest.damaged, manifest.stream_origins = None, {}, {}
-        manifest.num_rows = parquet.metadata.num_rows
-        manifest._opener, manifest._check = opener, check
+        self.damaged: dict[int, str] = {}
+        self.stream_origins: dict[str, str] = {}  # (set by `open_manifest` from the store's schema)
+        self.num_rows = parquet.metadata.num_rows
+        self.checked_whole = False
+        self._opener, self._check = opener, check
         counts = [parquet.metadata.row_group(g).num_rows for g in range(parquet.num_row_groups)]
-        manifest._starts = [0, *itertools.accumulate(counts)][:-1] if counts else [0]
-        manifest._setup_caches()
-        manifest._parquet, manifest._source = parquet, source
-        return manifest
+        self._starts = [0, *itertools.accumulate(counts)][:-1] if counts else [0]
+        self._setup_caches()
+        self._parquet, self._source = parquet, source
+
+    def check_whole(self) -> None:
+        """Read and check every row group now, so that `damaged` lists every damaged row (a small manifest, when
+        its store opens): read in one pass and kept as its groups, or, where that fails, group by group (a group
+        that cannot be read marks its rows damaged); a structure that is wrong raises StoreError."""
+        parquet, _ = self._file()
+        try:
+            whole: pa.Table | None = parquet.read(use_threads=False)
+        except UNREADABLE as exc:
+            if not is_damage(exc):
+                raise
+            whole = None
+        for number, first in enumerate(self._starts):
+            if self.num_rows == 0:
+                break
+            if whole is not None:
+                group = whole.slice(first, self._group_rows(number))
+                self._groups[number] = group
+            else:
+                try:
+                    group, _ = self._group_of(first)
+                except IntegrityError:  # (its rows are marked damaged, named)
+                    continue
+            self.damaged.update(self._check(group, first))
+            self._checked_groups.add(number)
+        self.checked_whole = True
 
     def _setup_caches(self) -> None:
         self._parquet: pq.ParquetFile | None = None
@@ -164,11 +178,6 @@ class Manifest:
         self._checked_groups: set[int] = set()  # row groups checked whole in this process
         self._checked_rows: set[int] = set()  # rows checked on their own in this process
         self._rows_checked_in: dict[int, int] = {}  # per row group, how many of its rows were checked on their own
-
-    @property
-    def read_whole(self) -> bool:
-        """Whether the manifest was read and checked whole when opened (`damaged` then lists every damaged row)."""
-        return self._opener is None
 
     def __len__(self) -> int:
         return self.num_rows
@@ -191,8 +200,6 @@ class Manifest:
         the row groups holding them are read at once (`FETCH_THREADS` at a time, each once), which a loader whose
         frame cache plans many steps ahead otherwise reads one by one (and again, when 18 MB groups leave the cache
         between two of its rows). A damaged row is left for `row` to refuse."""
-        if self._table is not None:
-            return
         missing: dict[int, list[int]] = {}
         for index in sorted({int(i) for i in indexes}):
             if 0 <= index < self.num_rows and index not in self._rows and index not in self.damaged:
@@ -204,7 +211,6 @@ class Manifest:
         if not missing:
             return
         parquet = self._file()[0]
-        assert self._opener is not None, "a manifest read whole has no file to read again"
         opener = self._opener
 
         def read(number: int) -> tuple[int, pa.Table | None]:
@@ -243,15 +249,12 @@ class Manifest:
     @property
     def schema(self) -> pa.Schema:
         """The manifest's columns and their types, as its rows are read (from the footer: no row is read)."""
-        schema = self._table.schema if self._table is not None else self._file()[0].schema_arrow
-        return schema.remove_metadata()
+        return self._file()[0].schema_arrow.remove_metadata()
 
     @property
     def table(self) -> pa.Table:
-        """The whole manifest as a table (for a manifest read by row group, every row group is read: tools that
-        look at a whole store use it; loaders use `columns` and `row`)."""
-        if self._table is not None:
-            return self._table
+        """The whole manifest as a table (every row group is read: tools that look at a whole store use it; loaders
+        use `columns` and `row`)."""
         schema = self._file()[0].schema_arrow
         parts = []
         for number in range(len(self._starts)):
@@ -262,13 +265,10 @@ class Manifest:
         return pa.concat_tables(parts)
 
     def columns(self, names: Sequence[str]) -> pa.Table:
-        """The manifest's columns `names`, every row (of a large manifest: read column by column, string columns of
-        few values as dictionaries; not kept, as a loader reads each once). Reading a large manifest's columns adds
-        to `damaged` what they show: rows of a row group that cannot be read (given as missing values), and, when
-        `duration` is among them, rows whose duration no episode can have."""
-        if self._table is not None:
-            return self._table.select(list(names))
-        assert self._opener is not None, "a manifest read whole has no file to read again"
+        """The manifest's columns `names`, every row (read column by column, string columns of few values as
+        dictionaries; not kept, as a loader reads each once). Reading them adds to `damaged` what they show: rows of
+        a row group that cannot be read (given as missing values), and, when `duration` is among them, rows whose
+        duration no episode can have."""
         present = self._file()[0].schema_arrow.names
         parquet, source = self._opener([name for name in DICTIONARY_COLUMNS if name in present])
         try:
@@ -278,7 +278,8 @@ class Manifest:
             if not is_damage(exc):
                 raise
             read = self._columns_by_group(parquet, names)
-        source.forget()
+        if isinstance(source, RangeFile):
+            source.forget()
         pa.default_memory_pool().release_unused()  # the pages decoded on the way, kept by the allocator
         if "duration" in names:  # (what planning reads first: an episode no duration fits is damage, named now)
             durations = pc.cast(read.column("duration"), pa.float64()).to_numpy(zero_copy_only=False)
@@ -310,7 +311,7 @@ class Manifest:
         first = self._starts[number]
         last = first + self._group_rows(number) - 1
         problem = f"{type(error).__name__}: {str(error)[:300]}"
-        where = self._opener.where if self._opener is not None else "the manifest"
+        where = self._opener.where
         message = (
             f"row group {number} of {where} (episodes {first} to {last}) cannot be read ({problem}); the manifest"
             " is damaged: restore it or convert the store again"
@@ -323,8 +324,6 @@ class Manifest:
         """The columns `names` of rows `indexes` (any order), as stored (not rooted in an origin), each row group
         they lie in read once: what an edit reads of another store's rows, a part at a time."""
         indexes = np.asarray(indexes, dtype=np.int64)
-        if self._table is not None:
-            return self._table.select(list(names)).take(pa.array(indexes))
         numbers = np.searchsorted(np.asarray(self._starts), indexes, side="right") - 1
         parts, places = [], []
         for number in np.unique(numbers).tolist():
@@ -337,19 +336,13 @@ class Manifest:
         return pa.concat_tables(parts).take(pa.array(np.argsort(np.concatenate(places), kind="stable")))
 
     def row_groups(self) -> Iterator[tuple[int, pa.Table]]:
-        """Every row, as (first row, rows) in groups of at most `ROW_GROUP_ROWS`, read one at a time and not kept
+        """Every row, as (first row, rows) a row group at a time, each read when its turn comes and not kept
         (what copies a manifest of millions of rows in the memory of one group)."""
-        if self._table is not None:
-            for first in range(0, self.num_rows, ROW_GROUP_ROWS):
-                yield first, self._table.slice(first, ROW_GROUP_ROWS)
-            return
         for number, first in enumerate(self._starts):
             yield first, self._read_group(number)
 
     def _group_of(self, index: int) -> tuple[pa.Table, int]:
         """The row group holding row `index` (read and checked when first asked for) and its first row."""
-        if self._table is not None:
-            return self._table, 0
         number = bisect.bisect_right(self._starts, index) - 1
         group = self._groups.get(number)
         if group is None:
@@ -362,7 +355,7 @@ class Manifest:
         """Check row `index` (in `group`, whose first row is `start`) before it is first read: on its own while few
         rows of its group were read (a loader reading episodes all over a large manifest: 4 ms a row, where a group
         of 4,096 takes 18), then its whole group once (a reader going through the rows in order)."""
-        if self._check is None:
+        if self.checked_whole:
             return
         number = bisect.bisect_right(self._starts, index) - 1
         if number in self._checked_groups or index in self._checked_rows:
@@ -394,7 +387,6 @@ class Manifest:
     def _file(self) -> tuple[pq.ParquetFile, Any]:
         """The manifest file and what it reads through (opened again in a new process)."""
         if self._parquet is None:
-            assert self._opener is not None, "a manifest read whole has no file to read again"
             self._parquet, self._source = self._opener()
         return self._parquet, self._source
 
@@ -411,8 +403,17 @@ class Manifest:
 class ParquetOpener:
     """Opens a store's manifest file for reading by range (picklable: a worker process opens it again)."""
 
-    def __init__(self, fs: fsspec.AbstractFileSystem, path: str, size: int, policy: ReadPolicy, where: str):
+    def __init__(
+        self,
+        fs: fsspec.AbstractFileSystem,
+        path: str,
+        size: int,
+        policy: ReadPolicy,
+        where: str,
+        data: pa.Buffer | None = None,
+    ):
         self.fs, self.path, self.size, self.policy, self.where = fs, path, size, policy, where
+        self.data = data  # the whole file, read in one request (a small manifest), else None: read by range
 
     def __call__(
         self, dictionaries: Sequence[str] = (), metadata: pq.FileMetaData | None = None, native: bool = False
@@ -421,7 +422,9 @@ class ParquetOpener:
         `metadata`: its footer, read already (not read again). `native`: a local file is read by Arrow itself,
         which reads without the interpreter's lock (threads reading row groups then use both cores)."""
         source: Any
-        if native and isinstance(self.fs, LocalFileSystem):
+        if self.data is not None:
+            source = pa.BufferReader(self.data)
+        elif native and isinstance(self.fs, LocalFileSystem):
             source = pa.OSFile(self.path)
         else:
             source = RangeFile(self.fs, self.path, self.size, self.policy)
@@ -431,14 +434,12 @@ class ParquetOpener:
 def open_manifest(
     fs: fsspec.AbstractFileSystem, path: str, policy: ReadPolicy, schema: DatasetSchema, where: str
 ) -> Manifest:
-    """The manifest at `path` of a store of `schema`: read in one request and checked whole when it is small,
-    else read by row group and column (see the module). A footer that declares far more row data than the file
+    """The manifest at `path` of a store of `schema`, read by row group and column (see the module): in one
+    request, every row group checked now, when it is small. A footer that declares far more row data than the file
     could hold is refused before any page is decompressed."""
     size = file_size(fs, path, policy)
-    if size <= EAGER_BYTES:
-        source: Any = pa.BufferReader(arrow_owned(read_file(fs, path, EAGER_BYTES, policy)))
-    else:
-        source = RangeFile(fs, path, size, policy)
+    data = arrow_owned(read_file(fs, path, EAGER_BYTES, policy)) if size <= EAGER_BYTES else None
+    source: Any = pa.BufferReader(data) if data is not None else RangeFile(fs, path, size, policy)
     parquet = _parquet_file(source, where)
     metadata = parquet.metadata
     declared = sum(metadata.row_group(g).total_byte_size for g in range(parquet.num_row_groups))
@@ -447,20 +448,16 @@ def open_manifest(
             f"{where} declares {declared} bytes of rows in a {size}-byte file;"
             " it is damaged or hostile: restore it or convert again"
         )
-    if size <= EAGER_BYTES and metadata.num_rows <= EAGER_ROWS:
-        try:
-            table = parquet.read(use_threads=False)
-        except (pa.ArrowException, OSError, ValueError, IndexError) as exc:
-            raise StoreError(f"{where} is not a readable Parquet file ({exc}); restore it or convert again") from exc
-        manifest = Manifest(table, check_manifest(table, schema, where))
-    else:
-        check_manifest_columns(parquet.schema_arrow, metadata.num_rows, schema, where)
+    check_manifest_columns(parquet.schema_arrow, metadata.num_rows, schema, where)
 
-        def check(group: pa.Table, first_row: int) -> dict[int, str]:
-            return check_manifest(group, schema, where, first_row)
+    def check(group: pa.Table, first_row: int) -> dict[int, str]:
+        return check_manifest(group, schema, where, first_row)
 
-        manifest = Manifest.by_row_group(ParquetOpener(fs, path, size, policy, where), check, (parquet, source))
+    opener = ParquetOpener(fs, path, size, policy, where, data)
+    manifest = Manifest(opener, check, (parquet, source))
     manifest.stream_origins = dict(schema.stream_origins)
+    if size <= EAGER_BYTES and metadata.num_rows <= EAGER_ROWS:
+        manifest.check_whole()
     return manifest
 
 
