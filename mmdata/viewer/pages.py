@@ -103,8 +103,8 @@ def served_page_of(store: Store) -> Callable[[int], str | None]:
 
 
 def _stream_totals(store: Store, table: EpisodeTable) -> dict[str, dict[str, Any]]:
-    """Each stream's items (frames, samples, rows) in all, and its stored bytes when the manifest was checked whole (a small one)
-    (summing a large manifest's pieces would read every row group: None then)."""
+    """Each stream's items (frames, samples, rows) in all, and its stored bytes when the manifest was checked whole
+    (a small one; summing a large manifest's pieces would read every row group: None then)."""
     streams = [stream for stream in store.schema.streams if stream.kind != "text"]
     totals = {}
     for stream in streams:
