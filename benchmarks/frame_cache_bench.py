@@ -32,8 +32,8 @@ CODE = (
     POLICY_WINDOWS
     + """
 loader = mmdata.DataLoader(
-    {store!r}, spec, batching=mmdata.Batching(batch_size=8), shuffling=mmdata.Shuffling(mode={mode!r}),
-    runtime=mmdata.Runtime(num_workers=2), reading=mmdata.Reading(frame_cache_bytes={cache}),
+    {store!r}, spec, batch_size=8, shuffle={mode!r}, num_workers=2,
+    reading=mmdata.Reading(frame_cache_bytes={cache}),
 )
 """
     + MEASURE_WITH_MIXING

@@ -68,8 +68,7 @@ import mmdata
 from mmdata.measure.floor import decode_floor
 """
     + POLICY_SPEC
-    + """loader = mmdata.DataLoader({store!r}, spec, batching=mmdata.Batching(batch_size=8),
-                           runtime=mmdata.Runtime(num_workers={workers}))
+    + """loader = mmdata.DataLoader({store!r}, spec, batch_size=8, num_workers={workers})
 every_sample = range(len(loader.samples))
 floor_before = decode_floor(loader, every_sample)
 figures = measure_epochs(lambda: iter(loader), lambda batch: len(batch["sample_index"]), {seconds})

@@ -34,8 +34,7 @@ if {fixed}:
     assembly.horizon_for = lambda life, lanes, workers: 128  # the fixed horizon before horizon_for
 """
     + POLICY_SPEC
-    + """loader = mmdata.DataLoader({store!r}, spec, batching=mmdata.Batching(batch_size=8),
-                           runtime=mmdata.Runtime(num_workers={workers}))
+    + """loader = mmdata.DataLoader({store!r}, spec, batch_size=8, num_workers={workers})
 sum(len(batch["sample_index"]) for batch in loader)
 loader.reset_stats()
 cpu, wall = time.process_time(), time.perf_counter()

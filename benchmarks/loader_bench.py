@@ -59,7 +59,10 @@ def main() -> None:
         shards = export_naive_shards(mmdata.open_dataset(store), Path(folder) / "naive")
 
         loader = mmdata.DataLoader(
-            store, POLICY_WINDOWS, tokens_per=TOKENS_PER, batch_tokens=args.batch_tokens, num_workers=args.workers
+            store,
+            POLICY_WINDOWS,
+            num_workers=args.workers,
+            batching=mmdata.Batching(tokens_per=TOKENS_PER, batch_tokens=args.batch_tokens),
         )
         per_batch = round(len(loader.samples) / max(len(loader), 1))
         results = {

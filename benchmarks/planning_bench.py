@@ -43,11 +43,11 @@ def store(folder: Path) -> mmdata.Dataset:
     return mmdata.open_dataset(str(folder / "store.wds"))
 
 
-def measure(dataset: mmdata.Dataset, samples: int, batching: mmdata.Batching) -> dict:
+def measure(dataset: mmdata.Dataset, samples: int, batch: dict) -> dict:
     seconds = sum(float(dataset.manifest.row(i)["duration"]) for i in range(len(dataset)))
     spec = mmdata.Windows(anchor_fps=samples / seconds, streams={"action": mmdata.Values(offsets=[0.0, 0.1])})
     building = time.perf_counter()
-    loader = mmdata.DataLoader(dataset, spec, seed=1, batching=batching)
+    loader = mmdata.DataLoader(dataset, spec, seed=1, **batch)
     built = time.perf_counter()
     plan = loader.planner.epoch_plan(1, 0, [], 1)
     planned = time.perf_counter()
@@ -85,8 +85,8 @@ def main() -> None:
         dataset = store(Path(folder))
         results = {
             "machine": machine_name(),
-            "batch_size_256": measure(dataset, args.samples, mmdata.Batching(batch_size=256)),
-            "batch_tokens_4096": measure(dataset, args.samples, mmdata.Batching(batch_tokens=4096)),
+            "batch_size_256": measure(dataset, args.samples, {"batch_size": 256}),
+            "batch_tokens_4096": measure(dataset, args.samples, {"batching": mmdata.Batching(batch_tokens=4096)}),
         }
     print(json.dumps(results, indent=1))
     if args.out:

@@ -56,9 +56,8 @@ SPEC = mmdata.Windows(
 
 def loader_for(url: str, args, cache_dir: str | None = None, plain: bool = True) -> mmdata.DataLoader:
     policy = mmdata.ReadPolicy(cache_dir=cache_dir, coalesce_gap=args.coalesce_gap, plain_s3_gets=plain)
-    batching, runtime = mmdata.Batching(batch_size=args.batch_size), mmdata.Runtime(num_workers=args.workers)
     reading = mmdata.Reading(policy=policy)
-    return mmdata.DataLoader(url, SPEC, batching=batching, runtime=runtime, reading=reading, seed=1)
+    return mmdata.DataLoader(url, SPEC, batch_size=args.batch_size, num_workers=args.workers, seed=1, reading=reading)
 
 
 def one_epoch(loader: mmdata.DataLoader) -> None:

@@ -72,9 +72,8 @@ def read_steps(url: str, gap: int) -> dict:
 
     piece_readers.coalesce = counted
     try:
-        batching, runtime = mmdata.Batching(batch_size=32), mmdata.Runtime(num_workers=0)
         reading = mmdata.Reading(policy=mmdata.ReadPolicy(coalesce_gap=gap))
-        loader = mmdata.DataLoader(url, SPEC, batching=batching, runtime=runtime, reading=reading, seed=1)
+        loader = mmdata.DataLoader(url, SPEC, batch_size=32, num_workers=0, seed=1, reading=reading)
         batches = iter(loader)
         next(batches)
         cpu, wall, samples = time.process_time(), time.perf_counter(), 0

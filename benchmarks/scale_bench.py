@@ -183,11 +183,7 @@ def first_batch_of(dataset, windows: mmdata.Windows, world: int) -> dict:
     rss_before = resident_mb()
     started = time.perf_counter()
     loader = mmdata.DataLoader(
-        dataset,
-        windows,
-        batching=mmdata.Batching(batch_size=BATCH),
-        runtime=mmdata.Runtime(rank=world - 1, world_size=world),
-        seed=1,
+        dataset, windows, batch_size=BATCH, seed=1, runtime=mmdata.Runtime(rank=world - 1, world_size=world)
     )
     built = time.perf_counter()
     next(iter(loader))
@@ -226,8 +222,7 @@ started = time.perf_counter()
 dataset = mmdata.open_dataset({store!r})
 opened = time.perf_counter()
 figures = {{"open_s": round(opened - started, 3), "open_rss_mb": round(resident())}}
-loader = mmdata.DataLoader(dataset, spec, batching=mmdata.Batching(batch_size=8),
-                           runtime=mmdata.Runtime(rank=1023, world_size=1024), seed=1)
+loader = mmdata.DataLoader(dataset, spec, batch_size=8, runtime=mmdata.Runtime(rank=1023, world_size=1024), seed=1)
 plan = loader.epoch_plan()
 loader.planner.rank_steps(plan, 1023)[0]
 planned = time.perf_counter()

@@ -133,7 +133,7 @@ def resize_part(folder: Path, args) -> dict:
                     batch_size=args.batch_size,
                     num_workers=args.workers,
                     seed=1,
-                    decoder=FullFramesThenTorch(),
+                    runtime=mmdata.Runtime(decoder=FullFramesThenTorch()),
                 ),
             }
             figures = measure(loaders, args.rounds, args.seconds)
@@ -142,7 +142,13 @@ def resize_part(folder: Path, args) -> dict:
                 figures["inside_decode"]["rounds_per_cpu_s"], figures["full_then_torch"]["rounds_per_cpu_s"]
             )
             first = {
-                name: next(iter(mmdata.DataLoader(str(store), spec, batch_size=args.batch_size, seed=1, decoder=d)))
+                name: next(
+                    iter(
+                        mmdata.DataLoader(
+                            str(store), spec, batch_size=args.batch_size, seed=1, runtime=mmdata.Runtime(decoder=d)
+                        )
+                    )
+                )
                 for name, d in (("inside", "pyav"), ("after", FullFramesThenTorch()))
             }
             difference = (first["inside"]["cam_high"].float() - first["after"]["cam_high"].float()).abs()

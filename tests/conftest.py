@@ -118,7 +118,9 @@ def camera_batches(store: Path, decoder, seed: int) -> list:
     import mmdata
 
     spec = mmdata.Windows(anchor_fps=10, streams={"cam_high": mmdata.Frames(offsets=[-0.1, 0.0])})
-    loader = mmdata.DataLoader(str(store), spec, batch_size=4, num_workers=2, seed=seed, decoder=decoder)
+    loader = mmdata.DataLoader(
+        str(store), spec, batch_size=4, num_workers=2, seed=seed, runtime=mmdata.Runtime(decoder=decoder)
+    )
     return [(batch["sample_index"], batch["cam_high"]) for batch in loader]
 
 

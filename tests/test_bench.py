@@ -118,7 +118,11 @@ def test_compare_exits_non_zero_on_a_planted_regression_and_zero_within_the_limi
 def test_stage_shares_account_for_the_wall_time_within_five_percent(stores, workers):
     # Without the frame cache, which on this small store would serve most frames and leave little to decode.
     loader = mmdata.DataLoader(
-        stores["wds"], POLICY, tokens_per={"cam_high": 64}, batch_tokens=1024, num_workers=workers, frame_cache_bytes=0
+        stores["wds"],
+        POLICY,
+        num_workers=workers,
+        batching=mmdata.Batching(tokens_per={"cam_high": 64}, batch_tokens=1024),
+        reading=mmdata.Reading(frame_cache_bytes=0),
     )
     measured = run_loader(loader, steps=12, warmup=2, step_ms=5)
     main = measured["stages"]["main_thread"]
@@ -333,7 +337,7 @@ def test_the_decode_floor_decodes_each_frame_the_samples_deliver_once(stores):
     fps = store.schema.stream("cam_high").fps
     # every stored frame an anchor, each sample also asking for the frame before: each frame asked twice
     spec = mmdata.Windows(anchor_fps=fps, streams={"cam_high": mmdata.Frames(offsets=[-1 / fps, 0.0])})
-    loader = mmdata.DataLoader(stores["wds"], spec, batching=mmdata.Batching(batch_size=4))
+    loader = mmdata.DataLoader(stores["wds"], spec, batch_size=4)
     first_episode = np.flatnonzero(loader.samples.episodes_of(np.arange(len(loader.samples)))[0] == 0)
     floor = decode_floor(loader, [*first_episode.tolist(), *first_episode[:5].tolist()])
     assert floor.samples == len(first_episode), "a sample delivered twice is counted once"
@@ -351,7 +355,7 @@ def test_the_decode_floor_of_scattered_samples_times_whole_segments_and_counts_o
     monkeypatch.setattr(
         PyAvDecoder, "decode", lambda self, requests, *a: timed.extend(requests) or decode(self, requests, *a)
     )
-    loader = mmdata.DataLoader(stores["wds"], POLICY, batching=mmdata.Batching(batch_size=4))
+    loader = mmdata.DataLoader(stores["wds"], POLICY, batch_size=4)
     scattered = np.arange(0, len(loader.samples), 7)  # a frame here and there: a short bench's steps
     floor = decode_floor(loader, scattered)
     assert floor.samples == len(scattered) and floor.frames <= 3 * len(scattered)
@@ -361,9 +365,7 @@ def test_the_decode_floor_of_scattered_samples_times_whole_segments_and_counts_o
 
 @pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_bench_reports_the_loaders_cpu_per_sample_workers_included_against_the_decode_floor(stores, workers):
-    loader = mmdata.DataLoader(
-        stores["wds"], POLICY, batching=mmdata.Batching(batch_size=4), runtime=mmdata.Runtime(num_workers=workers)
-    )
+    loader = mmdata.DataLoader(stores["wds"], POLICY, batch_size=4, num_workers=workers)
     measured = run_loader(loader, steps=6, warmup=2)
     figures, worker_cpu = measured["figures"], measured["loader_stats"]["worker_cpu_seconds"]
     assert len(worker_cpu) == workers and all(seconds > 0 for seconds in worker_cpu.values())

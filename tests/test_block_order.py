@@ -289,26 +289,13 @@ def test_planning_a_billion_samples_costs_a_rank_the_memory_of_its_first_step_no
 def test_a_loader_in_the_blocks_order_reads_every_sample_once_per_epoch_with_workers_and_decodes_a_frame_about_once(
     stores,
 ):
-    loader = mmdata.DataLoader(
-        stores["wds"],
-        CAMERA_WINDOWS,
-        batching=mmdata.Batching(batch_size=4),
-        shuffling=mmdata.Shuffling(mode="blocks"),
-        runtime=mmdata.Runtime(num_workers=2),
-        seed=3,
-    )
+    loader = mmdata.DataLoader(stores["wds"], CAMERA_WINDOWS, batch_size=4, shuffle="blocks", num_workers=2, seed=3)
     assert loader.shuffle == "blocks"
     plan = loader.epoch_plan()
     seen = [i for batch in loader for i in batch["sample_index"].tolist()]
     assert len(seen) == len(set(seen))
     assert sorted(seen + plan.left_out.tolist()) == list(range(len(loader.samples)))
-    alone = mmdata.DataLoader(
-        stores["wds"],
-        CAMERA_WINDOWS,
-        batching=mmdata.Batching(batch_size=4),
-        shuffling=mmdata.Shuffling(mode="blocks"),
-        seed=3,
-    )
+    alone = mmdata.DataLoader(stores["wds"], CAMERA_WINDOWS, batch_size=4, shuffle="blocks", seed=3)
     for _ in alone:
         pass
     assert alone.stats()["decode_waste"] < 1.2
@@ -320,10 +307,11 @@ def test_a_loader_in_the_blocks_order_resumes_exactly_and_at_another_world_size(
         return mmdata.DataLoader(
             stores["zarr"],
             CAMERA_WINDOWS,
-            batching=mmdata.Batching(batch_size=2),
-            shuffling=mmdata.Shuffling(mode="blocks", lanes=2),
-            runtime=mmdata.Runtime(rank=rank, world_size=world),
+            batch_size=2,
+            shuffle="blocks",
             seed=5,
+            shuffling=mmdata.Shuffling(lanes=2),
+            runtime=mmdata.Runtime(rank=rank, world_size=world),
         )
 
     uninterrupted = [batch["sample_index"].tolist() for batch in build()]
@@ -348,43 +336,32 @@ def test_a_loader_in_the_blocks_order_resumes_exactly_and_at_another_world_size(
 
 @pytest.mark.slow
 def test_a_state_saved_in_another_order_is_refused_by_the_blocks_order(stores):
-    segments = mmdata.DataLoader(
-        stores["wds"], CAMERA_WINDOWS, batching=mmdata.Batching(batch_size=4), shuffling=mmdata.Shuffling("locality")
-    )
+    segments = mmdata.DataLoader(stores["wds"], CAMERA_WINDOWS, batch_size=4, shuffle="locality")
     next(iter(segments))
-    blocks = mmdata.DataLoader(
-        stores["wds"], CAMERA_WINDOWS, batching=mmdata.Batching(batch_size=4), shuffling=mmdata.Shuffling(mode="blocks")
-    )
+    blocks = mmdata.DataLoader(stores["wds"], CAMERA_WINDOWS, batch_size=4, shuffle="blocks")
     with pytest.raises(ResumeError):
         blocks.load_state_dict(segments.state_dict())
 
 
 @pytest.mark.slow
 def test_a_token_budget_over_windows_in_the_blocks_order_holds_as_many_windows_as_fit(stores):
-    def indices(batching: mmdata.Batching) -> list[list[int]]:
-        loader = mmdata.DataLoader(
-            stores["zarr"], CAMERA_WINDOWS, batching=batching, shuffling=mmdata.Shuffling(mode="blocks"), seed=2
-        )
+    def indices(**batch) -> list[list[int]]:
+        loader = mmdata.DataLoader(stores["zarr"], CAMERA_WINDOWS, shuffle="blocks", seed=2, **batch)
         assert loader.shuffle == "blocks"
         return [batch["sample_index"].tolist() for batch in loader]
 
     # a window costs 2 camera frames x 3 + 1 action = 7 tokens: 50 tokens hold 7 windows
     budget = mmdata.Batching(batch_tokens=50, tokens_per={"cam_high": 3})
-    assert indices(budget) == indices(mmdata.Batching(batch_size=7))
+    assert indices(batching=budget) == indices(batch_size=7)
     with pytest.raises(mmdata.SpecError, match="costliest sample takes 7 tokens"):
-        indices(mmdata.Batching(batch_tokens=6, tokens_per={"cam_high": 3}))
+        indices(batching=mmdata.Batching(batch_tokens=6, tokens_per={"cam_high": 3}))
 
 
 @pytest.mark.slow
 def test_sequences_of_some_episodes_in_the_blocks_order_are_each_read_once(stores):
     spec = mmdata.Sequences(fps=10, streams={"action": mmdata.Values()}, max_seconds=0.5)
     loader = mmdata.DataLoader(
-        stores["zarr"],
-        spec,
-        episodes=mmdata.Episodes(ids=[0, 2]),
-        batching=mmdata.Batching(batch_size=2),
-        shuffling=mmdata.Shuffling(mode="blocks"),
-        seed=1,
+        stores["zarr"], spec, batch_size=2, shuffle="blocks", episodes=mmdata.Episodes(ids=[0, 2]), seed=1
     )
     table = mmdata.open_dataset(stores["zarr"]).store.table
     expected = enumerate_samples(table, spec, np.array([0, 2]))
@@ -399,9 +376,7 @@ def test_sequences_of_some_episodes_in_the_blocks_order_are_each_read_once(store
 def test_the_decode_floor_of_a_loader_in_the_blocks_order_is_measured(stores):
     from mmdata.measure.floor import decode_floor
 
-    loader = mmdata.DataLoader(
-        stores["wds"], CAMERA_WINDOWS, batching=mmdata.Batching(batch_size=4), shuffling=mmdata.Shuffling(mode="blocks")
-    )
+    loader = mmdata.DataLoader(stores["wds"], CAMERA_WINDOWS, batch_size=4, shuffle="blocks")
     floor = decode_floor(loader, range(0, len(loader.samples), 5))
     assert floor is not None and floor.frames > 0 and floor.samples == len(range(0, len(loader.samples), 5))
 

@@ -69,7 +69,7 @@ def test_each_cause_of_waste_is_named_with_its_fix():
 def test_the_loaders_bound_follows_its_batch_and_frame_sizes(stores):
     frame_bytes = 2 * 224 * 224 * 3 + 208 * 160 * 3  # cam_high twice, cam_wrist once per sample
     for batch_size in (2, 4):
-        made = mmdata.DataLoader(str(stores["wds"]), WINDOWS, batching=mmdata.Batching(batch_size=batch_size))
+        made = mmdata.DataLoader(str(stores["wds"]), WINDOWS, batch_size=batch_size)
         next(iter(made))
         budget = made.stats()["frame_cache"]
         assert budget["longest"] >= LONGEST_HORIZON  # a segment's life in the main process's reads
@@ -125,7 +125,7 @@ def test_each_step_of_the_horizon_is_made_once_not_once_per_read(stores, monkeyp
         return refs(self, plan, slots)
 
     monkeypatch.setattr(Planner, "refs", counted)
-    run = mmdata.DataLoader(str(stores["wds"]), WINDOWS, batching=mmdata.Batching(batch_size=1))
+    run = mmdata.DataLoader(str(stores["wds"]), WINDOWS, batch_size=1)
     steps = sum(1 for _ in run)
     budget = run.stats()["frame_cache"]
     assert budget["horizon"] == budget["longest"] >= LONGEST_HORIZON and steps > 50
@@ -150,8 +150,7 @@ def test_a_loaders_caches_plan_ahead_over_a_segments_life_in_their_own_reads(sto
     spec = mmdata.Windows(anchor_fps=fps, streams={"cam_high": mmdata.Frames(offsets=[0.0])})
     longest = {}
     for workers in (0, 2):
-        runtime = mmdata.Runtime(num_workers=workers)
-        run = mmdata.DataLoader(str(stores["wds"]), spec, batching=mmdata.Batching(batch_size=1), runtime=runtime)
+        run = mmdata.DataLoader(str(stores["wds"]), spec, batch_size=1, num_workers=workers)
         next(iter(run))
         life = run.planner.sources[0].recipe.block * 8  # a block's samples, one per turn of 8 open blocks
         assert run.planner.segment_life_steps(1) == life

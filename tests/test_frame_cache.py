@@ -21,18 +21,20 @@ WINDOWS = mmdata.Windows(
     streams={"cam_high": mmdata.Frames(offsets=[-0.1, 0.0]), "cam_wrist": mmdata.Frames(offsets=[0.0])},
 )
 SEQUENCES = mmdata.Sequences(fps=10, max_seconds=0.6, streams={"cam_high": mmdata.Frames(), "state": mmdata.Values()})
-SPECS = {"windows": (WINDOWS, mmdata.Batching(batch_size=4)), "sequences": (SEQUENCES, mmdata.Batching(batch_size=2))}
+SPECS = {"windows": (WINDOWS, 4), "sequences": (SEQUENCES, 2)}  # (spec, batch_size)
 
 
 def loader(store, kind: str, cache_bytes: int, workers: int = 0, shuffle="global", **options) -> mmdata.DataLoader:
-    spec, batching = SPECS[kind]
+    spec, batch_size = SPECS[kind]
     return mmdata.DataLoader(
         str(store),
         spec,
-        batching=batching,
-        shuffling=mmdata.Shuffling(mode=shuffle, lanes=2 if shuffle == "blocks" else None),
+        batch_size=batch_size,
+        shuffle=shuffle,
+        num_workers=workers,
         seed=5,
-        runtime=mmdata.Runtime(num_workers=workers, decoder="pyav", **options),
+        shuffling=mmdata.Shuffling(lanes=2 if shuffle == "blocks" else None),
+        runtime=mmdata.Runtime(decoder="pyav", **options),
         reading=mmdata.Reading(frame_cache_bytes=cache_bytes),
     )
 
@@ -161,13 +163,13 @@ def test_kept_frames_view_an_output_mostly_kept_and_copy_out_of_one_mostly_not()
 
 
 def test_the_default_order_is_blocks_where_the_spec_reads_a_camera_and_locality_elsewhere(stores):
-    def shuffle_of(batching, spec=WINDOWS) -> str:
-        return mmdata.DataLoader(str(stores["wds"]), spec, batching=batching).shuffle
+    def shuffle_of(spec=WINDOWS, **batch) -> str:
+        return mmdata.DataLoader(str(stores["wds"]), spec, **batch).shuffle
 
-    assert shuffle_of(mmdata.Batching(batch_size=4)) == "blocks"
-    assert shuffle_of(mmdata.Batching(batch_tokens=64)) == "blocks"
+    assert shuffle_of(batch_size=4) == "blocks"
+    assert shuffle_of(batching=mmdata.Batching(batch_tokens=64)) == "blocks"
     lowdim = mmdata.Windows(anchor_fps=15, streams={"state": mmdata.Values(offsets=[0.0])})
-    assert shuffle_of(mmdata.Batching(batch_size=4), lowdim) == "locality"
+    assert shuffle_of(lowdim, batch_size=4) == "locality"
 
 
 @pytest.mark.slow
@@ -175,10 +177,7 @@ def test_the_default_order_does_not_depend_on_the_worker_count(stores):
     def batches(workers: int) -> list[dict]:
         return list(
             mmdata.DataLoader(
-                str(stores["wds"]),
-                WINDOWS,
-                batching=mmdata.Batching(batch_size=4),
-                runtime=mmdata.Runtime(num_workers=workers, decoder="pyav"),
+                str(stores["wds"]), WINDOWS, batch_size=4, num_workers=workers, runtime=mmdata.Runtime(decoder="pyav")
             )
         )
 
@@ -186,12 +185,12 @@ def test_the_default_order_does_not_depend_on_the_worker_count(stores):
 
 
 def test_a_state_saved_before_the_one_planner_is_refused_by_name_with_how_to_go_on(stores):
-    loader = mmdata.DataLoader(str(stores["wds"]), WINDOWS, batching=mmdata.Batching(batch_size=4))
+    loader = mmdata.DataLoader(str(stores["wds"]), WINDOWS, batch_size=4)
     next(iter(loader))
     state = {**loader.state_dict(), "version": 1, "epoch": 2}
     loader.close()
     with pytest.raises(ResumeError, match=r"no longer makes.*loader.set_epoch\(3\) instead of load_state_dict"):
-        mmdata.DataLoader(str(stores["wds"]), WINDOWS, batching=mmdata.Batching(batch_size=4)).load_state_dict(state)
+        mmdata.DataLoader(str(stores["wds"]), WINDOWS, batch_size=4).load_state_dict(state)
 
 
 def test_the_segments_order_is_refused_naming_the_blocks_order_it_became():
@@ -280,10 +279,12 @@ def test_a_gpu_decoder_in_the_main_process_keeps_the_frames_later_steps_need(sto
         made = mmdata.DataLoader(
             str(stores["wds"]),
             WINDOWS,
-            batching=mmdata.Batching(batch_size=4),
-            shuffling=mmdata.Shuffling(mode="blocks", lanes=2),
+            batch_size=4,
+            shuffle="blocks",
+            num_workers=2,
             seed=5,
-            runtime=mmdata.Runtime(num_workers=2, decoder=decoder),
+            shuffling=mmdata.Shuffling(lanes=2),
+            runtime=mmdata.Runtime(decoder=decoder),
             reading=mmdata.Reading(frame_cache_bytes=cache_bytes),
         )
         return made, list(made)

@@ -121,11 +121,7 @@ def test_the_rings_stay_within_their_total_and_a_refused_mapping_means_no_rings(
 def loader_batches(store, workers: int) -> list[dict]:
     return list(
         mmdata.DataLoader(
-            str(store),
-            WINDOWS,
-            batching=mmdata.Batching(batch_size=4),
-            seed=3,
-            runtime=mmdata.Runtime(num_workers=workers, decoder="pyav"),
+            str(store), WINDOWS, batch_size=4, num_workers=workers, seed=3, runtime=mmdata.Runtime(decoder="pyav")
         )
     )
 
@@ -176,9 +172,8 @@ def test_a_batch_the_training_loop_keeps_for_good_leaves_the_rings_to_every_late
     monkeypatch.setattr(feed, "ring_bytes", lambda frame_bytes, prefetch_factor, ahead: 12 * (frame_bytes or 1 << 20))
     monkeypatch.setattr(FrameArena, "take", noted)
     loader = mmdata.DataLoader(
-        str(stores["wds"]), WINDOWS, batching=mmdata.Batching(batch_size=4), seed=3,
-        runtime=mmdata.Runtime(num_workers=2, decoder="pyav"),
-    )  # fmt: skip
+        str(stores["wds"]), WINDOWS, batch_size=4, num_workers=2, seed=3, runtime=mmdata.Runtime(decoder="pyav")
+    )
     kept, batches, through_the_rings = None, 0, 0
     while batches < 60:
         for batch in loader:

@@ -139,7 +139,12 @@ def test_with_main_process_decoding_the_workers_decode_the_tail_and_the_share_fo
 
     def run(decoder):
         loader = mmdata.DataLoader(
-            str(stores["wds"]), spec, batch_size=8, num_workers=2, seed=4, decoder=decoder, decode_in="main"
+            str(stores["wds"]),
+            spec,
+            batch_size=8,
+            num_workers=2,
+            seed=4,
+            runtime=mmdata.Runtime(decoder=decoder, decode_in="main"),
         )
         return loader, [(b["sample_index"], b["cam_high"]) for b in loader]
 

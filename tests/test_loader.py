@@ -60,11 +60,9 @@ def test_every_planned_sample_is_seen_once_per_epoch_across_ranks(stores, world_
         mmdata.DataLoader(
             stores["wds"],
             LOWDIM_WINDOWS,
-            tokens_per={"state": 5},
-            batch_tokens=40,
-            rank=rank,
-            world_size=world_size,
             num_workers=workers,
+            batching=mmdata.Batching(tokens_per={"state": 5}, batch_tokens=40),
+            runtime=mmdata.Runtime(rank=rank, world_size=world_size),
         )
         for rank in range(world_size)
     ]
@@ -79,7 +77,12 @@ def test_every_planned_sample_is_seen_once_per_epoch_across_ranks(stores, world_
 
 def test_same_seed_gives_identical_batches_and_another_seed_or_epoch_does_not(stores):
     def build(seed):
-        return mmdata.DataLoader(stores["wds"], POLICY_WINDOWS, tokens_per=POLICY_TOKENS, batch_tokens=2048, seed=seed)
+        return mmdata.DataLoader(
+            stores["wds"],
+            POLICY_WINDOWS,
+            seed=seed,
+            batching=mmdata.Batching(tokens_per=POLICY_TOKENS, batch_tokens=2048),
+        )
 
     first, again = run(build(0)), run(build(0))
     assert_same_batches(first, again)
@@ -96,7 +99,11 @@ def test_same_seed_gives_identical_batches_and_another_seed_or_epoch_does_not(st
 def test_resume_after_k_steps_matches_the_uninterrupted_run(stores, layout, workers):
     def build():
         return mmdata.DataLoader(
-            stores[layout], POLICY_WINDOWS, tokens_per=POLICY_TOKENS, batch_tokens=1024, num_workers=workers, seed=3
+            stores[layout],
+            POLICY_WINDOWS,
+            num_workers=workers,
+            seed=3,
+            batching=mmdata.Batching(tokens_per=POLICY_TOKENS, batch_tokens=1024),
         )
 
     uninterrupted = run(build())
@@ -117,7 +124,11 @@ def test_resume_after_k_steps_matches_the_uninterrupted_run(stores, layout, work
 def test_elastic_resume_covers_the_rest_of_the_epoch_exactly_once(stores, before, after):
     def build(rank, world):
         return mmdata.DataLoader(
-            stores["wds"], LOWDIM_WINDOWS, tokens_per={"state": 5}, batch_tokens=20, rank=rank, world_size=world, seed=7
+            stores["wds"],
+            LOWDIM_WINDOWS,
+            seed=7,
+            batching=mmdata.Batching(tokens_per={"state": 5}, batch_tokens=20),
+            runtime=mmdata.Runtime(rank=rank, world_size=world),
         )
 
     first = [build(rank, before) for rank in range(before)]
@@ -191,7 +202,9 @@ def test_sequences_are_chunked_packed_within_budget_and_cover_every_chunk_once(s
     spec = mmdata.Sequences(
         fps=10, max_seconds=1.0, streams={"cam_high": mmdata.Frames(), "action": mmdata.Values(rate=50)}
     )
-    loader = mmdata.DataLoader(stores["wds"], spec, tokens_per={"cam_high": 16}, batch_tokens=700, num_workers=2)
+    loader = mmdata.DataLoader(
+        stores["wds"], spec, num_workers=2, batching=mmdata.Batching(tokens_per={"cam_high": 16}, batch_tokens=700)
+    )
     seen, left_out = [], loader.epoch_plan().left_out.tolist()
     for batch in loader:
         assert int(batch["cu_seqlens"][-1]) <= 700
@@ -209,7 +222,9 @@ def test_sequences_are_chunked_packed_within_budget_and_cover_every_chunk_once(s
 
 def test_padded_layout_pads_sequences_to_the_longest_and_flags_the_padding(stores):
     spec = mmdata.Sequences(fps=5, max_seconds=2.0, streams={"state": mmdata.Values()})
-    batches = run(mmdata.DataLoader(stores["wds"], spec, batch_size=4, layout="padded", shuffle="none"))
+    batches = run(
+        mmdata.DataLoader(stores["wds"], spec, batch_size=4, shuffle="none", batching=mmdata.Batching(layout="padded"))
+    )
     for batch in batches:
         lengths = batch["state_lengths"]
         assert batch["state"].shape[:2] == (len(lengths), int(lengths.max()))
@@ -225,10 +240,9 @@ def test_decoding_in_the_main_process_gives_the_same_batches_as_in_workers(store
         return mmdata.DataLoader(
             stores["wds"],
             POLICY_WINDOWS,
-            tokens_per=POLICY_TOKENS,
-            batch_tokens=1024,
             num_workers=2,
-            decode_in=decode_in,
+            batching=mmdata.Batching(tokens_per=POLICY_TOKENS, batch_tokens=1024),
+            runtime=mmdata.Runtime(decode_in=decode_in),
         )
 
     assert_same_batches(run(build("main")), run(build("workers")))
@@ -238,7 +252,7 @@ def test_batches_from_workers_are_the_tensors_an_in_process_loader_gives(stores)
     """Small tensors cross from workers inside the message as arrays; they arrive as tensors again."""
 
     def build(workers):
-        return mmdata.DataLoader(stores["zarr"], POLICY_WINDOWS, batch_size=4, num_workers=workers, shuffle="none")
+        return mmdata.DataLoader(stores["zarr"], POLICY_WINDOWS, batch_size=4, shuffle="none", num_workers=workers)
 
     in_process, from_workers = run(build(0)), run(build(2))
     assert_same_batches(in_process, from_workers)
@@ -290,26 +304,32 @@ def test_offsets_denser_than_the_recorded_rate_fail_naming_the_rate(stores):
 
 def test_a_token_budget_smaller_than_one_sample_fails_with_the_sample_cost(stores):
     with pytest.raises(mmdata.SpecError, match="smaller than one sample.*takes 614 tokens"):
-        mmdata.DataLoader(stores["wds"], POLICY_WINDOWS, tokens_per={"cam_high": 256, "audio": 50}, batch_tokens=600)
+        mmdata.DataLoader(
+            stores["wds"],
+            POLICY_WINDOWS,
+            batching=mmdata.Batching(tokens_per={"cam_high": 256, "audio": 50}, batch_tokens=600),
+        )
 
 
 def test_bad_loader_arguments_are_value_errors(stores):
-    with pytest.raises(ValueError, match="exactly one of batch_tokens"):
+    with pytest.raises(ValueError, match="give the batch: batch_size="):
         mmdata.DataLoader(stores["wds"], LOWDIM_WINDOWS)
     with pytest.raises(ValueError, match="rank 2 is outside a world of 2"):
-        mmdata.DataLoader(stores["wds"], LOWDIM_WINDOWS, batch_size=2, rank=2, world_size=2)
+        mmdata.DataLoader(stores["wds"], LOWDIM_WINDOWS, batch_size=2, runtime=mmdata.Runtime(rank=2, world_size=2))
     with pytest.raises(mmdata.SpecError, match="tokens_per names streams the spec does not read: audio"):
-        mmdata.DataLoader(stores["wds"], LOWDIM_WINDOWS, batch_tokens=64, tokens_per={"audio": 1})
+        mmdata.DataLoader(
+            stores["wds"], LOWDIM_WINDOWS, batching=mmdata.Batching(batch_tokens=64, tokens_per={"audio": 1})
+        )
 
 
 @pytest.mark.parametrize(
     "option, value",
     [
         ("batch_size", 2.5),
-        ("shuffle_window", 0),
-        ("shards_per_group", -1),
+        ("shuffling.window", 0),
+        ("shuffling.shards_per_group", -1),
         ("prefetch_factor", 0),
-        ("cache_bytes", -1),
+        ("reading.cache_bytes", -1),
         ("seed", -1),
         ("seed", True),
         ("num_workers", -2),
@@ -321,15 +341,21 @@ def test_bad_loader_arguments_are_value_errors(stores):
 def test_counts_that_are_not_whole_numbers_in_range_are_named(stores, option, value):
     from mmdata.errors import OptionError
 
-    options = {"batch_size": 2, option: value}
-    with pytest.raises(OptionError, match=f"{option} is .*(not an integer|outside)"):
+    group, _, name = option.rpartition(".")
+    groups = {"shuffling": mmdata.Shuffling, "reading": mmdata.Reading}
+    with pytest.raises(
+        OptionError, match=f"{'shuffle_window' if name == 'window' else name} is .*(not an integer|outside)"
+    ):
+        options = {"batch_size": 2, **({group: groups[group](**{name: value})} if group else {name: value})}
         mmdata.DataLoader(stores["wds"], LOWDIM_WINDOWS, **options)
 
 
 @pytest.mark.parametrize("tokens", [float("nan"), float("inf"), -3, 0, "8"])
 def test_a_token_cost_that_is_not_a_positive_number_is_named(stores, tokens):
     with pytest.raises(ValueError, match="tokens_per\\['state'\\] is a positive number of tokens"):
-        mmdata.DataLoader(stores["wds"], LOWDIM_WINDOWS, batch_tokens=64, tokens_per={"state": tokens})
+        mmdata.DataLoader(
+            stores["wds"], LOWDIM_WINDOWS, batching=mmdata.Batching(batch_tokens=64, tokens_per={"state": tokens})
+        )
 
 
 @pytest.mark.parametrize(
@@ -377,7 +403,9 @@ def damaged_store(stores, tmp_path):
 
 def test_a_corrupt_shard_met_mid_epoch_stops_the_run_naming_shard_and_episode(damaged_store):
     path, key, shard = damaged_store
-    loader = mmdata.DataLoader(path, POLICY_WINDOWS, tokens_per=POLICY_TOKENS, batch_tokens=1024, shuffle="none")
+    loader = mmdata.DataLoader(
+        path, POLICY_WINDOWS, shuffle="none", batching=mmdata.Batching(tokens_per=POLICY_TOKENS, batch_tokens=1024)
+    )
     with pytest.raises(mmdata.SampleError, match=rf"shard '{shard}', episode '{key}', stream 'cam_high'.*checksum"):
         run(loader)
 
@@ -390,12 +418,10 @@ def test_skipping_corrupt_samples_replaces_them_deterministically_and_keeps_rank
         return mmdata.DataLoader(
             path,
             POLICY_WINDOWS,
-            tokens_per=POLICY_TOKENS,
-            batch_tokens=1024,
-            on_error="skip",
-            rank=rank,
-            world_size=2,
             num_workers=2,
+            on_error="skip",
+            batching=mmdata.Batching(tokens_per=POLICY_TOKENS, batch_tokens=1024),
+            runtime=mmdata.Runtime(rank=rank, world_size=2),
         )
 
     loaders = [build(0), build(1)]
@@ -424,12 +450,11 @@ def test_a_corrupt_shard_stops_the_run_when_video_is_decoded_in_the_main_process
     loader = mmdata.DataLoader(
         path,
         POLICY_WINDOWS,
-        tokens_per=POLICY_TOKENS,
-        batch_tokens=1024,
         shuffle="none",
         num_workers=2,
-        decode_in="main",
-        verify=False,
+        batching=mmdata.Batching(tokens_per=POLICY_TOKENS, batch_tokens=1024),
+        runtime=mmdata.Runtime(decode_in="main"),
+        reading=mmdata.Reading(verify=False),
     )
     with pytest.raises(mmdata.SampleError, match=rf"shard '{shard}', episode '{key}', stream 'cam_high'"):
         run(loader)
@@ -446,7 +471,11 @@ def test_a_cuda_device_without_index_follows_local_rank(monkeypatch):
 def test_workers_carry_on_into_the_next_epoch_with_the_batches_a_fresh_loader_gives(stores):
     def build():
         return mmdata.DataLoader(
-            stores["wds"], POLICY_WINDOWS, tokens_per=POLICY_TOKENS, batch_tokens=1024, num_workers=2, seed=4
+            stores["wds"],
+            POLICY_WINDOWS,
+            num_workers=2,
+            seed=4,
+            batching=mmdata.Batching(tokens_per=POLICY_TOKENS, batch_tokens=1024),
         )
 
     loader = build()
@@ -503,7 +532,9 @@ def test_workers_never_destroy_what_the_parent_left_as_garbage(stores):
     gc.disable()
     try:
         _DestroyedOnlyWhereMade()  # garbage in a cycle, inherited by the workers forked next
-        loader = mmdata.DataLoader(stores["wds"], spec, batch_size=8, num_workers=2, decoder=_CollectingPyAv())
+        loader = mmdata.DataLoader(
+            stores["wds"], spec, batch_size=8, num_workers=2, runtime=mmdata.Runtime(decoder=_CollectingPyAv())
+        )
         assert sum(len(batch["sample_index"]) for batch in loader) == len(loader.samples)
     finally:
         gc.enable()
@@ -521,7 +552,11 @@ def test_a_store_behind_an_fsspec_url_gives_the_same_batches_as_on_disk(stores, 
 
     def build(location):
         return mmdata.DataLoader(
-            location, POLICY_WINDOWS, tokens_per=POLICY_TOKENS, batch_tokens=1024, num_workers=workers, seed=9
+            location,
+            POLICY_WINDOWS,
+            num_workers=workers,
+            seed=9,
+            batching=mmdata.Batching(tokens_per=POLICY_TOKENS, batch_tokens=1024),
         )
 
     remote = build(f"memory://{target}")
@@ -531,7 +566,7 @@ def test_a_store_behind_an_fsspec_url_gives_the_same_batches_as_on_disk(stores, 
 
 def test_an_epoch_with_no_step_for_the_ranks_is_a_clear_error(stores):
     spec = mmdata.Windows(anchor_fps=0.2, streams={"state": mmdata.Values()})
-    loader = mmdata.DataLoader(stores["wds"], spec, batch_size=4, rank=0, world_size=64)
+    loader = mmdata.DataLoader(stores["wds"], spec, batch_size=4, runtime=mmdata.Runtime(rank=0, world_size=64))
     with pytest.raises(mmdata.SpecError, match="no step for 64 rank"):
         run(loader)
 

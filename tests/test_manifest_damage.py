@@ -67,10 +67,10 @@ def test_a_duration_no_episode_can_have_in_a_large_manifest_is_named_and_skipped
 ):
     store = str(with_duration(scaled, tmp_path, 13, value))
     for mode in ("blocks", "global"):
-        shuffling = mmdata.Shuffling(mode=mode)
+        shuffling = {"shuffle": mode}
         with pytest.raises(StoreError, match=r"episode 'episode_000013' \(row 13\) .*duration .* is not within"):
-            mmdata.DataLoader(store, STATE, batch_size=4, shuffling=shuffling)
-        loader = mmdata.DataLoader(store, STATE, batch_size=4, shuffling=shuffling, on_error="skip")
+            mmdata.DataLoader(store, STATE, batch_size=4, **shuffling)
+        loader = mmdata.DataLoader(store, STATE, batch_size=4, on_error="skip", **shuffling)
         episodes = {int(e) for batch in loader for e in batch["episode_index"]}
         assert episodes == set(range(EPISODES)) - {13}
         assert list(loader.stats()["excluded_episodes"]) == [13]
@@ -110,7 +110,7 @@ def test_a_row_group_that_cannot_be_read_is_named_and_its_episodes_skipped_where
 
     spec = mmdata.Windows(anchor_fps=5, streams={"cam_high": mmdata.Frames(), "state": mmdata.Values()})
     with pytest.raises(SampleError, match="row group 2 of .* cannot be read"):
-        list(mmdata.DataLoader(store, spec, batch_size=4, num_workers=2, shuffling=mmdata.Shuffling(mode="none")))
+        list(mmdata.DataLoader(store, spec, batch_size=4, shuffle="none", num_workers=2))
     loader = mmdata.DataLoader(store, spec, batch_size=4, num_workers=2, on_error="skip")
     episodes = {int(e) for batch in loader for e in batch["episode_index"]}
     assert episodes == set(range(EPISODES)) - set(range(16, 24))

@@ -165,10 +165,12 @@ def _loader(mixture, rank=0, world=1, workers=0, mode="blocks") -> mmdata.DataLo
     return mmdata.DataLoader(
         mixture,
         LOWDIM,
-        batching=mmdata.Batching(batch_size=8),
-        shuffling=mmdata.Shuffling(mode=mode, lanes=2),
-        runtime=mmdata.Runtime(rank=rank, world_size=world, num_workers=workers),
+        batch_size=8,
+        shuffle=mode,
+        num_workers=workers,
         seed=7,
+        shuffling=mmdata.Shuffling(lanes=2),
+        runtime=mmdata.Runtime(rank=rank, world_size=world),
     )
 
 
@@ -232,9 +234,9 @@ def test_a_mixture_weighed_by_tokens_gets_the_same_slots_in_the_blocks_order_as_
         epoch_samples=500,
         weight_by="tokens",
     )
-    options = {"batching": mmdata.Batching(batch_size=4), "seed": 1}
-    blocks = mmdata.DataLoader(mixture, spec, shuffling=mmdata.Shuffling(mode="blocks"), **options)
-    locality = mmdata.DataLoader(mixture, spec, shuffling=mmdata.Shuffling(mode="locality"), **options)
+    options = {"batch_size": 4, "seed": 1}
+    blocks = mmdata.DataLoader(mixture, spec, shuffle="blocks", **options)
+    locality = mmdata.DataLoader(mixture, spec, shuffle="locality", **options)
     assert blocks.source_targets.tolist() == locality.source_targets.tolist()
 
 
@@ -250,9 +252,7 @@ def test_a_mixture_source_without_samples_for_the_spec_is_refused_naming_it_in_e
     )
     for mode in ("blocks", "locality"):
         with pytest.raises(mmdata.SpecError, match="source 'short': the spec yields no sample"):
-            mmdata.DataLoader(
-                mixture, whole_episodes, batching=mmdata.Batching(batch_size=1), shuffling=mmdata.Shuffling(mode=mode)
-            )
+            mmdata.DataLoader(mixture, whole_episodes, batch_size=1, shuffle=mode)
 
 
 @pytest.mark.parametrize("mode", ["blocks", "locality", "global", "none"])
@@ -263,15 +263,10 @@ def test_a_mixture_epoch_of_hundreds_of_millions_of_slots_is_planned_in_every_or
 
 
 def test_a_token_budget_over_windows_deals_a_mixture_as_the_count_of_windows_it_holds(stores):
-    def slots(batching: mmdata.Batching) -> list[list[int]]:
-        loader = mmdata.DataLoader(
-            _two_sources(stores, epoch_samples=300),
-            LOWDIM,
-            batching=batching,
-            shuffling=mmdata.Shuffling(mode="blocks"),
-        )
+    def slots(**batch) -> list[list[int]]:
+        loader = mmdata.DataLoader(_two_sources(stores, epoch_samples=300), LOWDIM, shuffle="blocks", **batch)
         return [batch["sample_index"].tolist() for batch in loader]
 
     # a window is one state and one action value, 2 tokens each: 4 tokens, so 15 hold 3 windows
     budget = mmdata.Batching(batch_tokens=15, tokens_per={"state": 2, "action": 2}, layout="padded")
-    assert slots(budget) == slots(mmdata.Batching(batch_size=3))
+    assert slots(batching=budget) == slots(batch_size=3)

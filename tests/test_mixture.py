@@ -89,9 +89,8 @@ def test_mixture_delivers_each_source_its_weight_over_an_epoch(three_stores, wor
             _mixture(three_stores, epoch_samples=EPOCH),
             LOWDIM,
             batch_size=50,
-            rank=rank,
-            world_size=world_size,
             num_workers=workers,
+            runtime=mmdata.Runtime(rank=rank, world_size=world_size),
         )
         for rank in range(world_size)
     ]
@@ -105,7 +104,11 @@ def test_mixture_delivers_each_source_its_weight_over_an_epoch(three_stores, wor
 def test_weights_by_tokens_give_each_source_its_share_of_tokens(three_stores):
     # whole episodes: 'wide' has shorter ones, so it must give more samples for its share of tokens
     spec = mmdata.Sequences(fps=30, streams={"state": mmdata.Values(pad_to=14)})
-    loader = mmdata.DataLoader(_mixture(three_stores, epoch_samples=EPOCH, weight_by="tokens"), spec, batch_tokens=4096)
+    loader = mmdata.DataLoader(
+        _mixture(three_stores, epoch_samples=EPOCH, weight_by="tokens"),
+        spec,
+        batching=mmdata.Batching(batch_tokens=4096),
+    )
     plan = loader.epoch_plan()
     slots = np.concatenate([plan.plan.micro_batch(step, 0) for step in range(len(plan.plan))])
     refs = loader.planner.refs(plan, slots)
@@ -139,7 +142,9 @@ def test_stream_map_and_missing_camera_padding_value_by_value(three_stores):
             "state": mmdata.Values(offsets=[0.0], pad_to=14),
         },
     )
-    loader = mmdata.DataLoader(_mixture(three_stores), spec, batch_size=4, layout="padded", shuffle="global")
+    loader = mmdata.DataLoader(
+        _mixture(three_stores), spec, batch_size=4, shuffle="global", batching=mmdata.Batching(layout="padded")
+    )
     seen = collections.Counter()
     for batch in loader:
         for row in range(len(batch["source"])):
@@ -191,11 +196,10 @@ def test_mixture_resumes_exactly_and_elastically(three_stores):
         return mmdata.DataLoader(
             _mixture(three_stores, epoch_samples=EPOCH),
             LOWDIM,
-            batch_tokens=200,
-            rank=rank,
-            world_size=world,
             num_workers=workers,
             seed=7,
+            batching=mmdata.Batching(batch_tokens=200),
+            runtime=mmdata.Runtime(rank=rank, world_size=world),
         )
 
     whole = [build(0, 1)]
@@ -289,7 +293,9 @@ def test_skip_replaces_a_failing_source_sample_and_counts_it(three_stores, tmp_p
         shard.write_bytes(bytes(data))
     spec = mmdata.Windows(anchor_fps=10, streams={"cam_high": mmdata.Frames(resize=mmdata.Resize((32, 32)))})
     stores = {**three_stores, "wide": broken}
-    loader = mmdata.DataLoader(_mixture(stores), spec, batch_size=8, on_error="skip", verify=True)
+    loader = mmdata.DataLoader(
+        _mixture(stores), spec, batch_size=8, on_error="skip", reading=mmdata.Reading(verify=True)
+    )
     delivered = sum(len(batch["source"]) for batch in loader)
     stats = loader.stats()
     assert delivered > 0 and stats["skipped_samples"] > 0

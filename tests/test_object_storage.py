@@ -215,10 +215,10 @@ def test_a_micro_batchs_segments_arrive_in_few_coalesced_requests(s3_stores, s3_
             loader = mmdata.DataLoader(
                 s3_stores[layout],
                 spec,
-                batching=mmdata.Batching(batch_size=16),
-                shuffling=mmdata.Shuffling(mode="none"),
+                batch_size=16,
+                shuffle="none",
                 seed=3,
-                reading=mmdata.Reading(frame_cache_bytes=0),  # a segment read once serves later steps: not here
+                reading=mmdata.Reading(frame_cache_bytes=0),
             )
             opened = proxy.ranged
             counted[coalescing] = ([b["cam_high"] for b in loader], proxy.ranged - opened)
@@ -247,8 +247,8 @@ def test_a_wider_coalescing_gap_reads_the_same_batches_in_fewer_requests(s3_stor
             loader = mmdata.DataLoader(
                 s3_stores["wds"],
                 spec,
-                batching=mmdata.Batching(batch_size=16),
-                shuffling=mmdata.Shuffling(mode="none"),
+                batch_size=16,
+                shuffle="none",
                 reading=mmdata.Reading(frame_cache_bytes=0, policy=mmdata.ReadPolicy(coalesce_gap=gap)),
             )
             opened = proxy.ranged

@@ -8,6 +8,8 @@ import pytest
 import mmdata
 from mmdata.errors import OptionError
 
+STATE = mmdata.Windows(anchor_fps=1, streams={"state": mmdata.Values()})
+
 
 @pytest.mark.parametrize(
     ("size", "complaint"),
@@ -97,8 +99,11 @@ def test_read_policies_are_checked_when_made(options):
         (lambda: mmdata.Reading(cache_bytes=None), "cache_bytes is None, not an integer"),
         (lambda: mmdata.Shuffling(window=None), "shuffle_window is None, not an integer"),
         (lambda: mmdata.Shuffling(open_segments=None), "open_segments is None, not an integer"),
-        (lambda: mmdata.Runtime(num_workers=None), "num_workers is None, not an integer"),
-        (lambda: mmdata.Runtime(prefetch_factor=None), "prefetch_factor is None, not an integer"),
+        (lambda: mmdata.DataLoader("store", STATE, num_workers=None), "num_workers is None, not an"),
+        (
+            lambda: mmdata.DataLoader("store", STATE, prefetch_factor=None),
+            "prefetch_factor is None, not",
+        ),
     ],
     ids=["frame-cache", "cache", "window", "open-segments", "workers", "prefetch"],
 )

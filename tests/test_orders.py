@@ -136,10 +136,11 @@ def test_a_loader_in_every_order_resumes_exactly_and_reads_each_sample_once(stor
         return mmdata.DataLoader(
             stores["zarr"],
             LOWDIM,
-            batching=mmdata.Batching(batch_size=8),
-            shuffling=mmdata.Shuffling(mode=mode),
-            runtime=mmdata.Runtime(rank=rank, world_size=world, num_workers=workers),
+            batch_size=8,
+            shuffle=mode,
+            num_workers=workers,
             seed=2,
+            runtime=mmdata.Runtime(rank=rank, world_size=world),
         )
 
     whole = [batch["sample_index"].tolist() for batch in build()]

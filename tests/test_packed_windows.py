@@ -201,8 +201,8 @@ def test_a_sample_costlier_than_the_budget_is_refused_naming_its_cost(stores):
         mmdata.DataLoader(
             stores["wds"],
             mmdata.Sequences(fps=10, max_seconds=2.0, streams={"action": mmdata.Values()}),
+            shuffle="blocks",
             batching=mmdata.Batching(batch_tokens=5),
-            shuffling=mmdata.Shuffling(mode="blocks"),
         )
 
 
@@ -213,10 +213,12 @@ def _packed_loader(store, rank: int = 0, world: int = 1, workers: int = 0) -> mm
     return mmdata.DataLoader(
         store,
         SEQUENCES,
-        batching=mmdata.Batching(batch_tokens=12),
-        shuffling=mmdata.Shuffling(mode="blocks", window=16),
-        runtime=mmdata.Runtime(rank=rank, world_size=world, num_workers=workers),
+        shuffle="blocks",
+        num_workers=workers,
         seed=6,
+        batching=mmdata.Batching(batch_tokens=12),
+        shuffling=mmdata.Shuffling(window=16),
+        runtime=mmdata.Runtime(rank=rank, world_size=world),
     )
 
 
@@ -299,9 +301,10 @@ def test_a_mixture_of_sequences_under_a_token_budget_is_packed_in_the_blocks_ord
     loader = mmdata.DataLoader(
         mixture,
         SEQUENCES,
-        batching=mmdata.Batching(batch_tokens=12),
-        shuffling=mmdata.Shuffling(mode="blocks", window=16),
+        shuffle="blocks",
         seed=3,
+        batching=mmdata.Batching(batch_tokens=12),
+        shuffling=mmdata.Shuffling(window=16),
     )
     plan = loader.epoch_plan()
     sources = [source for batch in loader for source in batch["source"].tolist()]

@@ -132,7 +132,7 @@ def _random_crop_spec() -> mmdata.Windows:
 @pytest.mark.slow
 def test_random_crops_are_the_same_across_worker_counts_and_resume(store):
     def build(workers: int = 0):
-        return mmdata.DataLoader(str(store), _random_crop_spec(), batch_size=4, seed=5, num_workers=workers)
+        return mmdata.DataLoader(str(store), _random_crop_spec(), batch_size=4, num_workers=workers, seed=5)
 
     alone = [b["cam_high"] for b in build()]
     with_workers = [b["cam_high"] for b in build(2)]
@@ -148,7 +148,7 @@ def test_random_crops_are_the_same_across_worker_counts_and_resume(store):
 
 
 def test_random_crops_differ_by_sample_and_epoch_but_not_by_frame_within_a_sample(stores):
-    loader = mmdata.DataLoader(str(stores["wds"]), _random_crop_spec(), batch_size=4, seed=5, shuffle="none")
+    loader = mmdata.DataLoader(str(stores["wds"]), _random_crop_spec(), batch_size=4, shuffle="none", seed=5)
     first_epoch = torch.cat([b["cam_high"] for b in loader])
     second_epoch = torch.cat([b["cam_high"] for b in loader])
     assert not torch.equal(first_epoch, second_epoch), "a new epoch draws new crops"

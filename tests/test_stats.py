@@ -253,7 +253,7 @@ def test_a_recording_holding_nan_gives_statistics_every_reader_parses_the_other_
     assert stats["lowdim"]["state"] == {"count": stats["lowdim"]["state"]["count"], "non_finite": True}
     assert stats["moments"]["state"]["mean"][2] is None and stats["moments"]["action"]["mean"][2] is not None
     normalized = mmdata.Windows(anchor_fps=5, streams={"action": mmdata.Values(normalize="mean_std")})
-    assert len(list(mmdata.DataLoader(str(store), normalized, batching=mmdata.Batching(batch_size=4)))) > 0
+    assert len(list(mmdata.DataLoader(str(store), normalized, batch_size=4))) > 0
     refused = mmdata.Windows(anchor_fps=5, streams={"state": mmdata.Values(normalize="mean_std")})
     with pytest.raises(mmdata.StoreError, match="stream 'state' holds NaN or infinite values"):
-        mmdata.DataLoader(str(store), refused, batching=mmdata.Batching(batch_size=4))
+        mmdata.DataLoader(str(store), refused, batch_size=4)

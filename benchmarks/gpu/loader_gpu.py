@@ -58,9 +58,14 @@ def specs() -> dict[str, mmdata.Windows]:
 def check_correctness(store: str, device: str, decoder: str, batches_to_check: int) -> dict:
     spec = specs()["clips_16x2cams"]
     gpu = mmdata.DataLoader(
-        store, spec, batch_size=32, device=device, decoder=decoder, num_workers=4, seed=1, decode_in="main"
+        store,
+        spec,
+        batch_size=32,
+        num_workers=4,
+        seed=1,
+        runtime=mmdata.Runtime(device=device, decoder=decoder, decode_in="main"),
     )
-    cpu = mmdata.DataLoader(store, spec, batch_size=32, decoder="pyav", num_workers=4, seed=1)
+    cpu = mmdata.DataLoader(store, spec, batch_size=32, num_workers=4, seed=1, runtime=mmdata.Runtime(decoder="pyav"))
     differences, stripes_wrong, frames, batches = [], 0, 0, 0
     for a, b in zip(gpu, cpu):
         batches += 1

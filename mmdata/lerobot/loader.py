@@ -31,7 +31,7 @@ from mmdata.checks import option_int, shown
 from mmdata.errors import OptionError, SpecError, StoreError
 from mmdata.lerobot.numbering import EpisodeNumbering
 from mmdata.loading.dataloader import DataLoader
-from mmdata.loading.loader_options import LEGACY_KEYWORDS, Batching, Reading, Runtime, Shuffling
+from mmdata.loading.loader_options import UNGROUPED_KEYWORDS, Batching, Reading, Runtime, Shuffling
 from mmdata.loading.micro_batch import OnError
 from mmdata.planning.episodes import Episodes
 from mmdata.planning.mixture import Mixture, Source
@@ -51,8 +51,8 @@ class LeRobotLoader:
     store's streams to the keys the policy expects (`{"cam_high": "observation.images.top"}`, as a
     `Source`'s stream map; unmapped streams keep their names), for stores not converted from LeRobot.
     `images="uint8"` keeps frames as uint8 (still channels-first). `batch_size`, `shuffle` (True / False as in
-    torch, or an mmdata shuffle mode), `num_workers` and `device` are torch's `DataLoader` arguments, as LeRobot's
-    training scripts pass them; `runtime` (an `mmdata.Runtime`: decoder, ranks, ...) replaces the last two when
+    torch, or an mmdata order), `num_workers` and `device` are torch's `DataLoader` arguments, as LeRobot's
+    training scripts pass them; `runtime` (an `mmdata.Runtime`: decoder, ranks, ...) replaces `device` when
     given. `episodes` is LeRobot's: a list of its `episode_index` values (or an `mmdata.Episodes` filter).
     `seed`, `reading` and `on_error` are `mmdata.DataLoader`'s; `state_dict()` / `load_state_dict()` resume
     exactly, as there.
@@ -113,21 +113,22 @@ class LeRobotLoader:
         source = (
             Mixture([Source(self.dataset, streams=renamed, episodes=selected)]) if renamed or selected else self.dataset
         )
-        if runtime is not None and (num_workers is not None or device is not None):
-            raise OptionError("give num_workers and device inside runtime=, not beside it")
+        if runtime is not None and device is not None:
+            raise OptionError("give device inside runtime=, not beside it")
         ungrouped = dict(ungrouped)
-        batching = Batching(batch_size=batch_size, **_popped(ungrouped, "batching"))
-        shuffling = Shuffling(mode=shuffle, **_popped(ungrouped, "shuffling"))
+        grouped = {group: _popped(ungrouped, group) for group in ("batching", "shuffling", "runtime", "reading")}
         if runtime is None:
-            machine = {"num_workers": num_workers or 0, "device": device or "cpu"}
-            runtime = Runtime(**{**machine, **_popped(ungrouped, "runtime")})
+            runtime = Runtime(**{**({"device": device} if device is not None else {}), **grouped["runtime"]})
         if reading is None:
-            reading = Reading(**_popped(ungrouped, "reading"))
+            reading = Reading(**grouped["reading"])
         self.loader = DataLoader(
             source,
             spec,
-            batching=batching,
-            shuffling=shuffling,
+            batch_size,
+            shuffle,
+            num_workers=0 if num_workers is None else num_workers,
+            batching=Batching(**grouped["batching"]) if grouped["batching"] else None,
+            shuffling=Shuffling(**grouped["shuffling"]) if grouped["shuffling"] else None,
             seed=seed,
             runtime=runtime,
             reading=reading,
@@ -329,5 +330,9 @@ def _frame_rate(streams: dict) -> float:
 
 
 def _popped(keywords: dict[str, Any], group: str) -> dict[str, Any]:
-    """The fields of option `group` given as ungrouped keywords (the form before the groups), taken out."""
-    return {LEGACY_KEYWORDS[k][1]: keywords.pop(k) for k in list(keywords) if LEGACY_KEYWORDS.get(k, ("",))[0] == group}
+    """The fields of option `group` given as plain keywords (LeRobot's scripts pass `device=`, ...), taken out."""
+    return {
+        UNGROUPED_KEYWORDS[k][1]: keywords.pop(k)
+        for k in list(keywords)
+        if UNGROUPED_KEYWORDS.get(k, ("",))[0] == group
+    }

@@ -22,7 +22,7 @@ from mmdata.loading.frame_budget import (
     loader_frame_budget,
     waste_cause,
 )
-from mmdata.loading.loader_options import Batching, Reading, Runtime
+from mmdata.loading.loader_options import Batching, Reading, Runtime, TorchOptions
 from mmdata.loading.micro_batch import MicroBatch, OnError
 from mmdata.loading.timing import timed
 from mmdata.planning.mixture import Filler, OpenSource
@@ -42,12 +42,12 @@ class ChainAssembly:
         sources: list[OpenSource],
         spec: Spec,
         fillers: dict[str, Filler],
-        options: tuple[Batching, Runtime, Reading],
+        options: tuple[Batching, Runtime, Reading, TorchOptions],
         on_error: OnError,
         device: torch.device,
     ):
         self.sources, self.spec, self.fillers, self.on_error, self.device = sources, spec, fillers, on_error, device
-        self.batching, self.runtime, self.reading = options
+        self.batching, self.runtime, self.reading, self.torch_options = options
         self.decoder = loader_decoder(self.runtime.decoder, spec, sources, device, self.runtime.num_workers)
         decode_in = self.runtime.decode_in
         self.decode_in_main = decode_in == "main" if decode_in else self.decoder.device == "gpu"
@@ -58,7 +58,7 @@ class ChainAssembly:
     def start(self, planner: Planner, seed: int, ranks: tuple[int, int], epoch: int, steps: RankSteps) -> Feed:
         """A feed of `steps` (the rest of `epoch` for rank `ranks[0]` of `ranks[1]`), then of the epochs after it."""
         rank, world_size = ranks
-        batching, runtime = self.batching, self.runtime
+        batching, runtime, pin = self.batching, self.runtime, self.torch_options.pin_memory
         collate_options = {
             "layout": batching.layout,
             "attention_mask": batching.attention_mask,
@@ -84,10 +84,11 @@ class ChainAssembly:
             self.finish,
             runtime.num_workers,
             runtime.prefetch_factor,
-            pin_memory=self.device.type == "cuda",
+            pin_memory=(self.device.type == "cuda" if pin is None else pin) and torch.cuda.is_available(),
             background=self.decode_in_main,
             ahead=MAIN_DECODE_AHEAD,
             frame_bytes=read_bytes,
+            timeout=self.torch_options.timeout,
         )
 
     def finish(self, item: Item) -> Item:

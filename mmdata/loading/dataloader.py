@@ -18,7 +18,7 @@ from mmdata.checks import option_int
 from mmdata.errors import OptionError, SpecError
 from mmdata.loading.assembly import ChainAssembly
 from mmdata.loading.feed import Feed
-from mmdata.loading.loader_options import Batching, Reading, Runtime, Shuffling, grouped_options, plan_settings
+from mmdata.loading.loader_options import Batching, Reading, Runtime, Shuffling, plan_settings, resolve_options
 from mmdata.loading.loader_stats import LoaderStats
 from mmdata.loading.micro_batch import OnError
 from mmdata.loading.normalize import attach_normalizers
@@ -28,6 +28,7 @@ from mmdata.planning.episodes import Episodes
 from mmdata.planning.epoch_plan import EpochPlan
 from mmdata.planning.loader_plan import plan_loader
 from mmdata.planning.mixture import Mixture, as_mixture, check_sources, open_sources
+from mmdata.planning.orders import Shuffle
 from mmdata.planning.ranks import rank_and_world
 from mmdata.planning.specs import Spec
 from mmdata.store.dataset import Dataset
@@ -39,12 +40,13 @@ class DataLoader:
     `Dataset`), or from several stores at once: a `Mixture` of weighted sources (see
     `mmdata.planning.mixture`). `episodes` filters a single store's episodes.
 
-    The options come in groups (see `mmdata.loading.loader_options`): `batching` (a `Batching`: batch size or
-    token budget, layout, balance across ranks; required), `shuffling` (a `Shuffling`: "auto", the default,
-    "blocks", "locality", "global" or "none"), `runtime` (a `Runtime`: workers, device, decoder and where it
-    decodes, rank and world size) and `reading` (a `Reading`: checksums, memory cache, the `ReadPolicy` of the
-    stores it opens). The keywords of the ungrouped form (`batch_size=`, `num_workers=`, ...) still work
-    and warn. Each rank gets the same number of steps; `len(loader)` is that number for the epoch.
+    The options `torch.utils.data.DataLoader` has are spelled as PyTorch spells them (`batch_size`, `shuffle`,
+    `num_workers`, `prefetch_factor`, `drop_last`, `pin_memory`, `persistent_workers`, `timeout`; see
+    `mmdata.loading.loader_options.TorchOptions`); the rest come in groups: `batching` (a `Batching`: a token
+    budget instead of `batch_size`, layout, balance across ranks), `shuffling` (a `Shuffling`: how the order
+    `shuffle` names deals its samples), `runtime` (a `Runtime`: device, decoder and where it decodes, rank and
+    world size) and `reading` (a `Reading`: checksums, memory caches, the `ReadPolicy` of the stores it opens).
+    Each rank gets the same number of steps; `len(loader)` is that number for the epoch.
 
     `on_error="skip"` replaces a sample that fails to read with another of its micro-batch (or,
     when the whole micro-batch fails, with one borrowed from the samples planned after it) and
@@ -59,24 +61,48 @@ class DataLoader:
         self,
         dataset: str | Store | Dataset | Mixture,
         spec: Spec,
+        batch_size: int | None = None,
+        shuffle: Shuffle | bool = "auto",
         *,
+        num_workers: int = 0,
+        prefetch_factor: int = 2,
+        drop_last: bool = False,
+        pin_memory: bool | None = None,
+        persistent_workers: bool = True,
+        timeout: float = 0.0,
+        seed: int = 0,
         episodes: Episodes | None = None,
         batching: Batching | None = None,
         shuffling: Shuffling | None = None,
-        seed: int = 0,
         runtime: Runtime | None = None,
         reading: Reading | None = None,
         on_error: OnError = "raise",
         **ungrouped: Any,
     ):
-        given = {"batching": batching, "shuffling": shuffling, "runtime": runtime, "reading": reading}
-        options = grouped_options(given, ungrouped)
-        batching, shuffling, runtime, reading = (options[g] for g in ("batching", "shuffling", "runtime", "reading"))
+        torch_given = {
+            name: value
+            for name, value, default in (
+                ("batch_size", batch_size, None),
+                ("shuffle", shuffle, "auto"),
+                ("num_workers", num_workers, 0),
+                ("prefetch_factor", prefetch_factor, 2),
+                ("drop_last", drop_last, False),
+                ("pin_memory", pin_memory, None),
+                ("persistent_workers", persistent_workers, True),
+                ("timeout", timeout, 0.0),
+            )
+            if value is not default and value != default  # (a word left at its default is not given)
+        }
+        groups = {"batching": batching, "shuffling": shuffling, "runtime": runtime, "reading": reading}
+        options = resolve_options(torch_given, groups, ungrouped)
+        batching, shuffling, runtime, reading = options.batching, options.shuffling, options.runtime, options.reading
         if on_error not in ("raise", "skip"):
             raise OptionError(f"on_error is 'raise' or 'skip', not '{on_error}'")
         option_int(seed, "seed", 0, 1 << 62)
+        self.options = options.torch
         self.batching, self.shuffling, self.runtime, self.reading = batching, shuffling, runtime, reading
-        self.spec, self.on_error, self.layout, self.num_workers = spec, on_error, batching.layout, runtime.num_workers
+        self.spec, self.on_error, self.layout = spec, on_error, batching.layout
+        self.num_workers = options.torch.num_workers
         self.rank, self.world_size = rank_and_world(runtime.rank, runtime.world_size)
         enable_profiler_ranges(runtime.profiler_ranges)
         self.device = runtime.resolved_device()
@@ -84,10 +110,10 @@ class DataLoader:
         self.mixture = dataset if isinstance(dataset, Mixture) else None
         self.sources = open_sources(mixture, reading.verify, reading.cache_bytes, reading.policy)
         self.store, self.fillers = self.sources[0].store, check_sources(spec, self.sources)
-        chain_options = (batching, runtime, reading)
+        chain_options = (batching, runtime, reading, options.torch)
         self.chain = ChainAssembly(self.sources, spec, self.fillers, chain_options, on_error, self.device)
         self.decoder, self.decode_in_main = self.chain.decoder, self.chain.decode_in_main
-        settings, mixed = plan_settings(batching, shuffling, runtime.num_workers), self.mixture is not None
+        settings, mixed = plan_settings(options), self.mixture is not None
         plan = plan_loader(self.sources, spec, settings, batching.tokens_per, mixture, mixed, episodes, on_error)
         self.samples, self.planner, self.excluded = plan.samples, plan.planner, plan.excluded
         self.source_targets, self.shuffle = plan.source_targets, plan.settings.shuffle
@@ -151,6 +177,8 @@ class DataLoader:
                 self._stats.add_main(stage, seconds)
             self._stats.add_step(info, time.perf_counter() - waited, feed.queue_depth())
             self._position.advance(plan)
+            if expected == plan.total_steps - 1 and not self.options.persistent_workers:
+                self.close()  # (torch's persistent_workers=False: the next epoch starts its workers afresh)
             yield batch
 
     def _feed_from(self, epoch: int, step: int, plan: EpochPlan) -> Feed:

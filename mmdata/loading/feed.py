@@ -230,8 +230,10 @@ class Feed:
         background: bool,
         ahead: int = 2,
         frame_bytes: int | None = None,
+        timeout: float = 0.0,
     ):
         self._finish = weakref.WeakMethod(finish)
+        self._timeout = timeout or None
         self._pin_memory = pin_memory
         self._arena: FrameArena | None = None
         if num_workers > 0:
@@ -266,7 +268,13 @@ class Feed:
         try:
             if self._ready is None:
                 return self._finished(next(self._items))
-            item = self._ready.get()
+            try:
+                item = self._ready.get(timeout=self._timeout)
+            except queue.Empty:
+                raise TimeoutError(
+                    f"no batch came from the loader's workers within timeout={self._timeout} s; raise timeout= (0:"
+                    " no bound), or see loader.stats() for the stage that is slow"
+                ) from None
             if isinstance(item, _Failure):
                 raise item.error
             return item

@@ -1,19 +1,23 @@
-"""The loader's options, grouped by what they decide: how samples become batches (`Batching`), in what
-order (`Shuffling`), where the work runs (`Runtime`) and how stores are read (`Reading`).
+"""The loader's options: those `torch.utils.data.DataLoader` has, spelled as PyTorch spells them as plain
+keywords of the loader (`TorchOptions`: `batch_size`, `shuffle`, `num_workers`, `prefetch_factor`, `drop_last`,
+`pin_memory`, `persistent_workers`, `timeout`), and the rest grouped by what they decide: how samples become
+batches (`Batching`), in what order (`Shuffling`), where the work runs (`Runtime`) and how stores are read
+(`Reading`).
 
-`DataLoader`, `LeRobotLoader` and `mmdata bench` take the same objects. Each checks its values when
-it is made (type, finite, in range), so a wrong option fails where it is written, not steps later.
-What to sample (the store or mixture, the spec, the episodes), the seed and what to do on errors
-are the loader's own arguments.
+`DataLoader`, `LeRobotLoader` and `mmdata bench` take the same words and objects. Each checks its values when it
+is given (type, finite, in range), so a wrong option fails where it is written, not steps later. The spellings of
+earlier versions (PyTorch's words inside a group, the other options as plain keywords) still work, give the same
+batches and states, and warn with the one spelling (`resolve_options`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 import os
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 import torch
@@ -33,11 +37,11 @@ DecodeIn = Literal["workers", "main"]
 
 @dataclass(frozen=True)
 class Batching:
-    """How samples become micro-batches: exactly one of `batch_size` (that many samples of similar cost,
-    "padded" layout by default) or `batch_tokens` (packed by token cost, `tokens_per` stream: tokens per
-    frame, per value, per second of audio, 1 by default; "packed" layout by default). `balance` evens the
-    ranks' "tokens" or "attention" cost; `attention_mask` and `pad_to_multiple` shape the collated batch
-    (see `mmdata.loading.collate`)."""
+    """How samples become micro-batches besides the loader's `batch_size`: `batch_tokens` instead of it (packed by
+    token cost, `tokens_per` stream: tokens per frame, per value, per second of audio, 1 by default), the `layout`
+    ("packed" by default with `batch_tokens`, "padded" with `batch_size`); `balance` evens the ranks' "tokens" or
+    "attention" cost; `attention_mask` and `pad_to_multiple` shape the collated batch (see
+    `mmdata.loading.collate`). (`batch_size` here is the earlier spelling of the loader's own.)"""
 
     batch_size: int | None = None
     batch_tokens: int | None = None
@@ -48,7 +52,7 @@ class Batching:
     pad_to_multiple: int | None = None
 
     def __post_init__(self):
-        if (self.batch_tokens is None) == (self.batch_size is None):
+        if self.batch_tokens is not None and self.batch_size is not None:
             raise OptionError(
                 "give exactly one of batch_tokens (token-budgeted packing) or batch_size (samples per batch)"
             )
@@ -83,17 +87,18 @@ class Shuffling:
     count), "locality" (shards shuffled, then samples within groups of `shards_per_group` shards), "global" (one
     permutation of every sample), "none" (manifest and time order), or "auto" (the default: "blocks" where the
     spec reads a camera, else "locality"). Every order is planned per rank in the time and memory of its own steps,
-    whatever the epoch's size. `True` / `False` are torch's ("auto" / "none"). `window` bounds the samples the
-    packer looks over at once."""
+    whatever the epoch's size. The loader's `shuffle` chooses it (`True` / `False` are torch's: "auto" / "none");
+    `mode` here is its earlier spelling. `window` bounds the samples the packer looks over at once."""
 
-    mode: Shuffle | bool = "auto"
+    mode: Shuffle | bool | None = None
     window: int = 8192
     shards_per_group: int = 8
     open_segments: int = 8
     lanes: int | None = 8
 
     def __post_init__(self):
-        object.__setattr__(self, "mode", as_shuffle(self.mode))
+        if self.mode is not None:
+            object.__setattr__(self, "mode", as_shuffle(self.mode))
         _check_counts(
             shuffle_window=(self.window, 1, 1 << 40),
             shards_per_group=(self.shards_per_group, 1, 1 << 40),
@@ -104,16 +109,16 @@ class Shuffling:
 
 @dataclass(frozen=True)
 class Runtime:
-    """Where the work runs. `num_workers` processes read and (by default) decode, each `prefetch_factor`
-    batches ahead; `device` receives the batches. `decoder` is a backend name (see
+    """Where the work runs besides the loader's `num_workers` and `prefetch_factor` (their earlier spelling is
+    here too): `device` receives the batches. `decoder` is a backend name (see
     `mmdata.codecs.decoders.make_video_decoder`; "auto" decodes on the GPU in the main process when `device`
     is a CUDA device and the measured work suits it, else in the workers on the fastest CPU backend) or a
     built `VideoDecoder`; `decode_in` overrides where ("main": workers send encoded segments and the main
     process decodes each micro-batch in one decoder call). `rank` / `world_size` default to torch.distributed's
     (or torchrun's environment). `profiler_ranges` marks every stage for the PyTorch profiler and Nsight."""
 
-    num_workers: int = 0
-    prefetch_factor: int = 2
+    num_workers: int | None = None
+    prefetch_factor: int | None = None
     device: str | torch.device = "cpu"
     decoder: str | VideoDecoder = "auto"
     decode_in: DecodeIn | None = None
@@ -122,7 +127,7 @@ class Runtime:
     profiler_ranges: bool = False
 
     def __post_init__(self):
-        _check_counts(num_workers=(self.num_workers, 0, 1024), prefetch_factor=(self.prefetch_factor, 1, 1024))
+        _check_optional_counts(num_workers=(self.num_workers, 0, 1024), prefetch_factor=(self.prefetch_factor, 1, 1024))
         if self.decode_in not in (None, "workers", "main"):
             raise OptionError(f"decode_in is 'workers' or 'main', not '{self.decode_in}'")
         if not isinstance(self.decoder, VideoDecoder) and self.decoder not in BACKEND_NAMES:
@@ -169,20 +174,57 @@ class Reading:
             raise OptionError(f"policy is a ReadPolicy, not {self.policy!r:.60}")
 
 
-# The keyword arguments `DataLoader` took before the options were grouped: (group, field) of each.
-LEGACY_KEYWORDS: dict[str, tuple[str, str]] = {
+@dataclass(frozen=True)
+class TorchOptions:
+    """The options `torch.utils.data.DataLoader` has, as the loader takes them: plain keywords, PyTorch's names.
+    `batch_size` samples per micro-batch (or a `Batching(batch_tokens=...)` budget instead); `shuffle` True
+    ("auto": an order that suits the spec), False ("none") or an order by name; `num_workers` processes read and
+    (by default) decode, each `prefetch_factor` batches ahead; `drop_last` leaves out the epoch's last, shorter
+    step; `pin_memory` puts host batches in pinned memory (None: when `device` is a CUDA device);
+    `persistent_workers` keeps the workers across epochs (the next epoch's first batches are ready as the last
+    ends); `timeout` seconds a batch may take to come from the workers before TimeoutError (0: no bound)."""
+
+    batch_size: int | None = None
+    shuffle: Shuffle | bool = "auto"
+    num_workers: int = 0
+    prefetch_factor: int = 2
+    drop_last: bool = False
+    pin_memory: bool | None = None
+    persistent_workers: bool = True
+    timeout: float = 0.0
+
+    def __post_init__(self):
+        _check_optional_counts(batch_size=(self.batch_size, 1, 1 << 24))
+        object.__setattr__(self, "shuffle", as_shuffle(self.shuffle))
+        _check_counts(num_workers=(self.num_workers, 0, 1024), prefetch_factor=(self.prefetch_factor, 1, 1024))
+        option_bool(self.drop_last, "drop_last")
+        option_bool(self.persistent_workers, "persistent_workers")
+        if self.pin_memory is not None:
+            option_bool(self.pin_memory, "pin_memory")
+        if isinstance(self.timeout, bool) or not isinstance(self.timeout, numbers.Real):
+            raise OptionError(f"timeout is a number of seconds, not {self.timeout!r:.60}")
+        if not 0 <= float(self.timeout) < 1e9:
+            raise OptionError(f"timeout is 0 (no bound) or a positive number of seconds, not {self.timeout!r}")
+
+
+TORCH_WORDS = tuple(f.name for f in fields(TorchOptions))
+# Where PyTorch's words were spelled inside the groups before they were the loader's own keywords.
+GROUPED_TORCH_WORDS: dict[str, tuple[str, str]] = {
     "batch_size": ("batching", "batch_size"),
+    "shuffle": ("shuffling", "mode"),
+    "num_workers": ("runtime", "num_workers"),
+    "prefetch_factor": ("runtime", "prefetch_factor"),
+}
+# The other options' plain keywords of the form before the groups: (group, field) of each.
+UNGROUPED_KEYWORDS: dict[str, tuple[str, str]] = {
     "batch_tokens": ("batching", "batch_tokens"),
     "tokens_per": ("batching", "tokens_per"),
     "layout": ("batching", "layout"),
     "balance": ("batching", "balance"),
     "attention_mask": ("batching", "attention_mask"),
     "pad_to_multiple": ("batching", "pad_to_multiple"),
-    "shuffle": ("shuffling", "mode"),
     "shuffle_window": ("shuffling", "window"),
     "shards_per_group": ("shuffling", "shards_per_group"),
-    "num_workers": ("runtime", "num_workers"),
-    "prefetch_factor": ("runtime", "prefetch_factor"),
     "device": ("runtime", "device"),
     "decoder": ("runtime", "decoder"),
     "decode_in": ("runtime", "decode_in"),
@@ -196,72 +238,114 @@ LEGACY_KEYWORDS: dict[str, tuple[str, str]] = {
 GROUPS = {"batching": Batching, "shuffling": Shuffling, "runtime": Runtime, "reading": Reading}
 
 
-def plan_settings(batching: Batching, shuffling: Shuffling, num_workers: int) -> PlanSettings:
-    """How the planner makes micro-batches from these options (one lane per worker unless lanes are given)."""
-    return PlanSettings(
-        batching.batch_tokens,
-        batching.batch_size,
-        batching.balance,
-        shuffling.mode,
-        shuffling.window,
-        shuffling.shards_per_group,
-        shuffling.lanes or max(1, num_workers),
-        shuffling.open_segments,
+@dataclass(frozen=True)
+class LoaderOptions:
+    """Every option of a loader, resolved: PyTorch's words and the four groups (their copies of PyTorch's words
+    filled in, which the chain reads)."""
+
+    torch: TorchOptions
+    batching: Batching
+    shuffling: Shuffling
+    runtime: Runtime
+    reading: Reading
+
+
+def resolve_options(
+    torch_given: dict[str, Any], groups: dict[str, Any], ungrouped: dict[str, Any], caller: str = "DataLoader"
+) -> LoaderOptions:
+    """The loader's options from PyTorch's words given as keywords (`torch_given`: only those given), the groups
+    given (None where not) and any other keyword (`ungrouped`). The earlier spellings work and warn once with the
+    one spelling: PyTorch's words inside a group (`Batching(batch_size=8)`: `batch_size=8`), the other options as
+    plain keywords (`decoder="pyav"`: `runtime=mmdata.Runtime(decoder="pyav")`). A keyword that was never an
+    option is a TypeError, as Python gives; an option said twice is an OptionError (which should win is not
+    guessed); no batch size and no token budget is an OptionError saying how to give one."""
+    unknown = sorted(set(ungrouped) - set(UNGROUPED_KEYWORDS))
+    if unknown:
+        raise TypeError(f"{caller}() got an unexpected keyword argument '{unknown[0]}'")
+    for group, value in groups.items():
+        if value is not None and not isinstance(value, GROUPS[group]):
+            raise OptionError(f"{group} is a mmdata.{GROUPS[group].__name__}, not {value!r:.60}")
+    fields_of: dict[str, dict[str, Any]] = {group: {} for group in GROUPS}
+    for keyword, value in ungrouped.items():
+        group, name = UNGROUPED_KEYWORDS[keyword]
+        if groups.get(group) is not None:
+            raise OptionError(f"give {keyword} inside {group}=, not beside it")
+        fields_of[group][name] = value
+    if ungrouped:
+        instead = ", ".join(
+            f"{g}=mmdata.{GROUPS[g].__name__}(...)" for g in sorted({UNGROUPED_KEYWORDS[k][0] for k in ungrouped})
+        )
+        _warn(f"{caller}({', '.join(f'{k}=' for k in ungrouped)}) is the ungrouped form; pass {instead} instead")
+    made = {g: groups.get(g) or GROUPS[g](**fields_of[g]) for g in GROUPS}
+    torch_words = dict(torch_given)
+    for word, (group, name) in GROUPED_TORCH_WORDS.items():
+        value = getattr(made[group], name)
+        if value is None:
+            continue
+        if word in torch_words:
+            raise OptionError(f"{word} is given twice, as {caller}({word}=...) and in {group}=; give it once: {word}=")
+        torch_words[word] = value
+        _warn(
+            f"{GROUPS[group].__name__}({name}=...) is spelled {caller}({word}=...) now, as PyTorch spells it; pass"
+            f" {word}={value!r:.40} to the loader"
+        )
+    resolved = TorchOptions(**torch_words)
+    batching = made["batching"]
+    if resolved.batch_size is not None and batching.batch_tokens is not None:
+        raise OptionError("give exactly one of batch_size= (samples per batch) or Batching(batch_tokens=...)")
+    if resolved.batch_size is None and batching.batch_tokens is None:
+        raise OptionError(
+            "give the batch: batch_size=... (samples per batch, as torch's DataLoader), or"
+            " batching=mmdata.Batching(batch_tokens=...) for token-budgeted packing"
+        )
+    return LoaderOptions(
+        resolved,
+        _filled(batching, batch_size=resolved.batch_size),
+        _filled(made["shuffling"], mode=resolved.shuffle),
+        _filled(made["runtime"], num_workers=resolved.num_workers, prefetch_factor=resolved.prefetch_factor),
+        made["reading"],
     )
 
 
-def grouped_options(given: dict[str, Any], keywords: dict[str, Any], caller: str = "DataLoader") -> dict[str, Any]:
-    """The option groups, from the groups `given` (None where not given) and the keywords of the ungrouped
-    signature (`batch_size=8, num_workers=2, ...`), which still work and warn once that they are deprecated.
-
-    A keyword that was never an option is a TypeError, as Python gives; a keyword beside its own group
-    is an OptionError (which one should win is not guessed).
-    """
-    unknown = sorted(set(keywords) - set(LEGACY_KEYWORDS))
-    if unknown:
-        raise TypeError(f"{caller}() got an unexpected keyword argument '{unknown[0]}'")
-    for keyword in keywords:
-        group = LEGACY_KEYWORDS[keyword][0]
-        if given.get(group) is not None:
-            raise OptionError(f"give {keyword} inside {group}=, not beside it")
-    if keywords:
-        groups = sorted({LEGACY_KEYWORDS[keyword][0] for keyword in keywords})
-        instead = ", ".join(f"{group}=mmdata.{GROUPS[group].__name__}(...)" for group in groups)
-        warnings.warn(
-            f"{caller}({', '.join(f'{k}=' for k in keywords)}) is the ungrouped form; pass {instead} instead"
-            ' (see docs/loading.md, "The loader\'s options")',
-            DeprecationWarning,
-            stacklevel=3,
-        )
-    made = group_keywords(keywords)
-    grouped = {}
-    for group, kind in GROUPS.items():
-        value = given.get(group)
-        if value is None:
-            value = made[group]
-        elif not isinstance(value, kind):
-            raise OptionError(f"{group} is a mmdata.{kind.__name__}, not {value!r:.60}")
-        grouped[group] = value
-    if grouped["batching"] is None:
-        raise OptionError(
-            "give exactly one of batch_tokens (token-budgeted packing) or batch_size (samples per batch):"
-            " batching=mmdata.Batching(batch_size=...)"
-        )
-    return grouped
+def plan_settings(options: LoaderOptions) -> PlanSettings:
+    """How the planner makes micro-batches from the options (one lane per worker unless lanes are given)."""
+    batching, shuffling, torch_options = options.batching, options.shuffling, options.torch
+    return PlanSettings(
+        batching.batch_tokens,
+        torch_options.batch_size,
+        batching.balance,
+        torch_options.shuffle,
+        shuffling.window,
+        shuffling.shards_per_group,
+        shuffling.lanes or max(1, torch_options.num_workers),
+        shuffling.open_segments,
+        torch_options.drop_last,
+    )
 
 
-def group_keywords(keywords: dict[str, Any]) -> dict[str, Any]:
-    """The option groups made from keywords named as in the ungrouped form (what `mmdata bench` and its
-    sweeps set by name); a group none of them names is its default (`batching`: None)."""
-    fields: dict[str, dict[str, Any]] = {group: {} for group in GROUPS}
+def split_keywords(keywords: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Options set by name (what `mmdata bench` and its sweeps set) as (PyTorch's words, the groups made from the
+    rest, None where none is named)."""
+    torch_words = {k: v for k, v in keywords.items() if k in TORCH_WORDS}
+    fields_of: dict[str, dict[str, Any]] = {group: {} for group in GROUPS}
     for keyword, value in keywords.items():
-        if keyword not in LEGACY_KEYWORDS:
-            raise OptionError(f"unknown loader option '{keyword}'; choose from {', '.join(sorted(LEGACY_KEYWORDS))}")
-        group, name = LEGACY_KEYWORDS[keyword]
-        fields[group][name] = value
-    return {
-        group: kind(**fields[group]) if group != "batching" or fields[group] else None for group, kind in GROUPS.items()
-    }
+        if keyword in TORCH_WORDS:
+            continue
+        if keyword not in UNGROUPED_KEYWORDS:
+            known = ", ".join(sorted([*TORCH_WORDS, *UNGROUPED_KEYWORDS]))
+            raise OptionError(f"unknown loader option '{keyword}'; choose from {known}")
+        group, name = UNGROUPED_KEYWORDS[keyword]
+        fields_of[group][name] = value
+    return torch_words, {g: GROUPS[g](**fields_of[g]) if fields_of[g] else None for g in GROUPS}
+
+
+def _filled(group: Any, **values: Any) -> Any:
+    """`group` with PyTorch's words it carries for the chain set to their resolved values (no warning)."""
+    return dataclasses.replace(group, **values)
+
+
+def _warn(message: str) -> None:
+    warnings.warn(f'{message} (see docs/loading.md, "The loader\'s options")', DeprecationWarning, stacklevel=4)
 
 
 def _check_counts(**counts: tuple[int, int, int]) -> None:

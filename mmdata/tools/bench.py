@@ -51,7 +51,7 @@ def add_parser(commands) -> None:
     spec.add_argument("--streams", help="comma-separated streams to read (default: all)")
     spec.add_argument("--anchor-fps", type=float, help="anchors per second (policy 10, clips 5) or sequence fps")
     spec.add_argument("--max-seconds", type=float, default=8.0, help="sequence chunk length (default 8 s)")
-    batching = parser.add_argument_group("batching (mmdata.Batching)")
+    batching = parser.add_argument_group("batching (batch_size=, or mmdata.Batching)")
     batch = batching.add_mutually_exclusive_group()
     batch.add_argument("--batch-tokens", type=int, help="token budget per micro-batch (default 16384)")
     batch.add_argument("--batch-size", type=int, help="samples per micro-batch instead of a token budget")
@@ -59,7 +59,7 @@ def add_parser(commands) -> None:
     batching.add_argument(
         "--layout", choices=("packed", "padded"), help="default: packed with tokens, padded with size"
     )
-    shuffling = parser.add_argument_group("shuffling (mmdata.Shuffling)")
+    shuffling = parser.add_argument_group("order (shuffle=)")
     shuffling.add_argument(
         "--shuffle",
         choices=SHUFFLE_MODES,
@@ -67,7 +67,7 @@ def add_parser(commands) -> None:
         help="the epoch's order (default auto: 'blocks' where the spec reads a camera, else 'locality');"
         " the report names the order resolved",
     )
-    loader = parser.add_argument_group("runtime (mmdata.Runtime)")
+    loader = parser.add_argument_group("runtime (num_workers=, prefetch_factor=, mmdata.Runtime)")
     loader.add_argument("--num-workers", type=int, default=2)
     loader.add_argument("--prefetch-factor", type=int, default=2)
     loader.add_argument(
@@ -256,13 +256,16 @@ def _frame_cache_bytes(text: str) -> int | str:
 
 
 def _groups(args: argparse.Namespace, options: dict[str, Any]) -> dict[str, Any]:
-    """The loader's option groups from the options set by name, reading through `--cache-dir` when given."""
-    from mmdata.loading.loader_options import group_keywords
+    """The loader's keywords from the options set by name (PyTorch's words plainly, the rest in their groups),
+    reading through `--cache-dir` when given."""
+    from mmdata.loading.loader_options import Reading, split_keywords
 
-    groups = group_keywords(options)
+    torch_words, groups = split_keywords({k: v for k, v in options.items() if v is not None})
     if args.cache_dir:
-        groups["reading"] = dataclasses.replace(groups["reading"], policy=ReadPolicy(cache_dir=args.cache_dir))
-    return groups
+        groups["reading"] = dataclasses.replace(
+            groups["reading"] or Reading(), policy=ReadPolicy(cache_dir=args.cache_dir)
+        )
+    return {**torch_words, **{group: value for group, value in groups.items() if value is not None}}
 
 
 def _sweep(args: argparse.Namespace, dataset: str, spec, options: dict[str, Any]) -> list[dict[str, Any]]:
