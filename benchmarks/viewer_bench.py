@@ -28,9 +28,9 @@ from scale_bench import small_real_store  # noqa: E402
 
 import mmdata  # noqa: E402
 from mmdata.store.scaled_store import write_scaled_store  # noqa: E402
-from mmdata.tools.view import view_server  # noqa: E402
 from mmdata.viewer.episode_table import EpisodeTable  # noqa: E402
 from mmdata.viewer.pages import write_site  # noqa: E402
+from mmdata.viewer.server import view_server  # noqa: E402
 
 CHROMIUM = os.environ.get("MMDATA_CHROMIUM", "/usr/bin/chromium")
 

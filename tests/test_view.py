@@ -29,8 +29,8 @@ from mmdata.store.manifest import packets_column
 from mmdata.store.remux import write_episode_video
 from mmdata.synthetic import read_index_stripe
 from mmdata.tools.cli import main
-from mmdata.tools.view import view_server
 from mmdata.viewer.pages import write_episode_page, write_site
+from mmdata.viewer.server import view_server
 from tests.test_packet_decoding import store_with_manifest
 
 CHROMIUM = os.environ.get("MMDATA_CHROMIUM", "/usr/bin/chromium")

@@ -16,9 +16,9 @@ import mmdata
 from mmdata.errors import OptionError
 from mmdata.store import manifest_reader
 from mmdata.store.scaled_store import write_scaled_store
-from mmdata.tools.view import view_server
 from mmdata.viewer.episode_table import EpisodeTable, TableQuery
 from mmdata.viewer.pages import INLINE_ROWS, write_site
+from mmdata.viewer.server import view_server
 from tests.test_view import CHROMIUM, page_data, wait_until
 
 EPISODES = 25_000

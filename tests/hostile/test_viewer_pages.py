@@ -31,8 +31,8 @@ from mmdata.conversion.pipeline import ConvertOptions, convert
 from mmdata.importers.raw import discover_raw_episodes
 from mmdata.synthetic import synthetic_frame
 from mmdata.tools.cli import main
-from mmdata.tools.view import view_server
 from mmdata.viewer.pages import script_json, write_episode_page, write_site
+from mmdata.viewer.server import view_server
 from tests.test_view import wait_until
 
 CHROMIUM = os.environ.get("MMDATA_CHROMIUM", "/usr/bin/chromium")
