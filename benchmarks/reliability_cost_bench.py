@@ -79,7 +79,7 @@ options = ConvertOptions(layout="wds", encode=EncodeOptions(video=video), worker
 EDITS = """
 import json, os, resource, shutil, time
 from mmdata.editing.selection import EpisodeSelection
-from mmdata.editing.versions import edit_store, remove_stream
+from mmdata.editing.edits import edit_store, remove_stream
 shutil.rmtree({copy!r}, ignore_errors=True)
 shutil.copytree({store!r}, {copy!r})
 figures = {{}}

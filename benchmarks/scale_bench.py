@@ -63,8 +63,8 @@ from machine import RESULTS, machine_name, write_results  # noqa: E402
 import mmdata  # noqa: E402
 from mmdata.conversion.pipeline import ConvertOptions, convert  # noqa: E402
 from mmdata.editing.derived import ValidationChoice, merge_stores, split_store  # noqa: E402
+from mmdata.editing.edits import edit_store  # noqa: E402
 from mmdata.editing.selection import EpisodeSelection  # noqa: E402
-from mmdata.editing.versions import edit_store  # noqa: E402
 from mmdata.importers.raw import discover_raw_episodes  # noqa: E402
 from mmdata.measure.runner import mixing_figures  # noqa: E402
 from mmdata.planning.epoch_plan import Stretch  # noqa: E402

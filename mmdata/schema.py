@@ -42,7 +42,7 @@ DEFAULT_MANIFEST_FILE = "episodes.parquet"
 DEFAULT_STATS_FILE = "stats.json"
 # A version's files: the defaults, or the names an append gives them (no folders: a name cannot point outside)
 # A version's manifest and statistics: version 0's plain names, a later version's numbered, with its writer's tag
-# (`store.next_version`: concurrent writers of one version never write the same file).
+# (`store.versions`: concurrent writers of one version never write the same file).
 _VERSION_FILE = re.compile(r"(episodes|stats)(?:-(\d{6,})(?:-([0-9a-f]{8}))?)?\.(parquet|json)")
 MAX_HISTORY = 100_000
 # The stores whose media a split or merged store's rows name: paths relative to the store, of plain folder names

@@ -17,8 +17,8 @@ from mmdata.editing import added_streams
 from mmdata.editing.added_streams import add_streams
 from mmdata.editing.compaction import compact_store
 from mmdata.editing.derived import ValidationChoice, merge_stores, split_store
+from mmdata.editing.edits import edit_store, remove_stream
 from mmdata.editing.selection import EpisodeSelection
-from mmdata.editing.versions import edit_store, remove_stream
 from mmdata.errors import EditError, OptionError
 from tests.conftest import LAYOUTS, run_cli
 from tests.test_edit import SPEC, episode_data, fail_at
@@ -135,7 +135,7 @@ def test_a_stream_the_store_has_of_another_layout_text_or_unknown_is_refused_wit
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("failing", ["write_manifest", "compute_stats", "publish"])
+@pytest.mark.parametrize("failing", ["write_rows", "compute_stats", "publish"])
 def test_adding_a_stream_that_fails_at_any_step_leaves_the_version_before(pair, monkeypatch, failing):
     robot, cameras = pair["zarr"]
     fail_at(monkeypatch, failing, added_streams)

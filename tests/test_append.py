@@ -354,7 +354,7 @@ def test_a_shard_is_never_published_over_an_existing_file(tmp_path):
 def test_an_upload_never_writes_over_an_object_of_another_size(tmp_path):
     import fsspec
 
-    from mmdata.conversion.publish import upload_new_files
+    from mmdata.store.staging import upload_new_files
 
     memory = fsspec.filesystem("memory")
     memory.pipe("/bucket/store/shards/shard-000003.tar", b"published by someone else")

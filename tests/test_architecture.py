@@ -201,3 +201,20 @@ def test_the_cycle_finder_finds_a_loop(cycle):
     graph = {name: {cycle[(position + 1) % len(cycle)]} for position, name in enumerate(cycle)}
     graph["d"] = {"a"}
     assert cycles(graph) == [sorted(cycle)]
+
+
+# Packages that sit side by side: each may import the stages before them, neither the other.
+SIBLINGS = (("mmdata.conversion", "mmdata.editing"),)
+
+
+@pytest.mark.parametrize(("one", "other"), SIBLINGS)
+def test_conversion_and_editing_publish_through_the_stores_version_room_and_never_import_each_other(one, other):
+    graph = import_graph()
+    crossing = sorted(
+        f"{module} imports {target}"
+        for module, targets in graph.items()
+        for target in targets
+        for mine, theirs in ((one, other), (other, one))
+        if (module == mine or module.startswith(mine + ".")) and (target == theirs or target.startswith(theirs + "."))
+    )
+    assert not crossing, "; ".join(crossing)

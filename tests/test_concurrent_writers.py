@@ -21,10 +21,10 @@ import pytest
 import mmdata
 from mmdata.conversion import pipeline
 from mmdata.conversion.pipeline import ConvertOptions, convert
-from mmdata.editing import derived, versions
+from mmdata.editing import derived, edits
 from mmdata.editing.derived import merge_stores
+from mmdata.editing.edits import edit_store, remove_stream
 from mmdata.editing.selection import EpisodeSelection
-from mmdata.editing.versions import edit_store, remove_stream
 from mmdata.errors import ConcurrentWriteError
 from mmdata.importers import discover_episodes
 from mmdata.schema import version_of_file
@@ -106,7 +106,7 @@ def test_a_second_edit_while_one_writes_is_refused_naming_it_and_applies_when_ru
         *(["delete", "--episodes", "1"] if second == "delete" else ["remove-stream", "audio"]),
     ]
     with paused(
-        monkeypatch, versions, "compute_stats", lambda: edit_store(str(store), "delete", EpisodeSelection(ids=[0]))
+        monkeypatch, edits, "compute_stats", lambda: edit_store(str(store), "delete", EpisodeSelection(ids=[0]))
     ) as first:
         refused = run_cli(*command, "--no-progress")
     assert "error" not in first, first.get("error")
@@ -142,7 +142,7 @@ def test_an_edit_and_an_append_at_once_one_is_refused_and_both_apply_one_after_t
     assert len(mmdata.open_store(str(store))) == 6
     with (
         paused(
-            monkeypatch, versions, "compute_stats", lambda: edit_store(str(store), "delete", EpisodeSelection(ids=[0]))
+            monkeypatch, edits, "compute_stats", lambda: edit_store(str(store), "delete", EpisodeSelection(ids=[0]))
         ) as edit,
         pytest.raises(ConcurrentWriteError, match="being written by another mmdata writer .*edit .* delete"),
     ):
@@ -166,7 +166,7 @@ def test_a_writer_that_ignores_the_lock_is_caught_at_the_swap_and_its_rival_lose
     edit_store(str(elsewhere), "delete", EpisodeSelection(ids=[2]), progress=False)
     foreign = mmdata.open_store(str(elsewhere)).schema
     with paused(
-        monkeypatch, versions, "compute_stats", lambda: edit_store(str(store), "delete", EpisodeSelection(ids=[0]))
+        monkeypatch, edits, "compute_stats", lambda: edit_store(str(store), "delete", EpisodeSelection(ids=[0]))
     ) as ours:
         for name in (foreign.manifest_file, foreign.stats_file, "dataset.json"):  # its files, then its swap
             shutil.copyfile(elsewhere / name, store / name)
@@ -233,7 +233,7 @@ def test_writers_in_object_storage_publish_by_a_conditional_write_and_the_loser_
         filesystem.put(str(stores["wds"]), f"{bucket}/third", recursive=True)
         url = f"s3://{bucket}/robot"
         with paused(
-            monkeypatch, versions, "compute_stats", lambda: edit_store(url, "delete", EpisodeSelection(ids=[0]))
+            monkeypatch, edits, "compute_stats", lambda: edit_store(url, "delete", EpisodeSelection(ids=[0]))
         ) as slow:
             assert remove_stream(url, "audio", progress=False).version == 1  # no lock: both write, one publishes
         error = slow.get("error")
@@ -278,7 +278,7 @@ def test_an_append_to_object_storage_overtaken_by_an_edit_gives_itself_up_and_ru
         url = f"s3://{bucket}/robot"
         shards = sorted(filesystem.glob(f"{bucket}/robot/shards/*.tar"))
         editing = paused(
-            monkeypatch, versions, "compute_stats", lambda: edit_store(url, "delete", EpisodeSelection(ids=[0]))
+            monkeypatch, edits, "compute_stats", lambda: edit_store(url, "delete", EpisodeSelection(ids=[0]))
         )
         appending_paused = paused(monkeypatch, pipeline, "complete_store", lambda: convert(sources, url, appending))
         with editing as edit, appending_paused as append:

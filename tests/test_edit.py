@@ -11,13 +11,14 @@ import numpy as np
 import pytest
 
 import mmdata
-from mmdata.editing import versions
+from mmdata.editing import edits
+from mmdata.editing.edits import edit_store
 from mmdata.editing.selection import EpisodeSelection
-from mmdata.editing.versions import edit_store
 from mmdata.errors import EditError
 from mmdata.store import manifest_reader
-from mmdata.store.next_version import NextVersion
+from mmdata.store import versions as store_versions
 from mmdata.store.scaled_store import write_scaled_store
+from mmdata.store.versions import NextVersion
 from tests.conftest import LAYOUTS, run_cli
 from tests.test_loader import assert_same_batches
 
@@ -87,21 +88,28 @@ def test_a_reader_that_opened_the_store_before_an_edit_keeps_reading_its_version
         assert np.array_equal(episode_data(reader, index)[1], before[index])
 
 
-def fail_at(monkeypatch, failing: str, module=versions) -> None:
-    """Make the step `failing` of `module` raise OSError ("publish": the swap of `dataset.json` every writer's
-    version ends with, `NextVersion.publish`); `monkeypatch.undo()` restores it."""
+def fail_at(monkeypatch, failing: str, module=edits) -> None:
+    """Make the step `failing` of an edit raise OSError: "write_rows" (its manifest, written by `module` or the edits
+    it shares the writer of), "compute_stats" (`module`'s), "write_stats" and "publish" (the statistics and the swap
+    of `dataset.json` every writer's version ends with: `store.versions`); `monkeypatch.undo()` restores it."""
 
     def fail(*args, **kwargs):
         raise OSError("the machine went away")
 
     if failing == "publish":
         monkeypatch.setattr(NextVersion, "publish", fail)
+    elif failing == "write_stats":
+        monkeypatch.setattr(store_versions, "write_stats", fail)
+    elif failing == "write_rows":
+        for owner in {module, edits}:
+            if hasattr(owner, "write_rows"):
+                monkeypatch.setattr(owner, "write_rows", fail)
     else:
         monkeypatch.setattr(module, failing, fail)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("failing", ["write_manifest", "compute_stats", "publish"])
+@pytest.mark.parametrize("failing", ["write_rows", "compute_stats", "publish"])
 def test_an_edit_that_fails_at_any_step_leaves_the_version_before_and_can_be_made_again(copies, monkeypatch, failing):
     url = str(copies["wds"])
     fail_at(monkeypatch, failing)
@@ -116,16 +124,16 @@ def test_an_edit_that_fails_at_any_step_leaves_the_version_before_and_can_be_mad
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("failing", ["write_manifest", "write_stats", "publish"])
+@pytest.mark.parametrize("failing", ["write_rows", "write_stats", "publish"])
 def test_removing_a_stream_that_fails_at_any_step_leaves_the_version_before(copies, monkeypatch, failing):
     url = str(copies["zarr"])
     fail_at(monkeypatch, failing)
     with pytest.raises(OSError, match="went away"):
-        versions.remove_stream(url, "audio", progress=False)
+        edits.remove_stream(url, "audio", progress=False)
     unchanged = mmdata.open_dataset(url)
     assert unchanged.schema.version == 0 and "audio" in [stream.name for stream in unchanged.schema.streams]
     monkeypatch.undo()
-    assert versions.remove_stream(url, "audio", progress=False).version == 1
+    assert edits.remove_stream(url, "audio", progress=False).version == 1
 
 
 def test_edits_that_name_nothing_everything_or_unknown_episodes_are_refused_with_the_store_unchanged(copies):

@@ -15,13 +15,13 @@ import pyarrow.parquet as pq
 import pytest
 
 import mmdata
-from mmdata.editing import compaction, derived, versions
+from mmdata.editing import compaction, derived, edits
 from mmdata.editing.compaction import compact_store
 from mmdata.editing.derived import ValidationChoice, merge_stores, split_store
+from mmdata.editing.edits import remove_stream
 from mmdata.editing.selection import EpisodeSelection
-from mmdata.editing.versions import remove_stream
 from mmdata.errors import EditError, OptionError
-from mmdata.store.next_version import NextVersion
+from mmdata.store.versions import NextVersion
 from tests.conftest import LAYOUTS, run_cli
 from tests.test_edit import SPEC, episode_data, fail_at
 from tests.test_loader import assert_same_batches
@@ -96,7 +96,7 @@ def test_a_split_by_task_sends_that_task_to_validation_with_statistics_of_each_p
 def test_merging_stores_gives_their_episodes_in_order_from_their_own_media(copies, layout, tmp_path):
     first = str(copies[layout])
     second = str(shutil.copytree(copies[layout], tmp_path / f"second.{layout}"))
-    versions.edit_store(second, "delete", EpisodeSelection(ids=[0]), progress=False)
+    edits.edit_store(second, "delete", EpisodeSelection(ids=[0]), progress=False)
     merged = str(tmp_path / "merged")
     report = merge_stores([first, second], merged, progress=False)
     assert (report.episodes_after, report.episodes_before) == (5, 5)
@@ -294,7 +294,7 @@ def test_every_edit_in_object_storage_gives_the_stores_the_same_edit_gives_local
             split_store(f"{root}/robot", f"{root}/train", f"{root}/validation", choice, progress=False)
             merge_stores([f"{root}/validation", f"{root}/train"], f"{root}/merged", progress=False)
             remove_stream(f"{root}/merged", "audio", progress=False)
-            versions.edit_store(f"{root}/merged", "delete", EpisodeSelection(ids=[0]), progress=False)
+            edits.edit_store(f"{root}/merged", "delete", EpisodeSelection(ids=[0]), progress=False)
         merged = mmdata.open_dataset(f"s3://{bucket}/merged")
         assert merged.schema.origins == ["../robot"] and merged.schema.version == 3 and len(merged) == 2
         assert "audio" not in [stream.name for stream in merged.schema.streams]
@@ -309,7 +309,7 @@ def test_every_edit_in_object_storage_gives_the_stores_the_same_edit_gives_local
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_compacting_a_merged_store_copies_exactly_its_episodes_into_a_store_of_its_own(copies, layout, tmp_path):
     source = str(copies[layout])
-    versions.edit_store(source, "delete", EpisodeSelection(ids=[0]), progress=False)
+    edits.edit_store(source, "delete", EpisodeSelection(ids=[0]), progress=False)
     merged, compacted = str(tmp_path / "merged"), str(tmp_path / "compacted")
     twin = shutil.copytree(copies[layout], tmp_path / f"twin.{layout}")
     merge_stores([source, str(twin)], merged, recompute_stats=False, progress=False)

@@ -17,8 +17,8 @@ from mmdata.conversion.pipeline import ConvertOptions, convert
 from mmdata.editing.added_streams import add_streams
 from mmdata.editing.compaction import compact_store
 from mmdata.editing.derived import ValidationChoice, merge_stores, split_store
+from mmdata.editing.edits import edit_store, remove_stream
 from mmdata.editing.selection import EpisodeSelection
-from mmdata.editing.versions import edit_store, remove_stream
 from mmdata.importers.raw import discover_raw_episodes
 from mmdata.store.verification import verify_dataset
 from mmdata.synthetic import SynthSpec, write_synthetic_dataset

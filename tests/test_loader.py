@@ -590,7 +590,7 @@ def test_shuffle_true_and_false_mean_the_default_shuffle_and_none_as_in_torch(st
 
     assert order(True) == order("auto") == order("blocks") != order(False) == order("none")
     with pytest.raises(
-        ValueError, match="shuffle is True, False or one of auto, locality, global, none, segments, blocks, not 'yes'"
+        ValueError, match="shuffle is True, False or one of auto, blocks, locality, global, none, not 'yes'"
     ):
         mmdata.DataLoader(stores["wds"], POLICY_WINDOWS, batch_size=4, shuffle="yes")
 

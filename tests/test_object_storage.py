@@ -144,9 +144,9 @@ def test_convert_straight_into_s3_gives_the_store_a_local_conversion_gives(
 @pytest.mark.slow
 def test_an_interrupted_upload_resumes_without_sending_again_what_arrived(raw_dataset, s3_endpoint, tmp_path):
     from mmdata.conversion.pipeline import ConvertOptions, convert
-    from mmdata.conversion.publish import publish
     from mmdata.errors import DestinationError
     from mmdata.importers import discover_episodes
+    from mmdata.store.staging import publish
 
     url = f"s3://{BUCKET}/interrupted/out.wds"
     staging = tmp_path / "staging"
@@ -445,16 +445,22 @@ def test_mmdata_view_shows_a_store_on_s3_as_it_shows_the_local_one(s3_stores, st
 def test_an_append_to_a_store_in_s3_gives_the_store_a_local_append_gives_in_both_layouts(
     raw_dataset, s3_endpoint, tmp_path, monkeypatch
 ):
+    from mmdata.conversion.pipeline import ConvertOptions, convert
+    from mmdata.importers.raw import discover_raw_episodes
     from mmdata.synthetic import SynthSpec, write_synthetic_dataset
 
     monkeypatch.setenv("MMDATA_STAGING", str(tmp_path / "staging"))
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1767225600")
     more = tmp_path / "more"
     write_synthetic_dataset(more, SynthSpec(episodes=2, min_seconds=1.0, max_seconds=2.0, seed=21))
-    options = ["--shard-size", "150000", "--workers", "1", "--quiet"]
+
+    def base(destination: str, layout: str) -> None:  # (in this process: the appends are what is compared)
+        options = ConvertOptions(layout=layout, shard_bytes=150_000, workers=1, progress=False)
+        convert(discover_raw_episodes(raw_dataset), destination, options, source_root=raw_dataset)
+
     url, on_disk = f"s3://{BUCKET}/appended/out.wds", tmp_path / "local.wds"
     for destination in (url, str(on_disk)):
-        assert run_cli("convert", str(raw_dataset), destination, *options).returncode == 0
+        base(destination, "wds")
     reader = mmdata.open_dataset(url)
     before = [reader.read_episode(i)["state"].values for i in range(len(reader))]
     for destination in (url, str(on_disk)):
@@ -472,7 +478,7 @@ def test_an_append_to_a_store_in_s3_gives_the_store_a_local_append_gives_in_both
     assert verified.returncode == 0, verified.stdout + verified.stderr
     zarr_url, zarr_disk = f"s3://{BUCKET}/appended/out.zarr", tmp_path / "local.zarr"
     for destination in (zarr_url, str(zarr_disk)):
-        assert run_cli("convert", str(raw_dataset), destination, "--to", "zarr", *options).returncode == 0
+        base(destination, "zarr")
     reader = mmdata.open_dataset(zarr_url)
     before = [reader.read_episode(i)["state"].values for i in range(len(reader))]
     for destination in (zarr_url, str(zarr_disk)):

@@ -224,7 +224,7 @@ def test_camera_statistics_of_large_frames_decode_a_bounded_block_at_a_time(tmp_
 
     episode = tmp_path / "raw" / "episode_0"
     episode.mkdir(parents=True)
-    frames = 150  # 1280x720: 2.8 MB of RGB each, 415 MB for the episode's frames held at once
+    frames = 64  # 1280x720: 2.8 MB of RGB each, 177 MB for the episode's frames held at once
     write_video(episode / "cam.mp4", (synthetic_frame(i, 0, 720, 1280) for i in range(frames)), 30, 1280, 720)
     (episode / "meta.json").write_text('{"task": "look"}')
     convert(discover_raw_episodes(tmp_path / "raw"), str(tmp_path / "out"), ConvertOptions(workers=1, progress=False))

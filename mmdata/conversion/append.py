@@ -13,8 +13,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -31,8 +29,8 @@ from mmdata.schema import DatasetSchema, Stream, TextStream
 from mmdata.store.filesystem import join, write_text_atomically
 from mmdata.store.handle import Store, open_store
 from mmdata.store.layout import APPEND_FILE, PARTIAL_DIR, SHARDS_DIR, give_append_up
-from mmdata.store.next_version import NextVersion
 from mmdata.store.statistics import read_stats
+from mmdata.store.versions import NextVersion, utc_now
 from mmdata.store.wds_writer import shard_number
 
 
@@ -197,14 +195,6 @@ def append_state(
     }
     write_text_atomically(path, json.dumps(state), fs)
     return state
-
-
-def utc_now() -> str:
-    """Now, as ISO 8601 UTC (what a store's history records); `SOURCE_DATE_EPOCH` (the reproducible-builds
-    convention) sets it."""
-    epoch = os.environ.get("SOURCE_DATE_EPOCH")
-    seconds = int(epoch) if epoch and epoch.isdigit() else time.time()
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
 
 
 def append_options(options: ConvertOptions, base: AppendBase) -> ConvertOptions:

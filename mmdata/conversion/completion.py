@@ -1,6 +1,5 @@
-"""The last steps of every conversion and append, whatever engine encoded it: the manifest, then the
-statistics (read through the new version before it is published), then `dataset.json`, which publishes
-the version in one rename, then the partial folder removed."""
+"""The last steps of every conversion and append, whatever engine encoded it: its manifest rows and statistics
+written as the store's next version (`store.versions`), and what `dataset.json` records of it."""
 
 from __future__ import annotations
 
@@ -11,17 +10,15 @@ from typing import Any
 import fsspec
 import pyarrow as pa
 
-from mmdata.errors import DestinationError, MmdataError, SourceError
+from mmdata.errors import DestinationError, SourceError
 from mmdata.importers.episode import EpisodeSource
 from mmdata.moments import Moments
 from mmdata.schema import DatasetSchema, Layout, Stream, TextStream
 from mmdata.store.dataset import Dataset
-from mmdata.store.filesystem import join
-from mmdata.store.handle import Store
 from mmdata.store.layout import CONVERT_AGAIN, PARTIAL_DIR, give_append_up
 from mmdata.store.manifest import write_manifest
-from mmdata.store.next_version import NextVersion
-from mmdata.store.statistics import compute_stats, write_stats
+from mmdata.store.statistics import compute_stats
+from mmdata.store.versions import NextVersion, complete_version
 
 
 def complete_store(
@@ -32,30 +29,24 @@ def complete_store(
     source_stats: dict[str, Any] | None,
     previous: DatasetSchema | None = None,
 ) -> str | None:
-    """Write the manifest and statistics files `schema` names (`version`'s own) into the store `version` is the
-    next version of, then publish it (`dataset.json` swapped if no other writer published one since: see
-    `store.next_version`; `previous`: the version it follows), then remove its partial folder; returns why the
-    statistics were not written, if so. Until then a reader sees the version before, whole."""
-    fs, root, url = version.hold.fs, version.hold.root, version.hold.url
-    try:
-        write_manifest(rows, schema.streams, join(root, schema.manifest_file), fs)
-    except (pa.ArrowException, TypeError, ValueError) as exc:
-        restart = give_append_up(PARTIAL_DIR) if schema.history else CONVERT_AGAIN
-        raise DestinationError(
-            f"'{url}': the manifest rows saved by the interrupted run are malformed ({exc}); {restart}"
-        ) from exc
-    stats_problem = None
-    try:
-        dataset = Dataset(Store(url, schema=schema))
-        figures = compute_stats(dataset, moments=moments)
-        write_stats(dataset, {**figures, **(source_stats or {})})
-    except (MmdataError, OSError, ValueError, MemoryError) as exc:
-        why = str(exc) or type(exc).__name__
-        stats_problem = f"normalization statistics were not written ({why}); run `mmdata stats {url}` to compute them"
-    version.publish(schema, previous)
-    if fs.exists(join(root, PARTIAL_DIR)):  # (an append into object storage keeps its state in its staging)
-        fs.rm(join(root, PARTIAL_DIR), recursive=True)
-    return stats_problem
+    """Write a conversion's or an append's manifest `rows` and statistics (from the encoders' `moments`, with the
+    source's own `source_stats`) as the next version `version` publishes (`store.versions.complete_version`);
+    returns why the statistics were not written, if so."""
+    url = version.hold.url
+
+    def write_rows(path: str) -> None:
+        try:
+            write_manifest(rows, schema.streams, path, version.hold.fs)
+        except (pa.ArrowException, TypeError, ValueError) as exc:
+            restart = give_append_up(PARTIAL_DIR) if schema.history else CONVERT_AGAIN
+            raise DestinationError(
+                f"'{url}': the manifest rows saved by the interrupted run are malformed ({exc}); {restart}"
+            ) from exc
+
+    def statistics(dataset: Dataset) -> dict[str, Any]:
+        return {**compute_stats(dataset, moments=moments), **(source_stats or {})}
+
+    return complete_version(version, schema, write_rows, statistics, previous, statistics_optional=True)
 
 
 def store_schema(

@@ -11,6 +11,7 @@ from mmdata.conversion.encode import EncodeOptions
 from mmdata.errors import OptionError
 from mmdata.importers.episode import EpisodeSource
 from mmdata.schema import Layout
+from mmdata.store.wds_writer import DEFAULT_SHARD_BYTES
 
 Engine = Literal["local", "ray"]
 
@@ -25,7 +26,7 @@ class ConvertOptions:
 
     layout: Layout = "wds"
     encode: EncodeOptions = EncodeOptions()
-    shard_bytes: int = 1 << 30
+    shard_bytes: int = DEFAULT_SHARD_BYTES
     workers: int | None = None
     skip_bad: bool = False
     resume: bool = False

@@ -45,7 +45,6 @@ from mmdata.conversion.destination import (
 )
 from mmdata.conversion.encode import EncodeOptions, encode_job, worker_crashed
 from mmdata.conversion.ledger import ConversionLedger
-from mmdata.conversion.publish import default_staging, is_remote, publish, remove_staging, upload_new_files
 from mmdata.conversion.workers import WorkerPool, spawned_pool
 from mmdata.errors import ConcurrentWriteError, OptionError, SourceError
 from mmdata.importers.episode import EpisodeSource, source_files
@@ -55,7 +54,8 @@ from mmdata.store.filesystem import join, resolve
 from mmdata.store.handle import open_store
 from mmdata.store.hold import StoreHold, hold_store
 from mmdata.store.layout import DATASET_FILE, PARTIAL_DIR
-from mmdata.store.next_version import NextVersion
+from mmdata.store.staging import default_staging, is_remote, publish, remove_staging, upload_new_files
+from mmdata.store.versions import NextVersion
 
 
 class StoreWriter(Protocol):
@@ -86,7 +86,7 @@ def convert(
 ) -> ConversionReport:
     """Convert `sources` into a store at `destination`: a local folder, or an object-store URL
     (`s3://bucket/store`: made in a local staging folder, then uploaded with `dataset.json` last;
-    see `mmdata.conversion.publish`).
+    see `mmdata.store.staging`).
 
     `source_stats` are statistics the source format ships (LeRobot's `meta/stats.json`): kept in
     the store's `stats.json` beside the recomputed ones, under their own key.

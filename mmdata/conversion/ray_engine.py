@@ -51,7 +51,7 @@ from mmdata.store.filesystem import join, resolve, write_bytes_atomically, write
 from mmdata.store.hold import hold_store
 from mmdata.store.layout import CONVERT_AGAIN, PARTIAL_DIR, SHARDS_DIR
 from mmdata.store.manifest import episode_key
-from mmdata.store.next_version import NextVersion
+from mmdata.store.versions import NextVersion
 from mmdata.store.wds_writer import (
     ShardTar,
     episode_members,

@@ -21,25 +21,24 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from mmdata.editing.derived import inside_path
-from mmdata.editing.versions import (
+from mmdata.editing.edits import (
     EditReport,
     editing,
     history_entry,
+    manifest_of,
     next_version,
-    publish,
     stats_before,
     stream_end,
     with_durations,
-    write_manifest,
 )
 from mmdata.errors import EditError, MmdataError, OptionError
 from mmdata.schema import DatasetSchema, Stream, is_origin
-from mmdata.store.dataset import Dataset
 from mmdata.store.filesystem import join, relative_path
 from mmdata.store.handle import Store, open_store
 from mmdata.store.manifest import ORIGIN
 from mmdata.store.manifest_checks import check_manifest
 from mmdata.store.statistics import compute_stats, read_stats
+from mmdata.store.versions import complete_version
 
 Match = Literal["source", "order"]
 MATCHES = ("source", "order")
@@ -78,9 +77,10 @@ def add_streams(
         fields = pa.schema([*store.manifest.schema, *(other.manifest.schema.field(name) for name in columns)])
         kept = None if recompute_stats else _kept_stats(store, other, names)  # (refused before anything is written)
         parts = _joined(store, other, rows, columns, schema, other_url)
-        write_manifest(store, schema, parts, fields, progress)
-        stats = compute_stats(Dataset(Store(url, schema=schema))) if kept is None else kept
-        return publish(store, schema, stats, len(store), "recomputed" if kept is None else "kept", version)
+        manifest = manifest_of(store, parts, fields, len(store), progress)
+        complete_version(version, schema, manifest, compute_stats if kept is None else kept, store.schema)
+        how = "recomputed" if kept is None else "kept"
+        return EditReport(url, schema.version, len(store), len(store), schema.manifest_file, how)
 
 
 def _addable(store: Store, other: Store, name: str) -> Stream:

@@ -21,11 +21,7 @@ from fsspec.implementations.local import LocalFileSystem
 from tqdm import tqdm
 
 from mmdata.checks import inside, parse_json
-from mmdata.conversion.completion import complete_store
-from mmdata.conversion.convert_options import ConvertOptions
-from mmdata.conversion.destination import check_remote_destination
-from mmdata.conversion.publish import default_staging, is_remote, publish, remove_staging
-from mmdata.editing.versions import EditReport, editable_store
+from mmdata.editing.edits import EditReport, editable_store
 from mmdata.errors import EditError, IntegrityError, OptionError
 from mmdata.schema import LAYOUTS, AudioStream, DatasetSchema, LowdimStream, TextStream, VideoStream
 from mmdata.store.encoded import EncodedAudio, EncodedEpisode, EncodedLowdim, EncodedVideo
@@ -33,9 +29,11 @@ from mmdata.store.filesystem import join, resolve, write_text_atomically
 from mmdata.store.handle import Store
 from mmdata.store.hold import StoreHold, empty_folder, hold_store, is_writer_record
 from mmdata.store.layout import DATASET_FILE, PARTIAL_DIR
-from mmdata.store.manifest import Piece
-from mmdata.store.next_version import NextVersion
-from mmdata.store.wds_writer import WdsWriter
+from mmdata.store.manifest import Piece, write_manifest
+from mmdata.store.staging import default_staging, is_remote, publish, remove_staging
+from mmdata.store.statistics import compute_stats
+from mmdata.store.versions import NextVersion, complete_version
+from mmdata.store.wds_writer import DEFAULT_SHARD_BYTES, WdsWriter
 from mmdata.store.zarr_writer import ZarrWriter
 
 COMPACTION_FILE = "compaction.json"  # in the partial folder: what a compaction under way copies, and how
@@ -53,7 +51,10 @@ def compact_store(url: str, into: str, layout: str | None = None, progress: bool
     local = default_staging(into) if remote else Path(into)
     if remote:
         fs, root = resolve(into)
-        check_remote_destination(fs, root, into, resume=False, overwrite=False)
+        if fs.exists(join(root, DATASET_FILE)):
+            raise EditError(f"'{into}' is already a complete store; a compacted store goes to a new or empty place")
+        if fs.exists(root) and not all(is_writer_record(entry.rstrip("/").rsplit("/", 1)[-1]) for entry in fs.ls(root)):
+            raise EditError(f"'{into}' holds objects already; a compacted store goes to a new or empty place")
     if store.damaged:
         why = store.damaged[min(store.damaged)]
         raise EditError(f"'{url}' has damaged episodes ({sorted(store.damaged)[:10]}; {why}); {_delete_first(url)}")
@@ -87,7 +88,7 @@ def _write(store: Store, layout: str, hold: StoreHold, progress: bool) -> Datase
     local = Path(hold.root)
     shard_bytes = store.schema.created.get("shard_bytes")
     if not (isinstance(shard_bytes, int) and shard_bytes > 0):
-        shard_bytes = ConvertOptions().shard_bytes
+        shard_bytes = DEFAULT_SHARD_BYTES
     (local / PARTIAL_DIR).mkdir(parents=True, exist_ok=True)
     write_text_atomically(str(local / PARTIAL_DIR / COMPACTION_FILE), json.dumps({"from": store.url, "layout": layout}))
     writer = WdsWriter(local, shard_bytes) if layout == "wds" else ZarrWriter(local)
@@ -109,7 +110,11 @@ def _write(store: Store, layout: str, hold: StoreHold, progress: bool) -> Datase
     }
     schema = DatasetSchema(layout=layout, streams=store.schema.streams, num_episodes=len(rows), created=created)
     with NextVersion(hold) as version:
-        complete_store(version, rows, schema, {}, None)
+
+        def write_rows(path: str) -> None:
+            write_manifest(rows, schema.streams, path, hold.fs)
+
+        complete_version(version, schema, write_rows, compute_stats, statistics_optional=True)
     return schema
 
 

@@ -27,19 +27,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from fsspec.implementations.local import LocalFileSystem
 
+from mmdata.editing.edits import EditReport, editable_store, history_entry, stats_before
 from mmdata.editing.rows import chosen_rows, write_rows
 from mmdata.editing.selection import EpisodeSelection
-from mmdata.editing.versions import EditReport, editable_store, history_entry, stats_before
 from mmdata.errors import EditError, MmdataError, OptionError
 from mmdata.schema import DatasetSchema, is_origin, stream_to_dict, version_file_name, version_of_file
-from mmdata.store.dataset import Dataset
 from mmdata.store.filesystem import join, read_file, relative_path, resolve, temporary_of
 from mmdata.store.handle import MAX_SCHEMA_BYTES, Store
 from mmdata.store.hold import hold_store, is_writer_record
 from mmdata.store.layout import DATASET_FILE
 from mmdata.store.manifest import ORIGIN
-from mmdata.store.next_version import NextVersion
-from mmdata.store.statistics import compute_stats, write_stats
+from mmdata.store.statistics import compute_stats
+from mmdata.store.versions import NextVersion, complete_version
 
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 
@@ -179,20 +178,19 @@ class _NewStore:
 
     def write(self, recompute_stats: bool, change: str, progress: bool) -> EditReport:
         """Write the manifest, the statistics, then `dataset.json`, which makes the folder a store (published as
-        every version is: `store.next_version`; the destination held while it is written: `store.hold`)."""
+        every version is: `store.versions`; the destination held while it is written: `store.hold`)."""
         kept = None if recompute_stats else stats_before(self.sources[0][0], change)  # (refused before any write)
         columns = _union_schema([store.manifest.schema for store, _ in self.sources])
         with hold_store(self.url, f"mmdata edit: {change}") as hold, NextVersion(hold) as version:
             previous = self._check_destination(leftovers_removed=hold.local)
             manifest_file, stats_file = version.file_names(self.schema.version)
             schema = dataclasses.replace(self.schema, manifest_file=manifest_file, stats_file=stats_file)
-            path = join(self.root, schema.manifest_file)
             total = schema.num_episodes
-            write_rows(self.fs, path, self._parts(), columns, total, f"write {self.url}", progress)
-            store = Store(self.url, schema=schema)
-            stats = compute_stats(Dataset(store)) if kept is None else kept
-            write_stats(store, stats)
-            version.publish(schema, previous)
+
+            def write_manifest(path: str) -> None:
+                write_rows(self.fs, path, self._parts(), columns, total, f"write {self.url}", progress)
+
+            complete_version(version, schema, write_manifest, compute_stats if kept is None else kept, previous)
         before = sum(len(source) for source, _ in self.sources)
         how = "recomputed" if recompute_stats else "kept"
         return EditReport(self.url, schema.version, before, total, schema.manifest_file, how)

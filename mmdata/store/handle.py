@@ -6,6 +6,7 @@ reader's job (`mmdata.store.dataset.Dataset`, or the loader's decode stage)."""
 from __future__ import annotations
 
 import bisect
+import contextlib
 import dataclasses
 import itertools
 import os
@@ -25,7 +26,7 @@ from mmdata.codecs.decoders.requests import ClipRequest, SegmentRef
 from mmdata.codecs.packet_index import PacketIndex, is_checked
 from mmdata.errors import DecodeError, IntegrityError, OptionError, ReadError, StoreError
 from mmdata.schema import DatasetSchema, VideoStream
-from mmdata.store.filesystem import DEFAULT_READ_POLICY, ReadPolicy, join, read_file, resolve
+from mmdata.store.filesystem import DEFAULT_READ_POLICY, ReadPolicy, in_this_process, join, read_file, resolve
 from mmdata.store.layout import DATASET_FILE, PARTIAL_DIR
 from mmdata.store.lru import ByteBudgetCache
 from mmdata.store.manifest import ORIGIN, Piece, packets_column
@@ -129,6 +130,8 @@ class Store:
         self.url = url
         self.read_policy = read_policy
         self.fs, self.root = resolve(url)
+        with contextlib.suppress(AttributeError, OSError):  # a store opens at the version there now: listings this
+            in_this_process(self.fs).invalidate_cache(self.root)  # process cached before a writer published are gone
         self.schema = schema if schema is not None else self._read_schema()
         where = f"{self.url}/{self.schema.manifest_file}"
         path = join(self.root, self.schema.manifest_file)

@@ -6,7 +6,7 @@ killed writer never leaves a lock behind. Beside the lock the writer records who
 host, command, start), which the refused writer names. In object storage, which has no locks, an append (the one
 writer that writes media other writers would write again: the next shards, a Zarr array's last chunk) records
 itself by creating that file only if it is absent (a conditional write), and removes it when it ends; the other
-writers are refused while it is there, and publish their version by a compare-and-swap (`store.next_version`).
+writers are refused while it is there, and publish their version by a compare-and-swap (`store.versions`).
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from mmdata.store.filesystem import create_afresh, write_text_atomically
 from mmdata.store.layout import CONVERT_AGAIN, PARTIAL_DIR, SHARDS_DIR, start_again
 from mmdata.store.manifest import PACKETS_SUFFIX, Piece, base_row, episode_key, packets_column, span_columns
 
+DEFAULT_SHARD_BYTES = 1 << 30  # a shard's size, unless a conversion chooses another (`--shard-bytes`)
 TAR_BLOCK = 512
 TAR_ENCODING = "utf-8"
 TAR_ERRORS = "strict"

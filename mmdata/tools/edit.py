@@ -10,8 +10,8 @@ import textwrap
 from mmdata.editing.added_streams import MATCHES, add_streams
 from mmdata.editing.compaction import compact_store
 from mmdata.editing.derived import ValidationChoice, merge_stores, split_store
+from mmdata.editing.edits import EditReport, edit_store, remove_stream
 from mmdata.editing.selection import EpisodeSelection
-from mmdata.editing.versions import EditReport, edit_store, remove_stream
 from mmdata.errors import OptionError
 from mmdata.tools.export import parse_episodes
 from mmdata.tools.storage import add_storage_options

@@ -172,8 +172,8 @@ def test_links_planted_at_temporary_names_are_never_written_through(stores, raw_
     from mmdata.conversion.pipeline import ConvertOptions, convert
     from mmdata.editing.compaction import compact_store
     from mmdata.editing.derived import ValidationChoice, merge_stores, split_store
+    from mmdata.editing.edits import edit_store, remove_stream
     from mmdata.editing.selection import EpisodeSelection
-    from mmdata.editing.versions import edit_store, remove_stream
     from mmdata.importers import discover_episodes
     from mmdata.store.verification import verify_dataset
 

@@ -23,7 +23,7 @@ from mmdata.schema import DatasetSchema
 from mmdata.store.filesystem import join, resolve, writing_new_file
 from mmdata.store.hold import hold_store
 from mmdata.store.layout import DATASET_FILE
-from mmdata.store.next_version import NextVersion
+from mmdata.store.versions import NextVersion
 
 
 def is_remote(destination: str | os.PathLike) -> bool:
@@ -49,7 +49,7 @@ def publish(
     With `overwrite` the objects under `url` are removed first; otherwise an object already there with the same
     size is kept (an upload interrupted before is completed, not repeated), an object of another size is another
     writer's and refused, and every object is created only where none is (S3's conditional write), `dataset.json`
-    last (`store.next_version`): of two uploads into one place, one publishes and the other is told.
+    last (`store.versions`): of two uploads into one place, one publishes and the other is told.
     """
     fs, root = resolve(url)
     if overwrite and fs.exists(root):

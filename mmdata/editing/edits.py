@@ -1,5 +1,5 @@
 """A store's next version from a choice of its episodes: the kept rows renumbered into a new manifest, new
-statistics, then `dataset.json` naming them, swapped last and in one step (`store.next_version`).
+statistics, then `dataset.json` naming them, swapped last and in one step (`store.versions`).
 
 What a reader of the store sees is `dataset.json`: until it is swapped, the store is the version before (an edit
 that fails or is killed at any step leaves it so, and the files it wrote under its own names are removed, by it or
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -23,18 +23,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mmdata.conversion.append import utc_now
 from mmdata.editing.rows import chosen_rows, write_rows
 from mmdata.editing.selection import EpisodeSelection
 from mmdata.errors import EditError, MmdataError
 from mmdata.schema import DatasetSchema
-from mmdata.store.dataset import Dataset
 from mmdata.store.filesystem import join
 from mmdata.store.handle import Store, open_store
 from mmdata.store.hold import hold_store
 from mmdata.store.layout import PARTIAL_DIR
-from mmdata.store.next_version import NextVersion
-from mmdata.store.statistics import compute_stats, read_stats, write_stats
+from mmdata.store.statistics import compute_stats, read_stats
+from mmdata.store.versions import NextVersion, Statistics, complete_version, utc_now
 
 Action = Literal["delete", "keep"]
 
@@ -75,11 +73,10 @@ def edit_store(
         verb = "deleted" if action == "delete" else "kept"
         described = f"{action} {len(named)} episode{'' if len(named) == 1 else 's'} ({selection.describe()})"
         schema = next_version(store.schema, history_entry(action, len(kept), count, described), version)
-        parts = chosen_rows(store, kept)
-        write_manifest(store, schema, parts, store.manifest.schema, progress)
-        edited = Store(url, schema=schema)
-        stats = compute_stats(Dataset(edited)) if recompute_stats else stats_before(store, f"episodes were {verb}")
-        return publish(store, schema, stats, count, "recomputed" if recompute_stats else "kept", version)
+        stats = compute_stats if recompute_stats else stats_before(store, f"episodes were {verb}")
+        manifest = manifest_of(store, chosen_rows(store, kept), store.manifest.schema, len(kept), progress)
+        complete_version(version, schema, manifest, stats, store.schema)
+        return EditReport(url, schema.version, count, len(kept), schema.manifest_file, _how(recompute_stats))
 
 
 def remove_stream(url: str, name: str, progress: bool = True) -> EditReport:
@@ -103,14 +100,13 @@ def remove_stream(url: str, name: str, progress: bool = True) -> EditReport:
         columns = [field for field in store.manifest.schema if not field.name.startswith(f"{name}/")]
         kept = [field.name for field in columns]
         parts = (ended_with_streams(rows.select(kept), timed) for _, rows in store.manifest.row_groups())
-        write_manifest(store, schema, parts, pa.schema(columns), progress)
         try:
-            stats = read_stats(store)
+            stats: Statistics = {key: _without(value, name) for key, value in read_stats(store).items()}
         except MmdataError:
-            stats = compute_stats(Dataset(Store(url, schema=schema)))
-        else:
-            stats = {key: _without(value, name) for key, value in stats.items()}
-        return publish(store, schema, stats, count, "kept", version)
+            stats = compute_stats
+        manifest = manifest_of(store, parts, pa.schema(columns), count, progress)
+        complete_version(version, schema, manifest, stats, store.schema)
+        return EditReport(url, schema.version, count, count, schema.manifest_file, "kept")
 
 
 def ended_with_streams(rows: pa.Table, streams: list[str]) -> pa.Table:
@@ -133,7 +129,7 @@ def with_durations(rows: pa.Table, durations: pa.Array) -> pa.Table:
 @contextlib.contextmanager
 def editing(url: str, writer: str) -> Iterator[tuple[Store, NextVersion]]:
     """The store at `url`, held by the edit `writer` ("mmdata edit URL delete"), and its next version (see
-    `store.next_version`): what the block writes under the version's names is removed if it fails, and a store changed
+    `store.versions`): what the block writes under the version's names is removed if it fails, and a store changed
     meanwhile by another writer is a ConcurrentWriteError."""
     with hold_store(url, writer) as hold, NextVersion(hold) as version:
         yield editable_store(url), version
@@ -175,23 +171,20 @@ def editable_store(url: str) -> Store:
     return store
 
 
-def write_manifest(
-    store: Store, schema: DatasetSchema, parts: Iterator[pa.Table], columns: pa.Schema, progress: bool
-) -> None:
-    """The new version's manifest, of `columns`, from `parts` (its rows in order), under its own name."""
-    path = join(store.root, schema.manifest_file)
-    write_rows(store.fs, path, parts, columns, schema.num_episodes, f"edit {store.url}", progress)
+def manifest_of(
+    store: Store, parts: Iterator[pa.Table], columns: pa.Schema, rows: int, progress: bool
+) -> Callable[[str], None]:
+    """What writes an edit's manifest of `rows` rows, of `columns`, from `parts` (its rows in order), where the new
+    version names it (`store.versions.complete_version`)."""
+
+    def write(path: str) -> None:
+        write_rows(store.fs, path, parts, columns, rows, f"edit {store.url}", progress)
+
+    return write
 
 
-def publish(
-    store: Store, schema: DatasetSchema, stats: dict, before: int, how: str, version: NextVersion
-) -> EditReport:
-    """Write the new version's statistics, then publish it (`version.publish`: `dataset.json` swapped unless
-    another writer published a version first), which removes the files of versions no reader can still be
-    reading."""
-    write_stats(Store(store.url, schema=schema), stats)
-    version.publish(schema, store.schema)
-    return EditReport(store.url, schema.version, before, schema.num_episodes, schema.manifest_file, how)
+def _how(recomputed: bool) -> str:
+    return "recomputed" if recomputed else "kept"
 
 
 def _without(section: object, name: str) -> object:

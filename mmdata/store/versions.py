@@ -1,5 +1,6 @@
-"""A store's next version, published the one way every writer publishes one (a conversion, an append, each edit, a
-split, merge or compaction), with a concurrent writer detected rather than lost.
+"""A store's next version, written and published the one way every writer writes one (a conversion, an append, each
+edit, a split, merge or compaction), with a concurrent writer detected rather than lost: the room both conversion and
+editing publish through (`complete_version`), neither importing the other.
 
 1. The writer holds the store (`store.hold`) and notes the version it starts from: locally `dataset.json`'s bytes,
    in object storage its ETag, or that there is none (a new store).
@@ -13,23 +14,32 @@ split, merge or compaction), with a concurrent writer detected rather than lost.
 4. Then the files of versions no reader can still be reading are removed: every version file older than the
    version before the new one, and those a writer that lost or died left; the version before is kept for the
    readers that opened it.
+
+`complete_version` keeps the order of the new version's files: the manifest, then the statistics (read through the
+new version before it is published), then `dataset.json`, then the store's partial folder removed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import secrets
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
+from typing import Any
 
 import xxhash
 
-from mmdata.errors import ConcurrentWriteError, StoreError
+from mmdata.errors import ConcurrentWriteError, MmdataError, StoreError
 from mmdata.schema import DatasetSchema, version_file_name, version_of_file
+from mmdata.store.dataset import Dataset
 from mmdata.store.filesystem import is_s3, join, temporary_of, writing_atomically, writing_new_file
-from mmdata.store.handle import MAX_SCHEMA_BYTES
+from mmdata.store.handle import MAX_SCHEMA_BYTES, Store
 from mmdata.store.hold import StoreHold
-from mmdata.store.layout import DATASET_FILE
+from mmdata.store.layout import DATASET_FILE, PARTIAL_DIR
+from mmdata.store.statistics import write_stats
 
 _CONFLICT_CODES = ("PreconditionFailed", "ConditionalRequestConflict", "NoSuchKey", "404")
 
@@ -205,3 +215,45 @@ def _is_conflict(error: BaseException) -> bool:
             return True
         seen = seen.__cause__ or seen.__context__
     return False
+
+
+Statistics = dict[str, Any] | Callable[[Dataset], dict[str, Any]]
+"""A new version's statistics: given, or computed from the version (read through a reader of it)."""
+
+
+def complete_version(
+    version: NextVersion,
+    schema: DatasetSchema,
+    write_manifest: Callable[[str], None],
+    statistics: Statistics,
+    previous: DatasetSchema | None = None,
+    statistics_optional: bool = False,
+) -> str | None:
+    """Write the files `schema` names (`version`'s own) into the store `version` is the next version of and publish
+    it: the manifest (`write_manifest(path)`), then the statistics, then `dataset.json` swapped if no other writer
+    published one since (`previous`: the version it follows), then the store's partial folder removed. Until the
+    swap a reader sees the version before, whole. With `statistics_optional` (a conversion, whose store is worth
+    having without them) statistics that cannot be computed are left out and why is returned; else it raises."""
+    fs, root, url = version.hold.fs, version.hold.root, version.hold.url
+    write_manifest(join(root, schema.manifest_file))
+    problem = None
+    try:
+        dataset = Dataset(Store(url, schema=schema))
+        write_stats(dataset, statistics(dataset) if callable(statistics) else statistics)
+    except (MmdataError, OSError, ValueError, MemoryError) as exc:
+        if not statistics_optional:
+            raise
+        why = str(exc) or type(exc).__name__
+        problem = f"normalization statistics were not written ({why}); run `mmdata stats {url}` to compute them"
+    version.publish(schema, previous)
+    if fs.exists(join(root, PARTIAL_DIR)):  # (an append into object storage keeps its state in its staging)
+        fs.rm(join(root, PARTIAL_DIR), recursive=True)
+    return problem
+
+
+def utc_now() -> str:
+    """Now, as ISO 8601 UTC (what a store's history records of each version); `SOURCE_DATE_EPOCH` (the
+    reproducible-builds convention) sets it."""
+    epoch = os.environ.get("SOURCE_DATE_EPOCH")
+    seconds = int(epoch) if epoch and epoch.isdigit() else time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
