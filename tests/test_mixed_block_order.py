@@ -14,8 +14,8 @@ import pytest
 
 import mmdata
 from mmdata.errors import OptionError
-from mmdata.planning.mixed_order import MAX_MIXED_SLOTS, MixedOrder, SourceInterleave
-from mmdata.planning.orders import OrderRecipe
+from mmdata.planning.mixed_order import MixedOrder
+from mmdata.planning.orders import MAX_MIXED_SLOTS, OrderRecipe, SourceInterleave
 from mmdata.planning.planner import PlannedSource, Planner, PlanSettings
 from mmdata.planning.sample_index import SampleIndex
 from tests.sample_oracle import enumerate_samples

@@ -12,7 +12,15 @@ import pytest
 
 import mmdata
 from mmdata.planning.epoch_plan import Stretch
-from mmdata.planning.orders import GlobalOrder, IdentityOrder, LocalityOrder, OrderRecipe, shard_run_starts
+from mmdata.planning.orders import (
+    EpisodeBlockOrder,
+    GlobalOrder,
+    IdentityOrder,
+    LocalityOrder,
+    OrderRecipe,
+    episode_blocks,
+    shard_run_starts,
+)
 from mmdata.planning.planner import PlannedSource, Planner, PlanSettings
 from mmdata.planning.sample_index import SampleIndex
 from tests.test_block_order import assert_stretches_consume_the_epoch_once, manifest, rank_samples
@@ -154,3 +162,25 @@ def test_a_loader_in_every_order_resumes_exactly_and_reads_each_sample_once(stor
     resumed = build()
     resumed.load_state_dict(state)
     assert [batch["sample_index"].tolist() for batch in resumed] == whole[5:]
+
+
+def test_the_blocks_order_by_episode_cuts_blocks_where_episodes_begin_and_spreads_their_remainders():
+    firsts = np.array([0, 23, 23, 40, 75])  # episodes of 23, 0, 17 and 35 samples; blocks of 8
+    whole = episode_blocks(firsts, 8)
+    assert whole.tolist() == [0, 2, 2, 4, 8]
+    order = EpisodeBlockOrder(firsts, whole, 8, 2, seed=3, epoch=0)
+    samples = order.samples_at(np.arange(75))
+    assert sorted(samples.tolist()) == list(range(75))
+    whole_blocks = {(0, 8), (8, 16), (23, 31), (31, 39), (40, 48), (48, 56), (56, 64), (64, 72)}
+    remainders = set(range(16, 23)) | {39} | set(range(72, 75))
+    in_blocks = [int(s) for s in samples if int(s) not in remainders]
+    for first, end in whole_blocks:  # each whole block's samples come in time order
+        mine = [s for s in in_blocks if first <= s < end]
+        assert mine == list(range(first, end))
+    for episode_rest in (list(range(16, 23)), [39], list(range(72, 75))):  # an episode's together, in time order
+        assert [int(s) for s in samples if int(s) in episode_rest] == episode_rest
+    positions = [int(p) for p, s in enumerate(samples.tolist()) if s in remainders]
+    assert positions[0] < 20 and positions[-1] > 55, "the remainders are spread over the epoch, not left at its end"
+    assert not np.array_equal(
+        samples, EpisodeBlockOrder(firsts, whole, 8, 2, seed=3, epoch=1).samples_at(np.arange(75))
+    )

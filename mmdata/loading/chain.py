@@ -102,7 +102,7 @@ class BatchReader:
         rows are fetched while this one decodes, and the cameras' timestamps of the horizon's last step, which
         enters the cache's plan at the next read (the cache plans the steps before it).
         """
-        self._read_rows_ahead([*samples, *fallback, *(sample for later in horizon for sample in later)])
+        self._read_rows_ahead(samples, fallback, horizon)
         batch = MicroBatch(step, list(samples), [""] * len(samples), fallback=list(fallback))
         batch.tasks = [self._attempt(batch, p, "task", self._task, sample) or "" for p, sample in enumerate(samples)]
         upcoming = horizon[0] if len(horizon) > 0 else ()
@@ -160,11 +160,16 @@ class BatchReader:
         cache.follow(schedule)
         return cache
 
-    def _read_rows_ahead(self, samples: Sequence[SampleRef]) -> None:
-        """Have each source's manifest read the rows of `samples` it does not keep yet, together (a large manifest's
-        row groups at once rather than one by one as the samples are aligned)."""
+    def _read_rows_ahead(
+        self, samples: Sequence[SampleRef], fallback: Sequence[SampleRef], horizon: Sequence[Sequence[SampleRef]]
+    ) -> None:
+        """Have each source's manifest read the rows of the step's `samples`, its `fallback` and the `horizon`'s steps
+        it does not keep yet, together (a large manifest's row groups at once rather than one by one as the samples
+        are aligned); nothing when every manifest is held in memory (a small one)."""
+        if all(source.store.manifest.in_memory for source in self.sources):
+            return
         episodes: dict[int, list[int]] = {}
-        for sample in samples:
+        for sample in (*samples, *fallback, *(sample for later in horizon for sample in later)):
             episodes.setdefault(sample.source, []).append(sample.episode)
         for source, rows in episodes.items():
             self.sources[source].store.manifest.read_ahead(rows)

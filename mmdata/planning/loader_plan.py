@@ -97,7 +97,7 @@ def _recipe(
     its samples' runs of one shard ("locality")."""
     if settings.shuffle == "blocks":
         block = block_samples(source.store, _stored_camera(source, cameras), spec)
-        return OrderRecipe("blocks", block=block, open_blocks=settings.open_segments)
+        return OrderRecipe("blocks", block=block, open_blocks=settings.open_segments, episode_firsts=index.firsts)
     if settings.shuffle == "locality":
         codes = pc.dictionary_encode(pc.fill_null(table.column("shard"), "")).combine_chunks().indices
         shards = codes.to_numpy(zero_copy_only=False)

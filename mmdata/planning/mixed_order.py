@@ -18,49 +18,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mmdata.errors import OptionError
-from mmdata.planning.orders import Order, OrderRecipe
+from mmdata.planning.orders import Order, OrderRecipe, SourceInterleave
 
 _PASS_STREAM = 0x313C
-# Slots an epoch of a mixture may hold in this order: the spreads multiply two slot numbers in 64 bits.
-MAX_MIXED_SLOTS = 1 << 32
 _KEPT_PASSES = 64
-
-
-@dataclass(frozen=True)
-class SourceInterleave:
-    """The source of each position of an epoch of `sum(targets)` positions, and its slot among that source's."""
-
-    targets: tuple[int, ...]
-
-    def __post_init__(self):
-        if not self.targets or min(self.targets) < 0:
-            raise OptionError(f"a mixture's slots per source are at least 0, not {list(self.targets)}")
-        if sum(self.targets) > MAX_MIXED_SLOTS:
-            raise OptionError(
-                f"an epoch of a mixture holds at most {MAX_MIXED_SLOTS:,} samples, not"
-                f" {sum(self.targets):,}: give Mixture(epoch_samples=...) no larger"
-            )
-
-    def place(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(source, slot within the source) of each of `positions` in [0, sum(targets))."""
-        local = np.asarray(positions, dtype=np.uint64)
-        source = np.full(len(local), len(self.targets) - 1, np.int64)
-        slot = np.empty(len(local), np.int64)
-        unplaced = np.arange(len(local))
-        rest = sum(self.targets)
-        for number, target in enumerate(self.targets[:-1]):
-            if not len(unplaced) or rest == 0:
-                break
-            x = local[unplaced]
-            before = x * np.uint64(target) // np.uint64(rest)
-            mine = (x + np.uint64(1)) * np.uint64(target) // np.uint64(rest) > before
-            source[unplaced[mine]] = number
-            slot[unplaced[mine]] = before[mine]
-            local[unplaced[~mine]] = x[~mine] - before[~mine]
-            unplaced = unplaced[~mine]
-            rest -= target
-        slot[unplaced] = local[unplaced]
-        return source, slot
 
 
 @dataclass(frozen=True)

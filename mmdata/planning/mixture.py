@@ -23,7 +23,7 @@ import numpy as np
 
 from mmdata.errors import OptionError, SpecError
 from mmdata.planning.episodes import Episodes
-from mmdata.planning.mixed_order import MAX_MIXED_SLOTS
+from mmdata.planning.orders import MAX_MIXED_SLOTS
 from mmdata.planning.specs import Audio, Frames, Spec, Values, option_int, option_number
 from mmdata.schema import AudioStream, LowdimStream, VideoStream
 from mmdata.store.dataset import Dataset

@@ -33,7 +33,10 @@ SHUFFLE_MODES = ("auto", *SHUFFLES)  # what a loader takes: "auto" is resolved b
 # Names the way the orders and their dealing make an epoch's steps; a loader state carries it (in its fingerprint),
 # so a state saved by another way is refused by name rather than resumed into other steps. Changes with the steps.
 ORDER_VERSION = "one planner 1"
+# Slots an epoch of a mixture may hold in this order: the spreads multiply two slot numbers in 64 bits.
+MAX_MIXED_SLOTS = 1 << 32
 _BLOCK_STREAM, _GLOBAL_STREAM, _LOCALITY_STREAM = 0xB10C, 0x610B, 0x10CA
+REMAINDER_CHUNKS = 1024  # runs of episodes whose last, shorter segments the "blocks" order puts in a keyed order
 
 
 def as_shuffle(value: Shuffle | bool) -> Shuffle:
@@ -121,17 +124,18 @@ class LocalityOrder:
 
 @dataclass(frozen=True)
 class BlockOrder:
-    """The "blocks" order of one epoch of `count` samples: the samples, turned by a random offset per epoch, cut into
-    blocks of `block` consecutive samples; a keyed permutation orders the blocks, and each run of `open_blocks`
-    blocks of that order is a group whose samples are dealt one from each block in turn (a micro-batch of 8 from a
-    group of 8 holds 8 blocks, about 8 episodes); the blocks left over from whole groups close the epoch as one
-    smaller group, and the samples of no whole block after them, in order."""
+    """The "blocks" order of one epoch of `count` samples: the samples, turned by a random offset per epoch
+    (unless not `turned`), cut into blocks of `block` consecutive samples; a keyed permutation orders the blocks,
+    and each run of `open_blocks` blocks of that order is a group whose samples are dealt one from each block in
+    turn (a micro-batch of 8 from a group of 8 holds 8 blocks, about 8 episodes); the blocks left over from whole
+    groups close the epoch as one smaller group, and the samples of no whole block after them, in order."""
 
     count: int
     block: int
     open_blocks: int
     seed: int
     epoch: int
+    turned: bool = True
 
     def __post_init__(self):
         if self.block < 1 or self.open_blocks < 1:
@@ -142,7 +146,7 @@ class BlockOrder:
         object.__setattr__(self, "_main", groups * span)
         object.__setattr__(self, "_blocks", KeyedPermutation(groups * self.open_blocks, int(keys[0])))
         object.__setattr__(self, "_tail", KeyedPermutation((self.count - groups * span) // self.block, int(keys[1])))
-        object.__setattr__(self, "_turn", int(keys[2] % max(1, self.count)))
+        object.__setattr__(self, "_turn", int(keys[2] % max(1, self.count)) if self.turned else 0)
 
     def samples_at(self, positions: np.ndarray) -> np.ndarray:
         """The sample number (manifest and time order) at each of `positions` in [0, count)."""
@@ -167,6 +171,97 @@ class BlockOrder:
         return placed
 
 
+@dataclass(frozen=True)
+class SourceInterleave:
+    """The source of each position of an epoch of `sum(targets)` positions, and its slot among that source's."""
+
+    targets: tuple[int, ...]
+
+    def __post_init__(self):
+        if not self.targets or min(self.targets) < 0:
+            raise OptionError(f"a mixture's slots per source are at least 0, not {list(self.targets)}")
+        if sum(self.targets) > MAX_MIXED_SLOTS:
+            raise OptionError(
+                f"an epoch of a mixture holds at most {MAX_MIXED_SLOTS:,} samples, not"
+                f" {sum(self.targets):,}: give Mixture(epoch_samples=...) no larger"
+            )
+
+    def place(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(source, slot within the source) of each of `positions` in [0, sum(targets))."""
+        local = np.asarray(positions, dtype=np.uint64)
+        source = np.full(len(local), len(self.targets) - 1, np.int64)
+        slot = np.empty(len(local), np.int64)
+        unplaced = np.arange(len(local))
+        rest = sum(self.targets)
+        for number, target in enumerate(self.targets[:-1]):
+            if not len(unplaced) or rest == 0:
+                break
+            x = local[unplaced]
+            before = x * np.uint64(target) // np.uint64(rest)
+            mine = (x + np.uint64(1)) * np.uint64(target) // np.uint64(rest) > before
+            source[unplaced[mine]] = number
+            slot[unplaced[mine]] = before[mine]
+            local[unplaced[~mine]] = x[~mine] - before[~mine]
+            unplaced = unplaced[~mine]
+            rest -= target
+        slot[unplaced] = local[unplaced]
+        return source, slot
+
+
+class EpisodeBlockOrder:
+    """The "blocks" order with its blocks cut where a store's segments are: each episode's samples from its first, in
+    whole blocks of `block` (a stored segment's samples each, so that a block is one decode), ordered as
+    `BlockOrder` orders blocks. The samples after an episode's last whole block (its last, shorter segment's) are
+    spread evenly over the epoch between them, each episode's together and in time order (one decode), the episodes
+    in `REMAINDER_CHUNKS` runs put in a keyed order. `episode_firsts`: each episode's first sample and, last, the
+    count; `whole_firsts`: the whole blocks before each episode (`episode_blocks`)."""
+
+    def __init__(
+        self,
+        episode_firsts: np.ndarray,
+        whole_firsts: np.ndarray,
+        block: int,
+        open_blocks: int,
+        seed: int,
+        epoch: int,
+    ):
+        self.count, self.block = int(episode_firsts[-1]), block
+        self._firsts, self._whole_firsts = episode_firsts, whole_firsts
+        self._rest_firsts = episode_firsts - block * whole_firsts  # the remainders' samples before each episode
+        whole = int(whole_firsts[-1]) * block
+        self._spread = SourceInterleave((whole, self.count - whole))
+        self._blocks = BlockOrder(whole, block, open_blocks, seed, epoch, turned=False)
+        episodes = len(episode_firsts) - 1
+        chunks = max(1, min(REMAINDER_CHUNKS, episodes))
+        self._chunk_episodes = np.linspace(0, episodes, chunks + 1).astype(np.int64)
+        sizes = np.diff(self._rest_firsts[self._chunk_episodes])
+        self._chunk_at = KeyedPermutation(chunks, _key(seed, epoch, _BLOCK_STREAM, 1))(np.arange(chunks))
+        self._chunk_placed = np.concatenate([[0], np.cumsum(sizes[self._chunk_at])]).astype(np.int64)
+
+    def samples_at(self, positions: np.ndarray) -> np.ndarray:
+        stream, slot = self._spread.place(np.asarray(positions, dtype=np.int64))
+        samples = np.empty(len(slot), np.int64)
+        whole = stream == 0
+        number, offset = np.divmod(self._blocks.samples_at(slot[whole]), self.block)
+        episode = np.searchsorted(self._whole_firsts, number, side="right") - 1
+        samples[whole] = self._firsts[episode] + (number - self._whole_firsts[episode]) * self.block + offset
+        rest = slot[~whole]
+        place = np.searchsorted(self._chunk_placed, rest, side="right") - 1
+        first_episode = self._chunk_episodes[self._chunk_at[place]]
+        remainder = self._rest_firsts[first_episode] + rest - self._chunk_placed[place]
+        episode = np.searchsorted(self._rest_firsts, remainder, side="right") - 1
+        before = self._whole_firsts[episode + 1] - self._whole_firsts[episode]
+        samples[~whole] = self._firsts[episode] + before * self.block + remainder - self._rest_firsts[episode]
+        return samples
+
+
+def episode_blocks(episode_firsts: np.ndarray, block: int) -> np.ndarray:
+    """The whole blocks of `block` samples before each episode (and, last, in all), from each episode's first
+    sample (`episode_firsts`, the count last): what `EpisodeBlockOrder` numbers blocks by."""
+    counts = np.diff(np.asarray(episode_firsts, dtype=np.int64))
+    return np.concatenate([[0], np.cumsum(counts // block)]).astype(np.int64)
+
+
 @dataclass(frozen=True, eq=False)
 class OrderRecipe:
     """How one source's samples are ordered, whatever the epoch (`order`): the resolved `mode`, the samples of a
@@ -178,12 +273,17 @@ class OrderRecipe:
     open_blocks: int = 8
     run_starts: np.ndarray | None = None
     shards_per_group: int = 8
+    episode_firsts: np.ndarray | None = None  # ("blocks": each episode's first sample, the count last)
 
     def __post_init__(self):
         if self.mode not in SHUFFLES:
             raise OptionError(f"an epoch is ordered in one of {', '.join(SHUFFLES)}, not {self.mode!r:.60}")
         if self.mode == "locality" and self.run_starts is None:
             raise OptionError("the 'locality' order needs the samples' runs of one shard")
+        whole = None
+        if self.mode == "blocks" and self.episode_firsts is not None:
+            whole = episode_blocks(self.episode_firsts, self.block)
+        object.__setattr__(self, "_whole_firsts", whole)
 
     def order(self, count: int, seed: int, epoch: int) -> Order:
         """The order of an epoch of the source's `count` samples (`seed` and `epoch` key it)."""
@@ -194,12 +294,14 @@ class OrderRecipe:
         if self.mode == "locality":
             assert self.run_starts is not None
             return LocalityOrder(count, self.run_starts, self.shards_per_group, seed, epoch)
+        if self._whole_firsts is not None and self.episode_firsts is not None and count == self.episode_firsts[-1]:
+            return EpisodeBlockOrder(self.episode_firsts, self._whole_firsts, self.block, self.open_blocks, seed, epoch)
         return BlockOrder(count, self.block, self.open_blocks, seed, epoch)
 
     def describe(self) -> list:
         """What of the recipe decides the steps, for a loader state's fingerprint (the runs follow from the data)."""
         if self.mode == "blocks":
-            return [self.mode, self.block, self.open_blocks]
+            return [self.mode, self.block, self.open_blocks, "by episode" if self.episode_firsts is not None else ""]
         if self.mode == "locality":
             return [self.mode, self.shards_per_group]
         return [self.mode]

@@ -19,6 +19,7 @@ from typing import Literal
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from mmdata.errors import ResumeError
 from mmdata.planning.epoch_plan import EpochPlan, Stretch
@@ -49,13 +50,22 @@ class PlanSettings:
 
 @dataclass(frozen=True)
 class PlannedSource:
-    """One store as the planner plans it: its samples, its manifest's shard column (read per step) and how its
-    samples are ordered. An episode's key is its row's (`episode_key`: the manifest's checks hold every row to
-    it)."""
+    """One store as the planner plans it: its samples, its manifest's shard column and how its samples are ordered.
+    An episode's key is its row's (`episode_key`: the manifest's checks hold every row to it)."""
 
     samples: SampleIndex
     shards: pa.ChunkedArray
     recipe: OrderRecipe
+
+    def __post_init__(self):
+        encoded = pc.dictionary_encode(pc.fill_null(self.shards, "")).combine_chunks()
+        object.__setattr__(self, "_shard_codes", encoded.indices.to_numpy(zero_copy_only=False).astype(np.int32))
+        object.__setattr__(self, "_shard_names", encoded.dictionary.to_pylist())
+
+    def shards_of(self, episodes: np.ndarray) -> list[str]:
+        """The shard of each of `episodes` (manifest rows): a few names over every episode, kept as their codes."""
+        names = self._shard_names
+        return [names[code] for code in self._shard_codes[episodes].tolist()]
 
 
 class Planner:
@@ -195,7 +205,7 @@ class Planner:
         source = self.sources[owner]
         episodes, chunks, starts, ends, costs = source.samples.described(numbers)
         keys = [episode_key(e) for e in episodes.tolist()]
-        shards = source.shards.take(pa.array(episodes)).to_pylist()
+        shards = source.shards_of(episodes)
         seed, epoch = draw
         first = int(self.samples.firsts[owner])
         return [

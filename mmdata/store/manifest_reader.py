@@ -179,6 +179,12 @@ class Manifest:
         self._checked_rows: set[int] = set()  # rows checked on their own in this process
         self._rows_checked_in: dict[int, int] = {}  # per row group, how many of its rows were checked on their own
 
+    @property
+    def in_memory(self) -> bool:
+        """Whether every row group is held in memory (a small manifest, checked whole when opened): reading rows
+        ahead gains nothing then."""
+        return self.checked_whole and len(self._groups) == len(self._starts)
+
     def __len__(self) -> int:
         return self.num_rows
 
@@ -200,6 +206,8 @@ class Manifest:
         the row groups holding them are read at once (`FETCH_THREADS` at a time, each once), which a loader whose
         frame cache plans many steps ahead otherwise reads one by one (and again, when 18 MB groups leave the cache
         between two of its rows). A damaged row is left for `row` to refuse."""
+        if self.in_memory:
+            return
         missing: dict[int, list[int]] = {}
         for index in sorted({int(i) for i in indexes}):
             if 0 <= index < self.num_rows and index not in self._rows and index not in self.damaged:
