@@ -67,10 +67,14 @@ from mmdata.editing.edits import edit_store  # noqa: E402
 from mmdata.editing.selection import EpisodeSelection  # noqa: E402
 from mmdata.importers.raw import discover_raw_episodes  # noqa: E402
 from mmdata.measure.runner import mixing_figures  # noqa: E402
-from mmdata.planning.epoch_plan import Stretch  # noqa: E402
 from mmdata.planning.mixture import Mixture, Source, source_targets  # noqa: E402
 from mmdata.planning.orders import OrderRecipe, shard_run_starts  # noqa: E402
-from mmdata.planning.planner import PlannedSource, Planner, PlanSettings  # noqa: E402
+from mmdata.planning.planner import (  # noqa: E402
+    PlannedSource,
+    Planner,
+    PlanSettings,
+    Stretch,  # noqa: E402
+)
 from mmdata.planning.sample_index import SampleIndex  # noqa: E402
 from mmdata.store.scaled_store import write_scaled_store  # noqa: E402
 from mmdata.synthetic import SynthSpec, write_synthetic_dataset  # noqa: E402

@@ -10,7 +10,7 @@ import torch
 import mmdata
 import mmdata.loading.assembly as assembly
 from mmdata.errors import OptionError
-from mmdata.planning.epoch_plan import Stretch
+from mmdata.planning.planner import Stretch
 from tests.test_frame_cache import WINDOWS
 from tests.test_loader import assert_same_batches
 

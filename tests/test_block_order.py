@@ -14,11 +14,9 @@ import pytest
 import mmdata
 from mmdata.errors import ResumeError
 from mmdata.planning import sample_index as sample_index_module
-from mmdata.planning.epoch_plan import EpochPlan, Stretch
 from mmdata.planning.lanes import LaneLayout
-from mmdata.planning.orders import BlockOrder, OrderRecipe
-from mmdata.planning.permutation import KeyedPermutation
-from mmdata.planning.planner import PlannedSource, Planner, PlanSettings, RankSteps
+from mmdata.planning.orders import BlockOrder, KeyedPermutation, OrderRecipe
+from mmdata.planning.planner import EpochPlan, PlannedSource, Planner, PlanSettings, RankSteps, Stretch
 from mmdata.planning.sample_index import SampleIndex
 from tests.sample_oracle import enumerate_samples
 

@@ -11,7 +11,6 @@ import pyarrow as pa
 import pytest
 
 import mmdata
-from mmdata.planning.epoch_plan import Stretch
 from mmdata.planning.orders import (
     EpisodeBlockOrder,
     GlobalOrder,
@@ -21,7 +20,7 @@ from mmdata.planning.orders import (
     episode_blocks,
     shard_run_starts,
 )
-from mmdata.planning.planner import PlannedSource, Planner, PlanSettings
+from mmdata.planning.planner import PlannedSource, Planner, PlanSettings, Stretch
 from mmdata.planning.sample_index import SampleIndex
 from tests.test_block_order import assert_stretches_consume_the_epoch_once, manifest, rank_samples
 

@@ -13,7 +13,6 @@ import pytest
 
 import mmdata
 from mmdata.errors import ResumeError
-from mmdata.planning.epoch_plan import Stretch
 from mmdata.planning.orders import OrderRecipe
 from mmdata.planning.packed_windows import (
     PackedWindows,
@@ -22,7 +21,7 @@ from mmdata.planning.packed_windows import (
     fit_into_bins,
     plan_window_packing,
 )
-from mmdata.planning.planner import PlannedSource, Planner, PlanSettings
+from mmdata.planning.planner import PlannedSource, Planner, PlanSettings, Stretch
 from mmdata.planning.sample_index import SampleIndex
 from tests.sample_oracle import enumerate_samples
 from tests.test_block_order import (

@@ -25,10 +25,10 @@ from mmdata.loading.normalize import attach_normalizers
 from mmdata.loading.state import MAX_EPOCH, RunPosition
 from mmdata.loading.timing import enable_profiler_ranges
 from mmdata.planning.episodes import Episodes
-from mmdata.planning.epoch_plan import EpochPlan
 from mmdata.planning.loader_plan import plan_loader
 from mmdata.planning.mixture import Mixture, as_mixture, check_sources, open_sources
 from mmdata.planning.orders import Shuffle
+from mmdata.planning.planner import EpochPlan
 from mmdata.planning.ranks import rank_and_world
 from mmdata.planning.specs import Spec
 from mmdata.store.dataset import Dataset

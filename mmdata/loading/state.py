@@ -7,8 +7,8 @@ from typing import Any
 
 from mmdata.checks import as_int
 from mmdata.errors import ResumeError
-from mmdata.planning.epoch_plan import EpochPlan, Stretch
 from mmdata.planning.loader_plan import LoaderPlan
+from mmdata.planning.planner import EpochPlan, Stretch
 from mmdata.store.handle import Store
 
 STATE_FORMAT = "mmdata.loader"

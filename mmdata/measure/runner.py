@@ -15,7 +15,7 @@ from mmdata.loading import DataLoader, Frames
 from mmdata.loading.timing import timed
 from mmdata.measure.floor import decode_floor
 from mmdata.measure.steps import StepTimer
-from mmdata.planning.epoch_plan import EpochPlan
+from mmdata.planning.planner import EpochPlan
 
 
 def endless(loader: DataLoader) -> Iterator[dict[str, Any]]:

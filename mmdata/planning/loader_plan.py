@@ -22,8 +22,9 @@ from mmdata.planning.packed_windows import WINDOW_PACKING_VERSION
 from mmdata.planning.packing.cost import TokensPer
 from mmdata.planning.planner import PlannedSource, Planner, PlanSettings
 from mmdata.planning.sample_index import SampleIndex, SourceSampleIndexes
-from mmdata.planning.segments import block_samples
-from mmdata.planning.specs import Frames, Spec, Windows
+from mmdata.planning.specs import Frames, Sequences, Spec, Windows
+from mmdata.schema import VideoStream
+from mmdata.store.handle import Store
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,28 @@ def _recipe(
         starts = shard_run_starts(shards, index.firsts)
         return OrderRecipe("locality", run_starts=starts, shards_per_group=settings.shards_per_group)
     return OrderRecipe(settings.shuffle)
+
+
+# Samples per block of the "blocks" order when no camera is read (a block then only keeps an episode's
+# low-dim reads together).
+LOW_DIM_BLOCK = 32
+_ROWS_SAMPLED = 16
+
+
+def block_samples(store: Store, camera: str | None, spec: Spec) -> int:
+    """Samples per block of the "blocks" order (`planning.orders`): the windows a stored segment of
+    `camera` spans (the median segment of the manifest's first rows), so that a block is about one decode; one
+    for sequences (a sequence reads whole segments itself); `LOW_DIM_BLOCK` without a camera."""
+    if isinstance(spec, Sequences):
+        return 1
+    stream = store.schema.stream(camera) if camera is not None else None
+    if not isinstance(stream, VideoStream):
+        return LOW_DIM_BLOCK
+    rows = [store.manifest.row(i) for i in range(min(_ROWS_SAMPLED, len(store))) if i not in store.damaged]
+    frames = [segment["num_frames"] for row in rows for segment in row[f"{camera}/segments"] or ()]
+    if not frames:
+        return LOW_DIM_BLOCK
+    return max(1, round(float(np.median(frames)) / stream.fps * spec.anchor_fps))
 
 
 def _dealt(settings: PlanSettings, indexes: list[SampleIndex]) -> PlanSettings:

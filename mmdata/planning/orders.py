@@ -13,8 +13,10 @@ Samples are numbered in manifest and time order (`planning.sample_index`). The o
 - "none": manifest and time order;
 - "auto", a loader's default: "blocks" where the samples read a camera, else "locality" (`resolve_shuffle`).
 
-Every permutation is a `KeyedPermutation` keyed by (seed, epoch), so an order costs the same at any size and any
-position of it is found without the positions before it.
+Every permutation is a `KeyedPermutation` keyed by (seed, epoch): a balanced Feistel network over the smallest even
+number of bits that holds n, made a bijection of [0, n) by cycle walking (a value that lands outside is sent through
+again; it lands inside within four passes on average), its round function a 64-bit mixer of the key, the round and
+the half. So an order costs the same at any size and any position of it is found without the positions before it.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ from typing import Literal, Protocol
 import numpy as np
 
 from mmdata.errors import OptionError
-from mmdata.planning.permutation import KeyedPermutation
 
 Shuffle = Literal["auto", "blocks", "locality", "global", "none"]
 SHUFFLES = ("blocks", "locality", "global", "none")  # the orders an epoch is made in
@@ -37,6 +38,60 @@ ORDER_VERSION = "one planner 1"
 MAX_MIXED_SLOTS = 1 << 32
 _BLOCK_STREAM, _GLOBAL_STREAM, _LOCALITY_STREAM = 0xB10C, 0x610B, 0x10CA
 REMAINDER_CHUNKS = 1024  # runs of episodes whose last, shorter segments the "blocks" order puts in a keyed order
+
+
+ROUNDS = 6
+_MASK64 = (1 << 64) - 1
+
+
+class KeyedPermutation:
+    """A bijection of [0, `size`) chosen by `key` (any integer; equal keys give equal permutations)."""
+
+    def __init__(self, size: int, key: int):
+        if size < 0:
+            raise OptionError(f"a permutation's size is at least 0, not {size}")
+        self.size = int(size)
+        self.half_bits = max(1, (max(1, self.size - 1).bit_length() + 1) // 2)
+        self._mask = np.uint64((1 << self.half_bits) - 1)
+        self._round_keys = [np.uint64(_mix(key * ROUNDS + number + 1)) for number in range(ROUNDS)]
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __call__(self, positions: np.ndarray | int) -> np.ndarray:
+        """Where each of `positions` (in [0, size)) goes, as int64."""
+        points = np.asarray(positions, dtype=np.int64)
+        if points.size and (points.min() < 0 or points.max() >= self.size):
+            raise IndexError(f"positions must lie in [0, {self.size})")
+        values = self._network(points.astype(np.uint64))
+        outside = np.flatnonzero(values >= self.size)
+        while len(outside):
+            values[outside] = self._network(values[outside])
+            outside = outside[values[outside] >= self.size]
+        return values.astype(np.int64)
+
+    def _network(self, values: np.ndarray) -> np.ndarray:
+        shift = np.uint64(self.half_bits)
+        left, right = values >> shift, values & self._mask
+        for round_key in self._round_keys:
+            left, right = right, left ^ (_mix_array(right ^ round_key) & self._mask)
+        return (left << shift) | right
+
+
+def _mix(value: int) -> int:
+    """splitmix64's finaliser of one integer (the round keys)."""
+    value = (value + 0x9E3779B97F4A7C15) & _MASK64
+    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return value ^ (value >> 31)
+
+
+def _mix_array(values: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser over uint64 values (wrapping products, as the mixer wants)."""
+    values = values * np.uint64(0x9E3779B97F4A7C15)
+    values = (values ^ (values >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    values = (values ^ (values >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return values ^ (values >> np.uint64(31))
 
 
 def as_shuffle(value: Shuffle | bool) -> Shuffle:
