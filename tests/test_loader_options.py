@@ -49,12 +49,17 @@ def test_the_earlier_spellings_give_the_same_batches_and_state_and_warn_with_the
             str(stores["wds"]), SPEC, batch_size=4, shuffle="global", num_workers=1, seed=3, decoder="pyav",
             reading=mmdata.Reading(cache_bytes=1 << 20),
         )  # fmt: skip
-    with pytest.warns(DeprecationWarning, match=r"Batching\(batch_size=...\) is spelled DataLoader\(batch_size=...\)"):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         grouped = mmdata.DataLoader(
             str(stores["wds"]), SPEC, batching=mmdata.Batching(batch_size=4),
             shuffling=mmdata.Shuffling(mode="global"), runtime=mmdata.Runtime(num_workers=1, decoder="pyav"),
             reading=mmdata.Reading(cache_bytes=1 << 20), seed=3,
         )  # fmt: skip
+    said = " | ".join(str(warning.message) for warning in caught)
+    for spelled in ("Batching(batch_size=...) is spelled DataLoader(batch_size=...)", "pass shuffle='global'",
+                    "Runtime(num_workers=...) is spelled DataLoader(num_workers=...)"):  # fmt: skip
+        assert spelled in said
     batches = list(one)
     assert_same_batches(batches, list(ungrouped))
     assert_same_batches(batches, list(grouped))
