@@ -4,6 +4,8 @@ and again is named with its cause and fix."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 import mmdata
@@ -152,7 +154,8 @@ def test_a_loaders_caches_plan_ahead_over_a_segments_life_in_their_own_reads(sto
     for workers in (0, 2):
         run = mmdata.DataLoader(str(stores["wds"]), spec, batch_size=1, num_workers=workers)
         next(iter(run))
-        life = run.planner.sources[0].recipe.block * 8  # a block's samples, one per turn of 8 open blocks
+        recipe = run.planner.sources[0].recipe  # a block's samples, one per turn of 8 open blocks, spread out by
+        life = math.ceil(recipe.block * 8 * recipe.block_spread())  # the episodes' last segments' samples between
         assert run.planner.segment_life_steps(1) == life
         longest[workers] = run.chain.frame_budget.longest
         assert longest[workers] == min(1024, max(LONGEST_HORIZON, life * 8 // max(1, workers)))

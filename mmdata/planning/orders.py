@@ -353,6 +353,14 @@ class OrderRecipe:
             return EpisodeBlockOrder(self.episode_firsts, self._whole_firsts, self.block, self.open_blocks, seed, epoch)
         return BlockOrder(count, self.block, self.open_blocks, seed, epoch)
 
+    def block_spread(self) -> float:
+        """How far apart a block's samples lie in the order against dealt alone: the epoch's samples over those of
+        whole blocks (the episodes' last, shorter segments' samples lie between them); 1 without episodes."""
+        whole = self._whole_firsts
+        if whole is None or self.episode_firsts is None or not whole[-1]:
+            return 1.0
+        return float(self.episode_firsts[-1]) / float(whole[-1] * self.block)
+
     def describe(self) -> list:
         """What of the recipe decides the steps, for a loader state's fingerprint (the runs follow from the data)."""
         if self.mode == "blocks":

@@ -296,10 +296,13 @@ class Planner:
         if b.batch_size is None or b.shuffle != "blocks":
             return None
         if self.targets is None:
-            return math.ceil(self.sources[0].recipe.block * b.open_segments / b.batch_size)
+            recipe = self.sources[0].recipe
+            return math.ceil(recipe.block * b.open_segments * recipe.block_spread() / b.batch_size)
         slots = self.slots
         return max(
-            math.ceil(source.recipe.block * b.open_segments * slots / (target * b.batch_size))
+            math.ceil(
+                source.recipe.block * b.open_segments * source.recipe.block_spread() * slots / (target * b.batch_size)
+            )
             for source, target in zip(self.sources, self.targets.tolist())
             if target
         )
