@@ -16,7 +16,6 @@ benchmarks/results/one_planner_cost.json.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
@@ -25,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 from machine import machine_name
-from verify_cost_bench import run
+from verify_cost_bench import paired_trees, run
 
 from mmdata.synthetic import SynthSpec, write_synthetic_dataset
 
@@ -52,12 +51,7 @@ print("RESULT " + json.dumps(figures))
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--baseline-tree", type=Path, required=True)
-    parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--seconds", type=float, default=10.0)
-    args = parser.parse_args()
-    trees = {"this": HERE.parent, "baseline": args.baseline_tree.resolve()}
+    args, trees = paired_trees(__doc__)
     names = ("workers_0", "workers_2")
     samples: dict = {tree: {name: [] for name in names} for tree in trees}
     per_cpu: dict = {tree: {name: [] for name in names} for tree in trees}

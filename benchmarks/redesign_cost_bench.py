@@ -22,7 +22,6 @@ benchmarks/results/redesign_cost.json.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
@@ -31,7 +30,7 @@ import tempfile
 from pathlib import Path
 
 from machine import machine_name
-from verify_cost_bench import BUILD_LOADER, run
+from verify_cost_bench import BUILD_LOADER, paired_trees, run
 
 from mmdata.synthetic import SynthSpec, write_synthetic_dataset
 
@@ -82,12 +81,7 @@ def convert(source: Path, destination: Path, *options: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--baseline-tree", type=Path, required=True)
-    parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--seconds", type=float, default=10.0)
-    args = parser.parse_args()
-    trees = {"this": HERE.parent, "baseline": args.baseline_tree.resolve()}
+    args, trees = paired_trees(__doc__)
     with tempfile.TemporaryDirectory(prefix="mmdata-redesign-bench-") as folder:
         root = Path(folder)
         write_synthetic_dataset(root / "raw", SynthSpec(episodes=8, min_seconds=5.0, max_seconds=30.0))

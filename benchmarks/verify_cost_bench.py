@@ -104,6 +104,17 @@ print("RESULT " + json.dumps(result))
 """
 
 
+def paired_trees(description: str | None) -> tuple[argparse.Namespace, dict[str, Path]]:
+    """The options of a benchmark that runs this tree against `--baseline-tree` in turns (`--rounds` rounds of
+    `--seconds` each), and the two trees by name."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--baseline-tree", type=Path, required=True)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    args = parser.parse_args()
+    return args, {"this": HERE.parent, "baseline": args.baseline_tree.resolve()}
+
+
 def run(tree: Path, code: str) -> dict:
     environment = {**os.environ, "PYTHONPATH": str(tree)}
     result = subprocess.run(
