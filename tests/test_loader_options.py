@@ -14,6 +14,7 @@ import torch
 import mmdata
 from mmdata.errors import OptionError
 from mmdata.lerobot import LeRobotLoader
+from mmdata.loading.loader_options import TORCH_DEFAULTS
 from tests.test_loader import assert_same_batches
 
 SPEC = mmdata.Windows(anchor_fps=10, streams={"cam_high": mmdata.Frames(offsets=[-0.1, 0.0]), "state": mmdata.Values()})
@@ -26,6 +27,7 @@ def test_pytorchs_words_are_the_loaders_keywords_with_pytorchs_names_and_no_warn
     for word in ("batch_size", "shuffle", "num_workers", "prefetch_factor", "drop_last", "pin_memory", "timeout"):
         assert word in ours and word in theirs
     assert ours["drop_last"].default == theirs["drop_last"].default and ours["num_workers"].default == 0
+    assert {word: ours[word].default for word in TORCH_DEFAULTS} == TORCH_DEFAULTS  # (what counts as not given)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         loader = mmdata.DataLoader(str(stores["wds"]), LOWDIM, batch_size=4, shuffle=False, num_workers=0)

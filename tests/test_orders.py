@@ -165,9 +165,9 @@ def test_a_loader_in_every_order_resumes_exactly_and_reads_each_sample_once(stor
 
 def test_the_blocks_order_by_episode_cuts_blocks_where_episodes_begin_and_spreads_their_remainders():
     firsts = np.array([0, 23, 23, 40, 75])  # episodes of 23, 0, 17 and 35 samples; blocks of 8
-    whole = episode_blocks(firsts, 8)
-    assert whole.tolist() == [0, 2, 2, 4, 8]
-    order = EpisodeBlockOrder(firsts, whole, 8, 2, seed=3, epoch=0)
+    blocks = episode_blocks(firsts, 8)
+    assert blocks.whole_firsts.tolist() == [0, 2, 2, 4, 8]
+    order = EpisodeBlockOrder(blocks, 2, seed=3, epoch=0)
     samples = order.samples_at(np.arange(75))
     assert sorted(samples.tolist()) == list(range(75))
     whole_blocks = {(0, 8), (8, 16), (23, 31), (31, 39), (40, 48), (48, 56), (56, 64), (64, 72)}
@@ -180,6 +180,4 @@ def test_the_blocks_order_by_episode_cuts_blocks_where_episodes_begin_and_spread
         assert [int(s) for s in samples if int(s) in episode_rest] == episode_rest
     positions = [int(p) for p, s in enumerate(samples.tolist()) if s in remainders]
     assert positions[0] < 20 and positions[-1] > 55, "the remainders are spread over the epoch, not left at its end"
-    assert not np.array_equal(
-        samples, EpisodeBlockOrder(firsts, whole, 8, 2, seed=3, epoch=1).samples_at(np.arange(75))
-    )
+    assert not np.array_equal(samples, EpisodeBlockOrder(blocks, 2, seed=3, epoch=1).samples_at(np.arange(75)))

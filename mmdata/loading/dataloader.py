@@ -18,7 +18,15 @@ from mmdata.checks import option_int
 from mmdata.errors import OptionError, SpecError
 from mmdata.loading.assembly import ChainAssembly
 from mmdata.loading.feed import Feed
-from mmdata.loading.loader_options import Batching, Reading, Runtime, Shuffling, plan_settings, resolve_options
+from mmdata.loading.loader_options import (
+    TORCH_DEFAULTS,
+    Batching,
+    Reading,
+    Runtime,
+    Shuffling,
+    plan_settings,
+    resolve_options,
+)
 from mmdata.loading.loader_stats import LoaderStats
 from mmdata.loading.micro_batch import OnError
 from mmdata.loading.normalize import attach_normalizers
@@ -79,19 +87,20 @@ class DataLoader:
         on_error: OnError = "raise",
         **ungrouped: Any,
     ):
-        torch_given = {
+        torch_words = {
+            "batch_size": batch_size,
+            "shuffle": shuffle,
+            "num_workers": num_workers,
+            "prefetch_factor": prefetch_factor,
+            "drop_last": drop_last,
+            "pin_memory": pin_memory,
+            "persistent_workers": persistent_workers,
+            "timeout": timeout,
+        }
+        torch_given = {  # (a word left at its default, `TorchOptions`', is not given)
             name: value
-            for name, value, default in (
-                ("batch_size", batch_size, None),
-                ("shuffle", shuffle, "auto"),
-                ("num_workers", num_workers, 0),
-                ("prefetch_factor", prefetch_factor, 2),
-                ("drop_last", drop_last, False),
-                ("pin_memory", pin_memory, None),
-                ("persistent_workers", persistent_workers, True),
-                ("timeout", timeout, 0.0),
-            )
-            if value is not default and value != default  # (a word left at its default is not given)
+            for name, value in torch_words.items()
+            if value is not TORCH_DEFAULTS[name] and value != TORCH_DEFAULTS[name]
         }
         groups = {"batching": batching, "shuffling": shuffling, "runtime": runtime, "reading": reading}
         options = resolve_options(torch_given, groups, ungrouped)

@@ -207,7 +207,8 @@ class TorchOptions:
             raise OptionError(f"timeout is 0 (no bound) or a positive number of seconds, not {self.timeout!r}")
 
 
-TORCH_WORDS = tuple(f.name for f in fields(TorchOptions))
+TORCH_DEFAULTS = {f.name: f.default for f in fields(TorchOptions)}
+TORCH_WORDS = tuple(TORCH_DEFAULTS)
 # Where PyTorch's words were spelled inside the groups before they were the loader's own keywords.
 GROUPED_TORCH_WORDS: dict[str, tuple[str, str]] = {
     "batch_size": ("batching", "batch_size"),

@@ -3,9 +3,9 @@
 
 Samples are numbered in manifest and time order (`planning.sample_index`). The orders:
 
-- "blocks": the samples cut into blocks of about a stored segment's worth, the blocks in a keyed permutation and
+- "blocks": each episode's samples cut into blocks of a stored segment's worth, the blocks in a keyed permutation and
   dealt in turn from `open_blocks` of them, so that a worker's frame cache decodes a segment once for its samples
-  while each step mixes several episodes (`BlockOrder`);
+  while each step mixes several episodes (`EpisodeBlockOrder` over `BlockOrder`);
 - "locality": the runs of samples of one shard in a keyed permutation, taken `shards_per_group` runs at a time,
   the samples of each group in a keyed permutation of their own (WebDataset's shard shuffle and sample buffer,
   exactly reproducible: a worker reads few shards at a time);
@@ -21,7 +21,7 @@ the half. So an order costs the same at any size and any position of it is found
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 import numpy as np
@@ -263,58 +263,66 @@ class SourceInterleave:
         return source, slot
 
 
+@dataclass(frozen=True, eq=False)
+class EpisodeBlocks:
+    """A source's episodes cut into whole blocks of `block` samples from each one's first (`episode_blocks`), worked
+    out once and kept for every epoch: each episode's first sample (`firsts`, the count last), the whole blocks
+    before each episode (`whole_firsts`, all of them last) and the samples after episodes' last whole blocks before
+    each episode (`rest_firsts`)."""
+
+    block: int
+    firsts: np.ndarray
+    whole_firsts: np.ndarray
+    rest_firsts: np.ndarray
+
+    @property
+    def whole_samples(self) -> int:
+        return int(self.whole_firsts[-1]) * self.block
+
+
+def episode_blocks(episode_firsts: np.ndarray, block: int) -> EpisodeBlocks:
+    """The whole blocks of `block` samples of episodes whose first samples are `episode_firsts` (the count last):
+    what `EpisodeBlockOrder` numbers blocks by."""
+    firsts = np.asarray(episode_firsts, dtype=np.int64)
+    whole = np.concatenate([[0], np.cumsum(np.diff(firsts) // block)]).astype(np.int64)
+    return EpisodeBlocks(block, firsts, whole, firsts - block * whole)
+
+
 class EpisodeBlockOrder:
     """The "blocks" order with its blocks cut where a store's segments are: each episode's samples from its first, in
-    whole blocks of `block` (a stored segment's samples each, so that a block is one decode), ordered as
-    `BlockOrder` orders blocks. The samples after an episode's last whole block (its last, shorter segment's) are
-    spread evenly over the epoch between them, each episode's together and in time order (one decode), the episodes
-    in `REMAINDER_CHUNKS` runs put in a keyed order. `episode_firsts`: each episode's first sample and, last, the
-    count; `whole_firsts`: the whole blocks before each episode (`episode_blocks`)."""
+    whole blocks of a stored segment's samples (`blocks`, so that a block is one decode), ordered as `BlockOrder`
+    orders blocks. The samples after an episode's last whole block (its last, shorter segment's) are spread evenly
+    over the epoch between them, each episode's together and in time order (one decode), the episodes in
+    `REMAINDER_CHUNKS` runs put in a keyed order."""
 
-    def __init__(
-        self,
-        episode_firsts: np.ndarray,
-        whole_firsts: np.ndarray,
-        block: int,
-        open_blocks: int,
-        seed: int,
-        epoch: int,
-    ):
-        self.count, self.block = int(episode_firsts[-1]), block
-        self._firsts, self._whole_firsts = episode_firsts, whole_firsts
-        self._rest_firsts = episode_firsts - block * whole_firsts  # the remainders' samples before each episode
-        whole = int(whole_firsts[-1]) * block
+    def __init__(self, blocks: EpisodeBlocks, open_blocks: int, seed: int, epoch: int):
+        self.count, self._cut = int(blocks.firsts[-1]), blocks
+        whole = blocks.whole_samples
         self._spread = SourceInterleave((whole, self.count - whole))
-        self._blocks = BlockOrder(whole, block, open_blocks, seed, epoch, turned=False)
-        episodes = len(episode_firsts) - 1
+        self._blocks = BlockOrder(whole, blocks.block, open_blocks, seed, epoch, turned=False)
+        episodes = len(blocks.firsts) - 1
         chunks = max(1, min(REMAINDER_CHUNKS, episodes))
         self._chunk_episodes = np.linspace(0, episodes, chunks + 1).astype(np.int64)
-        sizes = np.diff(self._rest_firsts[self._chunk_episodes])
+        sizes = np.diff(blocks.rest_firsts[self._chunk_episodes])
         self._chunk_at = KeyedPermutation(chunks, _key(seed, epoch, _BLOCK_STREAM, 1))(np.arange(chunks))
         self._chunk_placed = np.concatenate([[0], np.cumsum(sizes[self._chunk_at])]).astype(np.int64)
 
     def samples_at(self, positions: np.ndarray) -> np.ndarray:
+        cut = self._cut
         stream, slot = self._spread.place(np.asarray(positions, dtype=np.int64))
         samples = np.empty(len(slot), np.int64)
         whole = stream == 0
-        number, offset = np.divmod(self._blocks.samples_at(slot[whole]), self.block)
-        episode = np.searchsorted(self._whole_firsts, number, side="right") - 1
-        samples[whole] = self._firsts[episode] + (number - self._whole_firsts[episode]) * self.block + offset
+        number, offset = np.divmod(self._blocks.samples_at(slot[whole]), cut.block)
+        episode = np.searchsorted(cut.whole_firsts, number, side="right") - 1
+        samples[whole] = cut.firsts[episode] + (number - cut.whole_firsts[episode]) * cut.block + offset
         rest = slot[~whole]
         place = np.searchsorted(self._chunk_placed, rest, side="right") - 1
         first_episode = self._chunk_episodes[self._chunk_at[place]]
-        remainder = self._rest_firsts[first_episode] + rest - self._chunk_placed[place]
-        episode = np.searchsorted(self._rest_firsts, remainder, side="right") - 1
-        before = self._whole_firsts[episode + 1] - self._whole_firsts[episode]
-        samples[~whole] = self._firsts[episode] + before * self.block + remainder - self._rest_firsts[episode]
+        remainder = cut.rest_firsts[first_episode] + rest - self._chunk_placed[place]
+        episode = np.searchsorted(cut.rest_firsts, remainder, side="right") - 1
+        before = cut.whole_firsts[episode + 1] - cut.whole_firsts[episode]
+        samples[~whole] = cut.firsts[episode] + before * cut.block + remainder - cut.rest_firsts[episode]
         return samples
-
-
-def episode_blocks(episode_firsts: np.ndarray, block: int) -> np.ndarray:
-    """The whole blocks of `block` samples before each episode (and, last, in all), from each episode's first
-    sample (`episode_firsts`, the count last): what `EpisodeBlockOrder` numbers blocks by."""
-    counts = np.diff(np.asarray(episode_firsts, dtype=np.int64))
-    return np.concatenate([[0], np.cumsum(counts // block)]).astype(np.int64)
 
 
 @dataclass(frozen=True, eq=False)
@@ -329,16 +337,17 @@ class OrderRecipe:
     run_starts: np.ndarray | None = None
     shards_per_group: int = 8
     episode_firsts: np.ndarray | None = None  # ("blocks": each episode's first sample, the count last)
+    _episode_blocks: EpisodeBlocks | None = field(default=None, init=False, repr=False)  # (from episode_firsts)
 
     def __post_init__(self):
         if self.mode not in SHUFFLES:
             raise OptionError(f"an epoch is ordered in one of {', '.join(SHUFFLES)}, not {self.mode!r:.60}")
         if self.mode == "locality" and self.run_starts is None:
             raise OptionError("the 'locality' order needs the samples' runs of one shard")
-        whole = None
+        blocks = None
         if self.mode == "blocks" and self.episode_firsts is not None:
-            whole = episode_blocks(self.episode_firsts, self.block)
-        object.__setattr__(self, "_whole_firsts", whole)
+            blocks = episode_blocks(self.episode_firsts, self.block)
+        object.__setattr__(self, "_episode_blocks", blocks)
 
     def order(self, count: int, seed: int, epoch: int) -> Order:
         """The order of an epoch of the source's `count` samples (`seed` and `epoch` key it)."""
@@ -349,17 +358,20 @@ class OrderRecipe:
         if self.mode == "locality":
             assert self.run_starts is not None
             return LocalityOrder(count, self.run_starts, self.shards_per_group, seed, epoch)
-        if self._whole_firsts is not None and self.episode_firsts is not None and count == self.episode_firsts[-1]:
-            return EpisodeBlockOrder(self.episode_firsts, self._whole_firsts, self.block, self.open_blocks, seed, epoch)
-        return BlockOrder(count, self.block, self.open_blocks, seed, epoch)
+        blocks = self._episode_blocks
+        if blocks is None:
+            return BlockOrder(count, self.block, self.open_blocks, seed, epoch)
+        if count != blocks.firsts[-1]:
+            raise OptionError(f"the 'blocks' order cut by episode holds {int(blocks.firsts[-1])} samples, not {count}")
+        return EpisodeBlockOrder(blocks, self.open_blocks, seed, epoch)
 
     def block_spread(self) -> float:
         """How far apart a block's samples lie in the order against dealt alone: the epoch's samples over those of
         whole blocks (the episodes' last, shorter segments' samples lie between them); 1 without episodes."""
-        whole = self._whole_firsts
-        if whole is None or self.episode_firsts is None or not whole[-1]:
+        blocks = self._episode_blocks
+        if blocks is None or not blocks.whole_samples:
             return 1.0
-        return float(self.episode_firsts[-1]) / float(whole[-1] * self.block)
+        return float(blocks.firsts[-1]) / float(blocks.whole_samples)
 
     def describe(self) -> list:
         """What of the recipe decides the steps, for a loader state's fingerprint (the runs follow from the data)."""
