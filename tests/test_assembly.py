@@ -10,6 +10,7 @@ import torch
 import mmdata
 import mmdata.loading.assembly as assembly
 from mmdata.errors import OptionError
+from mmdata.loading.step_record import StepRecord
 from mmdata.planning.planner import Stretch
 from tests.test_frame_cache import WINDOWS
 from tests.test_loader import assert_same_batches
@@ -43,7 +44,7 @@ def test_a_feed_started_at_a_step_yields_the_loaders_batches_from_that_step_then
         *((1, step) for step in range(len(epoch_one))),
     ]
     assert_same_batches([batch for _, _, batch, _ in items], [*epoch_zero[start:], *epoch_one])
-    assert all(item[3]["main_seconds"] == {} for item in items)  # decoded in the reader, nothing moved to a device
+    assert all(item[3].main_seconds == {} for item in items)  # decoded in the reader, nothing moved to a device
 
 
 def test_its_frame_budget_is_set_by_the_feed_it_starts_and_reported_in_its_stats(stores):
@@ -82,6 +83,7 @@ def test_finishing_an_item_moves_its_tensors_to_the_device_and_times_the_move(st
     monkeypatch.setattr(torch.Tensor, "to", lambda self, device, non_blocking=False: moved.append(device) or self)
     chain.device = torch.device("meta")
     batch = {"frames": torch.zeros(2, 3), "task": ["a", "b"]}
-    epoch, step, output, info = chain.finish((0, 5, batch, {}))
+    record = StepRecord(0, 1, 2, 2, {}, {}, 0, {}, {}, busy=0.0, bytes_read=0, read_retries=0)
+    epoch, step, output, record = chain.finish((0, 5, batch, record))
     assert (epoch, step) == (0, 5) and output["task"] == ["a", "b"]
-    assert moved == [torch.device("meta")] and set(info["main_seconds"]) == {"h2d"}
+    assert moved == [torch.device("meta")] and set(record.main_seconds) == {"h2d"}

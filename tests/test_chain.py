@@ -85,3 +85,21 @@ def test_a_ranks_steps_are_made_once_while_the_kept_ones_hold_at_most_their_boun
     assert sum(len(samples) for _, samples in small._made.values()) <= 8
     assert small[len(small) - 1][1] == first[-1] and len(made) == len(small), "the last step is still kept"
     assert small[0][1] == first[0] and len(made) == len(small) + 1, "the first was let go and is made again"
+
+
+def test_a_lone_substitute_sample_is_read_in_a_scope_of_its_own_leaving_the_streams_scope_as_it_was(planned):
+    loader, steps = planned
+    reader = _reader(loader, defer_video=True, frame_cache_bytes=64 << 20)
+    pending = reader.read(0, steps[0], horizon=steps[1:])
+    scope = reader.scope
+    kept = (scope.on_error, scope.defer_video, scope.frame_cache, dict(scope.aligned_ahead), scope.frame_cache.bytes)
+    alone = reader._read_alone(0, steps[0][0])
+    assert not alone.pending and not alone.failed, "decoded here, whatever the stream defers"
+    assert (scope.on_error, scope.defer_video, scope.frame_cache, scope.aligned_ahead, scope.frame_cache.bytes) == kept
+    assert reader.scope is scope and pending.pending
+
+
+def test_each_stage_of_the_front_half_is_timed_under_its_own_name(planned):
+    loader, steps = planned
+    batch = _reader(loader).read(0, steps[0])
+    assert {"fetch", "align", "lowdim", "decode_prepare", "decode"} == set(batch.seconds) == set(batch.cpu_seconds)

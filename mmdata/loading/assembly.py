@@ -24,7 +24,7 @@ from mmdata.loading.frame_budget import (
 )
 from mmdata.loading.loader_options import Batching, Reading, Runtime, TorchOptions
 from mmdata.loading.micro_batch import MicroBatch, OnError
-from mmdata.loading.timing import timed
+from mmdata.loading.timing import Stage, timed
 from mmdata.planning.mixture import Filler, OpenSource
 from mmdata.planning.planner import Planner, RankSteps
 from mmdata.planning.specs import Spec
@@ -93,19 +93,19 @@ class ChainAssembly:
 
     def finish(self, item: Item) -> Item:
         """Decode what the workers left pending (main-process decoding), collate, and move to the device."""
-        epoch, step, output, info = item
+        epoch, step, output, record = item
         main: dict[str, float] = {}
         if isinstance(output, MicroBatch):
             assert self._reader is not None, "a micro-batch came from a feed this assembly did not start"
-            output = self._reader.finish_counted(output, info, main)
+            output = self._reader.finish_counted(output, record, main)
         if self.device.type != "cpu":
-            with timed(main, "h2d"):
+            with timed(main, Stage.H2D):
                 output = {
                     key: value.to(self.device, non_blocking=True) if isinstance(value, torch.Tensor) else value
                     for key, value in output.items()
                 }
-        info["main_seconds"] = main
-        return epoch, step, output, info
+        record.main_seconds = main
+        return epoch, step, output, record
 
     def stats(self, decode_waste: float | None, frames_evicted: int) -> dict[str, Any]:
         """The decoder's and the frame caches' part of `DataLoader.stats()`."""

@@ -10,15 +10,19 @@
     collate  `loading.collate`          packed or padded tensors (where decoding ran)
     device   `loading.assembly`          pinned host tensors to the GPU (main process)
 
-`BatchReader.read` runs fetch, align and the decoder's preparation for one micro-batch, each once;
-`BatchReader.finish` is the one ending of the chain, decode -> settle -> collate, whichever process
-runs it: the worker when it decodes, the main process when the worker left the video pending.
+`BatchReader.read` runs the front half for one micro-batch, each stage once and timed under its own
+`timing.Stage`: fetch the rows, align the cameras, fetch the segments (and the next steps' ahead), plan the
+frame cache, the low-dim values and audio, fetch and prepare each camera for decoding. `BatchReader.finish`
+is the one ending of the chain, decode -> settle -> collate, whichever process runs it: the worker when it
+decodes, the main process when the worker left the video pending. A read's own options (`ReadScope`) are
+passed down explicitly, so a lone sample read for `settle` is read by the same code with its own.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from mmdata.codecs.decoders import VideoDecoder
@@ -30,12 +34,25 @@ from mmdata.loading.fetching import Fetcher
 from mmdata.loading.frame_cache import HORIZON, CacheSchedule, FrameCache, FrameCacheStats, Needs
 from mmdata.loading.micro_batch import MicroBatch, OnError, sample_place, source_counts
 from mmdata.loading.settling import settle
-from mmdata.loading.timing import timed
+from mmdata.loading.step_record import DecodeCounters, StepRecord
+from mmdata.loading.timing import Stage, timed
 from mmdata.planning.mixture import Filler, OpenSource
 from mmdata.planning.samples import SampleRef
 from mmdata.planning.specs import Audio, Frames, Spec, Values
 from mmdata.store.handle import FrameRequests
 from mmdata.store.manifest import Piece
+
+
+@dataclass
+class ReadScope:
+    """What a read is done with: its error policy, whether the video is left pending for another process, the
+    frame cache it decodes through and the frame plans aligned ahead for it. The stream of steps has one scope;
+    a lone substitute sample (`settle`) is read with a scope of its own, which shares none of them."""
+
+    on_error: OnError
+    defer_video: bool
+    frame_cache: FrameCache
+    aligned_ahead: dict[Hashable, FrameRequests] = field(default_factory=dict)  # by `_aligned_key`
 
 
 class BatchReader:
@@ -66,18 +83,30 @@ class BatchReader:
         self.sources = list(sources)
         self.spec = spec
         self.fillers = fillers
-        self.on_error = on_error
-        self.defer_video = defer_video
         self.horizon = horizon
         self.video_decoder = video_decoder
         self.collate_options = collate_options or {}
         self.align = Aligner(self.sources, spec, fillers)
         self.cameras = [(name, stream) for name, stream in spec.streams.items() if isinstance(stream, Frames)]
         self.fetch = Fetcher(self.sources, self.align.stored_names)
-        self._aligned_ahead: dict[Hashable, FrameRequests] = {}  # by `_aligned_key`
-        self.frame_cache = FrameCache(0 if video_decoder.prepares else frame_cache_bytes)
+        cache = FrameCache(0 if video_decoder.prepares else frame_cache_bytes)
+        self.scope = ReadScope(on_error, defer_video, cache)
         self.followed_stats = FrameCacheStats()
         self._followers: dict[int, FrameCache] = {}  # per planning worker, in the process that decodes
+
+    @property
+    def on_error(self) -> OnError:
+        return self.scope.on_error
+
+    @property
+    def defer_video(self) -> bool:
+        """Whether the stream's micro-batches leave their video pending, for the main process to decode."""
+        return self.scope.defer_video
+
+    @property
+    def frame_cache(self) -> FrameCache:
+        """The frame cache the stream's micro-batches decode through (in this process)."""
+        return self.scope.frame_cache
 
     @property
     def followed_bytes(self) -> int:
@@ -102,50 +131,31 @@ class BatchReader:
         rows are fetched while this one decodes, and the cameras' timestamps of the horizon's last step, which
         enters the cache's plan at the next read (the cache plans the steps before it).
         """
-        self._read_rows_ahead(samples, fallback, horizon)
-        batch = MicroBatch(step, list(samples), [""] * len(samples), fallback=list(fallback))
-        batch.tasks = [self._attempt(batch, p, "task", self._task, sample) or "" for p, sample in enumerate(samples)]
-        upcoming = horizon[0] if len(horizon) > 0 else ()
-        after_upcoming = horizon[1] if len(horizon) > 1 else ()
-        fetching = self.fetch.fetches_ahead
-        planned, entering_next = (horizon[:-1], horizon[-1]) if fetching and horizon else (horizon, ())
-        try:
-            self._read(batch, upcoming, after_upcoming, planned, entering_next)
-        finally:
-            self.fetch.forget()
-        if not self.defer_video:
-            finish_video(self.video_decoder, batch, self.on_error, self.frame_cache)
-        return batch
+        return self._read(self.scope, step, samples, fallback, horizon)
 
     def finish(self, batch: MicroBatch, seconds: dict[str, float] | None = None) -> dict[str, Any]:
         """The end of the chain: decode what is pending, settle failed samples, collate."""
         if seconds is not None:
             batch.seconds = seconds
         finish_video(self.video_decoder, batch, self.on_error, self._cache_for(batch))
-        settle(batch, self._read_alone)
-        with timed(batch.seconds, "collate", batch.cpu_seconds):
+        with timed(batch.seconds, Stage.SETTLE, batch.cpu_seconds):
+            settle(batch, self._read_alone)
+        with timed(batch.seconds, Stage.COLLATE, batch.cpu_seconds):
             return collate(batch, **self.collate_options)
 
-    def finish_counted(self, batch: MicroBatch, info: dict[str, Any], seconds: dict[str, float]) -> dict[str, Any]:
+    def finish_counted(self, batch: MicroBatch, record: StepRecord, seconds: dict[str, float]) -> dict[str, Any]:
         """`finish` in the process that decodes a micro-batch another reader read (main-process decoding), its
-        outcome counted into that reader's `info`: samples, failures, frames decoded and delivered, the frame
+        outcome counted into that reader's `record`: samples, failures, frames decoded and delivered, the frame
         cache's bytes and evictions."""
-        stats, cache = self.video_decoder.stats, self.followed_stats
-        decoded, delivered, cpu = stats.frames_decoded, stats.frames_delivered, stats.cpu_seconds
-        served, ahead, evicted = cache.served, cache.ahead, cache.evicted
+        before = DecodeCounters.of(self.video_decoder.stats, self.followed_stats)
         collated = self.finish(batch, seconds)
-        info["failed"] = dict(batch.failed)
-        info["borrowed"] = len(batch.borrowed)
-        info["samples"] = len(batch.samples)
-        info["sources"] = source_counts(batch)
-        info["decoded"] += stats.frames_decoded - decoded
-        info["decode_cpu"] += stats.cpu_seconds - cpu
-        info["stage_cpu"] = batch.cpu_seconds  # the reader's stages and the ones that ran here
-        # frames decoded for a later step count as delivered when that step takes them from the cache
-        delivered = stats.frames_delivered - delivered
-        info["delivered"] += delivered - (cache.ahead - ahead) + (cache.served - served)
-        info["frame_cache_bytes"] = max(info.get("frame_cache_bytes", 0), self.followed_bytes)
-        info["evicted"] = info.get("evicted", 0) + cache.evicted - evicted
+        record.failed = dict(batch.failed)
+        record.borrowed = len(batch.borrowed)
+        record.samples = len(batch.samples)
+        record.sources = source_counts(batch)
+        record.stage_cpu = batch.cpu_seconds  # the reader's stages and the ones that ran here
+        record.add_decoding(before, DecodeCounters.of(self.video_decoder.stats, self.followed_stats))
+        record.frame_cache_bytes = max(record.frame_cache_bytes, self.followed_bytes)
         return collated
 
     def _cache_for(self, batch: MicroBatch) -> FrameCache:
@@ -179,48 +189,77 @@ class BatchReader:
 
     def _read(
         self,
-        batch: MicroBatch,
-        upcoming: Sequence[SampleRef],
-        after_upcoming: Sequence[SampleRef],
-        horizon: Sequence[Sequence[SampleRef]],
-        entering_next: Sequence[SampleRef],
-    ) -> None:
+        scope: ReadScope,
+        step: int,
+        samples: Sequence[SampleRef],
+        fallback: Sequence[SampleRef] = (),
+        horizon: Sequence[Sequence[SampleRef]] = (),
+    ) -> MicroBatch:
+        """The front half of the chain for one micro-batch, stage by stage (see the module's docstring)."""
+        batch = MicroBatch(step, list(samples), [""] * len(samples), fallback=list(fallback))
+        seconds, cpu = batch.seconds, batch.cpu_seconds
+        with timed(seconds, Stage.FETCH, cpu):
+            self._read_rows_ahead(samples, fallback, horizon)
+        upcoming = horizon[0] if len(horizon) > 0 else ()
+        after_upcoming = horizon[1] if len(horizon) > 1 else ()
         fetching = self.fetch.fetches_ahead
-        if fetching:
-            with timed(batch.seconds, "read", batch.cpu_seconds):
-                entering = self._entering(horizon)  # (all of it at the first read; then fetched ahead)
-                self.fetch.now(self.fetch.rows([*batch.samples, *upcoming]), self.fetch.rows(entering, Frames))
-        with timed(batch.seconds, "read", batch.cpu_seconds):
-            plans = self._align_cameras(batch)
-        if fetching:
-            with timed(batch.seconds, "read", batch.cpu_seconds):
-                self.fetch.now(self.fetch.segments(self._live(batch, plans)))
-                ahead = [(sample.source, plan) for sample, plan in self._plans_ahead(upcoming)]
-                self.fetch.ahead(
-                    self.fetch.rows(upcoming),
-                    self.fetch.segments(ahead),
-                    self.fetch.rows(after_upcoming),
-                    self.fetch.rows(entering_next, Frames),
+        planned, entering_next = (horizon[:-1], horizon[-1]) if fetching and horizon else (horizon, ())
+        try:
+            if fetching:
+                with timed(seconds, Stage.FETCH, cpu):
+                    entering = self._entering(scope, planned)  # (all of it at the first read; then fetched ahead)
+                    self.fetch.now(self.fetch.rows([*batch.samples, *upcoming]), self.fetch.rows(entering, Frames))
+            with timed(seconds, Stage.ALIGN, cpu):
+                batch.tasks = [
+                    self._attempt(batch, scope, p, "task", self._task, sample) or "" for p, sample in enumerate(samples)
+                ]
+                plans = self._align_cameras(batch, scope)
+            if fetching:
+                with timed(seconds, Stage.ALIGN, cpu):
+                    ahead = [(sample.source, plan) for sample, plan in self._plans_ahead(scope, upcoming)]
+                with timed(seconds, Stage.FETCH, cpu):
+                    self.fetch.now(self.fetch.segments(self._live(batch, plans)))
+                    self.fetch.ahead(
+                        self.fetch.rows(upcoming),
+                        self.fetch.segments(ahead),
+                        self.fetch.rows(after_upcoming),
+                        self.fetch.rows(entering_next, Frames),
+                    )
+            if scope.frame_cache.enabled:
+                with timed(seconds, Stage.ALIGN, cpu):
+                    self._plan_cache(batch, scope, plans, planned)
+            self._read_values(batch, scope)
+            origins = [sample.source for sample in batch.samples]
+            for name, stream in self.cameras:
+                with timed(seconds, Stage.FETCH, cpu):
+                    data = self._segment_bytes(batch, scope, name, plans[name])
+                prepare_video(
+                    self.video_decoder,
+                    batch,
+                    name,
+                    plans[name],
+                    origins,
+                    self.fillers[name],
+                    stream.channels_first,
+                    data,
                 )
-        if self.frame_cache.enabled:
-            with timed(batch.seconds, "read", batch.cpu_seconds):
-                self._plan_cache(batch, plans, horizon)
-        self._read_values(batch)
-        origins = [sample.source for sample in batch.samples]
-        for name, stream in self.cameras:
-            with timed(batch.seconds, "read", batch.cpu_seconds):
-                data = self._segment_bytes(batch, name, plans[name])
-            prepare_video(
-                self.video_decoder, batch, name, plans[name], origins, self.fillers[name], stream.channels_first, data
-            )
+        finally:
+            self.fetch.forget()
+        if not scope.defer_video:
+            finish_video(self.video_decoder, batch, scope.on_error, scope.frame_cache)
+        return batch
 
     def _plan_cache(
-        self, batch: MicroBatch, plans: dict[str, list[FrameRequests | None]], horizon: Sequence[Sequence[SampleRef]]
+        self,
+        batch: MicroBatch,
+        scope: ReadScope,
+        plans: dict[str, list[FrameRequests | None]],
+        horizon: Sequence[Sequence[SampleRef]],
     ) -> None:
         """Tell the frame cache what this read and the next ones (`horizon`, in order) need. A read's needs are
         added once, when it first enters the horizon; its samples are aligned then and the plans kept until
         it is read."""
-        cache = self.frame_cache
+        cache = scope.frame_cache
         now = cache.start_read()
         expected: list[tuple[int, Needs]] = []
         if not cache.knows(now):
@@ -229,43 +268,43 @@ class BatchReader:
             cache.expect(*expected[-1])
         for offset in range(1, len(horizon) + 1):  # a later read's samples are looked at once, as it enters
             if not cache.knows(now + offset):
-                ahead = self._plans_ahead(horizon[offset - 1])
+                ahead = self._plans_ahead(scope, horizon[offset - 1])
                 expected.append((now + offset, _needs((sample.source, plan) for sample, plan in ahead)))
                 cache.expect(*expected[-1])
-        if self.defer_video:
+        if scope.defer_video:
             batch.cache_schedule = CacheSchedule(now, os.getpid(), tuple(expected))
 
-    def _entering(self, horizon: Sequence[Sequence[SampleRef]]) -> list[SampleRef]:
+    def _entering(self, scope: ReadScope, horizon: Sequence[Sequence[SampleRef]]) -> list[SampleRef]:
         """The samples of the steps of `horizon` the frame cache has not planned yet: aligned at this read."""
-        cache = self.frame_cache
+        cache = scope.frame_cache
         if not cache.enabled:
             return []
         first = cache.next_read + 1
         return [sample for offset, step in enumerate(horizon) if not cache.knows(first + offset) for sample in step]
 
-    def _plans_ahead(self, samples: Sequence[SampleRef]) -> list[tuple[SampleRef, FrameRequests]]:
+    def _plans_ahead(self, scope: ReadScope, samples: Sequence[SampleRef]) -> list[tuple[SampleRef, FrameRequests]]:
         """The cameras' frame plans of samples read later: those already aligned, else aligned now and kept. A
         sample that fails here is left out, and aligned again (and reported) when its micro-batch is read."""
         found = []
         for sample in samples:
             for name, stream in self.cameras:
                 key = _aligned_key(sample, name)
-                plan = self._aligned_ahead.get(key)
+                plan = scope.aligned_ahead.get(key)
                 if plan is None:
                     try:
-                        plan = self._aligned_ahead[key] = self.align.frames(sample, name, stream)
+                        plan = scope.aligned_ahead[key] = self.align.frames(sample, name, stream)
                     except (MmdataError, OSError):
                         continue
                 found.append((sample, plan))
         return found
 
-    def _align_cameras(self, batch: MicroBatch) -> dict[str, list[FrameRequests | None]]:
+    def _align_cameras(self, batch: MicroBatch, scope: ReadScope) -> dict[str, list[FrameRequests | None]]:
         """Each camera's frame plan per sample (None where the sample failed): the ones aligned ahead, else now."""
-        carried = self._aligned_ahead
+        carried = scope.aligned_ahead
         return {
             name: [
                 carried.pop(_aligned_key(sample, name), None)
-                or self._attempt(batch, p, name, self.align.frames, sample, name, stream)
+                or self._attempt(batch, scope, p, name, self.align.frames, sample, name, stream)
                 for p, sample in enumerate(batch.samples)
             ]
             for name, stream in self.cameras
@@ -279,7 +318,9 @@ class BatchReader:
             if plan is not None and p not in batch.failed
         ]
 
-    def _segment_bytes(self, batch: MicroBatch, name: str, plans: list[FrameRequests | None]) -> dict[Hashable, bytes]:
+    def _segment_bytes(
+        self, batch: MicroBatch, scope: ReadScope, name: str, plans: list[FrameRequests | None]
+    ) -> dict[Hashable, bytes]:
         """Per segment key, the bytes of each segment the camera's live plans name, read once however many samples
         share it; a segment the frame cache serves whole is not read. A segment that fails to read fails every
         sample that needs it (recorded, or raised)."""
@@ -294,30 +335,31 @@ class BatchReader:
                 wanted.setdefault(key, (piece, set()))[1].update(request.frames)
         data = {}
         for key, (piece, frames) in wanted.items():
-            if self.frame_cache.serves(key, frames):
+            if scope.frame_cache.serves(key, frames):
                 continue
             first, *others = [p for p in users[key] if p not in batch.failed] or [None]
             if first is None:
                 continue
             store = self.sources[batch.samples[first].source].store
-            read = self._attempt(batch, first, name, store.segment_bytes, piece)
+            read = self._attempt(batch, scope, first, name, store.segment_bytes, piece)
             if read is None:
                 batch.failed.update({p: batch.failed[first] for p in others})
             else:
                 data[key] = read
         return data
 
-    def _read_values(self, batch: MicroBatch) -> None:
+    def _read_values(self, batch: MicroBatch, scope: ReadScope) -> None:
+        """Every stream but the cameras at the samples' times: low-dim values (a batch's at once), audio."""
         for name, stream in self.spec.streams.items():
             if isinstance(stream, Frames):
                 continue
             read = self.align.values if isinstance(stream, Values) else self.align.audio
-            with timed(batch.seconds, "audio" if isinstance(stream, Audio) else "lowdim", batch.cpu_seconds):
+            with timed(batch.seconds, Stage.AUDIO if isinstance(stream, Audio) else Stage.LOWDIM, batch.cpu_seconds):
                 together = self.align.values_of(batch.samples, name, stream) if isinstance(stream, Values) else []
                 for position, sample in enumerate(batch.samples):
                     data = together[position] if together and position not in batch.failed else None
                     if data is None:
-                        data = self._attempt(batch, position, name, read, sample, name, stream)
+                        data = self._attempt(batch, scope, position, name, read, sample, name, stream)
                     values, is_pad = data if data is not None else (None, None)
                     batch.values.setdefault(name, []).append(values)
                     batch.is_pad.setdefault(name, []).append(is_pad)
@@ -325,22 +367,13 @@ class BatchReader:
                         batch.dim_is_pad.setdefault(name, []).append(self.align.dim_is_pad(sample, name, stream))
 
     def _read_alone(self, step: int, sample: SampleRef) -> MicroBatch:
-        """One sample read and decoded here, its failure recorded (for `settle` to borrow it)."""
-        on_error, defer_video, self.on_error, self.defer_video = self.on_error, self.defer_video, "skip", False
-        aligned, cache, self._aligned_ahead = self._aligned_ahead, self.frame_cache, {}
-        self.frame_cache = FrameCache(0)
-        try:
-            alone = self.read(step, [sample])
-        finally:
-            self.on_error, self.defer_video, self._aligned_ahead, self.frame_cache = (
-                on_error,
-                defer_video,
-                aligned,
-                cache,
-            )
-        return alone
+        """One sample read and decoded here, its failure recorded (for `settle` to borrow it), in a scope of its own:
+        the stream's frame cache and the plans aligned ahead for it are left as they are."""
+        return self._read(ReadScope("skip", defer_video=False, frame_cache=FrameCache(0)), step, [sample])
 
-    def _attempt(self, batch: MicroBatch, position: int, stream: str, read: Callable[..., Any], *args: Any) -> Any:
+    def _attempt(
+        self, batch: MicroBatch, scope: ReadScope, position: int, stream: str, read: Callable[..., Any], *args: Any
+    ) -> Any:
         """`read(*args)`, or None when the sample already failed or fails now (recorded, or raised)."""
         if position in batch.failed:
             return None
@@ -358,7 +391,7 @@ class BatchReader:
                 f"{where}: {exc}; run `mmdata verify {source.store.url}` to list every"
                 " damaged episode, or pass on_error='skip'"
             )
-            if self.on_error == "raise":
+            if scope.on_error == "raise":
                 raise SampleError(message) from exc
             batch.failed[position] = message
             return None

@@ -31,7 +31,7 @@ from mmdata.loading.loader_stats import LoaderStats
 from mmdata.loading.micro_batch import OnError
 from mmdata.loading.normalize import attach_normalizers
 from mmdata.loading.state import MAX_EPOCH, RunPosition
-from mmdata.loading.timing import enable_profiler_ranges
+from mmdata.loading.timing import Stage, enable_profiler_ranges
 from mmdata.planning.episodes import Episodes
 from mmdata.planning.loader_plan import plan_loader
 from mmdata.planning.mixture import Mixture, as_mixture, check_sources, open_sources
@@ -136,7 +136,7 @@ class DataLoader:
         planning = time.perf_counter()
         plan, made = self._position.epoch_plan()
         if made:
-            self._stats.add_main("plan", time.perf_counter() - planning)
+            self._stats.add_main(Stage.PLAN, time.perf_counter() - planning)
         return plan
 
     def __len__(self) -> int:
@@ -175,16 +175,14 @@ class DataLoader:
         for expected in range(first, plan.total_steps):
             waited = time.perf_counter()
             try:
-                got_epoch, step, batch, info = feed.next()
+                got_epoch, step, batch, record = feed.next()
             except BaseException:
                 self.close()
                 raise
             if (got_epoch, step) != (epoch, expected):
                 self.close()
                 raise RuntimeError(f"loader produced epoch {got_epoch} step {step} where {epoch}/{expected} was due")
-            for stage, seconds in info["main_seconds"].items():
-                self._stats.add_main(stage, seconds)
-            self._stats.add_step(info, time.perf_counter() - waited, feed.queue_depth())
+            self._stats.add_step(record, time.perf_counter() - waited, feed.queue_depth())
             self._position.advance(plan)
             if expected == plan.total_steps - 1 and not self.options.persistent_workers:
                 self.close()  # (torch's persistent_workers=False: the next epoch starts its workers afresh)
@@ -201,7 +199,7 @@ class DataLoader:
         self._feed = self.chain.start(
             self.planner, self._position.state.seed, (self.rank, self.world_size), epoch, steps
         )
-        self._stats.add_main("plan", time.perf_counter() - planning)
+        self._stats.add_main(Stage.PLAN, time.perf_counter() - planning)
         return self._feed
 
     def close(self) -> None:

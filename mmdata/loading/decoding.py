@@ -21,7 +21,7 @@ from mmdata.errors import DecodeError, SampleError
 from mmdata.loading.frame_cache import FrameCache
 from mmdata.loading.host_memory import host_frames
 from mmdata.loading.micro_batch import MicroBatch, OnError, PendingVideo
-from mmdata.loading.timing import timed
+from mmdata.loading.timing import Stage, timed
 from mmdata.planning.mixture import Filler, OpenSource
 from mmdata.planning.specs import Frames, Spec
 from mmdata.schema import VideoStream
@@ -71,7 +71,7 @@ def prepare_video(
     camera is then pending in `batch` until `finish_video`. `segment_data` gives the bytes of the merged
     segments per `segment_key` where the plans' requests do not hold them (a segment the frame cache
     serves needs none)."""
-    with timed(batch.seconds, "video_prepare", batch.cpu_seconds):
+    with timed(batch.seconds, Stage.DECODE_PREPARE, batch.cpu_seconds):
         live = [p for p, plan in enumerate(plans) if plan is not None and p not in batch.failed]
         requests = [request for p in live for request in plans[p].requests]
         scopes = [sources[p] for p in live for _ in plans[p].requests]
@@ -102,7 +102,7 @@ def finish_video(decoder: VideoDecoder, batch: MicroBatch, on_error: OnError, ca
     with a `cache`, frames kept from earlier micro-batches are taken from it and the frames the next
     steps need are decoded in the same pass and kept (see `mmdata.loading.frame_cache`)."""
     for name, pending in list(batch.pending.items()):
-        with timed(batch.seconds, "video", batch.cpu_seconds):
+        with timed(batch.seconds, Stage.DECODE, batch.cpu_seconds):
             _finish_camera(decoder, batch, name, pending, on_error, cache)
         del batch.pending[name]
 

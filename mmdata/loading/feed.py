@@ -44,11 +44,13 @@ from mmdata.loading.host_memory import (
 )
 from mmdata.loading.micro_batch import source_counts
 from mmdata.loading.settling import FALLBACK_SAMPLES
+from mmdata.loading.step_record import DecodeCounters, StepRecord
+from mmdata.loading.timing import Stage, add_time
 from mmdata.planning.planner import Planner, RankSteps
 from mmdata.planning.samples import SampleRef
 from mmdata.store.filesystem import read_retries
 
-Item = tuple[int, int, Any, dict]  # (epoch, step, batch or pending micro-batch, what the worker measured)
+Item = tuple[int, int, Any, StepRecord]  # (epoch, step, batch or pending micro-batch, what reading it measured)
 _OPEN_FEEDS: weakref.WeakSet = weakref.WeakSet()
 
 
@@ -152,23 +154,14 @@ class StepSource(IterableDataset):
         fallback: list[SampleRef],
         horizon: Sequence[Sequence[SampleRef]],
     ) -> Item:
-        decoder, reader = self.reader.video_decoder.stats, self.reader
+        reader = self.reader
         started = time.perf_counter()
-        cache = reader.frame_cache.stats
-        before = (
-            decoder.frames_decoded,
-            decoder.frames_delivered,
-            reader.bytes_read,
-            read_retries(),
-            cache.served,
-            cache.ahead,
-            cache.evicted,
-            decoder.cpu_seconds,
-        )
-        batch = self.reader.read(step, samples, fallback, horizon)
+        decoding = DecodeCounters.of(reader.video_decoder.stats, reader.frame_cache.stats)
+        bytes_read, retries = reader.bytes_read, read_retries()
+        batch = reader.read(step, samples, fallback, horizon)
         planning, self._planning_seconds = self._planning_seconds, 0.0
         if planning:
-            batch.seconds["plan"] = batch.seconds.get("plan", 0.0) + planning
+            add_time(batch.seconds, Stage.PLAN, planning)
         output: Any = batch
         if not reader.defer_video:
             output = reader.finish(batch)
@@ -176,29 +169,25 @@ class StepSource(IterableDataset):
                 if self.arena is not None:  # first: frames on the ring cross as spans, however small
                     output = self.arena.spans_of(output)
                 output = small_tensors_as_arrays(output)
-        info = {
-            "worker": worker,
-            "pid": os.getpid(),
-            "samples": len(batch.samples),
-            "tokens": sum(sample.cost for sample in batch.samples),
-            "failed": dict(batch.failed),
-            "sources": source_counts(batch),
-            "borrowed": len(batch.borrowed),
-            "seconds": batch.seconds,
-            "stage_cpu": batch.cpu_seconds,
-            "busy": time.perf_counter() - started + planning,
-            "bytes": reader.bytes_read - before[2],
-            "read_retries": read_retries() - before[3],
-            "decoded": decoder.frames_decoded - before[0],
-            "decode_cpu": decoder.cpu_seconds - before[7],
-            # frames decoded for a later step count as delivered when that step takes them from the cache
-            "delivered": decoder.frames_delivered - before[1] - (cache.ahead - before[5]) + (cache.served - before[4]),
-            "frame_cache_bytes": reader.frame_cache.bytes,
-            "evicted": cache.evicted - before[6],
-            "peak_rss": peak_rss_bytes(),
-            "cpu": self._worker_cpu(),
-        }
-        return epoch, step, output, info
+        record = StepRecord(
+            worker=worker,
+            pid=os.getpid(),
+            samples=len(batch.samples),
+            tokens=sum(sample.cost for sample in batch.samples),
+            failed=dict(batch.failed),
+            sources=source_counts(batch),
+            borrowed=len(batch.borrowed),
+            seconds=batch.seconds,
+            stage_cpu=batch.cpu_seconds,
+            busy=time.perf_counter() - started + planning,
+            bytes_read=reader.bytes_read - bytes_read,
+            read_retries=read_retries() - retries,
+            frame_cache_bytes=reader.frame_cache.bytes,
+            peak_rss=peak_rss_bytes(),
+            cpu=self._worker_cpu(),
+        )
+        record.add_decoding(decoding, DecodeCounters.of(reader.video_decoder.stats, reader.frame_cache.stats))
+        return epoch, step, output, record
 
     def _worker_cpu(self) -> float | None:
         """In a worker: the CPU its process (all its threads) spent since its previous item; None in the main
@@ -302,7 +291,7 @@ class Feed:
         finish = self._finish()
         if finish is None:
             raise MmdataError("the loader this feed belonged to is gone")
-        epoch, step, output, info = item
+        epoch, step, output, record = item
         if isinstance(output, dict):
             output = arrays_as_tensors(output)
             if self._arena is not None:
@@ -310,7 +299,7 @@ class Feed:
                     name: self._arena.take(value, self._pin_memory) if isinstance(value, ArenaSpan) else value
                     for name, value in output.items()
                 }
-        return finish((epoch, step, output, info))
+        return finish((epoch, step, output, record))
 
     def _offer(self, item: Any) -> bool:
         while not self._stop.is_set():

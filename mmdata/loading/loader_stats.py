@@ -9,6 +9,9 @@ from typing import Any
 
 import numpy as np
 
+from mmdata.loading.step_record import StepRecord
+from mmdata.loading.timing import Stage, add_time
+
 RECENT_STEPS = 10_000
 READY_WAIT_SECONDS = 0.001
 
@@ -40,40 +43,40 @@ class LoaderStats:
         self.worker_pids: set[int] = set()
         self.per_source: dict[int, list[int]] = {}
 
-    def add_main(self, stage: str, seconds: float) -> None:
-        self.main_seconds[stage] = self.main_seconds.get(stage, 0.0) + seconds
+    def add_main(self, stage: Stage, seconds: float) -> None:
+        """Count time the main process spent on a stage outside any step (an epoch planned before its first)."""
+        add_time(self.main_seconds, stage, seconds)
 
-    def add_step(self, info: dict[str, Any], waited: float, queue_depth: int | None = None) -> None:
-        """Count one batch handed to the training loop, with what its worker reported."""
+    def add_step(self, record: StepRecord, waited: float, queue_depth: int | None = None) -> None:
+        """Count one batch handed to the training loop, with what reading it measured."""
         self.steps += 1
-        self.samples += info["samples"]
-        self.tokens += info["tokens"]
-        self.bytes_read += info["bytes"]
-        self.read_retries += info.get("read_retries", 0)
-        self.frames_decoded += info["decoded"]
-        self.frames_delivered += info["delivered"]
-        self.decode_cpu += info.get("decode_cpu", 0.0)
-        self.frame_cache_peak_bytes = max(self.frame_cache_peak_bytes, info.get("frame_cache_bytes", 0))
-        self.frames_evicted += info.get("evicted", 0)
+        self.samples += record.samples
+        self.tokens += record.tokens
+        self.bytes_read += record.bytes_read
+        self.read_retries += record.read_retries
+        self.frames_decoded += record.frames_decoded
+        self.frames_delivered += record.frames_delivered
+        self.decode_cpu += record.decode_cpu
+        self.frame_cache_peak_bytes = max(self.frame_cache_peak_bytes, record.frame_cache_bytes)
+        self.frames_evicted += record.frames_evicted
         self.data_wait += waited
         self.waits.append(waited)
         self.ready_when_asked += waited < READY_WAIT_SECONDS
         if queue_depth is not None:
             self.main_queue_depths.append(queue_depth)
-        for stage, seconds in info["seconds"].items():
-            self.worker_seconds[stage] = self.worker_seconds.get(stage, 0.0) + seconds
-        for stage, seconds in info.get("stage_cpu", {}).items():
-            self.stage_cpu[stage] = self.stage_cpu.get(stage, 0.0) + seconds
-        worker = info["worker"]
-        self.worker_pids.add(info["pid"])
-        self.worker_busy[worker] = self.worker_busy.get(worker, 0.0) + info["busy"]
-        if info.get("cpu") is not None:
-            self.worker_cpu[worker] = self.worker_cpu.get(worker, 0.0) + info["cpu"]
-        self.skipped_count += len(info["failed"])
-        self.borrowed_count += info.get("borrowed", 0)
-        self.skipped += list(info["failed"].values())[: max(0, 100 - len(self.skipped))]
-        self.peak_rss[worker] = max(self.peak_rss.get(worker, 0), info["peak_rss"])
-        for source, figures in info.get("sources", {}).items():
+        _add_into(self.worker_seconds, record.seconds)
+        _add_into(self.stage_cpu, record.stage_cpu)
+        _add_into(self.main_seconds, record.main_seconds)
+        worker = record.worker
+        self.worker_pids.add(record.pid)
+        self.worker_busy[worker] = self.worker_busy.get(worker, 0.0) + record.busy
+        if record.cpu is not None:
+            self.worker_cpu[worker] = self.worker_cpu.get(worker, 0.0) + record.cpu
+        self.skipped_count += len(record.failed)
+        self.borrowed_count += record.borrowed
+        self.skipped += list(record.failed.values())[: max(0, 100 - len(self.skipped))]
+        self.peak_rss[worker] = max(self.peak_rss.get(worker, 0), record.peak_rss)
+        for source, figures in record.sources.items():
             totals = self.per_source.setdefault(int(source), [0, 0, 0])
             for position, value in enumerate(figures):
                 totals[position] += value
@@ -125,3 +128,8 @@ class LoaderStats:
             "peak_rss_bytes_per_worker": dict(self.peak_rss),
             "worker_pids": sorted(self.worker_pids),
         }
+
+
+def _add_into(totals: dict[str, float], seconds: dict[str, float]) -> None:
+    for stage, spent in seconds.items():
+        totals[stage] = totals.get(stage, 0.0) + spent

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from mmdata.loading import DataLoader, Frames
-from mmdata.loading.timing import timed
+from mmdata.loading.timing import Stage, timed
 from mmdata.measure.floor import decode_floor
 from mmdata.measure.steps import StepTimer
 from mmdata.planning.planner import EpochPlan
@@ -168,11 +168,12 @@ def mixing_figures(episodes: list[np.ndarray]) -> dict[str, float]:
 
 
 def instrumentation_seconds(timers_per_step: int, repeats: int = 20_000) -> float:
-    """What the stage timers cost per step: `timers_per_step` timed blocks, measured here."""
+    """What the stage timers cost per step: `timers_per_step` timed blocks (wall and CPU, as the chain times them),
+    measured here."""
     seconds: dict[str, float] = {}
     started = time.perf_counter()
     for _ in range(repeats):
-        with timed(seconds, "probe"):
+        with timed(seconds, Stage.DECODE, {}):
             pass
     return (time.perf_counter() - started) / repeats * timers_per_step
 
