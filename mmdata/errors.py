@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class MmdataError(Exception):
     """Base class of every error mmdata raises on purpose."""
@@ -74,9 +76,10 @@ class StorageBusyError(StoreError, OSError):
 
 
 class DecodeError(MmdataError):
-    """Encoded bytes could not be decoded by the chosen backend; `where` names the segment when known."""
+    """Encoded bytes could not be decoded by the chosen backend; `where` names the segment when known (a
+    `SegmentRef`)."""
 
-    where = None
+    where: Any = None
 
 
 class CopyError(DecodeError):

@@ -81,7 +81,7 @@ class Moments:
 
 
 def mixture_figures(
-    shares: Sequence[float],
+    shares: Sequence[float] | np.ndarray,
     means: Sequence[np.ndarray],
     stds: Sequence[np.ndarray],
     lows: Sequence[np.ndarray],

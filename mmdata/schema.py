@@ -9,8 +9,9 @@ import json
 import math
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import MISSING, asdict, dataclass, field, fields
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from mmdata.checks import as_int, as_number, parse_json, stream_name_problem
 from mmdata.errors import StoreError
@@ -26,7 +27,7 @@ VIDEO_CODEC_NAMES = frozenset({"h264", "hevc", "vp9", "vp8", "av1", "mjpeg", "mp
 PIXEL_FORMATS = ("yuv420p",)
 AUDIO_CODEC_NAMES = ("flac", "opus")
 AUDIO_SAMPLE_DTYPES = ("int16", "int32", "float32")
-LOWDIM_DTYPES = ("bool", "float16", "float32", "float64")
+LOWDIM_DTYPES: tuple[str, ...] = ("bool", "float16", "float32", "float64")
 LOWDIM_DTYPES += tuple(f"{sign}int{bits}" for sign in ("", "u") for bits in (8, 16, 32, 64))
 MAX_FRAME_SIDE = 8192
 MAX_SEGMENT_FRAMES = 4096
@@ -127,6 +128,7 @@ class TextStream:
 
 
 Stream = VideoStream | AudioStream | LowdimStream | TextStream
+_Kind = TypeVar("_Kind", VideoStream, AudioStream, LowdimStream, TextStream)
 _KINDS = {"video": VideoStream, "audio": AudioStream, "lowdim": LowdimStream, "text": TextStream}
 
 
@@ -160,6 +162,24 @@ class DatasetSchema:
                 return stream
         known = ", ".join(s.name for s in self.streams)
         raise KeyError(f"no stream named '{name}' in this dataset (streams: {known})")
+
+    def video(self, name: str) -> VideoStream:
+        """The video stream `name` (KeyError when there is none, or it is of another kind)."""
+        return self._stream_of(name, VideoStream)
+
+    def audio(self, name: str) -> AudioStream:
+        """The audio stream `name` (KeyError when there is none, or it is of another kind)."""
+        return self._stream_of(name, AudioStream)
+
+    def lowdim(self, name: str) -> LowdimStream:
+        """The low-dim stream `name` (KeyError when there is none, or it is of another kind)."""
+        return self._stream_of(name, LowdimStream)
+
+    def _stream_of(self, name: str, kind: type[_Kind]) -> _Kind:
+        stream = self.stream(name)
+        if not isinstance(stream, kind):
+            raise KeyError(f"stream '{name}' of this dataset is a {stream.kind} stream, not a {kind.kind} stream")
+        return stream
 
     def of_kind(self, kind: str) -> list[Stream]:
         return [s for s in self.streams if s.kind == kind]
@@ -409,4 +429,9 @@ def _text(entry: dict[str, Any]) -> TextStream:
     return TextStream(name=entry.get("name", "task"))
 
 
-_STREAM_CHECKS = {"video": _video, "audio": _audio, "lowdim": _lowdim, "text": _text}
+_STREAM_CHECKS: dict[str, Callable[[dict[str, Any]], Stream]] = {
+    "video": _video,
+    "audio": _audio,
+    "lowdim": _lowdim,
+    "text": _text,
+}

@@ -166,6 +166,7 @@ def write_video(path: Path, frames, fps: int, width: int, height: int, codec: st
     """A recorder-like source file: high quality, long GOP, one file per camera."""
     with av.open(str(path), "w") as container:
         stream = container.add_stream(codec, rate=Fraction(fps))
+        assert isinstance(stream, av.VideoStream)
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
         stream.options = {"crf": "10", "preset": "ultrafast"} if codec == "libx264" else {}
         for frame in frames:

@@ -66,7 +66,7 @@ def decode_audio(source: str | bytes, limits: AudioLimits | None = None) -> tupl
     t_start = None
     total = 0
     try:
-        with av.open(handle) as container:
+        with av.open(handle, mode="r") as container:
             if not container.streams.audio:
                 raise DecodeError("holds no audio stream")
             stream = container.streams.audio[0]
@@ -76,7 +76,8 @@ def decode_audio(source: str | bytes, limits: AudioLimits | None = None) -> tupl
             _check_declared(codec, rate, channels, limits)
             most = limits.max_samples
             if limits.max_seconds is not None:
-                most = min(most or math.inf, math.ceil(limits.max_seconds * rate))
+                in_time = math.ceil(limits.max_seconds * rate)
+                most = in_time if most is None else min(most, in_time)
             for frame in container.decode(stream):
                 if frame.sample_rate != rate or len(frame.layout.channels) != channels:
                     raise DecodeError(

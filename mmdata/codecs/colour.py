@@ -15,6 +15,7 @@ import functools
 
 import av
 import numpy as np
+from av.video.plane import VideoPlane
 from av.video.reformatter import Interpolation, VideoReformatter
 
 from mmdata.codecs.geometry import FrameGeometry, fit_frames
@@ -49,9 +50,9 @@ def rgb_into(frame: av.VideoFrame, out: np.ndarray, reformatter: VideoReformatte
     if _kernel_converts(frame):
         width, height = frame.width, frame.height
         y_plane, u_plane, v_plane = frame.planes
-        luma = np.frombuffer(y_plane, np.uint8).reshape(-1, y_plane.line_size)[:height, :width]
-        blue = np.frombuffer(u_plane, np.uint8).reshape(-1, u_plane.line_size)[: height // 2, : width // 2]
-        red = np.frombuffer(v_plane, np.uint8).reshape(-1, v_plane.line_size)[: height // 2, : width // 2]
+        luma = _plane_view(y_plane)[:height, :width]
+        blue = _plane_view(u_plane)[: height // 2, : width // 2]
+        red = _plane_view(v_plane)[: height // 2, : width // 2]
         planar = out.transpose(2, 0, 1)  # a channels-first frame's memory, seen as [H, W, 3]: written plane by plane
         if out.flags.c_contiguous or planar.flags.c_contiguous:
             _kernel()(luma, blue, red, out if out.flags.c_contiguous else planar, not out.flags.c_contiguous)
@@ -120,8 +121,7 @@ def _cropped(frame: av.VideoFrame, box: tuple[int, int, int, int]) -> av.VideoFr
     cropped = av.VideoFrame(width, height, "yuv420p")
     for source, target, scale in zip(frame.planes, cropped.planes, (1, 2, 2)):
         rows, columns = slice(top // scale, (top + height) // scale), slice(left // scale, (left + width) // scale)
-        source_view = np.frombuffer(source, np.uint8).reshape(-1, source.line_size)
-        target_view = np.frombuffer(target, np.uint8).reshape(-1, target.line_size)
+        source_view, target_view = _plane_view(source), _plane_view(target)
         target_view[: height // scale, : width // scale] = source_view[rows, columns]
     cropped.colorspace, cropped.color_range = frame.colorspace, frame.color_range
     return cropped
@@ -153,3 +153,8 @@ def _batch_kernel():
     from mmdata.codecs.colour_kernel import i420_frames_to_rgb
 
     return i420_frames_to_rgb
+
+
+def _plane_view(plane: VideoPlane) -> np.ndarray:
+    """A frame plane's bytes as rows of its `line_size` (the pixels, then each line's padding), without a copy."""
+    return np.frombuffer(plane, np.uint8).reshape(-1, plane.line_size)  # type: ignore[call-overload]  # (a buffer)

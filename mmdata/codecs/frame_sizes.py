@@ -66,6 +66,7 @@ def _size_of_parameter_set(codec: str, unit: bytes, config: bytes, payload: byte
         _SIZES_OF_PARAMETER_SETS.move_to_end(key)
         return _SIZES_OF_PARAMETER_SETS[key]
     context = av.CodecContext.create(decoder, "r")
+    assert isinstance(context, av.VideoCodecContext)
     context.thread_count = 1  # (a dav1d context closed with frames in its threads hangs the next one)
     if config:
         context.extradata = config
@@ -128,9 +129,9 @@ def _vp9_frame(bits: Bits, slots: list[FrameSize | None]) -> tuple[bool, FrameSi
     error_resilient = bits.read(1) == 1
     if key:
         _vp9_sync_and_colour(bits, profile)
-        frame_size = (bits.read(16) + 1, bits.read(16) + 1)
-        slots[:] = [frame_size] * 8
-        return shown, frame_size
+        size = (bits.read(16) + 1, bits.read(16) + 1)
+        slots[:] = [size] * 8
+        return shown, size
     intra_only = not shown and bits.read(1) == 1
     if not error_resilient:
         bits.read(2)  # reset_frame_context
@@ -140,7 +141,7 @@ def _vp9_frame(bits: Bits, slots: list[FrameSize | None]) -> tuple[bool, FrameSi
         else:
             _vp9_sync(bits)
         refresh = bits.read(8)
-        frame_size = (bits.read(16) + 1, bits.read(16) + 1)
+        frame_size: tuple[int, int] | None = (bits.read(16) + 1, bits.read(16) + 1)
     else:
         refresh = bits.read(8)
         references = []

@@ -100,7 +100,9 @@ def _random_box(
     return (height - box_h) / 2, (width - box_w) / 2, box_h, box_w
 
 
-def _even_box(top: float, left: float, box_h: float, box_w: float, width: int, height: int) -> tuple[int, ...]:
+def _even_box(
+    top: float, left: float, box_h: float, box_w: float, width: int, height: int
+) -> tuple[int, int, int, int]:
     """The box on even pixels (4:2:0 chroma comes in 2x2 blocks), at least 2x2 and inside the frame: each edge the
     even pixel nearest the exact one, so no edge moves by more than one source pixel (the box keeps its centre)."""
     if (round(top), round(left), round(box_h), round(box_w)) == (0, 0, height, width):

@@ -96,12 +96,11 @@ def index_segment(data: bytes) -> PacketIndex:
     The offsets are found by locating each packet's payload in the segment's bytes, in order, so
     the index is checked against the very bytes it will slice.
     """
-    with av.open(io.BytesIO(data)) as container:
+    with av.open(io.BytesIO(data), mode="r") as container:
         stream = container.streams.video[0]
         config = bytes(stream.codec_context.extradata or b"")
         packets = [packet for packet in container.demux(stream) if packet.size]
-        order = presentation_order(packets)
-        frames = [order[packet.pts] for packet in packets]
+        frames = presented_frames(packets)
         return located(config, data, [bytes(p) for p in packets], frames, [p.is_keyframe for p in packets])
 
 
@@ -126,7 +125,23 @@ def located(config: bytes, data: bytes, payloads: list[bytes], frames: list[int]
 
 def presentation_order(packets: list[av.Packet]) -> dict[int, int]:
     """Each packet's frame index in presentation order, keyed by pts (decode order differs with B-frames)."""
-    return {pts: index for index, pts in enumerate(sorted(packet.pts for packet in packets))}
+    return {pts: index for index, pts in enumerate(sorted(_stamps(packets)))}
+
+
+def presented_frames(packets: list[av.Packet]) -> list[int]:
+    """Each packet's frame index in presentation order, in the packets' (decode) order."""
+    stamps = _stamps(packets)
+    order = {pts: index for index, pts in enumerate(sorted(stamps))}
+    return [order[pts] for pts in stamps]
+
+
+def _stamps(packets: list[av.Packet]) -> list[int]:
+    stamps = []
+    for number, packet in enumerate(packets):
+        if packet.pts is None:
+            raise DecodeError(f"packet {number} of the segment has no presentation time stamp, so its frame is unknown")
+        stamps.append(packet.pts)
+    return stamps
 
 
 def index_describes(index: PacketIndex, data: bytes) -> bool:

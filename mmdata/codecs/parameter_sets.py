@@ -29,7 +29,8 @@ _EMULATION_PREVENTION = re.compile(b"\x00\x00\x03")
 def length_size(codec: str, config: bytes) -> int:
     """The bytes before each NAL unit of the stream's packets (4 for MP4's usual `avcC`/`hvcC`), or 0 when its
     packets use start codes (Annex B, as logs carry them); 0 for AV1."""
-    return 0 if codec == "av1" else elementary_stream(codec, config).length_size
+    stream = elementary_stream(codec, config) if codec != "av1" else None
+    return stream.length_size if stream is not None else 0
 
 
 def config_units(codec: str, config: bytes) -> Iterator[bytes]:
@@ -40,7 +41,9 @@ def config_units(codec: str, config: bytes) -> Iterator[bytes]:
     if codec == "av1":
         yield from _av1_sequence_headers(config[4:])
     else:
-        yield from sequence_units(codec, elementary_stream(codec, config).parameter_sets, 0)
+        stream = elementary_stream(codec, config)
+        if stream is not None:
+            yield from sequence_units(codec, stream.parameter_sets, 0)
 
 
 def sequence_units(codec: str, payload: bytes, size_of_length: int) -> Iterator[bytes]:

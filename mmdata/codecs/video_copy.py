@@ -89,6 +89,8 @@ def copy_segments(path: str, segment_frames: int, start: float | None = None, en
                     " (re-encode it with --video-codec h264)"
                 )
             base = stream.time_base
+            if base is None:
+                raise CopyError("its video stream declares no time base")
             container.seek(int((start or 0.0) / base) if base else 0, stream=stream, backward=True)
             seconds_per_tick = float(base)
             packets = []
@@ -134,7 +136,7 @@ def copy_packets(codec: str, payloads: Sequence[bytes], fps: Fraction, segment_f
     demuxer, tag = _ELEMENTARY_STREAMS[codec]
     data = _ivf(tag, payloads) if demuxer == "ivf" else b"".join(payloads)
     try:
-        with av.open(io.BytesIO(data), format=demuxer) as container:
+        with av.open(io.BytesIO(data), format=demuxer, mode="r") as container:
             stream = container.streams.video[0]
             found = [p for p in container.demux(stream) if p.size]
             if [p.size for p in found] != [len(p) for p in payloads]:
@@ -157,7 +159,7 @@ def copy_packets(codec: str, payloads: Sequence[bytes], fps: Fraction, segment_f
     return copied
 
 
-def _shown_positions(template: av.CodecContext, codec: str, packets: list[tuple[bytes, bool]]) -> np.ndarray:
+def _shown_positions(template: av.VideoCodecContext, codec: str, packets: list[tuple[bytes, bool]]) -> np.ndarray:
     """The position of the packet of each frame, in the order the decoder shows them: the order they come unless
     the stream's sequence parameter sets allow B-frames (VP9 and AV1 show each packet's frame as it comes), and
     then found by decoding (each packet numbered, the frames come out in presentation order carrying their
@@ -177,6 +179,7 @@ def _shown_positions(template: av.CodecContext, codec: str, packets: list[tuple[
         return np.arange(len(packets))
     payloads = [data for data, _ in packets]
     context = av.CodecContext.create(template.name, "r")
+    assert isinstance(context, av.VideoCodecContext)
     if template.extradata:
         context.extradata = template.extradata
     context.thread_count = 1
@@ -188,7 +191,7 @@ def _shown_positions(template: av.CodecContext, codec: str, packets: list[tuple[
             packet = av.Packet(payload)
             packet.pts = packet.dts = position
         try:
-            shown.extend(frame.pts for frame in context.decode(packet))
+            shown.extend(-1 if frame.pts is None else frame.pts for frame in context.decode(packet))
         except av.error.FFmpegError as exc:
             raise CopyError(
                 f"its packet {position} does not decode ({exc}); re-encode it (--video-codec h264)"
@@ -322,7 +325,7 @@ def _recording(path: str) -> Iterator[av.container.InputContainer]:
     key = (path, stat.st_size, stat.st_mtime_ns)
     container = _OPEN.pop(key, None)
     if container is None:
-        container = av.open(path)
+        container = av.open(path, mode="r")
     try:
         yield container
     except BaseException:

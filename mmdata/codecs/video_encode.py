@@ -17,6 +17,7 @@ import av
 import numpy as np
 from av.bitstream import BitStreamFilterContext, bitstream_filters_available
 from av.codec.context import Flags
+from av.container import OutputContainer
 from av.video.frame import PictureType
 
 from mmdata.codecs.colour import to_rgb
@@ -119,7 +120,8 @@ class VideoEncoding:
     def encoder_options(self, frames: int | None = None, frame_size: tuple[int, int] | None = None) -> dict[str, str]:
         """FFmpeg encoder options for a segment of `frames` frames (when known) of `frame_size` (width, height;
         large frames get a shorter lookahead, see ENCODER_FRAME_BUDGET)."""
-        gop = self.gop
+        gop, preset, crf = self.gop, self.preset, self.crf
+        assert preset is not None and crf is not None, "filled in when the encoding is made"
         tune = {"tune": "fastdecode"} if self.fast_decode else {}
         depth = lookahead_frames(*frame_size) if frame_size is not None else None
         if self.codec == "h264":
@@ -128,7 +130,7 @@ class VideoEncoding:
             params = f"keyint={gop}:min-keyint={gop}:scenecut=0:open-gop=0:threads=1:cpu-independent=1"
             if depth is not None:
                 params += f":rc-lookahead={depth}"
-            return {"crf": f"{self.crf:g}", "preset": self.preset, "x264-params": params, **tune}
+            return {"crf": f"{crf:g}", "preset": preset, "x264-params": params, **tune}
         if self.codec == "hevc":
             # info=0: no SEI message carrying x265's version and options (~2 KB per segment)
             params = f"keyint={gop}:min-keyint={gop}:scenecut=0:open-gop=0:pools=1:frame-threads=1:log-level=error"
@@ -137,10 +139,10 @@ class VideoEncoding:
                 params += ":bframes=0"
             if depth is not None:
                 params += f":rc-lookahead={depth}"
-            return {"crf": f"{self.crf:g}", "preset": self.preset, "x265-params": params, **tune}
+            return {"crf": f"{crf:g}", "preset": preset, "x265-params": params, **tune}
         lag = {"lag-in-frames": str(depth)} if depth is not None else {}
         return {
-            "crf": str(int(self.crf)),
+            "crf": str(int(crf)),
             "b:v": "0",
             "deadline": "good",
             "cpu-used": "5",
@@ -227,8 +229,8 @@ class _SegmentEncoder:
         self.count = 0
         self._held: list[av.VideoFrame] = []
         self._buffer = io.BytesIO()
-        self._out = None
-        self._stream = None
+        self._out: OutputContainer | None = None
+        self._stream: av.VideoStream | None = None
         self._filter: BitStreamFilterContext | None = None
         frame_bytes = width * height * 3 // 2
         self._hold = 0
@@ -247,35 +249,43 @@ class _SegmentEncoder:
             return
         if self._out is None:
             self._open(frames=None)
+        _, stream = self._opened()
         for held in [*self._held, frame]:
-            self._mux(self._stream.encode(held))
+            self._mux(stream.encode(held))
         self._held = []
 
     def finish(self) -> bytes:
         if self._out is None:
             self._open(frames=self.count)
             for held in self._held:
-                self._mux(self._stream.encode(held))
+                self._mux(self._opened()[1].encode(held))
             self._held = []
-        self._mux(self._stream.encode(None))
+        out, stream = self._opened()
+        self._mux(stream.encode(None))
         if self._filter is not None:
             self._mux(self._filter.filter(None), filter_first=False)
-        self._out.close()
+        out.close()
         return self._buffer.getvalue()
+
+    def _opened(self) -> tuple[OutputContainer, av.VideoStream]:
+        assert self._out is not None and self._stream is not None, "the container opens before a frame is encoded"
+        return self._out, self._stream
 
     def _mux(self, packets: list[av.Packet], filter_first: bool = True) -> None:
         """Write the encoder's packets, through the bitstream filter where there is one."""
         if filter_first and self._filter is not None:
             packets = [kept for packet in packets for kept in self._filter.filter(packet)]
+        out, stream = self._opened()
         for packet in packets:
-            packet.stream = self._stream
-            self._out.mux(packet)
+            packet.stream = stream
+            out.mux(packet)
 
     def _open(self, frames: int | None) -> None:
         encoder_name, container_format, _ = VIDEO_CODECS[self.encoding.codec]
         # bitexact: no random UIDs or encoder tags, so the same input gives the same bytes.
         self._out = av.open(self._buffer, "w", format=container_format, options={"fflags": "+bitexact"})
         stream = self._out.add_stream(encoder_name, rate=self.fps)
+        assert isinstance(stream, av.VideoStream)
         # Frames are stamped 0, 1, 2, ... in units of 1/fps; frames decoded from a recording carry
         # their container's time base, which must not leak in (it would collapse every pts to 0).
         stream.codec_context.time_base = 1 / Fraction(self.fps)
@@ -287,7 +297,7 @@ class _SegmentEncoder:
         # One encoder thread: conversion runs one encoder per core already, and frame threads would
         # make the bytes depend on timing.
         stream.codec_context.thread_count = 1
-        stream.options = self.encoding.encoder_options(frames, (self.width, self.height))
+        stream.options = {**self.encoding.encoder_options(frames, (self.width, self.height))}
         self._stream = stream
         if self.encoding.codec == "h264" and "filter_units" in bitstream_filters_available:
             self._filter = BitStreamFilterContext(H264_DROP_SEI, stream)

@@ -24,7 +24,7 @@ class VideoInfo:
 def probe_video(path: str) -> VideoInfo:
     """Width, height, nominal frame rate and codec of a video file."""
     try:
-        with av.open(path) as container:
+        with av.open(path, mode="r") as container:
             if not container.streams.video:
                 raise DecodeError(f"{path} holds no video stream")
             stream = container.streams.video[0]
@@ -52,7 +52,7 @@ def iter_video_frames(
     """
     slack = 0.5 / float(fps)
     try:
-        with av.open(path) as container:
+        with av.open(path, mode="r") as container:
             stream = container.streams.video[0]
             context = stream.codec_context
             if context.width and context.height:

@@ -440,7 +440,7 @@ def decode_image(data: bytes, episode: str, where: str) -> np.ndarray:
     if problem is not None:
         raise SourceError(episode, where, f"an image's header declares {problem}", "store smaller images")
     try:
-        with av.open(io.BytesIO(data), format="image2pipe") as container:
+        with av.open(io.BytesIO(data), format="image2pipe", mode="r") as container:
             context = container.streams.video[0].codec_context
             context.options = {**context.options, "max_pixels": str((declared[0] + 256) * (declared[1] + 256))}
             frame = next(container.decode(video=0))

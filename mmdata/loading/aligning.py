@@ -22,7 +22,7 @@ from mmdata.errors import MmdataError
 from mmdata.planning.mixture import Filler, OpenSource
 from mmdata.planning.samples import SampleRef, audio_samples, grid_times
 from mmdata.planning.specs import Audio, Frames, Sequences, Spec, Values, Windows
-from mmdata.store.handle import FrameRequests
+from mmdata.store.handle import FrameRequests, StreamData
 
 
 class Aligner:
@@ -51,7 +51,7 @@ class Aligner:
         plan = source.store.align_frames(sample.episode, stored, times, stream.tolerance)
         if stream.resize is None:
             return plan
-        camera = source.store.schema.stream(stored)
+        camera = source.store.schema.video(stored)
         resize = stream.resize
         rng = np.random.default_rng([*sample.draw, zlib.crc32(name.encode())]) if resize.crop else None
         geometry = frame_geometry(
@@ -77,7 +77,7 @@ class Aligner:
             count = len(self.times(sample, name, stream))
             return np.zeros((count, *filler.shape), filler.dtype), np.ones(count, bool)
         data = source.store.values_at(sample.episode, stored, self.times(sample, name, stream), stream.interpolation)
-        return self._shared_shape(source, name, data.values), data.is_pad
+        return self._shared_shape(source, name, data.values), _padding(data)
 
     def values_of(
         self, samples: Sequence[SampleRef], name: str, stream: Values
@@ -99,9 +99,9 @@ class Aligner:
                 data = source.store.values_at(episode, stored, np.concatenate(times), stream.interpolation)
             except (MmdataError, OSError):
                 continue
-            values, start = self._shared_shape(source, name, data.values), 0
+            values, is_pad, start = self._shared_shape(source, name, data.values), _padding(data), 0
             for position, count in zip(positions, map(len, times)):
-                found[position] = values[start : start + count], data.is_pad[start : start + count]
+                found[position] = values[start : start + count], is_pad[start : start + count]
                 start += count
         return found
 
@@ -125,8 +125,8 @@ class Aligner:
         """Which of the `pad_to` dimensions of `name` the sample's source does not have."""
         source = self.sources[sample.source]
         stored = source.streams.get(name)
-        width = int(source.store.schema.stream(stored).shape[0]) if stored is not None else 0
-        return np.arange(stream.pad_to) >= width
+        width = int(source.store.schema.lowdim(stored).shape[0]) if stored is not None else 0
+        return np.arange(stream.pad_to or 0) >= width
 
     def audio(self, sample: SampleRef, name: str, stream: Audio) -> tuple[np.ndarray, np.ndarray]:
         """Audio `name` over the sample's window (a window's offsets, or a sequence's span), as float32."""
@@ -138,15 +138,16 @@ class Aligner:
         stored = source.streams.get(name)
         filler = self.fillers[name]
         if stored is None:
+            assert filler.rate is not None, "an audio stream's filler has the sources' rate"
             count = audio_samples(t1 - t0, int(filler.rate))
             return np.zeros((count, *filler.shape), np.float32), np.ones(count, bool)
         data = source.store.audio_between(sample.episode, stored, t0, t1, stream.sample_rate, stream.mono)
         data.values = as_float(data.values)
         if not isinstance(self.spec, Windows):
-            return data.values, data.is_pad
-        rate = stream.sample_rate or source.store.schema.stream(stored).sample_rate
+            return data.values, _padding(data)
+        rate = stream.sample_rate or source.store.schema.audio(stored).sample_rate
         wanted = audio_samples(t1 - t0, rate)
-        values, is_pad = data.values[:wanted], data.is_pad[:wanted]
+        values, is_pad = data.values[:wanted], _padding(data)[:wanted]
         if len(values) < wanted:
             missing = wanted - len(values)
             values = np.concatenate([values, np.zeros((missing, *values.shape[1:]), values.dtype)])
@@ -163,3 +164,9 @@ def sample_times(spec: Spec, name: str, stream: Frames | Values, start: float, e
     if isinstance(spec, Sequences):
         return grid_times(start, end, spec.rate_of(name))
     return start + np.asarray(stream.offsets)
+
+
+def _padding(data: StreamData) -> np.ndarray:
+    """The `is_pad` of values read at times asked for (the store sets it for every such read)."""
+    assert data.is_pad is not None, "values at times asked for say which lay outside the episode"
+    return data.is_pad

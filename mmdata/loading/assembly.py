@@ -48,7 +48,7 @@ class ChainAssembly:
     ):
         self.sources, self.spec, self.fillers, self.on_error, self.device = sources, spec, fillers, on_error, device
         self.batching, self.runtime, self.reading, self.torch_options = options
-        self.decoder = loader_decoder(self.runtime.decoder, spec, sources, device, self.runtime.num_workers)
+        self.decoder = loader_decoder(self.runtime.decoder, spec, sources, device, self.torch_options.num_workers)
         decode_in = self.runtime.decode_in
         self.decode_in_main = decode_in == "main" if decode_in else self.decoder.device == "gpu"
         self.frame_budget: FrameBudget | None = None  # the running feed's frame caches' bound and horizon
@@ -58,7 +58,7 @@ class ChainAssembly:
     def start(self, planner: Planner, seed: int, ranks: tuple[int, int], epoch: int, steps: RankSteps) -> Feed:
         """A feed of `steps` (the rest of `epoch` for rank `ranks[0]` of `ranks[1]`), then of the epochs after it."""
         rank, world_size = ranks
-        batching, runtime, pin = self.batching, self.runtime, self.torch_options.pin_memory
+        batching, pin = self.batching, self.torch_options.pin_memory
         collate_options = {
             "layout": batching.layout,
             "attention_mask": batching.attention_mask,
@@ -66,7 +66,7 @@ class ChainAssembly:
         }
         read_bytes = frame_bytes_per_batch(self.spec, self.fillers, batching.batch_size)
         if self._reads_ahead is None:  # a pass over every sample's segment: once, not at every epoch or resume
-            self._reads_ahead = reads_ahead(planner, world_size, runtime)
+            self._reads_ahead = reads_ahead(planner, world_size, self.torch_options.num_workers)
         budget = self.frame_budget = self._frame_budget(read_bytes, self._reads_ahead)
         reader = self._reader = BatchReader(
             self.sources,
@@ -82,8 +82,8 @@ class ChainAssembly:
         return Feed(
             StepSource(reader, planner, seed, rank, world_size, epoch, steps),
             self.finish,
-            runtime.num_workers,
-            runtime.prefetch_factor,
+            self.torch_options.num_workers,
+            self.torch_options.prefetch_factor,
             pin_memory=(self.device.type == "cuda" if pin is None else pin) and torch.cuda.is_available(),
             background=self.decode_in_main,
             ahead=MAIN_DECODE_AHEAD,
@@ -107,7 +107,7 @@ class ChainAssembly:
         record.main_seconds = main
         return epoch, step, output, record
 
-    def stats(self, decode_waste: float | None, frames_evicted: int) -> dict[str, Any]:
+    def stats(self, decode_waste: float, frames_evicted: int) -> dict[str, Any]:
         """The decoder's and the frame caches' part of `DataLoader.stats()`."""
         budget = self.frame_budget
         cause = waste_cause(decode_waste, frames_evicted, budget, delivered_frame_sizes(self.spec, self.fillers))
@@ -123,15 +123,15 @@ class ChainAssembly:
     def _frame_budget(self, read_bytes: int | None, longest: int) -> FrameBudget:
         """Each frame cache's bound and horizon for reads of `read_bytes`, planning `longest` reads ahead where the
         memory holds them (see `frame_budget.loader_frame_budget`)."""
-        runtime = self.runtime
-        rings = ring_bytes(read_bytes, runtime.prefetch_factor, MAIN_DECODE_AHEAD) if runtime.num_workers else 0
+        workers = self.torch_options.num_workers
+        rings = ring_bytes(read_bytes, self.torch_options.prefetch_factor, MAIN_DECODE_AHEAD) if workers else 0
         on_gpu = self.decode_in_main and self.decoder.device == "gpu" and self.device.type == "cuda"
         gpu = self.device if on_gpu else None
         given = self.reading.frame_cache_bytes
-        return loader_frame_budget(read_bytes, runtime.num_workers, rings, given, gpu, longest)
+        return loader_frame_budget(read_bytes, workers, rings, given, gpu, longest)
 
 
-def reads_ahead(planner: Planner, world_size: int, runtime: Runtime) -> int:
+def reads_ahead(planner: Planner, world_size: int, num_workers: int) -> int:
     """The reads a frame cache plans ahead when its memory allows: a segment's life in one cache's reads in the
     "blocks" order (`frame_budget.horizon_for`), so that each segment is decoded in one pass."""
-    return horizon_for(planner.segment_life_steps(world_size), planner.batching.lanes, runtime.num_workers)
+    return horizon_for(planner.segment_life_steps(world_size), planner.batching.lanes, num_workers)

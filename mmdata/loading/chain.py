@@ -337,9 +337,10 @@ class BatchReader:
         for key, (piece, frames) in wanted.items():
             if scope.frame_cache.serves(key, frames):
                 continue
-            first, *others = [p for p in users[key] if p not in batch.failed] or [None]
-            if first is None:
+            readers = [p for p in users[key] if p not in batch.failed]
+            if not readers:
                 continue
+            first, *others = readers
             store = self.sources[batch.samples[first].source].store
             read = self._attempt(batch, scope, first, name, store.segment_bytes, piece)
             if read is None:

@@ -59,8 +59,8 @@ def collate(
                     [_tensor(v) for v in values], [_tensor(m).to(torch.bool) for m in masks]
                 )
             out[f"{name}_lengths"] = torch.tensor(lengths, dtype=torch.int64)
-    for name, masks in batch.dim_is_pad.items():
-        out[f"{name}_dim_is_pad"] = torch.from_numpy(np.stack(masks))
+    for name, dim_masks in batch.dim_is_pad.items():
+        out[f"{name}_dim_is_pad"] = torch.from_numpy(np.stack(dim_masks))
     costs = [sample.cost for sample in batch.samples]
     if layout == "packed":
         tokens = packed_layout(costs, pad_to_multiple)
@@ -74,11 +74,11 @@ def collate(
         if attention_mask is not None:
             out["attention_mask"] = torch.from_numpy(tokens.attention_mask(attention_mask))
     else:
-        tokens = padded_layout(costs, pad_to_multiple)
+        padded = padded_layout(costs, pad_to_multiple)
         out.update(
-            seq_lens=torch.from_numpy(tokens.seq_lens),
-            key_padding_mask=torch.from_numpy(np.ascontiguousarray(tokens.key_padding_mask)),
-            position_ids=torch.from_numpy(np.ascontiguousarray(tokens.position_ids)),
+            seq_lens=torch.from_numpy(padded.seq_lens),
+            key_padding_mask=torch.from_numpy(np.ascontiguousarray(padded.key_padding_mask)),
+            position_ids=torch.from_numpy(np.ascontiguousarray(padded.position_ids)),
         )
     out.update(
         sample_index=torch.tensor([s.index for s in batch.samples], dtype=torch.int64),

@@ -24,7 +24,6 @@ from mmdata.loading.micro_batch import MicroBatch, OnError, PendingVideo
 from mmdata.loading.timing import Stage, timed
 from mmdata.planning.mixture import Filler, OpenSource
 from mmdata.planning.specs import Frames, Spec
-from mmdata.schema import VideoStream
 from mmdata.store.handle import FrameRequests, assemble_frames_at
 
 
@@ -34,13 +33,13 @@ def loader_decoder(
     """The decoder a loader of `spec` over `sources` decodes with: `choice` itself, checked against the cameras'
     codecs, or the backend it names ("auto": the fastest measured for the codecs, frame size and device)."""
     cameras = [
-        source.store.schema.stream(source.streams[name])
+        source.store.schema.video(source.streams[name])
         for name, stream in spec.streams.items()
         if isinstance(stream, Frames)
         for source in sources
         if name in source.streams
     ]
-    codecs = sorted({camera.codec for camera in cameras if isinstance(camera, VideoStream)})
+    codecs = sorted({camera.codec for camera in cameras})
     if isinstance(choice, VideoDecoder):
         choice.check_codecs(codecs)
         return choice
@@ -72,9 +71,9 @@ def prepare_video(
     segments per `segment_key` where the plans' requests do not hold them (a segment the frame cache
     serves needs none)."""
     with timed(batch.seconds, Stage.DECODE_PREPARE, batch.cpu_seconds):
-        live = [p for p, plan in enumerate(plans) if plan is not None and p not in batch.failed]
-        requests = [request for p in live for request in plans[p].requests]
-        scopes = [sources[p] for p in live for _ in plans[p].requests]
+        live = {p: plan for p, plan in enumerate(plans) if plan is not None and p not in batch.failed}
+        requests = [request for plan in live.values() for request in plan.requests]
+        scopes = [sources[p] for p, plan in live.items() for _ in plan.requests]
         converts = channels_first and decoder.writes_channels_first
         merged, located = merge_requests(requests, scopes, segment_data, converts)
         keys: list[Hashable | None] = [None] * len(merged)
@@ -82,7 +81,7 @@ def prepare_video(
             if request.where is not None:
                 keys[m] = segment_key(scope, request)
         prepared = decoder.prepare(merged) if decoder.prepares else None
-        kept = [plans[p] if p in live else None for p in range(len(plans))]
+        kept = [live.get(p) for p in range(len(plans))]
         batch.pending[name] = PendingVideo(
             kept, merged, located, prepared, frame.shape, channels_first, keys, decoded_channels_first=converts
         )
@@ -191,14 +190,14 @@ def decode_with_cache(
         ahead = cache.wanted_ahead(key, _frame_bytes(request)) - set(request.frames) if key is not None else set()
         decode.append(dataclasses.replace(request, frames=tuple(sorted({*request.frames, *ahead}))))
         owners.append((m, len(ahead)))
-    for (m, ahead), request, frames in zip(owners, decode, decoder.decode(decode, on_error)):
+    for (m, frames_ahead), request, frames in zip(owners, decode, decoder.decode(decode, on_error)):
         if frames is None:
             continue
         row_of = {frame: row for row, frame in enumerate(request.frames)}
         if keys[m] is not None:
             cache.keep_decoded(keys[m], request.frames, frames)
-        cache.stats.ahead += ahead
-        outputs[m] = frames if ahead == 0 else _joined([frames[row_of[frame]] for frame in requests[m].frames])
+        cache.stats.ahead += frames_ahead
+        outputs[m] = frames if frames_ahead == 0 else _joined([frames[row_of[frame]] for frame in requests[m].frames])
     return outputs
 
 

@@ -302,9 +302,11 @@ class Feed:
         return finish((epoch, step, output, record))
 
     def _offer(self, item: Any) -> bool:
+        ready = self._ready
+        assert ready is not None, "only a feed with a receiving thread offers items"
         while not self._stop.is_set():
             try:
-                self._ready.put(item, timeout=0.1)
+                ready.put(item, timeout=0.1)
                 return True
             except queue.Full:
                 continue
@@ -373,7 +375,7 @@ def _frozen_for_fork() -> Iterator[None]:
             gc.unfreeze()
 
 
-def _unchanged(item: Item) -> Item:
+def _unchanged(item: Any) -> Any:
     """Items cross from workers as they are (torch's default would turn numpy arrays into tensors)."""
     return item
 

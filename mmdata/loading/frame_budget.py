@@ -20,6 +20,7 @@ comes, which `loader.stats()` names (`waste_cause`).
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import asdict, dataclass
@@ -95,14 +96,22 @@ def plan_frame_budget(
     total = int(available * MEMORY_SHARE)
     share = max(0, total // caches - ring_bytes)
     working = ((HORIZON if given is not None else longest) + 1) * read_bytes if read_bytes else None
-    budget = dict(share=share, total=total, available=available, memory=memory, caches=caches, longest=longest)
-    budget["working_set"] = working
+    budget = functools.partial(
+        FrameBudget,
+        share=share,
+        total=total,
+        available=available,
+        memory=memory,
+        caches=caches,
+        longest=longest,
+        working_set=working,
+    )
     if given is not None:
-        return FrameBudget(bound=given, horizon=HORIZON, given=True, **budget)
+        return budget(bound=given, horizon=HORIZON, given=True)
     if not read_bytes:
-        return FrameBudget(bound=min(UNSIZED_BOUND, share), horizon=HORIZON, given=False, **budget)
+        return budget(bound=min(UNSIZED_BOUND, share), horizon=HORIZON, given=False)
     horizon = min(longest, max(1, share // read_bytes - 1))
-    return FrameBudget(bound=min((horizon + 1) * read_bytes, share), horizon=horizon, given=False, **budget)
+    return budget(bound=min((horizon + 1) * read_bytes, share), horizon=horizon, given=False)
 
 
 def frame_bytes_per_batch(spec: Spec, fillers: dict[str, Filler], batch_size: int | None) -> int | None:

@@ -156,13 +156,16 @@ class FrameCache:
         if not self.enabled:
             return
         kept = self._frames.get(key, {})
-        rows = [row for row, frame in enumerate(frames) if frame not in kept and self._needed_later(key, frame)]
+        rows: Sequence[int] = [
+            row for row, frame in enumerate(frames) if frame not in kept and self._needed_later(key, frame)
+        ]
         if not rows:
             return
         memory = _memory_of(output)
         if memory is None or len(rows) * output[rows[0]].nbytes < VIEWED_SHARE * memory[1]:
             output, frames, rows = _compact(output, rows), [frames[row] for row in rows], range(len(rows))
             memory = _memory_of(output)
+        assert memory is not None, "a compact copy is memory of its own"
         identity, size = memory
         holder = self._holders.setdefault(identity, [size, 0])
         if not holder[1]:

@@ -30,7 +30,7 @@ ARENA_BYTES_PER_WORKER = 64 << 20
 MAX_ARENA_BYTES_PER_WORKER = 1 << 30
 MAX_ARENA_BYTES = 8 << 30  # all workers' rings together
 _ALIGNMENT = 64
-_byte_bounds = getattr(getattr(np.lib, "array_utils", None), "byte_bounds", None) or np.byte_bounds  # numpy 2 / 1
+_byte_bounds = getattr(getattr(np.lib, "array_utils", None), "byte_bounds", None) or getattr(np, "byte_bounds")  # noqa: B009 (numpy 2 / 1)
 # A ring is cut into about this many chunks (each a multiple of _ALIGNMENT bytes): a span takes whole chunks.
 CHUNKS_PER_RING = 1024
 # glibc's mallopt parameters (malloc.h): the free memory at the heap's top it keeps, and how many blocks it may

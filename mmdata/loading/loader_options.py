@@ -315,7 +315,7 @@ def plan_settings(options: LoaderOptions) -> PlanSettings:
         batching.batch_tokens,
         torch_options.batch_size,
         batching.balance,
-        torch_options.shuffle,
+        as_shuffle(torch_options.shuffle),
         shuffling.window,
         shuffling.shards_per_group,
         shuffling.lanes or max(1, torch_options.num_workers),

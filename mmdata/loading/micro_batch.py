@@ -61,7 +61,7 @@ class MicroBatch:
     samples: list[SampleRef]
     tasks: list[str]
     values: dict[str, list[Any]] = field(default_factory=dict)
-    is_pad: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    is_pad: dict[str, list[np.ndarray | None]] = field(default_factory=dict)  # None: the sample failed
     pending: dict[str, PendingVideo] = field(default_factory=dict)
     failed: dict[int, str] = field(default_factory=dict)
     replaced: list[tuple[int, int]] = field(default_factory=list)

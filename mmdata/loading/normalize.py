@@ -36,12 +36,12 @@ def attach_normalizers(
             for source, _ in having:
                 source.normalizers[name] = pooled
             continue
+        mode = stream.normalize
+        assert mode is not None
         for source, _ in having:
             stored = source.streams[name]
-            width = int(np.prod(source.store.schema.stream(stored).shape))
-            source.normalizers[name] = normalizer(
-                stats[id(source)], stored, stream.normalize, width, _stats_path(source)
-            )
+            width = int(np.prod(source.store.schema.lowdim(stored).shape))
+            source.normalizers[name] = normalizer(stats[id(source)], stored, mode, width, _stats_path(source))
 
 
 def _pooled(name: str, stream: Values, having: list[tuple[dict, OpenSource, float]]) -> tuple[np.ndarray, np.ndarray]:
@@ -51,17 +51,15 @@ def _pooled(name: str, stream: Values, having: list[tuple[dict, OpenSource, floa
             " not keep; normalize with each source's own statistics (normalize_with='source') or pool"
             " 'mean_std' or 'min_max'"
         )
-    figures = []
-    for stats, source, share in having:
-        where = _stats_path(source)
-        stored = stream_figures(stats, source.streams[name], ("mean", "std", "min", "max"), where)
-        figures.append(stored | {"share": share})
+    assert stream.normalize is not None
+    keys = ("mean", "std", "min", "max")
+    figures = [stream_figures(stats, source.streams[name], keys, _stats_path(source)) for stats, source, _ in having]
     widths = {len(f["mean"]) for f in figures}
     if len(widths) > 1:
         raise SpecError(f"stream '{name}' has different widths in the sources, so its statistics cannot be pooled")
-    total = sum(f["share"] for f in figures) or 1.0
+    total = sum(share for _, _, share in having) or 1.0
     mean, std, low, high = mixture_figures(
-        [f["share"] / total for f in figures], *([f[k] for f in figures] for k in ("mean", "std", "min", "max"))
+        [share / total for _, _, share in having], *([f[k] for f in figures] for k in keys)
     )
     pooled = {"lowdim": {name: {"mean": mean, "std": std, "min": low, "max": high}}}
     return normalizer(pooled, name, stream.normalize, len(mean), "the mixture's pooled statistics")

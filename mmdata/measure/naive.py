@@ -87,7 +87,7 @@ def encode_whole_video(frames: np.ndarray, fps: float) -> bytes:
 
 
 def decode_whole_video(data: bytes) -> np.ndarray:
-    with av.open(io.BytesIO(data)) as container:
+    with av.open(io.BytesIO(data), mode="r") as container:
         return np.stack([frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)])
 
 

@@ -36,6 +36,8 @@ class MixedOrder:
     seed: int
     epoch: int
     _passes: OrderedDict = field(default_factory=OrderedDict, init=False, repr=False, compare=False)
+    _interleave: SourceInterleave = field(init=False, repr=False, compare=False)
+    _firsts: np.ndarray = field(init=False, repr=False, compare=False)  # each source's first slot, then the count
 
     def __post_init__(self):
         if not len(self.counts) == len(self.targets) == len(self.recipes):

@@ -201,13 +201,12 @@ def check_sources(spec: Spec, sources: list[OpenSource]) -> dict[str, Filler]:
             )
         for source in having:
             _check_in_source(spec, name, stream, source)
-        stored = [(s, s.store.schema.stream(s.streams[name])) for s in having]
         if isinstance(stream, Frames):
-            fillers[name] = _frame_filler(name, stream, stored)
+            fillers[name] = _frame_filler(name, stream, [(s, s.store.schema.video(s.streams[name])) for s in having])
         elif isinstance(stream, Values):
-            fillers[name] = _values_filler(name, stream, stored)
+            fillers[name] = _values_filler(name, stream, [(s, s.store.schema.lowdim(s.streams[name])) for s in having])
         else:
-            fillers[name] = _audio_filler(name, stream, stored)
+            fillers[name] = _audio_filler(name, stream, [(s, s.store.schema.audio(s.streams[name])) for s in having])
     return fillers
 
 

@@ -119,7 +119,8 @@ def resolve_shuffle(mode: Shuffle, reads_video: bool) -> Shuffle:
 class Order(Protocol):
     """One epoch's order of `count` samples: the sample at any of its positions."""
 
-    count: int
+    @property
+    def count(self) -> int: ...
 
     def samples_at(self, positions: np.ndarray) -> np.ndarray: ...
 
@@ -191,6 +192,10 @@ class BlockOrder:
     seed: int
     epoch: int
     turned: bool = True
+    _main: int = field(init=False, repr=False, compare=False)  # positions in whole groups
+    _blocks: KeyedPermutation = field(init=False, repr=False, compare=False)
+    _tail: KeyedPermutation = field(init=False, repr=False, compare=False)  # the whole blocks after the groups
+    _turn: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         if self.block < 1 or self.open_blocks < 1:

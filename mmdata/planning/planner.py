@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 import numpy as np
@@ -120,6 +120,8 @@ class PlannedSource:
     samples: SampleIndex
     shards: pa.ChunkedArray
     recipe: OrderRecipe
+    _shard_codes: np.ndarray = field(init=False, repr=False, compare=False)
+    _shard_names: list[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         encoded = pc.dictionary_encode(pc.fill_null(self.shards, "")).combine_chunks()
@@ -145,6 +147,7 @@ class Planner:
         self.samples = SourceSampleIndexes(tuple(source.samples for source in sources))  # numbered source by source
         self.packing: WindowPacking | None = None
         if batching.batch_size is None:
+            assert batching.batch_tokens is not None
             reference = self.order(0, 0)
             self.packing = plan_window_packing(
                 lambda positions: self.slot_costs(reference, reference.samples_at(positions)),

@@ -64,11 +64,13 @@ class SampleIndex:
         return self._spans(*self._placed(numbers))
 
     def _spans(self, place: np.ndarray, local: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        if self.durations is None:
-            start = local / self.spec.anchor_fps
+        spec = self.spec
+        if isinstance(spec, Windows):
+            start = local / spec.anchor_fps
             return start, start.copy()
+        assert self.durations is not None, "a sequence's span is cut from its episode's duration"
         durations = self.durations[place]
-        step = durations if self.spec.max_seconds is None else self.spec.max_seconds  # (None: a whole episode)
+        step = durations if spec.max_seconds is None else spec.max_seconds  # (None: a whole episode)
         start = local * step
         return start, np.minimum(start + step, durations)
 

@@ -328,7 +328,9 @@ def _check_stream(schema: DatasetSchema, name: str, spec: StreamSpec, spacing: n
                 f"stream '{name}' is recorded at {stored.fps:g} frames/s, but the spec asks for frames"
                 f" {finest:g} s apart, which would repeat frames; space them at least {period:g} s apart"
             )
-    elif isinstance(stored, LowdimStream) and stored.rate and spec.interpolation != "linear":
+    elif (
+        isinstance(stored, LowdimStream) and stored.rate and isinstance(spec, Values) and spec.interpolation != "linear"
+    ):
         period = 1.0 / stored.rate
         if finest < period * (1 - 1e-6):
             raise SpecError(

@@ -9,14 +9,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 
 from mmdata.codecs.decoders import VideoDecoder, make_video_decoder
 from mmdata.codecs.decoders.base import OnError
 from mmdata.store.filesystem import DEFAULT_READ_POLICY, ReadPolicy
-from mmdata.store.handle import OPENED_CACHE_BYTES, EpisodeData, Store, StreamData, assemble_frames, open_store
+from mmdata.store.handle import (
+    OPENED_CACHE_BYTES,
+    EpisodeData,
+    Store,
+    StreamData,
+    Times,
+    assemble_frames,
+    open_store,
+)
 
 # What a Dataset offers of its store as its own (the methods documented before the store handle existed).
 STORE_ATTRIBUTES = frozenset(
@@ -110,15 +118,23 @@ class Dataset:
     def _video_span(self, index: int, name: str, start: float, end: float) -> StreamData:
         plan = self.store.plan_span(index, name, start, end)
         if not plan.requests:
-            stream = self.store.schema.stream(name)
+            stream = self.store.schema.video(name)
             return StreamData(np.empty((0, stream.height, stream.width, 3), np.uint8), plan.timestamps)
         return assemble_frames(plan, self.decoder.decode(plan.requests))
 
+    @overload
+    def frames_at(
+        self, index: int, stream: str, times: Times, tolerance: float | None = None, on_error: Literal["raise"] = ...
+    ) -> StreamData: ...
+    @overload
+    def frames_at(
+        self, index: int, stream: str, times: Times, tolerance: float | None = None, on_error: OnError = ...
+    ) -> StreamData | None: ...
     def frames_at(
         self,
         index: int,
         stream: str,
-        times: Sequence[float],
+        times: Times,
         tolerance: float | None = None,
         on_error: OnError = "raise",
     ) -> StreamData | None:

@@ -48,10 +48,10 @@ class EncodedVideo:
     def packet_records(self) -> list[dict[str, bytes | str] | None]:
         """Each segment's packet index for the manifest (see `mmdata.codecs.packet_index`); None for a
         segment whose packets are not one per frame, which readers then demux."""
-        records: list[dict[str, bytes] | None] = []
-        known = self.indexes or [None] * len(self.segments)
-        for data, frames, index in zip(self.segments, self.segment_frames, known):
-            index = index if index is not None else index_segment(data)
+        records: list[dict[str, bytes | str] | None] = []
+        known: list[PacketIndex | None] = list(self.indexes) if self.indexes else [None] * len(self.segments)
+        for data, frames, given in zip(self.segments, self.segment_frames, known):
+            index = given if given is not None else index_segment(data)
             records.append(index.to_record() if len(index) == frames else None)
         return records
 
@@ -104,11 +104,11 @@ class EncodedEpisode:
 
     @property
     def streams(self) -> list[Stream]:
-        return [s.spec for s in (*self.videos, *self.audio, *self.lowdim)]
+        return [*(s.spec for s in self.videos), *(s.spec for s in self.audio), *(s.spec for s in self.lowdim)]
 
     @property
     def duration(self) -> float:
-        ends = [s.t_end for s in (*self.videos, *self.audio, *self.lowdim)]
+        ends = [*(s.t_end for s in self.videos), *(s.t_end for s in self.audio), *(s.t_end for s in self.lowdim)]
         return max(ends, default=0.0)
 
 

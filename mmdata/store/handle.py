@@ -44,12 +44,16 @@ MAX_AUDIO_FRAME_SAMPLES = 65536
 OPENED_CACHE_BYTES = 64 << 20
 
 
+Times = Sequence[float] | np.ndarray  # seconds in an episode, asked for
+
+
 @dataclass
 class StreamData:
     """Values of one stream and the time of each value (seconds).
 
-    `is_pad` marks values asked for outside the episode (clamped to its edge, or silence for audio).
-    Video values are numpy arrays, or torch CUDA tensors when the decoder is DALI on the GPU.
+    `is_pad` marks values asked for outside the episode (clamped to its edge, or silence for audio); None for
+    the stored values of a span, none of which is. Video values are numpy arrays, or torch CUDA tensors when the
+    decoder is DALI on the GPU.
     """
 
     values: Any
@@ -234,9 +238,7 @@ class Store:
         spec = self._video_stream(stream)
         return self.read_segments(self._frame_plan(row, spec, wanted, timestamps[wanted], np.zeros(len(wanted), bool)))
 
-    def plan_frames(
-        self, index: int, stream: str, times: Sequence[float], tolerance: float | None = None
-    ) -> FrameRequests:
+    def plan_frames(self, index: int, stream: str, times: Times, tolerance: float | None = None) -> FrameRequests:
         """The segment requests that deliver camera `stream` at `times` (seconds) of episode `index`.
 
         Each time maps to the frame with the nearest stored timestamp, which must lie within
@@ -246,9 +248,7 @@ class Store:
         """
         return self.read_segments(self.align_frames(index, stream, times, tolerance))
 
-    def align_frames(
-        self, index: int, stream: str, times: Sequence[float], tolerance: float | None = None
-    ) -> FrameRequests:
+    def align_frames(self, index: int, stream: str, times: Times, tolerance: float | None = None) -> FrameRequests:
         """`plan_frames` without reading the segments: the frames and the pieces holding them, from the
         stored timestamps alone. A loader aligns a micro-batch once, fetches the pieces the plans name
         (coalesced, ahead of time from object storage), then reads them (`read_segments`) to decode."""
@@ -282,7 +282,7 @@ class Store:
         ]
 
     def _frames_wanted(
-        self, index: int, stream: str, times: Sequence[float], tolerance: float | None
+        self, index: int, stream: str, times: Times, tolerance: float | None
     ) -> tuple[dict, VideoStream, np.ndarray, np.ndarray, np.ndarray]:
         row = self.manifest.row(index)
         spec = self._video_stream(stream)
@@ -336,14 +336,12 @@ class Store:
         firsts = [int(segment["first_frame"]) for segment in segments]
         return SegmentTable(segments, [Piece.from_dict(s) for s in segments], firsts, indexes)
 
-    def values_at(
-        self, index: int, stream: str, times: Sequence[float], interpolation: Interpolation = "nearest"
-    ) -> StreamData:
+    def values_at(self, index: int, stream: str, times: Times, interpolation: Interpolation = "nearest") -> StreamData:
         """Low-dim `stream` at `times`: "nearest", "previous" (zero-order hold) or "linear"; padded at the edges."""
         timestamps, values = self._lowdim(self.manifest.row(index), stream)
-        times = np.asarray(times, dtype=np.float64)
-        picked, is_pad = values_at(timestamps, values, times, interpolation)
-        return StreamData(picked, times, is_pad)
+        at = np.asarray(times, dtype=np.float64)
+        picked, is_pad = values_at(timestamps, values, at, interpolation)
+        return StreamData(picked, at, is_pad)
 
     def audio_between(
         self,
@@ -404,7 +402,7 @@ class Store:
         """(timestamps, values) of a low-dim stream in one episode."""
 
         def load() -> np.ndarray:
-            spec = self.schema.stream(name)
+            spec = self.schema.lowdim(name)
             shape = (row[f"{name}/count"], *spec.shape)
             return self.pieces.read_rows(Piece.from_dict(row[f"{name}/data"]), shape, spec.dtype)
 
@@ -415,7 +413,7 @@ class Store:
         """An episode's whole audio track, decoded within the limits its schema and row set, and the
         time of its first sample."""
         piece = Piece.from_dict(row[f"{name}/data"])
-        spec = self.schema.stream(name)
+        spec = self.schema.audio(name)
         count = row[f"{name}/count"]
         limits = AudioLimits(spec.codec, spec.sample_rate, spec.channels, count + MAX_AUDIO_FRAME_SAMPLES)
 

@@ -14,6 +14,7 @@ without bound: every size a reader allocates is bounded by what the schema decla
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import numpy as np
@@ -57,8 +58,8 @@ def check_manifest(table: pa.Table, schema: DatasetSchema, where: str, first_row
         if isinstance(stream, VideoStream):
             _check_video(table, stream, counts[stream.name], schema.layout, rows, added)
         elif isinstance(stream, AudioStream):
-            where = _piece_path(schema.layout, "audio", stream.name, added)
-            _check_piece_column(table, f"{stream.name}/data", where, rows)
+            path = _piece_path(schema.layout, "audio", stream.name, added)
+            _check_piece_column(table, f"{stream.name}/data", path, rows)
             limit = counts[stream.name] * stream.channels * 4 * 1.25 + 65536
             _check_piece_sizes(table, f"{stream.name}/data", 1, limit, rows)
         elif isinstance(stream, LowdimStream):
@@ -77,7 +78,7 @@ def check_manifest(table: pa.Table, schema: DatasetSchema, where: str, first_row
     for name in ("source", "task", "metadata", "members"):
         column = table.column(name)
         if column.null_count:
-            rows.flag(column.is_null().to_numpy(zero_copy_only=False), lambda i, name=name: f"'{name}' is missing")
+            rows.flag(column.is_null().to_numpy(zero_copy_only=False), functools.partial(_missing, name))
     return rows.messages()
 
 
@@ -121,6 +122,10 @@ def _check_times(table: pa.Table, streams: list, rows: _RowProblems) -> dict[str
         lambda i: f"duration {duration[i]:.6f} s is not the end of its longest stream ({latest_end[i]:.6f} s)",
     )
     return counts
+
+
+def _missing(column: str, row: int) -> str:
+    return f"'{column}' is missing"
 
 
 class _RowProblems:

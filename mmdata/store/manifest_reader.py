@@ -142,7 +142,8 @@ class Manifest:
         counts = [parquet.metadata.row_group(g).num_rows for g in range(parquet.num_row_groups)]
         self._starts = [0, *itertools.accumulate(counts)][:-1] if counts else [0]
         self._setup_caches()
-        self._parquet, self._source = parquet, source
+        self._parquet: pq.ParquetFile | None = parquet
+        self._source: Any = source
 
     def check_whole(self) -> None:
         """Read and check every row group now, so that `damaged` lists every damaged row (a small manifest, when
@@ -171,8 +172,8 @@ class Manifest:
         self.checked_whole = True
 
     def _setup_caches(self) -> None:
-        self._parquet: pq.ParquetFile | None = None
-        self._source: Any = None
+        self._parquet = None
+        self._source = None
         self._groups: LRUCache = LRUCache(maxsize=ROW_GROUP_CACHE_BYTES, getsizeof=lambda table: table.nbytes or 1)
         self._rows: LRUCache = LRUCache(maxsize=ROWS_KEPT)
         self._checked_groups: set[int] = set()  # row groups checked whole in this process

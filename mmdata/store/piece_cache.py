@@ -57,7 +57,7 @@ class PieceCache:
         """The cached bytes of `piece`, or None (never cached, evicted, unreadable, or not the cache's own file)."""
         path = self._path(piece, create=False)
         data = _read_entry(path, piece.size) if path is not None else None
-        if data is None:
+        if path is None or data is None:
             self.misses += 1
             return None
         with contextlib.suppress(OSError):

@@ -121,7 +121,9 @@ def piece_cache(fs: fsspec.AbstractFileSystem, root: str, policy: ReadPolicy) ->
 
 def cached_bytes(cache: PieceCache | None, piece: Piece, verify: bool) -> bytes | None:
     """`piece` from the disk cache; an entry that fails its checksum is removed and reads as a miss."""
-    data = cache.get(piece) if cache is not None else None
+    if cache is None:
+        return None
+    data = cache.get(piece)
     if data is not None and verify and checksum_bytes(data) != piece.checksum:
         cache.discard(piece)
         return None
@@ -300,13 +302,14 @@ class ZarrPieceReader:
         return data
 
     def read_rows(self, piece: Piece, shape: tuple[int, ...], dtype: str) -> np.ndarray:
-        data = self.cache.get(piece) if self.cache is not None else None
-        if data is not None:
+        cache = self.cache
+        data = cache.get(piece) if cache is not None else None
+        if cache is not None and data is not None:
             values = np.frombuffer(data, dtype=np.dtype(dtype)).reshape(shape)
             if not self.verify or checksum_array(values) == piece.checksum:
                 self.bytes_read += values.nbytes
                 return values.copy()
-            self.cache.discard(piece)
+            cache.discard(piece)
         values = self.arrays.rows(piece.path, piece.offset, shape[0], shape[1:], dtype)
         self.bytes_read += values.nbytes
         if self.verify:

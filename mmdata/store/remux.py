@@ -20,7 +20,7 @@ from pathlib import Path
 import av
 
 from mmdata.codecs.video_encode import VideoEncoding, encode_segments
-from mmdata.errors import DecodeError
+from mmdata.errors import DecodeError, StoreError
 from mmdata.schema import VideoStream
 from mmdata.store.filesystem import replacing_by_name, write_bytes_atomically
 from mmdata.store.handle import Store
@@ -69,8 +69,10 @@ def write_episode_video(
         for number, (segment, piece) in enumerate(zip(table.segments, table.pieces)):
             where = f"episode '{row['key']}', camera '{camera}', segment {number}"
             try:
-                with av.open(io.BytesIO(store.segment_bytes(piece))) as source:
+                with av.open(io.BytesIO(store.segment_bytes(piece)), mode="r") as source:
                     video = source.streams.video[0]
+                    if video.time_base is None:
+                        raise StoreError(f"{where}: the segment's video declares no time base; convert the store again")
                     if target is None:
                         target = output.add_stream_from_template(video)
                     shift = int(Fraction(int(segment["first_frame"])) / Fraction(stream.fps) / video.time_base)
@@ -108,5 +110,5 @@ def _reencoded(store: Store, index: int, stream: VideoStream, stem: Path) -> Epi
 
 
 def _decoded(store: Store, piece: Piece) -> Iterator[av.VideoFrame]:
-    with av.open(io.BytesIO(store.segment_bytes(piece))) as source:
+    with av.open(io.BytesIO(store.segment_bytes(piece)), mode="r") as source:
         yield from source.decode(video=0)

@@ -17,6 +17,7 @@ version's `dataset.json` names).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -108,7 +109,7 @@ def _figures(
     high: np.ndarray,
     width: np.ndarray,
     cumulative: np.ndarray,
-    thresholds: list[float],
+    thresholds: Sequence[float],
 ) -> dict[str, Any]:
     """A stream's entry in stats.json; each percentile of QUANTILES is reported at the upper edge of the
     first histogram bin whose cumulative count (per dimension, `cumulative`) reaches its threshold."""
@@ -188,7 +189,7 @@ def _camera_stats(dataset: Dataset, name: str, episodes: list[int], frames: int,
     """Mean and std of each RGB channel in [0, 1] over `frames` frames drawn evenly across episodes, decoded
     at most CAMERA_BLOCK_BYTES at a time into per-channel histograms (memory does not grow with frame size)."""
     rng = np.random.default_rng(seed)
-    spec = dataset.schema.stream(name)
+    spec = dataset.schema.video(name)
     block = max(1, CAMERA_BLOCK_BYTES // (spec.width * spec.height * 3))
     counts, sampled = np.zeros((3, 256), np.int64), 0
     for episode, take in zip(episodes, _spread(frames, len(episodes))):

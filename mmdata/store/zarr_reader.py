@@ -216,6 +216,7 @@ class ZarrArrays:
         payload = _decompress(raw, expected, key) if layout.compressed else np.frombuffer(raw, np.uint8)
         if len(payload) != expected:
             raise IntegrityError(f"{key}: the chunk holds {len(payload)} bytes, its array declares {expected}")
+        assert layout.dtype is not None, "a byte array's chunks are read element by element"
         return payload.view(layout.dtype).reshape(shape)
 
     def _shard_index(self, layout: ArrayLayout, shard: int) -> np.ndarray:

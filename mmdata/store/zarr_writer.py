@@ -23,6 +23,7 @@ import numpy as np
 import zarr
 from zarr.codecs import BytesCodec, VLenBytesCodec, ZstdCodec
 
+from mmdata.errors import StoreError
 from mmdata.schema import LowdimStream, Stream
 from mmdata.store.checksum import checksum_array, checksum_bytes
 from mmdata.store.encoded import EncodedEpisode
@@ -171,7 +172,7 @@ class ZarrWriter:
         """Appenders after the end of the arrays an earlier conversion wrote, each in blocks of its chunks."""
         appenders: dict[str, _BlockAppender] = {}
         for path in zarr_array_paths(streams):
-            array = group[path]
+            array = _array(group, path)
             length = self.array_lengths.get(path, array.shape[0])
             if array.shape[0] != length:
                 array.resize((length, *array.shape[1:]))
@@ -269,4 +270,12 @@ def existing_lengths(root: str | os.PathLike, streams: list[Stream]) -> dict[str
     """The length of each array of a Zarr store (a folder or an fsspec URL) holding `streams`: where an append's
     rows begin."""
     group = zarr.open_group(str(root), mode="r", zarr_format=3)
-    return {path: int(group[path].shape[0]) for path in zarr_array_paths(streams)}
+    return {path: int(_array(group, path).shape[0]) for path in zarr_array_paths(streams)}
+
+
+def _array(group: zarr.Group, path: str) -> zarr.Array:
+    """The array at `path` of a store's group; a group found there instead is a damaged store."""
+    found = group[path]
+    if not isinstance(found, zarr.Array):
+        raise StoreError(f"'{path}' of the Zarr store is a group where an array of its streams belongs")
+    return found

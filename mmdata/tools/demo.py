@@ -6,6 +6,7 @@ import argparse
 import tempfile
 import time
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -49,7 +50,8 @@ def _demo(root: Path, args: argparse.Namespace) -> int:
     write_synthetic_dataset(raw, spec)
     sources = discover_raw_episodes(raw)
     failures = 0
-    for step, layout in enumerate(("wds", "zarr"), start=2):
+    layouts: tuple[Literal["wds", "zarr"], ...] = ("wds", "zarr")
+    for step, layout in enumerate(layouts, start=2):
         store = root / f"demo.{layout}"
         options = ConvertOptions(
             layout=layout, shard_bytes=2_000_000, workers=args.workers, overwrite=True, progress=False
@@ -113,7 +115,7 @@ def _check_policy_windows(store: str, spec: SynthSpec) -> int:
             frames = dataset.frames_at(index, camera, times)
             expected = [max(0, round(t * spec.fps)) for t in times]
             failures += [read_index_stripe(f) for f in frames.values] != expected
-            failures += frames.is_pad.tolist() != [t < 0 for t in times]
+            failures += frames.is_pad is None or frames.is_pad.tolist() != [t < 0 for t in times]
         actions = dataset.values_at(index, "action", [anchor + k / spec.lowdim_rate for k in range(10)])
         audio = dataset.audio_between(index, "audio", anchor - 1.0, anchor)
         failures += len(actions.values) != 10 or len(audio.values) != spec.audio_rate

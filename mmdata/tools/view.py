@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     if server is None:
         print(f"open {page.resolve().as_uri()}")
         return 0
-    host, port = server.server_address[:2]
+    host, port = str(server.server_address[0]), server.server_address[1]
     print(f"serving {store.url} on http://{host}:{port}/ (Ctrl-C stops)", flush=True)
     try:
         server.serve_forever()

@@ -98,7 +98,8 @@ class VideoDecoder(ABC):
         results: list[Any] = []
         for request, (frames, decoded, failure) in zip(requests, outcomes):
             if failure is not None:
-                results.append(self._failed(request, failure, on_error))
+                self._failed(request, failure, on_error)
+                results.append(None)
                 continue
             self._count(request, decoded)
             results.append(frames)
@@ -129,7 +130,8 @@ class SequentialDecoder(VideoDecoder):
             try:
                 frames, decoded = self._decode_one(request)
             except DecodeError as exc:
-                results.append(self._failed(request, exc, on_error))
+                self._failed(request, exc, on_error)
+                results.append(None)
                 continue
             self._count(request, decoded)
             results.append(frames)

@@ -35,7 +35,7 @@ class JoinedStream:
 
 def stream_parameters(data: bytes) -> tuple:
     """What two segments must share to be decoded by one session: codec, size, format, parameter sets."""
-    with av.open(io.BytesIO(data)) as container:
+    with av.open(io.BytesIO(data), mode="r") as container:
         return _parameters(container.streams.video[0])
 
 
@@ -87,7 +87,7 @@ def join_segments(requests: list[ClipRequest], positions: list[int]) -> JoinedSt
         out_stream, parameters = None, None
         for position in positions:
             request = requests[position]
-            with av.open(io.BytesIO(request.data)) as container:
+            with av.open(io.BytesIO(request.data), mode="r") as container:
                 stream = container.streams.video[0]
                 check_stream(stream.codec_context, request)
                 if out_stream is None:

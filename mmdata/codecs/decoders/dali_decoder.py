@@ -97,8 +97,9 @@ class DaliDecoder(VideoDecoder):
 
     def prepare(self, requests: list[ClipRequest]) -> tuple[list[JoinedStream], dict[int, Exception]]:
         """Host-side work for a batch (joining segments): can run in a loader worker ahead of decode."""
+        work: list[JoinedStream] = []
         if not self.reuse_sessions:
-            work, refused = [], {}
+            refused: dict[int, Exception] = {}
             for position, request in enumerate(requests):
                 if request.frames:
                     try:
@@ -109,11 +110,10 @@ class DaliDecoder(VideoDecoder):
             return work, refused
         groups, failed = group_by_parameters(requests)
         chunks = max(1, min(self.streams_per_call, len(requests)))
-        work: list[JoinedStream] = []
         for group in groups:
             parts = max(1, round(chunks * len(group) / len(requests)))
-            for positions in np.array_split(np.asarray(group), parts):
-                positions = [int(p) for p in positions if requests[int(p)].frames]
+            for part in np.array_split(np.asarray(group), parts):
+                positions = [int(p) for p in part if requests[int(p)].frames]
                 if not positions:
                     continue
                 try:
@@ -159,12 +159,14 @@ class DaliDecoder(VideoDecoder):
             try:
                 probe_segment(request)
             except DecodeError as exc:
-                results[position] = self._failed(request, exc, on_error)
+                self._failed(request, exc, on_error)
+                results[position] = None
                 continue
             single = lone_segment(requests, position)
             (outcome,) = self._run_all([single])
             if isinstance(outcome, Exception):
-                results[position] = self._failed(request, outcome, on_error)
+                self._failed(request, outcome, on_error)
+                results[position] = None
             else:
                 self._scatter(requests, single, outcome, results, on_error)
         return results
@@ -179,7 +181,8 @@ class DaliDecoder(VideoDecoder):
             start += count
             if request.frame_size is not None and count and tuple(part.shape[1:3]) != request.frame_size[::-1]:
                 shape = f"{part.shape[2]}x{part.shape[1]}"
-                results[position] = self._failed(request, DecodeError(f"decodes to {shape} frames"), on_error)
+                self._failed(request, DecodeError(f"decodes to {shape} frames"), on_error)
+                results[position] = None
                 continue
             results[position] = part
             self._count(request, 0)
@@ -262,7 +265,7 @@ class DaliDecoder(VideoDecoder):
 
         gpu = self.device == "gpu"
 
-        @pipeline_def(
+        @pipeline_def(  # type: ignore[call-overload]  # (DALI's stubs lack exec_dynamic, which 2.x takes)
             batch_size=self.batch_size,
             num_threads=self.num_threads,
             device_id=self.device_id if gpu else None,

@@ -75,8 +75,9 @@ class NvdecDecoder(VideoDecoder):
         return self._pool
 
     def _decode_batch(self, requests: list[ClipRequest], on_error: OnError) -> list[Any]:
-        pool = self.pool
-        outcomes = list(self._threads.map(lambda request: self._attempt(pool, request), requests))
+        pool, threads = self.pool, self._threads
+        assert threads is not None, "made with the pool"
+        outcomes = list(threads.map(lambda request: self._attempt(pool, request), requests))
         return self._settled(requests, outcomes, on_error)
 
     def _attempt(self, pool: SessionPool, request: ClipRequest) -> tuple[Any, int, DecodeError | None]:

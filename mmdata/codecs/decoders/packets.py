@@ -13,7 +13,7 @@ import av
 import numpy as np
 
 from mmdata.codecs.decoders.requests import ClipRequest
-from mmdata.codecs.packet_index import PacketIndex, key_frames_of, presentation_order
+from mmdata.codecs.packet_index import PacketIndex, key_frames_of, presented_frames
 from mmdata.errors import DecodeError
 
 # FFmpeg decoder names that decode a codec the store names otherwise.
@@ -70,7 +70,7 @@ def probe_segment(request: ClipRequest) -> tuple[int, int]:
     """Check a segment's codec and frame size from its headers (for backends that decode it elsewhere);
     its (width, height)."""
     try:
-        with av.open(io.BytesIO(request.data)) as container:
+        with av.open(io.BytesIO(request.data), mode="r") as container:
             if not container.streams.video:
                 raise DecodeError("segment holds no video stream")
             context = container.streams.video[0].codec_context
@@ -95,8 +95,7 @@ class SegmentPackets:
 
 def demuxed_packets(packets: list[av.Packet]) -> SegmentPackets:
     """Packets demuxed from a container (decode order), renumbered by presentation order."""
-    order = presentation_order(packets)
-    frames = np.asarray([order[packet.pts] for packet in packets], np.int64)
+    frames = np.asarray(presented_frames(packets), np.int64)
     for packet, frame in zip(packets, frames):
         packet.pts = int(frame)
     keys = np.asarray([p.is_keyframe for p in packets], bool)
@@ -110,7 +109,7 @@ def indexed_packets(data: bytes, index: PacketIndex) -> SegmentPackets:
 
     def packet(position: int) -> av.Packet:
         start = offsets[position]
-        made = av.Packet(view[start : start + sizes[position]])
+        made = av.Packet(view[start : start + sizes[position]])  # type: ignore[arg-type]  # (PyAV takes any buffer)
         made.pts = frames[position]
         return made
 

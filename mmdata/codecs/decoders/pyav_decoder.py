@@ -31,7 +31,7 @@ from mmdata.codecs.decoders.packets import (
     wanted_frames,
 )
 from mmdata.codecs.decoders.requests import ClipRequest
-from mmdata.codecs.packet_index import index_describes
+from mmdata.codecs.packet_index import PacketIndex, index_describes
 from mmdata.errors import DecodeError
 
 # Open decoders a process keeps (one per codec, parameter sets and frame size).
@@ -50,14 +50,14 @@ class DecoderPool:
     def __init__(self, threads: int = 1):
         self.threads = threads
         self._pid = os.getpid()
-        self._open: dict[tuple, av.CodecContext] = {}
+        self._open: dict[tuple, av.VideoCodecContext] = {}
 
     @staticmethod
     def _shape(request: ClipRequest) -> tuple:
         config = request.packets.codec_config if request.packets is not None else b""
         return request.codec, config, request.frame_size
 
-    def get(self, request: ClipRequest) -> av.CodecContext:
+    def get(self, request: ClipRequest) -> av.VideoCodecContext:
         if os.getpid() != self._pid:
             self._pid, self._open = os.getpid(), {}
         key = self._shape(request)
@@ -66,7 +66,9 @@ class DecoderPool:
         if context is None:
             if len(self._open) >= MAX_OPEN_DECODERS:
                 del self._open[next(iter(self._open))]
-            context = av.CodecContext.create(software_decoder(codec), "r")
+            created = av.CodecContext.create(software_decoder(codec), "r")
+            assert isinstance(created, av.VideoCodecContext)
+            context = created
             if config:
                 context.extradata = config
             context.thread_count = self.threads
@@ -109,9 +111,9 @@ class PyAvDecoder(SequentialDecoder):
         if self._reformatter is None:
             self._reformatter = VideoReformatter()
         if request.packets is not None:
-            return self._decode_indexed(request)
+            return self._decode_indexed(request, request.packets, self._reformatter)
         try:
-            with av.open(io.BytesIO(request.data)) as container:
+            with av.open(io.BytesIO(request.data), mode="r") as container:
                 stream = container.streams.video[0]
                 check_stream(stream.codec_context, request)
                 stream.codec_context.thread_count = self.threads
@@ -120,12 +122,14 @@ class PyAvDecoder(SequentialDecoder):
         except (av.error.FFmpegError, IndexError) as exc:
             raise DecodeError(str(exc) or type(exc).__name__) from exc
 
-    def _decode_indexed(self, request: ClipRequest) -> tuple[np.ndarray, int]:
+    def _decode_indexed(
+        self, request: ClipRequest, index: PacketIndex, reformatter: VideoReformatter
+    ) -> tuple[np.ndarray, int]:
         if self._pool is None:
             self._pool = DecoderPool(self.threads)
         try:
             context = self._pool.get(request)
-            return decode_runs(context, indexed_packets(request.data, request.packets), request, self._reformatter)
+            return decode_runs(context, indexed_packets(request.data, index), request, reformatter)
         except (av.error.FFmpegError, IndexError, ValueError, DecodeError) as exc:
             self._pool.discard(request)
             raise diagnosis(request, exc) from exc
@@ -137,7 +141,7 @@ def diagnosis(request: ClipRequest, failure: Exception) -> DecodeError:
     decoder said. Looked into only after a failure, so the fast path pays nothing for it."""
     try:
         probe_segment(request)
-        if not index_describes(request.packets, request.data):
+        if request.packets is not None and not index_describes(request.packets, request.data):
             return DecodeError("its packet index does not describe the segment's bytes; convert the store again")
     except DecodeError as found:
         return found
@@ -145,7 +149,7 @@ def diagnosis(request: ClipRequest, failure: Exception) -> DecodeError:
 
 
 def decode_runs(
-    context: av.CodecContext, packets: SegmentPackets, request: ClipRequest, reformatter: VideoReformatter
+    context: av.VideoCodecContext, packets: SegmentPackets, request: ClipRequest, reformatter: VideoReformatter
 ) -> tuple[np.ndarray, int]:
     """Frames `request.frames` of a segment as uint8 `[F, H, W, 3]` (`[F, 3, H, W]` with
     `request.channels_first`; at `request.geometry` when set), and how many frames were decoded.
@@ -172,7 +176,7 @@ def decode_runs(
             for frame in context.decode(packet):
                 count += 1
                 latest = shown_in_order(frame.pts, latest)
-                row = row_of.get(frame.pts)
+                row = row_of.get(frame.pts) if frame.pts is not None else None
                 if row is None:
                     continue
                 check_frame(frame, request)
@@ -208,7 +212,7 @@ def decode_all_frames(
     request = ClipRequest(data, (), codec or "", frame_size=frame_size)
     frames = []
     try:
-        with av.open(io.BytesIO(data)) as container:
+        with av.open(io.BytesIO(data), mode="r") as container:
             if not container.streams.video:
                 raise DecodeError("holds no video stream")
             stream = container.streams.video[0]

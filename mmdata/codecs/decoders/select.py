@@ -67,8 +67,9 @@ def choose_backend(
     cpu = _cpu_backend(codecs)
     if device == "cpu" or not codecs or frames_per_request is None or frame_size is None:
         return cpu
-    cells = [nearest_cell(codec, frame_size, frames_per_request) for codec in codecs]
-    if any(cell is None for cell in cells):
+    found = [nearest_cell(codec, frame_size, frames_per_request) for codec in codecs]
+    cells = [cell for cell in found if cell is not None]
+    if len(cells) < len(found):
         return cpu
     cores = host_cores if host_cores is not None else host_cores_per_rank()
     best, best_rate = cpu, min(cell.pyav_per_core for cell in cells) * cores * GPU_MARGIN
@@ -121,6 +122,7 @@ def make_video_decoder(
     if gpu_side is None and not availability.backend_available(name):
         raise MmdataError(_why_unavailable(name))
     if name == "hybrid":
+        assert gpu_side is not None
         helpers = options.pop("helpers", 1)
         gpu = make_video_decoder(gpu_side, codecs, device_id=device_id, **options)
         decoder: VideoDecoder = HybridDecoder(gpu, PyAvDecoder(), RateSplit(helpers=helpers))

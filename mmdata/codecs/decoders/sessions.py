@@ -12,10 +12,10 @@ its decoder may hold half a stream.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 Size = tuple[int, int]  # (width, height)
 
@@ -28,6 +28,10 @@ class DecoderSession(Protocol):
     size: Size
 
     def reconfigure(self, size: Size) -> None: ...
+
+    def decode(self, packets: Sequence[tuple[bytes, int]]) -> list[tuple[int, Any]]:
+        """(frame shown, decoded frame) of every frame the (bytes, frame shown) packets decode to, flushed after."""
+        ...
 
     def close(self) -> None: ...
 

@@ -32,6 +32,8 @@ def spdl_library_folder() -> Path:
         lib = importlib.import_module("spdl.io.lib")
     except ImportError as exc:
         raise MissingDependencyError("SPDL is not installed: pip install 'mmdata[spdl]'") from exc
+    if lib.__file__ is None:
+        raise MissingDependencyError("SPDL's spdl.io.lib is not a folder of extensions: pip install 'mmdata[spdl]'")
     return Path(lib.__file__).parent
 
 
