@@ -39,6 +39,7 @@ demo: $(STAMP)
 test: $(STAMP) $(PINS_STAMP) check-aarch64 browser
 	$(BIN)/ruff check mmdata tests benchmarks
 	$(BIN)/ruff format --check mmdata tests benchmarks
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 	$(PINS)/bin/python -m pytest -q -p no:cacheprovider tests/test_lerobot_loader.py tests/test_importers.py -k lerobot
 
@@ -64,4 +65,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/training_batches_bench.py
 
 clean:
-	rm -rf $(VENV) $(PINS) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(PINS) .pytest_cache .ruff_cache .mypy_cache

@@ -85,7 +85,7 @@ def creation_info(
 def source_bytes(sources: list[EpisodeSource]) -> int:
     """The bytes of the files the episodes' streams read (videos, audio, data files, logs), each once; the
     source's metadata files (meta.json, info.json, episode tables) are not counted."""
-    paths = {s.path for e in sources for s in (*e.cameras, *e.audio, *e.lowdim)}
+    paths = {s.path for e in sources for s in e.streams}
     return sum(os.path.getsize(p) for p in paths if os.path.exists(p))
 
 

@@ -36,7 +36,7 @@ def refuse_overlap(root: Path, sources: list[EpisodeSource], source_root: str | 
                 f"destination '{root}' overlaps the source '{source_root}'; write the store to a folder outside"
                 " the source (nothing in the source is ever deleted or written)"
             )
-    folders = {os.path.dirname(s.path) for e in sources for s in (*e.cameras, *e.audio, *e.lowdim)}
+    folders = {os.path.dirname(s.path) for e in sources for s in e.streams}
     for folder in sorted(folders):
         resolved = Path(os.path.realpath(folder))
         if resolved == target or target in resolved.parents:

@@ -15,7 +15,14 @@ from mmdata.checks import stream_name_problem
 from mmdata.codecs.audio import encode_flac, to_flac_samples
 from mmdata.codecs.video_encode import COPY, VideoEncoding, encode_segments, padded_to_even
 from mmdata.errors import MmdataError, SourceError
-from mmdata.importers.episode import AudioSource, CameraSource, EpisodeSource, LowdimSource
+from mmdata.importers.episode import (
+    AudioSource,
+    CameraInput,
+    CopiedCamera,
+    DeclaredCamera,
+    EpisodeSource,
+    LowdimInput,
+)
 from mmdata.importers.limits import MAX_AUDIO_SECONDS_WITHOUT_VIDEO
 from mmdata.moments import Moments
 from mmdata.schema import AudioStream, LowdimStream, VideoStream, stream_from_dict, stream_to_dict
@@ -38,7 +45,7 @@ def encode_episode(source: EpisodeSource, position: int, options: EncodeOptions)
         source = source.deferred.complete(source)
     if source.problem is not None:
         raise source.problem
-    for stream in (*source.cameras, *source.audio, *source.lowdim):
+    for stream in source.streams:
         problem = stream_name_problem(stream.name)
         if stream.name in RESERVED_NAMES:
             problem = f"stream name '{stream.name}' is reserved for the task text"
@@ -91,7 +98,7 @@ def worker_crashed(episode: str) -> SourceError:
     )
 
 
-def _encode_camera(episode: str, camera: CameraSource, encoding: VideoEncoding) -> EncodedVideo:
+def _encode_camera(episode: str, camera: CameraInput, encoding: VideoEncoding) -> EncodedVideo:
     if encoding.codec == COPY:
         return _copied_camera(episode, camera, encoding)
     info = camera.info(episode)
@@ -141,10 +148,10 @@ def _encode_camera(episode: str, camera: CameraSource, encoding: VideoEncoding) 
     )
 
 
-def _copied_camera(episode: str, camera: CameraSource, encoding: VideoEncoding) -> EncodedVideo:
+def _copied_camera(episode: str, camera: CameraInput, encoding: VideoEncoding) -> EncodedVideo:
     """The camera's recorded packets as segments, not re-encoded (`--video-codec copy`). Its stream records
     the codec found, no crf, and as `gop` the most frames between two key frames."""
-    if not hasattr(camera, "copied"):
+    if not isinstance(camera, CopiedCamera):
         raise SourceError(
             episode,
             camera.path,
@@ -213,7 +220,7 @@ def _encode_audio(episode: str, audio: AudioSource, max_seconds: float) -> Encod
     return EncodedAudio(spec, data, int(clip.samples.shape[0]), clip.t_start)
 
 
-def _load_lowdim(episode: str, stream: LowdimSource) -> EncodedLowdim:
+def _load_lowdim(episode: str, stream: LowdimInput) -> EncodedLowdim:
     values, timestamps = stream.load(episode)
     if len(timestamps) != len(values):
         raise SourceError(episode, stream.path, f"{len(values)} rows but {len(timestamps)} timestamps")
@@ -247,7 +254,7 @@ def _check_store_times(source: EpisodeSource, episode: EncodedEpisode) -> None:
         row.update(span_columns(stream))
     problems = time_problems(pa.Table.from_pylist([row]), episode.streams)
     if problems:
-        files = [s.path for s in (*source.cameras, *source.audio, *source.lowdim)]
+        files = [s.path for s in source.streams]
         raise SourceError(
             source.name,
             files[0] if len(set(files)) == 1 else None,
@@ -262,9 +269,10 @@ def _check_declared_spans(source: EpisodeSource, tolerance: float) -> None:
     hours of frames fails here instead of after reading and encoding every one of them."""
     declared = []  # (what, file, count, unit, rate)
     for camera in source.cameras:
-        frames = getattr(camera, "declared_frames", None)
-        if frames is not None:
-            declared.append((f"camera '{camera.name}'", camera.path, frames(source.name), "frames", camera.fps))
+        if isinstance(camera, DeclaredCamera):
+            declared.append(
+                (f"camera '{camera.name}'", camera.path, camera.declared_frames(source.name), "frames", camera.fps)
+            )
     for stream in source.lowdim:
         rows = getattr(stream, "declared_rows", None)
         if rows is not None and stream.rate:

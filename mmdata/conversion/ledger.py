@@ -39,8 +39,8 @@ class ConversionLedger:
             skipped = checkpoint.get("skipped")
             if not isinstance(skipped, list) or not all(isinstance(s, dict) for s in skipped):
                 raise ValueError("'skipped' is not a list of objects")
-            streams = checkpoint.get("streams")
-            if not isinstance(streams, list):
+            saved_streams = checkpoint.get("streams")
+            if not isinstance(saved_streams, list):
                 raise ValueError("'streams' is not a list")
             saved_moments = checkpoint.get("moments", {})
             if not isinstance(saved_moments, dict):
@@ -52,7 +52,7 @@ class ConversionLedger:
             ) from exc
         self.resumed_at = self.next_position
         self.skipped: list[dict[str, str]] = list(skipped)
-        self.registry = StreamRegistry(streams)
+        self.registry = StreamRegistry(saved_streams)
 
     def accept(self, position: int, name: str, outcome: EncodedOutline | SourceError, skip_bad: bool) -> int | None:
         """Account for the episode at `position`: its number in the store, or None when it is skipped.

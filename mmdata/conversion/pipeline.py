@@ -99,7 +99,8 @@ def convert(
     if options.engine == "ray":
         from mmdata.conversion.ray_engine import convert_on_ray
 
-        return convert_on_ray(sources, str(destination), options, source_root, source_stats)
+        root = None if source_root is None else os.fspath(source_root)
+        return convert_on_ray(sources, str(destination), options, root, source_stats)
     if is_remote(destination):
         return _convert_to_object_storage(sources, str(destination), options, source_root, source_stats)
     root = Path(destination)

@@ -61,7 +61,8 @@ class StreamRegistry:
             new = dataclasses.replace(new, rate=None)
             known = dataclasses.replace(known, rate=None)
         copied = isinstance(known, VideoStream) and isinstance(new, VideoStream) and known.crf is None is new.crf
-        if copied and known.gop != new.gop:  # copied videos: the store states the widest key-frame interval
+        if copied and isinstance(known, VideoStream) and isinstance(new, VideoStream) and known.gop != new.gop:
+            # copied videos: the store states the widest key-frame interval
             new = dataclasses.replace(new, gop=max(known.gop, new.gop))
             known = dataclasses.replace(known, gop=new.gop)
         if known == new:

@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 from mmdata.editing.derived import inside_path
 from mmdata.editing.edits import (
     EditReport,
+    StatsFate,
     editing,
     history_entry,
     manifest_of,
@@ -79,7 +80,7 @@ def add_streams(
         parts = _joined(store, other, rows, columns, schema, other_url)
         manifest = manifest_of(store, parts, fields, len(store), progress)
         complete_version(version, schema, manifest, compute_stats if kept is None else kept, store.schema)
-        how = "recomputed" if kept is None else "kept"
+        how: StatsFate = "recomputed" if kept is None else "kept"
         return EditReport(url, schema.version, len(store), len(store), schema.manifest_file, how)
 
 

@@ -23,7 +23,7 @@ from tqdm import tqdm
 from mmdata.checks import inside, parse_json
 from mmdata.editing.edits import EditReport, editable_store
 from mmdata.errors import EditError, IntegrityError, OptionError
-from mmdata.schema import LAYOUTS, AudioStream, DatasetSchema, LowdimStream, TextStream, VideoStream
+from mmdata.schema import LAYOUTS, AudioStream, DatasetSchema, Layout, LowdimStream, TextStream, VideoStream
 from mmdata.store.encoded import EncodedAudio, EncodedEpisode, EncodedLowdim, EncodedVideo
 from mmdata.store.filesystem import join, resolve, write_text_atomically
 from mmdata.store.handle import Store
@@ -42,11 +42,10 @@ COMPACTION_FILE = "compaction.json"  # in the partial folder: what a compaction 
 def compact_store(url: str, into: str, layout: str | None = None, progress: bool = True) -> EditReport:
     """Write the episodes of the store at `url` (its current version) as a new store at `into` (a new or empty
     local folder, or an object-store URL holding nothing), in `layout` (default: the store's own)."""
-    layout = layout or None
-    if layout is not None and layout not in LAYOUTS:
+    if layout and layout not in LAYOUTS:
         raise OptionError(f"layout is one of {', '.join(LAYOUTS)}, not {layout!r}")
     store = editable_store(url)
-    layout = layout or store.schema.layout
+    chosen: Layout = "wds" if layout == "wds" else "zarr" if layout == "zarr" else store.schema.layout
     remote = is_remote(into)
     local = default_staging(into) if remote else Path(into)
     if remote:
@@ -66,9 +65,9 @@ def compact_store(url: str, into: str, layout: str | None = None, progress: bool
             if remote:
                 empty_folder(local)  # (a staging folder an interrupted compaction left)
             else:
-                _check_local_destination(store, local, layout)
+                _check_local_destination(store, local, chosen)
             try:
-                schema = _write(store, layout, hold, progress)
+                schema = _write(store, chosen, hold, progress)
             except BaseException:  # (the folder was new, empty or an interrupted compaction's: nothing else removed)
                 empty_folder(local)
                 raise
@@ -83,7 +82,7 @@ def compact_store(url: str, into: str, layout: str | None = None, progress: bool
     return EditReport(into, 0, len(store), schema.num_episodes, schema.manifest_file, "recomputed")
 
 
-def _write(store: Store, layout: str, hold: StoreHold, progress: bool) -> DatasetSchema:
+def _write(store: Store, layout: Layout, hold: StoreHold, progress: bool) -> DatasetSchema:
     """Write `store`'s episodes into a complete store of `layout` in the local folder `hold` holds; its schema."""
     local = Path(hold.root)
     shard_bytes = store.schema.created.get("shard_bytes")

@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from fsspec.implementations.local import LocalFileSystem
 
-from mmdata.editing.edits import EditReport, editable_store, history_entry, stats_before
+from mmdata.editing.edits import EditReport, StatsFate, editable_store, history_entry, stats_before
 from mmdata.editing.rows import chosen_rows, write_rows
 from mmdata.editing.selection import EpisodeSelection
 from mmdata.errors import EditError, MmdataError, OptionError
@@ -68,6 +68,7 @@ class ValidationChoice:
         if self.selection is not None:
             columns = self.selection.columns
             return self.selection.rows(store.columns(columns) if columns else pa.table({}), count)
+        assert self.fraction is not None, "checked when the split was made: a selection or a fraction"
         wanted = min(max(round(self.fraction * count), 1), count - 1) if count > 1 else 0
         return np.sort(np.argsort(_hashed(np.arange(count, dtype=np.uint64), self.seed), kind="stable")[:wanted])
 
@@ -192,7 +193,7 @@ class _NewStore:
 
             complete_version(version, schema, write_manifest, compute_stats if kept is None else kept, previous)
         before = sum(len(source) for source, _ in self.sources)
-        how = "recomputed" if recompute_stats else "kept"
+        how: StatsFate = "recomputed" if recompute_stats else "kept"
         return EditReport(self.url, schema.version, before, total, schema.manifest_file, how)
 
     def _parts(self) -> Iterator[pa.Table]:

@@ -37,6 +37,9 @@ from mmdata.store.versions import NextVersion, Statistics, complete_version, utc
 Action = Literal["delete", "keep"]
 
 
+StatsFate = Literal["recomputed", "kept"]  # the new version's statistics: computed again, or the version before's
+
+
 @dataclass(frozen=True)
 class EditReport:
     """What an edit made: the store's new version, its episodes before and after, and its statistics."""
@@ -46,7 +49,7 @@ class EditReport:
     episodes_before: int
     episodes_after: int
     manifest_file: str
-    stats: Literal["recomputed", "kept"]
+    stats: StatsFate
 
 
 def edit_store(
@@ -183,7 +186,7 @@ def manifest_of(
     return write
 
 
-def _how(recomputed: bool) -> str:
+def _how(recomputed: bool) -> StatsFate:
     return "recomputed" if recomputed else "kept"
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -24,10 +24,12 @@ class EpisodeSelection:
     tasks: Sequence[str] | None = None
     min_seconds: float | None = None
     max_seconds: float | None = None
+    _ranges: tuple[range, ...] = field(init=False, repr=False, compare=False, default=())  # `ids` as ranges
 
     def __post_init__(self):
         if self.ids is not None:
             object.__setattr__(self, "ids", _id_ranges(self.ids))
+            object.__setattr__(self, "_ranges", self.ids)
         for name in ("min_seconds", "max_seconds"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
@@ -47,7 +49,7 @@ class EpisodeSelection:
         if self.ids is not None:
             by_id = np.zeros(count, bool)
             unknown: list[int] = []
-            for ids in self.ids:
+            for ids in self._ranges:
                 by_id[ids.start : min(ids.stop, count) : ids.step] = True
                 beyond = ids[max(0, -(-(count - ids.start) // ids.step)) :]  # (its ids from `count` on, not made)
                 unknown.extend(beyond[: 10 - len(unknown)] if len(unknown) < 10 else [])
@@ -70,8 +72,8 @@ class EpisodeSelection:
     def describe(self) -> str:
         parts = []
         if self.ids is not None:
-            written = [_written(ids) for ids in self.ids[:8]]
-            parts.append("ids " + ", ".join(written) + (", ..." if len(self.ids) > 8 else ""))
+            written = [_written(ids) for ids in self._ranges[:8]]
+            parts.append("ids " + ", ".join(written) + (", ..." if len(self._ranges) > 8 else ""))
         if self.tasks is not None:
             parts.append("tasks " + ", ".join(repr(t) for t in self.tasks))
         if self.min_seconds is not None:

@@ -12,6 +12,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Protocol
 
 import av
 import numpy as np
@@ -140,6 +141,19 @@ class ZarrArray:
 ArrayRef = Hdf5Array | ZarrArray
 
 
+class RowArray(Protocol):
+    """Rows an importer reads a block at a time: an HDF5 or Zarr array, LeRobot's image column, RLDS's steps."""
+
+    @property
+    def path(self) -> str: ...
+
+    def where(self) -> str: ...
+
+    def shape(self, episode: str) -> ArrayShape: ...
+
+    def read(self, episode: str, first: int = 0, last: int | None = None) -> np.ndarray: ...
+
+
 def _within(start: int, stop: int | None, first: int, last: int | None) -> tuple[int, int | None]:
     lo = start + first
     if last is None:
@@ -162,7 +176,7 @@ def _declared(shape: tuple, dtype, chunks: tuple | None, array: ArrayRef, episod
     return declared
 
 
-def require_bytes(array: ArrayRef, declared: ArrayShape, limit: int, episode: str, what: str) -> None:
+def require_bytes(array: RowArray, declared: ArrayShape, limit: int, episode: str, what: str) -> None:
     """Refuse to read `declared` rows when they would take more than `limit` bytes."""
     total = declared.rows * declared.row_bytes
     if total > limit:
@@ -183,7 +197,7 @@ class ArrayCameraSource:
     """
 
     name: str
-    array: ArrayRef
+    array: RowArray
     fps: float
 
     @property
@@ -255,7 +269,7 @@ class ArrayLowdimSource:
     """A numeric stream `[T, ...]` stored as an array, sampled at `rate` Hz."""
 
     name: str
-    array: ArrayRef
+    array: RowArray
     rate: float
 
     @property

@@ -10,7 +10,7 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import av
 import numpy as np
@@ -59,7 +59,7 @@ class CameraSource:
         try:
             for frame, timestamp in iter_video_frames(self.path, fps, self.start, self.end):
                 count += 1
-                yield frame, float(snap_to_grid(np.float64(timestamp), self.grid)) if self.grid else timestamp
+                yield frame, float(snap_to_grid(np.asarray(timestamp), self.grid)) if self.grid else timestamp
         except DecodeError as exc:
             raise SourceError(
                 episode, self.path, f"video stops decoding: {exc}", "re-export or replace the file"
@@ -158,6 +158,7 @@ class LowdimSource:
     def _load_parquet_column(self, episode: str) -> tuple[np.ndarray, np.ndarray]:
         import pyarrow.parquet as pq
 
+        assert self.column is not None
         try:
             parquet = pq.ParquetFile(self.path)
             require_parquet_bytes(parquet, ["timestamp", self.column], MAX_LOWDIM_BYTES)
@@ -190,8 +191,8 @@ def require_parquet_bytes(parquet, columns: list[str], limit: int, groups: list[
     names = parquet.schema_arrow.names
     wanted = [names.index(c) for c in columns if c in names]
     metadata = parquet.metadata
-    groups = range(metadata.num_row_groups) if groups is None else groups
-    declared = sum(metadata.row_group(g).column(i).total_uncompressed_size for g in groups for i in wanted)
+    read = range(metadata.num_row_groups) if groups is None else groups
+    declared = sum(metadata.row_group(g).column(i).total_uncompressed_size for g in read for i in wanted)
     if declared > limit:
         raise ValueError(f"columns {columns} hold {declared} bytes, more than the {limit} one episode's stream may")
 
@@ -210,6 +211,63 @@ def column_to_array(column) -> np.ndarray:
     return column.to_numpy(zero_copy_only=False)
 
 
+class StreamInput(Protocol):
+    """Any stream of an episode as conversion names it: its stream name and the file it is read from."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def path(self) -> str: ...
+
+
+class CameraInput(Protocol):
+    """A camera as conversion reads it, whatever holds it: a video file (`CameraSource`), images in an array, a
+    log's topic."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def path(self) -> str: ...
+
+    def info(self, episode: str) -> VideoInfo: ...
+
+    def frames(self, episode: str, fps: Fraction) -> Iterator[tuple[av.VideoFrame | np.ndarray, float]]: ...
+
+
+@runtime_checkable
+class CopiedCamera(CameraInput, Protocol):
+    """A camera whose recorded packets can be stored as they are (`--video-codec copy`): a video file's or a log's."""
+
+    def copied(self, episode: str, segment_frames: int) -> CopiedVideo: ...
+
+
+@runtime_checkable
+class DeclaredCamera(CameraInput, Protocol):
+    """A camera of images in an array: its frames' count and rate are declared before any is read."""
+
+    @property
+    def fps(self) -> float: ...
+
+    def declared_frames(self, episode: str) -> int: ...
+
+
+class LowdimInput(Protocol):
+    """A numeric stream as conversion reads it: values `[T, ...]` and their times, from a file, an array or a log."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def rate(self) -> float | None: ...
+
+    def load(self, episode: str) -> tuple[np.ndarray, np.ndarray]: ...
+
+
 @dataclass(frozen=True)
 class EpisodeSource:
     """Everything needed to convert one episode; `problem` is set when discovery found it unusable.
@@ -222,17 +280,22 @@ class EpisodeSource:
     name: str
     task: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)
-    cameras: tuple[CameraSource, ...] = ()
+    cameras: tuple[CameraInput, ...] = ()
     audio: tuple[AudioSource, ...] = ()
-    lowdim: tuple[LowdimSource, ...] = ()
+    lowdim: tuple[LowdimInput, ...] = ()
     problem: SourceError | None = None
     deferred: Any = None
+
+    @property
+    def streams(self) -> tuple[StreamInput, ...]:
+        """Every stream of the episode: cameras, audio, low-dim."""
+        return (*self.cameras, *self.audio, *self.lowdim)
 
 
 def source_files(episode: EpisodeSource) -> list[list[Any]]:
     """The files an episode is read from, each `[path, size, modification time in ns]` (size -1 when it
     cannot be read): what tells a resumed conversion that a recording changed since the interrupted run."""
-    paths = {stream.path for stream in (*episode.cameras, *episode.audio, *episode.lowdim)}
+    paths = {stream.path for stream in episode.streams}
     deferred_path = getattr(episode.deferred, "path", None)
     if isinstance(deferred_path, str):
         paths.add(deferred_path)
@@ -263,7 +326,7 @@ def require_common_streams(
     checked = []
     for episode in episodes:
         if episode.problem is None:
-            sources = (*episode.cameras, *episode.audio, *episode.lowdim)
+            sources = episode.streams
             present = {s.name for s in sources}
             missing = [n for n in expected if n not in present]
             if missing:

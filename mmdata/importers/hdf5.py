@@ -21,7 +21,7 @@ from typing import Any
 from mmdata.checks import as_text, check_json_value, parse_json
 from mmdata.errors import SourceError
 from mmdata.importers.arrays import ArrayCameraSource, ArrayLowdimSource, Hdf5Array, hdf5_dataset
-from mmdata.importers.episode import EpisodeSource, require_common_streams
+from mmdata.importers.episode import CameraInput, EpisodeSource, LowdimInput, require_common_streams
 from mmdata.importers.files import file_problem, listed
 
 SUFFIXES = (".hdf5", ".h5", ".he5")
@@ -62,8 +62,8 @@ def discover_hdf5_episodes(root: str | Path, fps: float | None, task: str = "") 
                     episodes += _robomimic(path, data, float(fps), task)
                 else:
                     episodes.append(_described(path.stem, path, partial(_aloha, path, handle, float(fps), task)))
-        except SourceError as problem:
-            episodes.append(EpisodeSource(name=path.stem, problem=problem))
+        except SourceError as failure:
+            episodes.append(EpisodeSource(name=path.stem, problem=failure))
         except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
             problem = SourceError(path.stem, str(path), f"unreadable: {exc}")
             episodes.append(EpisodeSource(name=path.stem, problem=problem))
@@ -74,8 +74,8 @@ def _described(name: str, path: Path, describe: Callable[[], EpisodeSource]) -> 
     """`describe()`, or an episode that carries the problem found while describing it."""
     try:
         return describe()
-    except SourceError as problem:
-        return EpisodeSource(name=name, problem=problem)
+    except SourceError as failure:
+        return EpisodeSource(name=name, problem=failure)
     except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
         return EpisodeSource(name=name, problem=SourceError(name, str(path), f"unreadable: {exc}"))
 
@@ -92,14 +92,14 @@ def _child(group, key: str, episode: str, path: Path):
     return group[key]
 
 
-def _members(group, episode: str, path: Path) -> list[tuple[str, object]]:
+def _members(group, episode: str, path: Path) -> list[tuple[str, Any]]:
     """(name, node) of a group's members in name order, each checked by `_child`."""
     return [(key, _child(group, key, episode, path)) for key in sorted(group)]
 
 
 def _missing_key(episode: EpisodeSource, kind: str, name: str) -> str:
     """The file and HDF5 key where a stream other episodes have was looked for."""
-    sources = (*episode.cameras, *episode.lowdim)
+    sources = episode.streams
     path = sources[0].path if sources else episode.name
     if episode.metadata.get("source_format") == "hdf5 robomimic":
         demo = episode.metadata.get("demo", "demo")
@@ -153,7 +153,7 @@ def _robomimic(path: Path, data, fps: float, task: str) -> list[EpisodeSource]:
             env_name = ""
     demos = sorted((k for k in data if k.startswith("demo")), key=_demo_order)
     return [
-        _described(f"{path.stem}_{demo}", path, lambda demo=demo: _demo(path, data, demo, fps, task or env_name))
+        _described(f"{path.stem}_{demo}", path, partial(_demo, path, data, demo, fps, task or env_name))
         for demo in demos
     ]
 
@@ -161,7 +161,8 @@ def _robomimic(path: Path, data, fps: float, task: str) -> list[EpisodeSource]:
 def _demo(path: Path, data, demo: str, fps: float, task: str) -> EpisodeSource:
     name = f"{path.stem}_{demo}"
     group = _child(data, demo, name, path)
-    cameras, lowdim = [], []
+    cameras: list[CameraInput] = []
+    lowdim: list[LowdimInput] = []
     obs = _child(group, "obs", name, path)
     if obs is not None:
         for key, dataset in _members(obs, name, path):

@@ -14,6 +14,7 @@ frames name, its task text.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -26,7 +27,7 @@ import numpy as np
 from mmdata.checks import as_int, as_number, as_text, check_json_value, inside, parse_json, relative_path_problem
 from mmdata.errors import SourceError
 from mmdata.importers.arrays import ArrayCameraSource, ParquetImages, ParquetRowsSource, parquet_rows
-from mmdata.importers.episode import CameraSource, EpisodeSource, require_parquet_bytes
+from mmdata.importers.episode import CameraInput, CameraSource, EpisodeSource, require_parquet_bytes
 from mmdata.importers.files import regular_file_problem
 from mmdata.importers.limits import MAX_LOWDIM_BYTES, MAX_METADATA_BYTES
 from mmdata.schema import MAX_RATE
@@ -170,7 +171,7 @@ def _discover_v3(root: Path, info: dict[str, Any]) -> list[EpisodeSource]:
     tasks = _task_texts(root / "meta" / "tasks.parquet")
     features = _features(info)
     return [
-        _guarded(row, "meta/episodes", lambda row=row: _episode_v3(root, info, row, features, data_rows, tasks))
+        _guarded(row, "meta/episodes", functools.partial(_episode_v3, root, info, row, features, data_rows, tasks))
         for row in _sorted_episodes(episodes, root)
     ]
 
@@ -182,7 +183,7 @@ def _episode_v3(root: Path, info: dict, row: dict, features: tuple, data_rows: d
     chunk, file = row.get("data/chunk_index"), row.get("data/file_index")
     data_path = _path_from_template(root, info, "data_path", name, chunk_index=chunk, file_index=file)
     first = _rows_of(data_path, row, length, data_rows, name)
-    cameras = [_camera_v3(root, info, row, key, name, length) for key in videos]
+    cameras: list[CameraInput] = [_camera_v3(root, info, row, key, name, length) for key in videos]
     cameras += [_image_camera(key, data_path, first, length, fps) for key in images]
     column = data_rows[str(data_path)][2]
     runs = task_runs(None if column is None else column[first : first + length])
@@ -198,8 +199,8 @@ def _guarded(row: dict, table: str, describe: Callable[[], EpisodeSource]) -> Ep
     name = _episode_name(row["episode_index"])
     try:
         return describe()
-    except SourceError as problem:
-        return EpisodeSource(name=name, problem=problem)
+    except SourceError as failure:
+        return EpisodeSource(name=name, problem=failure)
     except ValueError as exc:
         unusable = SourceError(name, table, f"its row is unusable: {exc}", "re-export the dataset")
         return EpisodeSource(name=name, problem=unusable)
@@ -304,7 +305,7 @@ def _discover_v21(root: Path, info: dict[str, Any]) -> list[EpisodeSource]:
     # LeRobot v2.1 numbers frames across episodes in episode order
     index_from = np.concatenate([[0], np.cumsum([_length_or_zero(row) for row in episodes])]).astype(int).tolist()
     return [
-        _guarded(row, "meta/episodes.jsonl", lambda row=row, at=at: _episode_v21(root, info, row, features, tasks, at))
+        _guarded(row, "meta/episodes.jsonl", functools.partial(_episode_v21, root, info, row, features, tasks, at))
         for row, at in zip(episodes, index_from)
     ]
 
@@ -316,7 +317,7 @@ def _episode_v21(root: Path, info: dict, row: dict, features: tuple, tasks: dict
     length = as_int(row.get("length"), "'length'", 1, MAX_EPISODE_ROWS)
     data_path = _path_from_template(root, info, "data_path", name, episode_chunk=chunk, episode_index=index)
     runs = task_runs(_check_episode_file(data_path, index, length, name))
-    cameras = []
+    cameras: list[CameraInput] = []
     for key in videos:
         path = _path_from_template(
             root, info, "video_path", name, episode_chunk=chunk, video_key=key, episode_index=index
@@ -455,9 +456,9 @@ def value_runs(values: np.ndarray) -> list[list[Any]]:
 def _task_text(tasks: Any, runs: list[list[int]], texts: dict[int, str]) -> str:
     """The episode's task text: its frames' tasks in the order they come, joined by '; ' when there are several
     (the episodes table lists them in no particular order); the table's list where frames name unknown tasks."""
-    ordered = list(dict.fromkeys(texts.get(number) for _, number in runs))
-    if ordered and None not in ordered:
-        return "; ".join(ordered)
+    numbers = list(dict.fromkeys(number for _, number in runs))
+    if numbers and all(number in texts for number in numbers):
+        return "; ".join(texts[number] for number in numbers)
     if tasks is None:
         return ""
     if isinstance(tasks, str):

@@ -160,7 +160,9 @@ class PacketDecoder:
         if codec is None:
             raise MessageError(f"video format '{video_format}' is not one of {sorted(VIDEO_FORMATS)}")
         self.format = video_format.lower()
-        self._context = av.CodecContext.create(codec, "r")
+        context = av.CodecContext.create(codec, "r")
+        assert isinstance(context, av.VideoCodecContext)
+        self._context = context
         # One thread, as the store's decoders run: a dav1d context left with frames in its threads (a camera's
         # size read from its first frame) hangs the next one opened in the process.
         self._context.thread_count = 1

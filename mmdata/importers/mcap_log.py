@@ -16,7 +16,7 @@ from __future__ import annotations
 import bisect
 import math
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 from fractions import Fraction
@@ -100,7 +100,7 @@ class McapCameraSource:
         """The rate the topic map states, else the one its messages' log times (ns) give."""
         return Fraction(self.fps).limit_denominator(1001) if self.fps else nominal_rate(np.asarray(log_times))
 
-    def frames(self, episode: str, fps: Fraction) -> Iterator[tuple[Any, float]]:
+    def frames(self, episode: str, fps: Fraction) -> Generator[tuple[Any, float], None, None]:
         size, previous = None, None
         with _reading(self.span.path, episode, self.topic) as reader:
             decoder = None
@@ -111,7 +111,7 @@ class McapCameraSource:
                     kind = log_messages.schema_kind(schema.name if schema else "")
                     if kind == "video":
                         decoder = decoder or log_messages.PacketDecoder(str(message.format))
-                        pictures = decoder.decode(bytes(message.data), time)
+                        pictures: Iterator[tuple[Any, float]] = decoder.decode(bytes(message.data), time)
                     elif kind == "other":
                         raise MessageError(f"is a {schema.name if schema else 'schemaless'} message, not a picture")
                     else:
@@ -137,7 +137,10 @@ class McapCameraSource:
         """The topic's video packets (`foxglove.CompressedVideo`) cut into segments of at most `segment_frames`
         frames at key frames, not decoded (`--video-codec copy`), each frame at its message's time as `frames`
         gives it; a topic of images is refused."""
-        payloads, times, log_times, video_format = [], [], [], None
+        payloads: list[bytes] = []
+        times: list[float] = []
+        log_times: list[int] = []
+        video_format: str | None = None
         with _reading(self.span.path, episode, self.topic) as reader:
             for index, (schema, record, message) in enumerate(_decoded(reader, self.topic, self.span)):
                 try:
@@ -161,7 +164,7 @@ class McapCameraSource:
                 payloads.append(bytes(message.data))
                 times.append(time)
                 log_times.append(record.log_time)
-        if not payloads:
+        if not payloads or video_format is None:
             raise SourceError(episode, self.span.path, f"topic '{self.topic}' has no message in the episode")
         try:
             codec = log_messages.stored_codec(video_format)
@@ -388,8 +391,8 @@ def _log_episodes(root: Path, files: list[Path], topic_map: TopicMap | None, tas
             continue
         try:
             episodes += _file_episodes(path, name, topic_map, task)
-        except SourceError as problem:
-            episodes.append(EpisodeSource(name, problem=problem))
+        except SourceError as failure:
+            episodes.append(EpisodeSource(name, problem=failure))
         except Exception as exc:  # a per-file boundary: a log the decoders choke on must not stop the others
             problem = SourceError(name, str(path), f"could not be read: {type(exc).__name__}: {exc}", RECOVER)
             episodes.append(EpisodeSource(name, problem=problem))
@@ -447,9 +450,10 @@ def _file_episodes(path: Path, name: str, topic_map: TopicMap | None, task: str)
         spans = _spans(reader, mapping, str(path), name)
         if len(spans) == 1:
             ((start, end),) = spans
+            contents: list[tuple[dict[str, tuple[int, Any]], list[tuple[int, str]] | None]]
             contents = [(_first_messages(reader, mapping, str(path), name, start, end), None)]
         else:
-            contents = _span_contents(reader, mapping, spans, str(path), name)
+            contents = [(first, found) for first, found in _span_contents(reader, mapping, spans, str(path), name)]
         episodes = []
         for number, ((start, end), (first, commands)) in enumerate(zip(spans, contents)):
             episode = f"{name}#{number}" if len(spans) > 1 else name
@@ -467,7 +471,7 @@ def _episode(
     end: int | None,
     task: str,
     first: dict[str, tuple[int, Any]],
-    commands: list[tuple[float, str]] | None,
+    commands: list[tuple[int, str]] | None,
 ) -> EpisodeSource:
     """The episode of the messages logged in [start, end), from each stream topic's `first` message there and
     its task topic's `commands` (read here when None)."""
@@ -476,12 +480,12 @@ def _episode(
         raise SourceError(episode, path, f"topics {missing} have no message in the episode", "check the split rule")
     origin = min(time for time, _ in first.values())
     span = LogSpan(path, start, end, origin, mapping.time)
-    commands = _commands(reader, mapping.task, span, episode) if commands is None else _timed(commands, origin)
+    timed = _commands(reader, mapping.task, span, episode) if commands is None else _timed(commands, origin)
     metadata: dict[str, Any] = {"mcap_file": Path(path).name, "mcap_start_ns": origin}
     if start is not None:
         metadata["mcap_span_ns"] = [start, end]
-    if len({text for _, text in commands}) > 1:
-        metadata["commands"] = [{"t": round(t, 6), "text": text} for t, text in commands[:MAX_COMMANDS_KEPT]]
+    if len({text for _, text in timed}) > 1:
+        metadata["commands"] = [{"t": round(t, 6), "text": text} for t, text in timed[:MAX_COMMANDS_KEPT]]
     for stream, lowdim in mapping.lowdim.items():
         names = getattr(first[lowdim.topic][1], "name", None)
         if len(lowdim.fields) == 1 and isinstance(names, list) and names and all(isinstance(n, str) for n in names):
@@ -491,7 +495,7 @@ def _episode(
         metadata["mcap_unmapped_topics"] = unmapped
     return EpisodeSource(
         episode,
-        task=commands[0][1] if commands else task,
+        task=timed[0][1] if timed else task,
         metadata=metadata,
         cameras=tuple(McapCameraSource(n, span, c.topic, c.fps) for n, c in mapping.cameras.items()),
         lowdim=tuple(
@@ -530,7 +534,8 @@ def _span_contents(
     ns, text). Only those messages are decoded; the others are only located."""
     starts = [-1 if start is None else start for start, _ in spans]
     wanted = set(mapping.stream_topics)
-    task_topic = mapping.task.topic if mapping.task is not None else None
+    task = mapping.task
+    task_topic = task.topic if task is not None else None
     contents: list[tuple[dict, list]] = [({}, []) for _ in spans]
     decode = _MessageDecoder(reader)
     for schema, channel, record in _raw_messages(
@@ -547,11 +552,9 @@ def _span_contents(
             if topic in wanted and topic not in first:
                 message = decode(schema, channel, record)
                 first[topic] = (message_time(record, message, mapping.time), message)
-            if topic == task_topic:
+            if task is not None and topic == task_topic:
                 message = decode(schema, channel, record)
-                commands.append(
-                    (message_time(record, message, mapping.time), log_messages.text(message, mapping.task.field))
-                )
+                commands.append((message_time(record, message, mapping.time), log_messages.text(message, task.field)))
         except MessageError as exc:
             raise SourceError(episode, path, f"topic '{topic}': {exc}") from exc
     return contents
@@ -689,9 +692,9 @@ def _require_chunk_sizes(chunk_indexes, path: str, episode: str) -> None:
                 )
 
 
-def _channels(summary, path: str, episode: str) -> dict[str, str]:
-    """Topic -> schema name, with each channel's schema checked to be in the file."""
-    found = {}
+def _channels(summary, path: str, episode: str) -> dict[str, str | SourceError]:
+    """Topic -> schema name, or why the channel's messages cannot be decoded (its schema is not in the file)."""
+    found: dict[str, str | SourceError] = {}
     for channel in summary.channels.values():
         if channel.schema_id == 0 or channel.schema_id not in summary.schemas:
             what = (
@@ -752,7 +755,9 @@ def _spans(reader, mapping: TopicMap, path: str, episode: str) -> list[tuple[int
     if len(times) == 0:
         raise SourceError(episode, path, "the mapped topics have no message")
     # spans meet right after each gap's first side, so what is logged in a gap (a command) opens the next episode
-    breaks = [int(times[b]) + 1 for b in np.flatnonzero(np.diff(times) > split.gap * 1e9)]
+    gap = split.gap
+    assert gap is not None, "a split names its topic or its gap"
+    breaks = [int(times[b]) + 1 for b in np.flatnonzero(np.diff(times) > gap * 1e9)]
     return list(zip([None, *breaks], [*breaks, None]))
 
 
@@ -825,7 +830,7 @@ def _reading_bag(path: str, episode: str, where: str):
 def _decoder_factories() -> list:
     from mcap_ros2.decoder import DecoderFactory as Ros2Decoders
 
-    factories = [Ros2Decoders()]
+    factories: list[Any] = [Ros2Decoders()]
     with suppress(ImportError):
         from mcap_protobuf.decoder import DecoderFactory as ProtobufDecoders
 
@@ -859,6 +864,8 @@ class Ros1Decoders:
             decode = self._factory.decoder_for(message_encoding, schema)
         except Exception as exc:  # genpy raises anything, SyntaxError included, on a definition it cannot parse
             raise MessageError(f"ROS 1 schema '{schema.name}' does not parse: {type(exc).__name__}: {exc}") from exc
+        if decode is None:
+            return None
 
         def decoded(data: bytes) -> Any:
             try:

@@ -54,8 +54,8 @@ def _describe(folder: Path, root: Path) -> EpisodeSource:
             if why is not None:
                 raise SourceError(name, str(path), why, "replace it with the recording's file, or remove it")
         meta = _read_meta(folder / META_FILE, name)
-    except SourceError as problem:
-        return EpisodeSource(name=name, problem=problem)
+    except SourceError as failure:
+        return EpisodeSource(name=name, problem=failure)
     rates = meta["rates"]
     cameras, audio, lowdim = [], [], []
     for path in files:
@@ -69,8 +69,8 @@ def _describe(folder: Path, root: Path) -> EpisodeSource:
     if (folder / LOWDIM_PARQUET).is_file():
         try:
             lowdim.extend(_parquet_streams(folder / LOWDIM_PARQUET, name))
-        except SourceError as problem:
-            return EpisodeSource(name=name, problem=problem)
+        except SourceError as failure:
+            return EpisodeSource(name=name, problem=failure)
     names = [c.name for c in cameras] + [a.name for a in audio] + [s.name for s in lowdim]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     problem = None

@@ -102,8 +102,8 @@ def discover_rlds_episodes(
                 found += 1
         except TFRecordError as exc:
             name = f"{path.name}#{found}"
-            problem = f"{exc}; the records after it in this file cannot be found either"
-            episodes.append(EpisodeSource(name, problem=SourceError(name, str(path), problem, "re-copy the file")))
+            why = f"{exc}; the records after it in this file cannot be found either"
+            episodes.append(EpisodeSource(name, problem=SourceError(name, str(path), why, "re-copy the file")))
     if not episodes:
         raise SourceError.for_source(str(builder), None, "the dataset holds no episode", "check the folder")
     return require_common_streams(episodes)
@@ -199,7 +199,13 @@ def _builder_folder(root: Path) -> Path:
 
 def _record_files(builder: Path) -> list[Path]:
     files = listed(builder, lambda name: SHARD.match(name) is not None)
-    return sorted(files, key=lambda p: (p.name.split(".tfrecord-")[0], int(SHARD.match(p.name).group(1))))
+    return sorted(files, key=lambda p: (p.name.split(".tfrecord-")[0], _shard_number(p.name)))
+
+
+def _shard_number(name: str) -> int:
+    matched = SHARD.match(name)
+    assert matched is not None, "a record file is listed by its name matching SHARD"
+    return int(matched.group(1))
 
 
 def _episode(

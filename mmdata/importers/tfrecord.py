@@ -109,9 +109,9 @@ def parse_example(data: bytes | memoryview, where: str) -> dict[str, Feature]:
     """The features of a serialized `tf.train.Example`; TFRecordError naming `where` if it does not parse."""
     try:
         features: dict[str, Feature] = {}
-        for number, wire, value in _fields(memoryview(data)):
+        for number, wire, _, value in _fields(memoryview(data)):
             if number == 1 and wire == LENGTH_DELIMITED:  # Example.features
-                for entry_number, entry_wire, entry in _fields(value):
+                for entry_number, entry_wire, _, entry in _fields(value):
                     if entry_number == 1 and entry_wire == LENGTH_DELIMITED:  # Features.feature (map entry)
                         key, feature = _map_entry(entry)
                         features[key] = feature
@@ -122,7 +122,7 @@ def parse_example(data: bytes | memoryview, where: str) -> dict[str, Feature]:
 
 def _map_entry(entry: memoryview) -> tuple[str, Feature]:
     key, feature = "", Feature("bytes", [])
-    for number, wire, value in _fields(entry):
+    for number, wire, _, value in _fields(entry):
         if number == 1 and wire == LENGTH_DELIMITED:
             key = bytes(value).decode("utf-8")
         elif number == 2 and wire == LENGTH_DELIMITED:
@@ -133,11 +133,13 @@ def _map_entry(entry: memoryview) -> tuple[str, Feature]:
 def _feature(data: memoryview) -> Feature:
     """A Feature: its one list (bytes_list = 1, float_list = 2, int64_list = 3); an empty Feature is no values."""
     found = Feature("bytes", [])
-    for number, wire, value in _fields(data):
+    for number, wire, _, value in _fields(data):
         if wire != LENGTH_DELIMITED or number not in (1, 2, 3):
             raise ValueError(f"a feature holds field {number} of wire type {wire}, not a bytes, float or int64 list")
         if number == 1:
-            found = Feature("bytes", [bytes(item) for n, w, item in _fields(value) if n == 1 and w == LENGTH_DELIMITED])
+            found = Feature(
+                "bytes", [bytes(item) for n, w, _, item in _fields(value) if n == 1 and w == LENGTH_DELIMITED]
+            )
         elif number == 2:
             found = Feature("float", _floats(value))
         else:
@@ -148,15 +150,15 @@ def _feature(data: memoryview) -> Feature:
 def _floats(data: memoryview) -> np.ndarray:
     """FloatList.value: packed (one length-delimited run of float32) or one fixed32 field per value."""
     parts: list[np.ndarray] = []
-    for number, wire, value in _fields(data):
+    for number, wire, integer, span in _fields(data):
         if number != 1:
             continue
         if wire == LENGTH_DELIMITED:
-            if len(value) % 4:
+            if len(span) % 4:
                 raise ValueError("a packed float list's length is not a multiple of 4")
-            parts.append(np.frombuffer(value, "<f4"))
+            parts.append(np.frombuffer(span, "<f4"))
         elif wire == FIXED32:
-            parts.append(np.array([struct.unpack("<f", struct.pack("<I", value))[0]], "<f4"))
+            parts.append(np.array([struct.unpack("<f", struct.pack("<I", integer))[0]], "<f4"))
         else:
             raise ValueError(f"a float list holds wire type {wire}")
     return np.concatenate(parts).astype(np.float32) if parts else np.empty(0, np.float32)
@@ -165,42 +167,43 @@ def _floats(data: memoryview) -> np.ndarray:
 def _int64s(data: memoryview) -> np.ndarray:
     """Int64List.value: packed (one length-delimited run of varints) or one varint field per value."""
     values: list[int] = []
-    for number, wire, value in _fields(data):
+    for number, wire, integer, span in _fields(data):
         if number != 1:
             continue
         if wire == LENGTH_DELIMITED:
             position = 0
-            while position < len(value):
-                item, position = _varint(value, position)
+            while position < len(span):
+                item, position = _varint(span, position)
                 values.append(item)
         elif wire == VARINT:
-            values.append(value)
+            values.append(integer)
         else:
             raise ValueError(f"an int64 list holds wire type {wire}")
     return np.array(values, np.uint64).view(np.int64)  # two's complement, as protobuf encodes negatives
 
 
-def _fields(data: memoryview) -> Iterator[tuple[int, int, int | memoryview]]:
-    """(field number, wire type, value) of each field of a protobuf message; a varint or fixed value is an
-    int, a length-delimited one the bytes it spans."""
+def _fields(data: memoryview) -> Iterator[tuple[int, int, int, memoryview]]:
+    """(field number, wire type, integer, span) of each field of a protobuf message: a varint or fixed value is the
+    integer (its span empty), a length-delimited one the bytes it spans (its integer 0)."""
+    nothing = data[0:0]
     position = 0
     while position < len(data):
         tag, position = _varint(data, position)
         number, wire = tag >> 3, tag & 7
         if wire == VARINT:
             value, position = _varint(data, position)
-            yield number, wire, value
+            yield number, wire, value, nothing
         elif wire == LENGTH_DELIMITED:
             length, position = _varint(data, position)
             if position + length > len(data):
                 raise ValueError(f"field {number} runs past the end of its message")
-            yield number, wire, data[position : position + length]
+            yield number, wire, 0, data[position : position + length]
             position += length
         elif wire in (FIXED64, FIXED32):
             width = 8 if wire == FIXED64 else 4
             if position + width > len(data):
                 raise ValueError(f"field {number} runs past the end of its message")
-            yield number, wire, int.from_bytes(data[position : position + width], "little")
+            yield number, wire, int.from_bytes(data[position : position + width], "little"), nothing
             position += width
         else:
             raise ValueError(f"field {number} has wire type {wire}, which no Example uses")

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from mmdata.checks import parse_json, shown, stream_name_problem
-from mmdata.errors import SourceError
+from mmdata.errors import OptionError, SourceError
 from mmdata.importers.limits import MAX_METADATA_BYTES
 
 TimeSource = Literal["header", "log"]
@@ -65,6 +65,10 @@ class EpisodeSplit:
 
     gap: float | None = None
     topic: str | None = None
+
+    def __post_init__(self):
+        if (self.gap is None) == (self.topic is None):
+            raise OptionError("an episode split names one of gap= (seconds without a message) or topic=, not both")
 
 
 @dataclass(frozen=True)

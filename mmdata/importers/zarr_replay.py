@@ -53,7 +53,8 @@ def discover_replay_episodes(path: str | Path, fps: float | None, task: str = ""
         raise SourceError.for_source(
             str(path), f"{path}/meta/episode_ends", "must be positive, increase strictly and hold at least one end"
         )
-    cameras, lowdim = [], []
+    cameras: list[str] = []  # the keys of arrays of images
+    lowdim: list[str] = []
     for key in keys:
         try:
             array = data[key]

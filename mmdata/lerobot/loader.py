@@ -35,6 +35,7 @@ from mmdata.loading.loader_options import UNGROUPED_KEYWORDS, Batching, Reading,
 from mmdata.loading.micro_batch import OnError
 from mmdata.planning.episodes import Episodes
 from mmdata.planning.mixture import Mixture, Source
+from mmdata.planning.orders import Shuffle
 from mmdata.planning.specs import MAX_OFFSETS, Frames, Values, Windows
 from mmdata.schema import LowdimStream, VideoStream
 from mmdata.store.dataset import Dataset
@@ -65,7 +66,7 @@ class LeRobotLoader:
         *,
         batch_size: int,
         streams: Mapping[str, str] | None = None,
-        shuffle: bool | str = True,
+        shuffle: Shuffle | bool = True,
         num_workers: int | None = None,
         device: str | torch.device | None = None,
         images: ImageFormat = "float",
@@ -91,16 +92,17 @@ class LeRobotLoader:
         doubled = sorted({n for n in names if names.count(n) > 1})
         if doubled:
             raise SpecError(f"streams renames a stream to {doubled}, a name another stream of the store has")
-        streams = {renamed.get(s.name, s.name): s for s in self.dataset.schema.streams}
-        unknown = sorted(set(self.delta_timestamps) - set(streams))
+        by_name = {renamed.get(s.name, s.name): s for s in self.dataset.schema.streams}
+        unknown = sorted(set(self.delta_timestamps) - set(by_name))
         if unknown:
             raise SpecError(
-                f"delta_timestamps names {unknown}, which the store does not hold; its streams are {sorted(streams)}"
+                f"delta_timestamps names {unknown}, which the store does not hold; its streams are {sorted(by_name)}"
             )
-        self.cameras = [n for n, s in streams.items() if isinstance(s, VideoStream)]
-        self.values = [n for n, s in streams.items() if isinstance(s, LowdimStream)]
-        self.scalars = [n for n in self.values if streams[n].shape == (1,)]
-        self.fps = _frame_rate(streams)
+        lowdim = {n: s for n, s in by_name.items() if isinstance(s, LowdimStream)}
+        self.cameras = [n for n, s in by_name.items() if isinstance(s, VideoStream)]
+        self.values = list(lowdim)
+        self.scalars = [n for n, s in lowdim.items() if s.shape == (1,)]
+        self.fps = _frame_rate(by_name)
         spec = Windows(
             anchor_fps=self.fps,
             streams={

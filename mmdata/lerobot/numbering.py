@@ -55,7 +55,11 @@ class EpisodeNumbering:
         rows = [dataset.manifest.row(i) for i in range(dataset.schema.num_episodes)]
         frames = [int(round(float(row["duration"]) * fps)) for row in rows]
         counted = np.concatenate([[0], np.cumsum(frames)[:-1]]).astype(np.int64)
-        episodes, starts, tasks, task_texts, texts = [], [], [], {}, []
+        episodes: list[int] = []
+        starts: list[int] = []
+        tasks: list[list[tuple[int, int]]] = []
+        task_texts: dict[int, str] = {}
+        texts: list[dict[str, list[tuple[int, str]]]] = []
         for position, row in enumerate(rows):
             metadata = dataset.metadata_of(row)
             try:

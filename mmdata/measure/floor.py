@@ -86,11 +86,11 @@ def _floor_requests(loader: DataLoader, indices: np.ndarray) -> dict[tuple[int, 
             times = sample_times(spec, name, stream, float(start), float(end))
             wanted.setdefault((source, name, episode), []).append(times)
     requests: dict[tuple[int, str], list[ClipRequest]] = {}
-    for (source, name, episode), times in sorted(wanted.items()):
+    for (source, name, episode), episode_times in sorted(wanted.items()):
         store, stored, stream = loader.sources[source].store, loader.sources[source].streams[name], cameras[name]
-        plan = store.plan_frames(episode, stored, np.unique(np.concatenate(times)), stream.tolerance)
+        plan = store.plan_frames(episode, stored, np.unique(np.concatenate(episode_times)), stream.tolerance)
         if stream.resize is not None:
-            camera, resize = store.schema.stream(stored), stream.resize
+            camera, resize = store.schema.video(stored), stream.resize
             geometry = frame_geometry(camera.width, camera.height, resize.size, resize.mode, resize.interpolation)
             plan.requests = [dataclasses.replace(request, geometry=geometry) for request in plan.requests]
         requests.setdefault((source, name), []).extend(request for request in plan.requests if request.frames)

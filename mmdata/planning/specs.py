@@ -83,7 +83,7 @@ class Frames:
     with `channels_first`; `resize` delivers them at the model's resolution (see `Resize`).
     """
 
-    offsets: tuple[float, ...] = (0.0,)
+    offsets: Sequence[float] = (0.0,)  # (kept as a tuple)
     tolerance: float | None = None
     resize: Resize | None = None
     channels_first: bool = False
@@ -112,7 +112,7 @@ class Values:
     other widths), marking the padded dimensions in `<stream>_dim_is_pad` `[B, pad_to]`.
     """
 
-    offsets: tuple[float, ...] = (0.0,)
+    offsets: Sequence[float] = (0.0,)  # (kept as a tuple)
     interpolation: Interpolation = "nearest"
     rate: float | None = None
     normalize: Normalization | None = None

@@ -14,7 +14,7 @@ import json
 import os
 import re
 import tarfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -218,7 +218,7 @@ class WdsWriter:
         self._shard.add(episode, index, members)
         self._checkpoint = checkpoint
 
-    def finish(self, checkpoint: dict[str, Any], streams: list[Stream]) -> list[dict[str, Any]]:
+    def finish(self, checkpoint: dict[str, Any], streams: Sequence[Stream]) -> list[dict[str, Any]]:
         """Close the last shard (saving `checkpoint` beside it); every manifest row in episode order."""
         self._checkpoint = checkpoint
         if self._shard is not None:

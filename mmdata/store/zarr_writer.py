@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -140,18 +140,18 @@ class ZarrWriter:
     def add(self, episode: EncodedEpisode, index: int, checkpoint: dict[str, Any]) -> None:
         write_episode_file(self.partial / f"{episode.position:08d}{EPISODE_SUFFIX}", episode, index, checkpoint)
 
-    def finish(self, checkpoint: dict[str, Any], streams: list[Stream]) -> list[dict[str, Any]]:
+    def finish(self, checkpoint: dict[str, Any], streams: Sequence[Stream]) -> list[dict[str, Any]]:
         """Write every cached episode into the arrays; the checkpoint is already in the cache."""
         restart = start_again(self.root)
         cached = (read_episode_file(path, restart)[:2] for path in sorted(self.partial.glob(f"*{EPISODE_SUFFIX}")))
         return self.write(streams, cached)
 
-    def write(self, streams: list[Stream], episodes: Iterable[tuple[EncodedEpisode, int]]) -> list[dict[str, Any]]:
+    def write(self, streams: Sequence[Stream], episodes: Iterable[tuple[EncodedEpisode, int]]) -> list[dict[str, Any]]:
         """Write `episodes` (each with its number in the store), in order, into the arrays in one pass;
         their manifest rows."""
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*does not have a Zarr V3 specification")
-            return self._write_store(streams, episodes)
+            return self._write_store(list(streams), episodes)
 
     def _write_store(
         self, streams: list[Stream], episodes: Iterable[tuple[EncodedEpisode, int]]

@@ -153,7 +153,9 @@ def write_episode_page(store: Store, index: int, out: Path) -> Path:
     row = store.manifest.row(index)
     media = out / "media" / f"episode_{index:06d}"
     media.mkdir(parents=True, exist_ok=True)
-    cameras, series, audio = [], [], None
+    cameras: list[dict[str, Any]] = []
+    series: list[dict[str, Any]] = []
+    audio = None
     for stream in store.schema.streams:
         if isinstance(stream, VideoStream):
             stem = media / stream.name.replace("/", "_")

@@ -60,7 +60,7 @@ def view_server(
     answering `rows.json` from `table` (the store's episode table; read here unless given). OptionError when the
     port cannot be taken."""
     lock, table_lock = threading.Lock(), threading.Lock()  # (pages are made while the table is paged)
-    table, page_of = table if table is not None else EpisodeTable(store), served_page_of(store)
+    episodes, page_of = table if table is not None else EpisodeTable(store), served_page_of(store)
 
     class Handler(http.server.SimpleHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -91,7 +91,7 @@ def view_server(
                     raise OptionError("a rows.json request takes at most 16 parameters") from None
                 asked = table_query(fields)
                 with table_lock:
-                    body = dump_json(table.page(asked, page_of)).encode()
+                    body = dump_json(episodes.page(asked, page_of)).encode()
                 status = 200
             except OptionError as exc:
                 body, status = dump_json({"error": str(exc)}).encode(), 400
