@@ -12,9 +12,13 @@ from mmdata.planning.planner import EpochPlan, Stretch
 from mmdata.store.handle import Store
 
 STATE_FORMAT = "mmdata.loader"
-STATE_VERSION = 2
-# States of version 1 were saved before the one planner: their orders' steps are no longer made.
-RETIRED_VERSIONS = {1: "an mmdata before 2026-12 (its orders made other steps)"}
+STATE_VERSION = 3
+# States of an earlier version were saved by orders whose steps are no longer made (version 1: before the one
+# planner; version 2: the "blocks" order dealt its groups across the ends of lanes).
+RETIRED_VERSIONS = {
+    1: "an mmdata before 2026-12 (its orders made other steps)",
+    2: "an mmdata of early 2026-12 (its 'blocks' order dealt blocks across lanes: other steps)",
+}
 MAX_WORLD_SIZE = 1 << 20
 MAX_EPOCH = (1 << 31) - 1
 MAX_STRETCHES = 4096  # world-size changes within one epoch (each resize adds one; replaying them costs each its plan)

@@ -87,6 +87,14 @@ class LaneLayout:
             starts, lengths = np.append(starts, self.count - self.rest), np.append(lengths, self.rest)
         return Consumed(starts, lengths)
 
+    def cuts(self) -> np.ndarray:
+        """The first position of each run of positions one rank's lane reads (rank by rank, lane by lane; the short
+        last step's positions, read right after the last lane's, belong to it), the count last: what an order deals
+        within."""
+        ranks = np.arange(self.world)[:, None] * self.whole_steps * self.batch
+        starts = (ranks + self._lane_starts()[None, :]).ravel()
+        return np.unique(np.concatenate([[0], starts, [self.count]])).astype(np.int64)
+
     def _lane_starts(self) -> np.ndarray:
         lanes = np.arange(self.lanes)
         lane_steps = self.whole_steps // self.lanes + (lanes < self.whole_steps % self.lanes)

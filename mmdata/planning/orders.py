@@ -33,7 +33,7 @@ SHUFFLES = ("blocks", "locality", "global", "none")  # the orders an epoch is ma
 SHUFFLE_MODES = ("auto", *SHUFFLES)  # what a loader takes: "auto" is resolved by `resolve_shuffle`
 # Names the way the orders and their dealing make an epoch's steps; a loader state carries it (in its fingerprint),
 # so a state saved by another way is refused by name rather than resumed into other steps. Changes with the steps.
-ORDER_VERSION = "one planner 1"
+ORDER_VERSION = "one planner 2"
 # Slots an epoch of a mixture may hold in this order: the spreads multiply two slot numbers in 64 bits.
 MAX_MIXED_SLOTS = 1 << 32
 _BLOCK_STREAM, _GLOBAL_STREAM, _LOCALITY_STREAM = 0xB10C, 0x610B, 0x10CA
@@ -181,10 +181,13 @@ class LocalityOrder:
 @dataclass(frozen=True)
 class BlockOrder:
     """The "blocks" order of one epoch of `count` samples: the samples, turned by a random offset per epoch
-    (unless not `turned`), cut into blocks of `block` consecutive samples; a keyed permutation orders the blocks,
-    and each run of `open_blocks` blocks of that order is a group whose samples are dealt one from each block in
-    turn (a micro-batch of 8 from a group of 8 holds 8 blocks, about 8 episodes); the blocks left over from whole
-    groups close the epoch as one smaller group, and the samples of no whole block after them, in order."""
+    (unless not `turned`), cut into blocks of `block` consecutive samples whose order a keyed permutation sets; the
+    epoch's positions, in each run between two `cuts` (the lanes of the steps that read them), take that sequence of
+    blocks `open_blocks` at a time, one sample from each open block in turn (a micro-batch of 8 from a group of 8
+    holds 8 blocks, about 8 episodes); a run's last, shorter group is dealt from as many runs of about a block as it
+    holds. Dealing within a lane keeps each block's samples on the lane, so one worker's frame cache decodes its
+    segment once (a group dealt across a lane's end would leave each of its blocks half on each lane); where a
+    lane is shorter than a group (a small epoch over many ranks), or without cuts, the epoch is dealt as one run."""
 
     count: int
     block: int
@@ -192,43 +195,46 @@ class BlockOrder:
     seed: int
     epoch: int
     turned: bool = True
-    _main: int = field(init=False, repr=False, compare=False)  # positions in whole groups
+    cuts: np.ndarray | None = field(default=None, compare=False)  # ascending positions, from 0 to `count`
     _blocks: KeyedPermutation = field(init=False, repr=False, compare=False)
-    _tail: KeyedPermutation = field(init=False, repr=False, compare=False)  # the whole blocks after the groups
+    _lanes: np.ndarray = field(init=False, repr=False, compare=False)  # each run's first position, `count` last
     _turn: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         if self.block < 1 or self.open_blocks < 1:
             raise OptionError("a block holds at least 1 sample and at least 1 block is open")
         keys = np.random.SeedSequence([self.seed, self.epoch, _BLOCK_STREAM]).generate_state(3, np.uint64)
-        span = self.block * self.open_blocks
-        groups = self.count // span
-        object.__setattr__(self, "_main", groups * span)
-        object.__setattr__(self, "_blocks", KeyedPermutation(groups * self.open_blocks, int(keys[0])))
-        object.__setattr__(self, "_tail", KeyedPermutation((self.count - groups * span) // self.block, int(keys[1])))
+        lanes = np.asarray([0, self.count] if self.cuts is None else self.cuts, dtype=np.int64)
+        if len(lanes) < 2 or lanes[0] != 0 or lanes[-1] != self.count or np.any(np.diff(lanes) < 0):
+            raise OptionError(f"an order's cuts run from 0 to its {self.count} positions, ascending")
+        if np.diff(lanes)[np.diff(lanes) > 0].min(initial=self.count) < self.block * self.open_blocks:
+            lanes = np.array([0, self.count], np.int64)  # (lanes shorter than a group: mixing them matters more)
+        object.__setattr__(self, "_blocks", KeyedPermutation(self.count // self.block, int(keys[0])))
+        object.__setattr__(self, "_lanes", lanes)
         object.__setattr__(self, "_turn", int(keys[2] % max(1, self.count)) if self.turned else 0)
 
     def samples_at(self, positions: np.ndarray) -> np.ndarray:
         """The sample number (manifest and time order) at each of `positions` in [0, count)."""
         positions = np.asarray(positions, dtype=np.int64)
-        virtual = np.empty(len(positions), np.int64)
-        grouped = positions < self._main
-        inside = positions[grouped]
-        group, offset = np.divmod(inside, self.block * self.open_blocks)
-        turn, slot = np.divmod(offset, self.open_blocks)
-        virtual[grouped] = self._blocks(group * self.open_blocks + slot) * self.block + turn
-        virtual[~grouped] = self._main + self._in_tail(positions[~grouped] - self._main)
-        return (virtual + self._turn) % self.count
+        lane = np.searchsorted(self._lanes, positions, side="right") - 1
+        first = self._lanes[lane]
+        virtual = first + self._dealt(positions - first, self._lanes[lane + 1] - first)
+        number, offset = np.divmod(virtual, self.block)
+        whole = number < len(self._blocks)
+        virtual[whole] = self._blocks(number[whole]) * self.block + offset[whole]
+        return (virtual + self._turn) % max(1, self.count)
 
-    def _in_tail(self, offsets: np.ndarray) -> np.ndarray:
-        """Where the positions after the whole groups lie past them: the last whole blocks dealt in turn, then
-        the samples of no whole block."""
-        blocks = len(self._tail)
-        dealt = offsets < blocks * self.block
-        turn, slot = np.divmod(offsets[dealt], max(1, blocks))
-        placed = offsets.copy()
-        placed[dealt] = self._tail(slot) * self.block + turn
-        return placed
+    def _dealt(self, local: np.ndarray, size: np.ndarray) -> np.ndarray:
+        """Where each `local` position of a run of `size` positions lies in the run's sequence of blocks: each group
+        of `open_blocks` blocks dealt one sample from each in turn; the run's last, shorter group of `n` positions
+        cut into `ceil(n / block)` parts (at most `open_blocks`) of near-equal sizes, dealt the same way."""
+        span = self.block * self.open_blocks
+        group, within = np.divmod(local, span)
+        held = np.minimum(span, size - group * span)  # (the group's positions)
+        parts = np.clip(-(-held // self.block), 1, self.open_blocks)
+        turn, part = np.divmod(within, parts)
+        smallest, larger = np.divmod(held, parts)  # (the first `larger` parts hold one more)
+        return group * span + part * smallest + np.minimum(part, larger) + turn
 
 
 @dataclass(frozen=True)
@@ -300,11 +306,13 @@ class EpisodeBlockOrder:
     over the epoch between them, each episode's together and in time order (one decode), the episodes in
     `REMAINDER_CHUNKS` runs put in a keyed order."""
 
-    def __init__(self, blocks: EpisodeBlocks, open_blocks: int, seed: int, epoch: int):
+    def __init__(self, blocks: EpisodeBlocks, open_blocks: int, seed: int, epoch: int, cuts: np.ndarray | None = None):
         self.count, self._cut = int(blocks.firsts[-1]), blocks
         whole = blocks.whole_samples
         self._spread = SourceInterleave((whole, self.count - whole))
-        self._blocks = BlockOrder(whole, blocks.block, open_blocks, seed, epoch, turned=False)
+        # a run of positions [a, b) holds the whole blocks' slots [a * whole // count, b * whole // count)
+        within = None if cuts is None else np.asarray(cuts, np.int64) * whole // max(1, self.count)
+        self._blocks = BlockOrder(whole, blocks.block, open_blocks, seed, epoch, turned=False, cuts=within)
         episodes = len(blocks.firsts) - 1
         chunks = max(1, min(REMAINDER_CHUNKS, episodes))
         self._chunk_episodes = np.linspace(0, episodes, chunks + 1).astype(np.int64)
@@ -354,8 +362,9 @@ class OrderRecipe:
             blocks = episode_blocks(self.episode_firsts, self.block)
         object.__setattr__(self, "_episode_blocks", blocks)
 
-    def order(self, count: int, seed: int, epoch: int) -> Order:
-        """The order of an epoch of the source's `count` samples (`seed` and `epoch` key it)."""
+    def order(self, count: int, seed: int, epoch: int, cuts: np.ndarray | None = None) -> Order:
+        """The order of an epoch of the source's `count` samples (`seed` and `epoch` key it); `cuts`, the first
+        position of each lane of the steps that read it, keeps a block on one lane ("blocks")."""
         if self.mode == "none":
             return IdentityOrder(count)
         if self.mode == "global":
@@ -365,10 +374,10 @@ class OrderRecipe:
             return LocalityOrder(count, self.run_starts, self.shards_per_group, seed, epoch)
         blocks = self._episode_blocks
         if blocks is None:
-            return BlockOrder(count, self.block, self.open_blocks, seed, epoch)
+            return BlockOrder(count, self.block, self.open_blocks, seed, epoch, cuts=cuts)
         if count != blocks.firsts[-1]:
             raise OptionError(f"the 'blocks' order cut by episode holds {int(blocks.firsts[-1])} samples, not {count}")
-        return EpisodeBlockOrder(blocks, self.open_blocks, seed, epoch)
+        return EpisodeBlockOrder(blocks, self.open_blocks, seed, epoch, cuts)
 
     def block_spread(self) -> float:
         """How far apart a block's samples lie in the order against dealt alone: the epoch's samples over those of

@@ -168,10 +168,11 @@ class Planner:
         with one worker; one in the others, whose steps then follow the order."""
         return self.batching.lanes if self.batching.shuffle == "blocks" else 1
 
-    def order(self, seed: int, epoch: int) -> Order:
-        """The epoch's order of slots."""
+    def order(self, seed: int, epoch: int, cuts: np.ndarray | None = None) -> Order:
+        """The epoch's order of slots; `cuts`: the first slot position of each lane of the steps that read them, which
+        a source's "blocks" order deals within (a mixture's orders deal over its epoch)."""
         if self.targets is None:
-            return self.sources[0].recipe.order(self.slots, seed, epoch)
+            return self.sources[0].recipe.order(self.slots, seed, epoch, cuts)
         counts = tuple(len(source.samples) for source in self.sources)
         recipes = tuple(source.recipe for source in self.sources)
         return MixedOrder(counts, tuple(self.targets.tolist()), recipes, seed, epoch)
@@ -185,6 +186,9 @@ class Planner:
         if self.packing is not None:
             return self._packed_plan(seed, epoch, stretches)
         assert b.batch_size is not None
+        # the epoch's order deals its blocks within the lanes of its first stretch (resumed at another world size,
+        # the next stretches read the positions left, in that order)
+        order = self.order(seed, epoch, self._layout(self.slots, stretches[0].world_size).cuts())
         left, consumed, steps_before = self.slots, [], 0
         for stretch in stretches[:-1]:
             taken = self._layout(left, stretch.world_size).consumed(stretch.steps)
@@ -193,7 +197,7 @@ class Planner:
             steps_before += stretch.steps
         layout = self._layout(left, world_size)
         layout.consumed(stretches[-1].steps)  # refuses a step count the layout does not have
-        plan = DealtRankPlan(self.order(seed, epoch), layout, consumed)
+        plan = DealtRankPlan(order, layout, consumed)
         return EpochPlan(stretches, plan, steps_before, self.slots - left, (seed, epoch))
 
     def _layout(self, count: int, world_size: int) -> LaneLayout:
