@@ -6,8 +6,10 @@ t, 16 actions at 30 Hz, every frame an anchor), batch 8, the loader's default or
 "segments" in the tree before), with 0 and 2 workers, on synthetic recordings converted with the defaults. Each
 configuration runs in a fresh interpreter, the trees taking turns in each round (first one, then the other, then
 the other way round); the figures are samples/s and samples per CPU-second of the whole process tree (the loader's
-CPU per sample is its inverse), and the ratios are this tree's median over the baseline's. The decode waste of
-each run (frames decoded per frame delivered) is recorded too.
+CPU per sample is its inverse) over whole epochs after a first one (`process_time.measure_epochs`: a window that
+ends mid-epoch counts the frame cache's decoding ahead without the samples it serves, which favours whichever
+order decodes later), and the ratios are this tree's median over the baseline's. The decode waste of each run
+(frames decoded per frame delivered) is recorded too.
 
 usage: python benchmarks/one_planner_cost_bench.py --baseline-tree DIR [--rounds 4] [--seconds 10]
 (DIR: `git worktree add DIR 2ceb2c8`, the commit before the one planner). Writes
@@ -35,7 +37,7 @@ WINDOWS = """
 import json, sys
 sys.path.insert(0, {bench!r})
 import mmdata
-from process_time import measure
+from process_time import measure_epochs
 spec = mmdata.Windows(anchor_fps=30, streams={{
     "cam_high": mmdata.Frames(offsets=[-0.1, 0.0]),
     "cam_wrist": mmdata.Frames(offsets=[0.0]),
@@ -43,7 +45,7 @@ spec = mmdata.Windows(anchor_fps=30, streams={{
     "action": mmdata.Values(offsets=[i / 30 for i in range(16)]),
 }})
 loader = mmdata.DataLoader({store!r}, spec, batch_size=8, num_workers={workers})
-figures = measure(lambda: iter(loader), lambda b: len(b["sample_index"]), {seconds})
+figures = measure_epochs(lambda: iter(loader), lambda b: len(b["sample_index"]), {seconds})
 figures["decode_waste"] = loader.stats()["decode_waste"]
 figures["order"] = loader.shuffle
 print("RESULT " + json.dumps(figures))
