@@ -6,12 +6,15 @@ Three parts, each client in alternating rounds (medians):
 
 - `requests`: this process's CPU and the wall time of one ranged GET of 16 KiB, 256 KiB and 2 MiB, sequential
   (s3fs's `cat_file` beside them, what every read was before `s3_plain`);
-- `loader`: `mmdata.DataLoader` (the policy windows of `remote_bench.py`, batch 32, 2 workers) reading the store from
-  S3 at 0 and 20 ms of added latency, its byte ranges read by `s3_plain` or by obstore put in its place
-  (`ObstoreReads`, the same `read(path, offset, size)` with errors mapped as `s3_plain` maps them and obstore's own
-  retries off, so the read policy retries both alike): samples/s, and the workers' CPU per sample;
+- `loader`: `mmdata.DataLoader` (the policy windows of `remote_bench.py`, batch 32, reading in its own process:
+  see `fork`) reading the store from S3 at 0 and 20 ms of added latency, its byte ranges read by `s3_plain` or by
+  obstore put in its place (`ObstoreReads`, the same `read(path, offset, size)` with errors mapped as `s3_plain`
+  maps them and obstore's own retries off, so the read policy retries both alike): samples/s and CPU per sample;
 - `faults`: an epoch through a proxy that refuses every 4th ranged read (503) and resets every 7th connection,
-  read by each client: the batches against local disk's, and the retries it took.
+  read by each client: the batches against local disk's, and the retries it took;
+- `fork`: a process that read through obstore forks (as a loader's workers are forked after its process opened
+  the store) and the child reads through obstore: whether it gets its bytes within 20 s (obstore's Rust runtime
+  does not survive a fork).
 
 usage: PYTHONPATH=.:benchmarks python benchmarks/object_client_bench.py [--record object_clients_cpu]
 """
@@ -130,11 +133,13 @@ def request_costs(endpoint: str, filesystem, rounds: int) -> list[dict]:
 
 
 def loader_rate(url: str, reads, seconds: float) -> dict:
-    """Samples/s of the loader over `url` with `reads` reading every byte range, and its workers' CPU per sample."""
+    """Samples/s of the loader over `url` with `reads` reading every byte range (None: `s3_plain`'s own), and its
+    workers' CPU per sample."""
     original = s3_plain.PlainS3Reader.read
-    s3_plain.PlainS3Reader.read = lambda reader, *arguments: reads.read(*arguments)  # (forked workers inherit it)
+    if reads is not None:
+        s3_plain.PlainS3Reader.read = lambda reader, *arguments: reads.read(*arguments)  # (forked workers inherit it)
     try:
-        loader = mmdata.DataLoader(url, SPEC, batch_size=32, num_workers=2, seed=1)
+        loader = mmdata.DataLoader(url, SPEC, batch_size=32, num_workers=0, seed=1)
         measured = timed_loop(lambda: iter(loader), lambda batch: len(batch["sample_index"]), seconds)
         loader.close()
     finally:
@@ -153,8 +158,9 @@ def faulty_epoch(store_url: str, local: list, make_reads, upstream: str) -> dict
     try:
         fsspec.config.conf["s3"] = {**saved, "endpoint_url": proxy.url}
         s3fs.S3FileSystem.clear_instance_cache()
-        reads = make_reads(proxy.url)
-        s3_plain.PlainS3Reader.read = lambda reader, *arguments: reads.read(*arguments)
+        reads = make_reads(proxy.url) if make_reads is not None else None
+        if reads is not None:
+            s3_plain.PlainS3Reader.read = lambda reader, *arguments: reads.read(*arguments)
         policy = mmdata.ReadPolicy(timeout_s=10, attempts=6, backoff_s=0.01, max_backoff_s=0.05)
         spec = mmdata.Windows(anchor_fps=2, streams={"cam_high": mmdata.Frames(), "state": mmdata.Values()})
         loader = mmdata.DataLoader(mmdata.open_dataset(store_url, read_policy=policy), spec, batch_size=4, seed=3)
@@ -169,6 +175,36 @@ def faulty_epoch(store_url: str, local: list, make_reads, upstream: str) -> dict
         fsspec.config.conf["s3"] = saved
         s3fs.S3FileSystem.clear_instance_cache()
         proxy.close()
+
+
+_FORKED = """
+import os, sys, time
+sys.path[:0] = sys.argv[3:]
+from object_client_bench import ObstoreReads
+reads = ObstoreReads(sys.argv[1])
+reads.read(sys.argv[2], 0, 4)
+child = os.fork()
+if child == 0:
+    reads.read(sys.argv[2], 2, 4)
+    os._exit(0)
+_, status = os.waitpid(child, 0)
+print("child", status, flush=True)
+"""
+
+
+def forked_read(endpoint: str) -> dict:
+    """A read through obstore in a process forked from one that read through it: done, or not within 20 s."""
+    import subprocess
+
+    here = str(Path(__file__).resolve().parent)
+    command = [sys.executable, "-c", _FORKED, endpoint, f"{BUCKET}/blob", here, str(Path(here).parent)]
+    started = time.perf_counter()
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=20)
+        outcome = "read" if "child 0" in done.stdout else f"failed: {(done.stderr or done.stdout)[-200:]}"
+    except subprocess.TimeoutExpired:
+        outcome = "no answer within 20 s (the child hangs in obstore's runtime)"
+    return {"child_after_parent_read": outcome, "seconds": round(time.perf_counter() - started, 1)}
 
 
 def main() -> None:
@@ -200,7 +236,7 @@ def main() -> None:
                 saved = dict(fsspec.config.conf.get("s3", {}))
                 fsspec.config.conf["s3"] = {**saved, "endpoint_url": proxy_url}
                 s3fs.S3FileSystem.clear_instance_cache()
-                clients = {"s3_plain": plain_reader(proxy_url), "obstore": ObstoreReads(proxy_url)}
+                clients = {"s3_plain": None, "obstore": ObstoreReads(proxy_url)}
                 runs: dict[str, list[dict]] = {name: [] for name in clients}
                 try:
                     for _ in range(args.rounds):
@@ -212,8 +248,8 @@ def main() -> None:
             row: dict[str, Any] = {"latency_ms": latency}
             for name, measured in runs.items():
                 row[f"{name}_samples_per_s"] = round(statistics.median(m["samples_per_s"] for m in measured), 1)
-                cpu = [m["children_cpu_s"] / m["samples"] * 1000 for m in measured if m.get("samples")]
-                row[f"{name}_worker_cpu_ms_per_sample"] = round(statistics.median(cpu), 3) if cpu else None
+                cpu = [m["own_cpu_s"] / m["samples"] * 1000 for m in measured if m.get("samples")]
+                row[f"{name}_cpu_ms_per_sample"] = round(statistics.median(cpu), 3) if cpu else None
             row["obstore_rate_of_plain"] = round(row["obstore_samples_per_s"] / row["s3_plain_samples_per_s"], 3)
             rows.append(row)
             print(row, flush=True)
@@ -222,9 +258,11 @@ def main() -> None:
         local = list(mmdata.DataLoader(str(store), spec, batch_size=4, seed=3))
         report["faults"] = {
             name: faulty_epoch(url, local, make, endpoint)
-            for name, make in (("s3_plain", plain_reader), ("obstore", ObstoreReads))
+            for name, make in (("s3_plain", None), ("obstore", ObstoreReads))
         }
         print(report["faults"], flush=True)
+        report["fork"] = forked_read(endpoint)
+        print(report["fork"], flush=True)
     if args.record:
         write_results(args.record, report)
 
