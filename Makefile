@@ -40,7 +40,7 @@ test: $(STAMP) $(PINS_STAMP) check-aarch64 browser
 	$(BIN)/ruff check mmdata tests benchmarks
 	$(BIN)/ruff format --check mmdata tests benchmarks
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 	$(PINS)/bin/python -m pytest -q -p no:cacheprovider tests/test_lerobot_loader.py tests/test_importers.py -k lerobot
 
 browser:
