@@ -64,6 +64,37 @@ def test_an_interleave_gives_each_source_its_slots_in_order_and_spreads_them_eve
             assert np.abs(counts - length * np.asarray(targets) / total).max() < len(targets)
 
 
+@pytest.mark.parametrize("targets", [(5, 3, 2), (1, 0, 1, 1000), (333, 1, 77, 5000, 2)])
+def test_an_interleave_counts_each_sources_slots_before_any_position_as_placing_them_does(targets):
+    total = sum(targets)
+    source, _ = SourceInterleave(targets).place(np.arange(total))
+    positions = np.array([0, 1, total // 3, total // 2, total - 1, total])
+    counted = SourceInterleave(targets).counts_before(positions)
+    for row, position in zip(counted, positions.tolist()):
+        assert row.tolist() == np.bincount(source[:position], minlength=len(targets)).tolist()
+
+
+def test_a_mixtures_sources_deal_their_blocks_within_the_lanes_of_the_steps_that_read_them():
+    planner = mixed_planner([[40.0] * 30, [40.0] * 20], [900, 400], batch=4, lanes=4)  # blocks of 4, 3 open
+    plan = planner.epoch_plan(5, 0, [], 2)
+    order = plan.plan.order
+    owner: dict[tuple[int, int, int], set] = {}
+    read = []
+    for step in range(len(plan.plan)):
+        for rank in range(2):
+            slots = plan.plan.micro_batch(step, rank)
+            read += slots.tolist()
+            sources, samples = order.sources_of(slots)
+            passes = (slots - order._firsts[sources]) // np.asarray(order.counts)[sources]
+            for source, sample, number in zip(sources.tolist(), samples.tolist(), passes.tolist()):
+                turn = order._pass(source, number)._turn  # (a block: 4 consecutive samples from the pass's turn)
+                owner.setdefault((source, number, (sample - turn) // 4), set()).add((rank, step % 4))
+    assert sorted(read + plan.left_out.tolist()) == list(range(1300))
+    shared = sum(len(lanes) > 1 for lanes in owner.values())
+    cuts = len(plan.plan.layout.cuts()) - 2  # (where two lanes meet: a block of each source cut there at most)
+    assert shared <= 2 * cuts, f"{shared} blocks read by two lanes"
+
+
 def test_an_interleave_of_more_slots_than_its_arithmetic_holds_is_refused_naming_epoch_samples():
     with pytest.raises(OptionError, match="epoch_samples"):
         SourceInterleave((MAX_MIXED_SLOTS, 1))

@@ -35,6 +35,7 @@ class MixedOrder:
     recipes: tuple[OrderRecipe, ...]
     seed: int
     epoch: int
+    cuts: np.ndarray | None = field(default=None, compare=False)  # each lane's first position, `sum(targets)` last
     _passes: OrderedDict = field(default_factory=OrderedDict, init=False, repr=False, compare=False)
     _interleave: SourceInterleave = field(init=False, repr=False, compare=False)
     _firsts: np.ndarray = field(init=False, repr=False, compare=False)  # each source's first slot, then the count
@@ -70,12 +71,20 @@ class MixedOrder:
             sample[chosen] = self._pass(int(source[first]), int(passes[first])).samples_at(within[chosen])
         return source, sample
 
+    def _pass_cuts(self, source: int, number: int) -> np.ndarray | None:
+        """Where the lanes of the epoch fall in source `source`'s pass `number`, as positions of that pass's order."""
+        if self.cuts is None:
+            return None
+        count = self.counts[source]
+        slots = self._interleave.counts_before(np.asarray(self.cuts, np.int64))[:, source] - number * count
+        return np.unique(np.concatenate([[0], np.clip(slots, 0, count), [count]])).astype(np.int64)
+
     def _pass(self, source: int, number: int) -> Order:
         """Source `source`'s order of its pass `number` through its samples (the last few kept)."""
         made = self._passes.get((source, number))
         if made is None:
             seed = int(np.random.SeedSequence([self.seed, source, number, _PASS_STREAM]).generate_state(1)[0])
-            made = self.recipes[source].order(self.counts[source], seed, self.epoch)
+            made = self.recipes[source].order(self.counts[source], seed, self.epoch, self._pass_cuts(source, number))
             self._passes[(source, number)] = made
             while len(self._passes) > _KEPT_PASSES:
                 self._passes.popitem(last=False)

@@ -169,13 +169,13 @@ class Planner:
         return self.batching.lanes if self.batching.shuffle == "blocks" else 1
 
     def order(self, seed: int, epoch: int, cuts: np.ndarray | None = None) -> Order:
-        """The epoch's order of slots; `cuts`: the first slot position of each lane of the steps that read them, which
-        a source's "blocks" order deals within (a mixture's orders deal over its epoch)."""
+        """The epoch's order of slots; `cuts`: the first position of each lane of the steps that read them, which a
+        source's "blocks" order deals within (a mixture's sources each within the lanes' share of its slots)."""
         if self.targets is None:
             return self.sources[0].recipe.order(self.slots, seed, epoch, cuts)
         counts = tuple(len(source.samples) for source in self.sources)
         recipes = tuple(source.recipe for source in self.sources)
-        return MixedOrder(counts, tuple(self.targets.tolist()), recipes, seed, epoch)
+        return MixedOrder(counts, tuple(self.targets.tolist()), recipes, seed, epoch, cuts)
 
     def epoch_plan(self, seed: int, epoch: int, stretches: Sequence[Stretch], world_size: int) -> EpochPlan:
         """The epoch's plan at `world_size` after the `stretches` already run; its steps hold slot numbers."""
