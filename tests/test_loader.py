@@ -628,3 +628,17 @@ def test_a_state_beyond_what_a_run_can_hold_is_refused_naming_its_field(stores, 
         loader.load_state_dict(loader.state_dict() | {field: value})
     with pytest.raises(mmdata.OptionError, match="set_epoch's epoch"):
         loader.set_epoch(2**62)
+
+
+def test_stats_give_the_training_loops_own_time_per_step_apart_from_its_wait_for_data(stores):
+    loader = mmdata.DataLoader(stores["wds"], POLICY_WINDOWS, batch_size=4)
+    for taken, _ in enumerate(loader):
+        time.sleep(0.03)  # the training step
+        if taken == 4:
+            break
+    stats = loader.stats()
+    assert stats["loop_ms"]["p50"] >= 30 and stats["loop_seconds"] >= 4 * 0.03
+    assert 0 < stats["wait_share"] < 1
+    assert stats["wait_share"] == pytest.approx(
+        stats["data_wait_seconds"] / (stats["data_wait_seconds"] + stats["loop_seconds"]), abs=1e-3
+    )

@@ -186,7 +186,9 @@ class DataLoader:
             self._position.advance(plan)
             if expected == plan.total_steps - 1 and not self.options.persistent_workers:
                 self.close()  # (torch's persistent_workers=False: the next epoch starts its workers afresh)
+            handed = time.perf_counter()
             yield batch
+            self._stats.add_loop(time.perf_counter() - handed)  # (the training loop's step, between two asks)
 
     def _feed_from(self, epoch: int, step: int, plan: EpochPlan) -> Feed:
         """The running feed (it stands where the state does: anything that moves the state elsewhere

@@ -1,4 +1,5 @@
-"""What the loader measured: per-stage time in workers and in the main process, data wait, bytes,
+"""What the loader measured: per-stage time in workers and in the main process, data wait and the training loop's
+own time per step (`loop_ms`: from a batch handed over to the next asked for), bytes,
 frames decoded against delivered, skipped samples, memory. Kept as running totals plus a bounded
 window of recent per-step waits, so it costs nothing to keep on for a whole run."""
 
@@ -30,6 +31,8 @@ class LoaderStats:
         self.data_wait = 0.0
         self.ready_when_asked = 0
         self.waits: deque[float] = deque(maxlen=RECENT_STEPS)
+        self.loop_seconds = 0.0
+        self.loops: deque[float] = deque(maxlen=RECENT_STEPS)
         self.worker_seconds: dict[str, float] = {}
         self.stage_cpu: dict[str, float] = {}
         self.main_seconds: dict[str, float] = {}
@@ -46,6 +49,11 @@ class LoaderStats:
     def add_main(self, stage: Stage, seconds: float) -> None:
         """Count time the main process spent on a stage outside any step (an epoch planned before its first)."""
         add_time(self.main_seconds, stage, seconds)
+
+    def add_loop(self, seconds: float) -> None:
+        """Count one step of the training loop: the time from a batch handed to it to its asking for the next."""
+        self.loop_seconds += seconds
+        self.loops.append(seconds)
 
     def add_step(self, record: StepRecord, waited: float, queue_depth: int | None = None) -> None:
         """Count one batch handed to the training loop, with what reading it measured."""
@@ -89,13 +97,8 @@ class LoaderStats:
         }
 
     def snapshot(self) -> dict[str, Any]:
-        waits_ms = np.asarray(self.waits, dtype=np.float64) * 1000
-        percentiles = (
-            {f"p{q}": round(float(np.percentile(waits_ms, q)), 3) for q in (50, 95, 99)}
-            | {"max": round(float(waits_ms.max()), 3)}
-            if len(waits_ms)
-            else {}
-        )
+        percentiles = _percentiles_ms(self.waits)
+        busy = self.loop_seconds + self.data_wait
         return {
             "steps": self.steps,
             "samples": self.samples,
@@ -107,6 +110,9 @@ class LoaderStats:
             "skipped": list(self.skipped),
             "data_wait_seconds": round(self.data_wait, 6),
             "wait_ms": percentiles,
+            "loop_seconds": round(self.loop_seconds, 6),
+            "loop_ms": _percentiles_ms(self.loops),
+            "wait_share": round(self.data_wait / busy, 4) if busy else 0.0,
             "ready_when_asked": round(self.ready_when_asked / self.steps, 4) if self.steps else 0.0,
             "main_queue_depth_mean": round(float(np.mean(self.main_queue_depths)), 3)
             if self.main_queue_depths
@@ -128,6 +134,16 @@ class LoaderStats:
             "peak_rss_bytes_per_worker": dict(self.peak_rss),
             "worker_pids": sorted(self.worker_pids),
         }
+
+
+def _percentiles_ms(seconds: deque[float]) -> dict[str, float]:
+    """p50/p95/p99 and the longest of recent durations, in milliseconds (none yet: empty)."""
+    if not seconds:
+        return {}
+    values = np.asarray(seconds, dtype=np.float64) * 1000
+    return {f"p{q}": round(float(np.percentile(values, q)), 3) for q in (50, 95, 99)} | {
+        "max": round(float(values.max()), 3)
+    }
 
 
 def _add_into(totals: dict[str, float], seconds: dict[str, float]) -> None:
