@@ -39,6 +39,7 @@ class MixedOrder:
     _passes: OrderedDict = field(default_factory=OrderedDict, init=False, repr=False, compare=False)
     _interleave: SourceInterleave = field(init=False, repr=False, compare=False)
     _firsts: np.ndarray = field(init=False, repr=False, compare=False)  # each source's first slot, then the count
+    _source_cuts: np.ndarray | None = field(init=False, repr=False, compare=False)  # [cut, source]: slots before
 
     def __post_init__(self):
         if not len(self.counts) == len(self.targets) == len(self.recipes):
@@ -48,6 +49,8 @@ class MixedOrder:
             raise OptionError(f"source {fed[0]} of the mixture has slots in the epoch but no sample")
         object.__setattr__(self, "_interleave", SourceInterleave(tuple(self.targets)))
         object.__setattr__(self, "_firsts", np.concatenate([[0], np.cumsum(self.targets)]).astype(np.int64))
+        cuts = None if self.cuts is None else self._interleave.counts_before(np.asarray(self.cuts, np.int64))
+        object.__setattr__(self, "_source_cuts", cuts)
 
     @property
     def count(self) -> int:
@@ -73,10 +76,10 @@ class MixedOrder:
 
     def _pass_cuts(self, source: int, number: int) -> np.ndarray | None:
         """Where the lanes of the epoch fall in source `source`'s pass `number`, as positions of that pass's order."""
-        if self.cuts is None:
+        if self._source_cuts is None:
             return None
         count = self.counts[source]
-        slots = self._interleave.counts_before(np.asarray(self.cuts, np.int64))[:, source] - number * count
+        slots = self._source_cuts[:, source] - number * count
         return np.unique(np.concatenate([[0], np.clip(slots, 0, count), [count]])).astype(np.int64)
 
     def _pass(self, source: int, number: int) -> Order:

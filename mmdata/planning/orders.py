@@ -207,7 +207,8 @@ class BlockOrder:
         lanes = np.asarray([0, self.count] if self.cuts is None else self.cuts, dtype=np.int64)
         if len(lanes) < 2 or lanes[0] != 0 or lanes[-1] != self.count or np.any(np.diff(lanes) < 0):
             raise OptionError(f"an order's cuts run from 0 to its {self.count} positions, ascending")
-        if np.diff(lanes)[np.diff(lanes) > 0].min(initial=self.count) < self.block * self.open_blocks:
+        sizes = np.diff(lanes)
+        if sizes[sizes > 0].min(initial=self.count) < self.block * self.open_blocks:
             lanes = np.array([0, self.count], np.int64)  # (lanes shorter than a group: mixing them matters more)
         object.__setattr__(self, "_blocks", KeyedPermutation(self.count // self.block, int(keys[0])))
         object.__setattr__(self, "_lanes", lanes)
@@ -324,8 +325,7 @@ class EpisodeBlockOrder:
         self.count, self._cut = int(blocks.firsts[-1]), blocks
         whole = blocks.whole_samples
         self._spread = SourceInterleave((whole, self.count - whole))
-        # a run of positions [a, b) holds the whole blocks' slots [a * whole // count, b * whole // count)
-        within = None if cuts is None else np.asarray(cuts, np.int64) * whole // max(1, self.count)
+        within = None if cuts is None else self._spread.counts_before(cuts)[:, 0]  # (the whole blocks' slots before)
         self._blocks = BlockOrder(whole, blocks.block, open_blocks, seed, epoch, turned=False, cuts=within)
         episodes = len(blocks.firsts) - 1
         chunks = max(1, min(REMAINDER_CHUNKS, episodes))
