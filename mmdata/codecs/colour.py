@@ -157,4 +157,4 @@ def _batch_kernel():
 
 def _plane_view(plane: VideoPlane) -> np.ndarray:
     """A frame plane's bytes as rows of its `line_size` (the pixels, then each line's padding), without a copy."""
-    return np.frombuffer(plane, np.uint8).reshape(-1, plane.line_size)  # type: ignore[call-overload]  # (a buffer)
+    return np.frombuffer(plane, np.uint8).reshape(-1, plane.line_size)  # type: ignore[call-overload, unused-ignore]  # (a buffer; stubs vary)

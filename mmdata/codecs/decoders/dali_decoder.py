@@ -265,7 +265,7 @@ class DaliDecoder(VideoDecoder):
 
         gpu = self.device == "gpu"
 
-        @pipeline_def(  # type: ignore[call-overload]  # (DALI's stubs lack exec_dynamic, which 2.x takes)
+        @pipeline_def(  # type: ignore[call-overload, unused-ignore]  # (older DALI stubs lack exec_dynamic)
             batch_size=self.batch_size,
             num_threads=self.num_threads,
             device_id=self.device_id if gpu else None,

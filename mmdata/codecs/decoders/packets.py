@@ -109,7 +109,7 @@ def indexed_packets(data: bytes, index: PacketIndex) -> SegmentPackets:
 
     def packet(position: int) -> av.Packet:
         start = offsets[position]
-        made = av.Packet(view[start : start + sizes[position]])  # type: ignore[arg-type]  # (PyAV takes any buffer)
+        made = av.Packet(view[start : start + sizes[position]])  # type: ignore[arg-type, unused-ignore]  # (PyAV takes any buffer; its stubs vary by release)
         made.pts = frames[position]
         return made
 
