@@ -127,13 +127,13 @@ def loader_batches(store, workers: int) -> list[dict]:
 
 
 def test_a_worker_puts_only_large_tensors_in_shared_memory_small_ones_cross_inside_the_message(monkeypatch):
-    monkeypatch.setattr(host_memory, "get_worker_info", lambda: object())  # as inside a DataLoader worker
+    monkeypatch.setattr(host_memory, "current_worker", lambda: 0)  # as inside a loader worker
     like = torch.zeros((0, 16, 14), dtype=torch.float32)
     rows = SHARED_TENSOR_BYTES // (16 * 14 * 4)
     assert shared_output(like, (rows - 1,)) is None  # state and action of a batch: no shared-memory file each
     large = shared_output(like, (rows + 1,))
     assert large is not None and large.is_shared() and tuple(large.shape) == (rows + 1, 16, 14)
-    monkeypatch.setattr(host_memory, "get_worker_info", lambda: None)
+    monkeypatch.setattr(host_memory, "current_worker", lambda: None)
     assert shared_output(like, (rows + 1,)) is None  # the main process allocates as usual
 
 
@@ -187,10 +187,10 @@ def test_a_batch_the_training_loop_keeps_for_good_leaves_the_rings_to_every_late
 
 
 _REALLOCATION = """
-import ctypes, os, resource, sys
+import ctypes, os, resource, sys, types
 import mmdata.loading.feed as feed
-if sys.argv[1] == "worker":
-    feed.start_worker(os.getppid(), 0)
+if sys.argv[1] == "worker":  # what a pool worker does first
+    feed.StepSource.start_in_worker(types.SimpleNamespace(arena=None), 0)
 libc = ctypes.CDLL(None)
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, (ctypes.c_size_t,)
 libc.free.argtypes, libc.memset.argtypes = (ctypes.c_void_p,), (ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t)

@@ -89,6 +89,7 @@ class ChainAssembly:
             ahead=MAIN_DECODE_AHEAD,
             frame_bytes=read_bytes,
             timeout=self.torch_options.timeout,
+            lanes=planner.lanes,
         )
 
     def finish(self, item: Item) -> Item:

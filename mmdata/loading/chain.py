@@ -133,6 +133,12 @@ class BatchReader:
         """
         return self._read(self.scope, step, samples, fallback, horizon)
 
+    def replan(self) -> None:
+        """Forget the steps this reader expected to read next (a worker pool gave them to another worker): the
+        frame cache's plan of them and their frame plans aligned ahead. The next read plans its horizon afresh."""
+        self.frame_cache.forget_later()
+        self.scope.aligned_ahead.clear()
+
     def finish(self, batch: MicroBatch, seconds: dict[str, float] | None = None) -> dict[str, Any]:
         """The end of the chain: decode what is pending, settle failed samples, collate."""
         if seconds is not None:

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import functools
-import gc
 import os
 import queue
 import resource
@@ -27,10 +25,8 @@ from typing import Any, overload
 
 import numpy as np
 import torch
-from torch.utils.data import IterableDataset, get_worker_info
 
 from mmdata.errors import MmdataError
-from mmdata.lifetime import exit_with_parent
 from mmdata.loading.chain import BatchReader
 from mmdata.loading.host_memory import (
     ARENA_BYTES_PER_WORKER,
@@ -46,6 +42,7 @@ from mmdata.loading.micro_batch import source_counts
 from mmdata.loading.settling import FALLBACK_SAMPLES
 from mmdata.loading.step_record import DecodeCounters, StepRecord
 from mmdata.loading.timing import Stage, add_time
+from mmdata.loading.worker_pool import WorkerPool, current_worker
 from mmdata.planning.planner import Planner, RankSteps
 from mmdata.planning.samples import SampleRef
 from mmdata.store.filesystem import read_retries
@@ -66,7 +63,7 @@ class StepsAhead(Sequence[Sequence[SampleRef]]):
     """The samples of the steps a worker reads next, each made when it is asked for: the reader looks at a step once,
     as it enters its horizon, so a horizon of 128 steps costs one step's samples per read, not 128."""
 
-    def __init__(self, steps: RankSteps, positions: range):
+    def __init__(self, steps: RankSteps, positions: Sequence[int]):
         self.steps, self.positions = steps, positions
 
     def __len__(self) -> int:
@@ -82,8 +79,10 @@ class StepsAhead(Sequence[Sequence[SampleRef]]):
         return self.steps[self.positions[index]][1]
 
 
-class StepSource(IterableDataset):
-    """One rank's steps from `first_steps` of `first_epoch` on, then every following epoch."""
+class StepSource:
+    """One rank's steps from `first_steps` of `first_epoch` on, then every following epoch: read in turn in this
+    process (`in_order`), or step by step in the workers of a `WorkerPool` (`read_step`), which plan the epochs
+    after the first themselves (the plan is a pure function)."""
 
     def __init__(
         self,
@@ -99,51 +98,70 @@ class StepSource(IterableDataset):
         self.seed, self.rank, self.world_size = seed, rank, world_size
         self.first_epoch, self.first_steps = first_epoch, first_steps
         self.arena: FrameArena | None = None  # set by the Feed that starts workers on it
-        self._planning_seconds = 0.0  # next epochs planned here, not yet reported with a batch
+        self._planning_seconds = 0.0  # epochs planned here, not yet reported with a batch
         self._cpu_mark: float | None = None  # in a worker: its process's CPU time when its last item was made
+        self._epochs: dict[int, RankSteps | MmdataError] = {first_epoch: first_steps}
 
-    def epochs(self) -> Iterator[tuple[int, RankSteps]]:
-        yield self.first_epoch, self.first_steps
-        epoch = self.first_epoch + 1
-        while True:
+    @property
+    def horizon(self) -> int:
+        """The reads a reader plans ahead (its frame cache's horizon)."""
+        return self.reader.horizon
+
+    def steps_of(self, epoch: int) -> RankSteps:
+        """The rank's steps of `epoch` (planned here once; the two latest kept); raises what planning it raised."""
+        steps = self._epochs.get(epoch)
+        if steps is None:
             started = time.perf_counter()
-            plan = self.planner.epoch_plan(self.seed, epoch, [], self.world_size)
-            steps = self.planner.rank_steps(plan, self.rank)
+            try:
+                plan = self.planner.epoch_plan(self.seed, epoch, [], self.world_size)
+                steps = self.planner.rank_steps(plan, self.rank)
+                if not steps:
+                    raise MmdataError(f"epoch {epoch} has no steps for rank {self.rank} of {self.world_size}")
+            except MmdataError as exc:
+                steps = exc
             self._planning_seconds += time.perf_counter() - started
-            if not steps:
-                raise MmdataError(f"epoch {epoch} has no steps for rank {self.rank} of {self.world_size}")
-            yield epoch, steps
+            self._epochs[epoch] = steps
+            for older in [e for e in self._epochs if e < epoch - 1]:
+                del self._epochs[older]
+        if isinstance(steps, MmdataError):
+            raise steps
+        return steps
+
+    def epoch_lengths(self) -> Iterator[tuple[int, int, int]]:
+        """(epoch, its first step, its steps from there), from the first epoch on."""
+        epoch = self.first_epoch
+        while True:
+            steps = self.steps_of(epoch)
+            yield epoch, steps.first, len(steps)
             epoch += 1
 
-    def __iter__(self) -> Iterator[Item]:
-        worker = get_worker_info()
-        number, count = (worker.id, worker.num_workers) if worker is not None else (0, 1)
-        if worker is not None:
-            use_arena(self.arena, number)
-            self._cpu_mark = time.process_time()
-        position = 0
-        epochs = self.epochs()
-        epoch, steps = next(epochs)
-        upcoming: tuple[int, RankSteps] | BaseException | None = None  # the next epoch, once a step needs it
-        while True:
-            for index in range(len(steps)):
-                if position % count == number:
-                    making, planned = time.perf_counter(), self._planning_seconds  # (a step's samples are made now)
-                    step, samples = steps[index]
-                    # the samples planned after this step, to borrow from if all of its own fail
-                    fallback = steps.samples_after(index, FALLBACK_SAMPLES)
-                    if len(fallback) < FALLBACK_SAMPLES:
-                        upcoming = upcoming or _next_or_error(epochs)
-                        if not isinstance(upcoming, BaseException):
-                            fallback += islice(_samples_of(upcoming[1]), FALLBACK_SAMPLES - len(fallback))
-                    self._planning_seconds = planned + time.perf_counter() - making  # (the next epoch's plan in it)
-                    later = range(index + count, min(len(steps), index + count * (self.reader.horizon + 1)), count)
-                    yield self._read(epoch, step, samples, number, fallback, StepsAhead(steps, later))
-                position += 1
-            if isinstance(upcoming, BaseException):
-                raise upcoming
-            epoch, steps = upcoming or next(epochs)
-            upcoming = None
+    def in_order(self) -> Iterator[Item]:
+        """Every step's item in turn, read in this process."""
+        for epoch, _, length in self.epoch_lengths():
+            for position in range(length):
+                later = range(position + 1, min(length, position + 1 + self.reader.horizon))
+                yield self.read_step(epoch, position, later, 0, False)
+
+    def start_in_worker(self, slot: int) -> None:
+        """A pool worker's start: end with the main process, reuse freed memory, write frames into its ring."""
+        keep_freed_memory_mapped()
+        use_arena(self.arena, slot)
+        self._cpu_mark = time.process_time()
+
+    def read_step(self, epoch: int, position: int, later: Sequence[int], worker: int, restart: bool) -> Item:
+        """The item of step `position` of `epoch`'s steps; `later` are the positions this reader reads next (its
+        frame cache's horizon) and `restart` says its earlier plan of them no longer holds."""
+        making, planned = time.perf_counter(), self._planning_seconds
+        steps = self.steps_of(epoch)
+        if restart:
+            self.reader.replan()
+        step, samples = steps[position]
+        fallback = steps.samples_after(position, FALLBACK_SAMPLES)  # to borrow from if all of its own fail
+        if len(fallback) < FALLBACK_SAMPLES:
+            with contextlib.suppress(MmdataError):  # (the next epoch's error is raised when that epoch is due)
+                fallback += islice(_samples_of(self.steps_of(epoch + 1)), FALLBACK_SAMPLES - len(fallback))
+        self._planning_seconds = planned + time.perf_counter() - making
+        return self._read(epoch, step, samples, worker, fallback, StepsAhead(steps, later))
 
     def _read(
         self,
@@ -165,7 +183,7 @@ class StepSource(IterableDataset):
         output: Any = batch
         if not reader.defer_video:
             output = reader.finish(batch)
-            if get_worker_info() is not None:
+            if current_worker() is not None:
                 if self.arena is not None:  # first: frames on the ring cross as spans, however small
                     output = self.arena.spans_of(output)
                 output = small_tensors_as_arrays(output)
@@ -220,29 +238,24 @@ class Feed:
         ahead: int = 2,
         frame_bytes: int | None = None,
         timeout: float = 0.0,
+        lanes: int = 1,
+        most_workers: int = 0,
     ):
         self._finish = weakref.WeakMethod(finish)
         self._timeout = timeout or None
         self._pin_memory = pin_memory
         self._arena: FrameArena | None = None
+        self._stop = threading.Event()
+        self.pool: WorkerPool | None = None
         if num_workers > 0:
-            self._arena = source.arena = frame_arena(num_workers, ring_bytes(frame_bytes, prefetch_factor, ahead))
-            loader = torch.utils.data.DataLoader(
-                source,
-                batch_size=None,
-                num_workers=num_workers,
-                collate_fn=_unchanged,
-                prefetch_factor=prefetch_factor,
-                pin_memory=pin_memory,
-                worker_init_fn=functools.partial(start_worker, os.getpid()),
-            )
-            with _frozen_for_fork():
-                self._items: Iterator[Item] = iter(loader)  # starts the workers
+            slots = max(num_workers, most_workers)
+            self._arena = source.arena = frame_arena(slots, ring_bytes(frame_bytes, prefetch_factor, ahead))
+            self.pool = WorkerPool(source, num_workers, slots, lanes, prefetch_factor)
+            self._items: Iterator[Item] = self.pool.items(self._stop.is_set)
         else:
-            self._items = iter(source)
+            self._items = source.in_order()
         self.failed = False
         self._ready: queue.Queue | None = None
-        self._stop = threading.Event()
         if background or num_workers > 0:
             self._ready = queue.Queue(maxsize=ahead)
             self._thread = threading.Thread(target=self._receive, name="mmdata-feed", daemon=True)
@@ -275,6 +288,8 @@ class Feed:
         self._stop.set()
         if self._ready is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=30)
+        if self.pool is not None:
+            self.pool.close()
         self._items = iter(())
         _OPEN_FEEDS.discard(self)
 
@@ -311,12 +326,6 @@ class Feed:
             except queue.Full:
                 continue
         return False
-
-
-def start_worker(parent: int, worker_id: int) -> None:
-    """A loader worker's first step: end with the main process, and reuse the memory frames are freed from."""
-    exit_with_parent(parent)
-    keep_freed_memory_mapped()
 
 
 def frame_arena(workers: int, bytes_per_worker: int) -> FrameArena | None:
@@ -359,37 +368,8 @@ def arrays_as_tensors(batch: dict[str, Any]) -> dict[str, Any]:
     return {name: torch.from_numpy(value) if isinstance(value, np.ndarray) else value for name, value in batch.items()}
 
 
-@contextlib.contextmanager
-def _frozen_for_fork() -> Iterator[None]:
-    """Workers forked inside this block never collect the objects they inherit, garbage included: a
-    native one (a decoder with threads) must be destroyed only in the process that made it, or the child
-    waits forever on threads that exist only in the parent. Objects stay frozen in the children from
-    their first instruction (the collector can run before any worker code does); the parent thaws them
-    once the workers are up, unless it had frozen objects of its own. Untouched pages also stay shared."""
-    thaw = gc.get_freeze_count() == 0
-    gc.freeze()
-    try:
-        yield
-    finally:
-        if thaw:
-            gc.unfreeze()
-
-
-def _unchanged(item: Any) -> Any:
-    """Items cross from workers as they are (torch's default would turn numpy arrays into tensors)."""
-    return item
-
-
 def _samples_of(steps: RankSteps) -> Iterator[SampleRef]:
     return (sample for _, samples in steps for sample in samples)
-
-
-def _next_or_error(epochs: Iterator[tuple[int, RankSteps]]) -> tuple[int, RankSteps] | BaseException:
-    """The next epoch's steps, or the error planning it raised (raised again when that epoch is due)."""
-    try:
-        return next(epochs)
-    except MmdataError as exc:
-        return exc
 
 
 class _Failure:

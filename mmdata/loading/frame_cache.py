@@ -112,6 +112,13 @@ class FrameCache:
         """The number `start_read` gives next."""
         return self._read + 1
 
+    def forget_later(self) -> None:
+        """Drop what the reads after the one in progress were expected to need (their steps went to another
+        reader): frames no read still needs leave, and the next reads are planned afresh."""
+        for number in [number for number in self._needs if number > self._read]:
+            for key, frames in self._needs.pop(number):
+                self._forget(number, key, frames)
+
     def knows(self, read: int) -> bool:
         return read in self._needs
 

@@ -22,7 +22,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import get_worker_info
+
+from mmdata.loading.worker_pool import current_worker
 
 # Shared memory per worker for frames in flight, at least (a few batches of 8 policy windows: three 224x224
 # frames each take 3.6 MB) and at most (sized from the batch; a larger batch goes through torch's own).
@@ -48,7 +49,7 @@ def shared_output(like: torch.Tensor, leading: tuple[int, ...]) -> torch.Tensor 
     inside the message (a shared-memory file of its own would cost five system calls here and more there)."""
     shape = (*leading, *like.shape[1:])
     small = math.prod(shape) * like.element_size() < SHARED_TENSOR_BYTES
-    if like.device.type != "cpu" or small or get_worker_info() is None:
+    if like.device.type != "cpu" or small or current_worker() is None:
         return None
     storage = like._typed_storage()._new_shared(math.prod(shape), device=like.device)
     return like.new(storage).resize_(shape)
@@ -217,7 +218,7 @@ def host_frames(count: int, frame_shape: tuple[int, ...]) -> torch.Tensor:
     """Room for `count` uint8 frames of `frame_shape`, uninitialised: a batch's camera, decoded samples
     written straight into it (in a worker: its ring of the frame arena, else torch's shared memory)."""
     shape = (count, *frame_shape)
-    if _worker_arena is not None and get_worker_info() is not None:
+    if _worker_arena is not None and current_worker() is not None:
         arena, worker = _worker_arena
         view = arena.allocate(worker, shape)
         if view is not None:
