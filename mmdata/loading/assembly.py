@@ -22,7 +22,7 @@ from mmdata.loading.frame_budget import (
     loader_frame_budget,
     waste_cause,
 )
-from mmdata.loading.loader_options import Batching, Reading, Runtime, TorchOptions
+from mmdata.loading.loader_options import Batching, Reading, Runtime, TorchOptions, WorkerCount, worker_count
 from mmdata.loading.micro_batch import MicroBatch, OnError
 from mmdata.loading.timing import Stage, timed
 from mmdata.planning.mixture import Filler, OpenSource
@@ -48,9 +48,12 @@ class ChainAssembly:
     ):
         self.sources, self.spec, self.fillers, self.on_error, self.device = sources, spec, fillers, on_error, device
         self.batching, self.runtime, self.reading, self.torch_options = options
-        self.decoder = loader_decoder(self.runtime.decoder, spec, sources, device, self.torch_options.num_workers)
+        self.workers = worker_count(self.torch_options.num_workers, self.runtime.cpu_budget)
+        self.decoder = loader_decoder(self.runtime.decoder, spec, sources, device, self.workers.most)
         decode_in = self.runtime.decode_in
         self.decode_in_main = decode_in == "main" if decode_in else self.decoder.device == "gpu"
+        if self.decode_in_main and self.workers.auto:  # (a main-process decoder follows each worker's frame cache)
+            self.workers = WorkerCount(self.workers.first, self.workers.first, False)
         self.frame_budget: FrameBudget | None = None  # the running feed's frame caches' bound and horizon
         self._reader: BatchReader | None = None  # the running feed's; it also ends main-process batches
         self._reads_ahead: int | None = None  # of this loader's plan: the same for every feed it starts
@@ -66,7 +69,7 @@ class ChainAssembly:
         }
         read_bytes = frame_bytes_per_batch(self.spec, self.fillers, batching.batch_size)
         if self._reads_ahead is None:  # a pass over every sample's segment: once, not at every epoch or resume
-            self._reads_ahead = reads_ahead(planner, world_size, self.torch_options.num_workers)
+            self._reads_ahead = reads_ahead(planner, world_size, self.workers.first)
         budget = self.frame_budget = self._frame_budget(read_bytes, self._reads_ahead)
         reader = self._reader = BatchReader(
             self.sources,
@@ -82,7 +85,7 @@ class ChainAssembly:
         return Feed(
             StepSource(reader, planner, seed, rank, world_size, epoch, steps),
             self.finish,
-            self.torch_options.num_workers,
+            self.workers,
             self.torch_options.prefetch_factor,
             pin_memory=(self.device.type == "cuda" if pin is None else pin) and torch.cuda.is_available(),
             background=self.decode_in_main,
@@ -124,7 +127,7 @@ class ChainAssembly:
     def _frame_budget(self, read_bytes: int | None, longest: int) -> FrameBudget:
         """Each frame cache's bound and horizon for reads of `read_bytes`, planning `longest` reads ahead where the
         memory holds them (see `frame_budget.loader_frame_budget`)."""
-        workers = self.torch_options.num_workers
+        workers = self.workers.most  # (sized for the most workers there may be: memory holds whatever the count)
         rings = ring_bytes(read_bytes, self.torch_options.prefetch_factor, MAIN_DECODE_AHEAD) if workers else 0
         on_gpu = self.decode_in_main and self.decoder.device == "gpu" and self.device.type == "cuda"
         gpu = self.device if on_gpu else None

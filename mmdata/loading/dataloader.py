@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 from mmdata.checks import option_int
 from mmdata.errors import OptionError, SpecError
@@ -72,7 +72,7 @@ class DataLoader:
         batch_size: int | None = None,
         shuffle: Shuffle | bool = "auto",
         *,
-        num_workers: int = 0,
+        num_workers: int | Literal["auto"] = 0,
         prefetch_factor: int = 2,
         drop_last: bool = False,
         pin_memory: bool | None = None,
@@ -111,7 +111,6 @@ class DataLoader:
         self.options = options.torch
         self.batching, self.shuffling, self.runtime, self.reading = batching, shuffling, runtime, reading
         self.spec, self.on_error, self.layout = spec, on_error, batching.layout
-        self.num_workers = options.torch.num_workers
         self.rank, self.world_size = rank_and_world(runtime.rank, runtime.world_size)
         enable_profiler_ranges(runtime.profiler_ranges)
         self.device = runtime.resolved_device()
@@ -141,6 +140,13 @@ class DataLoader:
 
     def __len__(self) -> int:
         return self.epoch_plan().total_steps
+
+    @property
+    def num_workers(self) -> int:
+        """The worker processes reading now (with `num_workers="auto"`, the tuner's latest choice)."""
+        if self._feed is not None:
+            return self._feed.workers
+        return self.chain.workers.first
 
     @property
     def epoch(self) -> int:
@@ -182,13 +188,16 @@ class DataLoader:
             if (got_epoch, step) != (epoch, expected):
                 self.close()
                 raise RuntimeError(f"loader produced epoch {got_epoch} step {step} where {epoch}/{expected} was due")
-            self._stats.add_step(record, time.perf_counter() - waited, feed.queue_depth())
+            waited_for = time.perf_counter() - waited
+            self._stats.add_step(record, waited_for, feed.queue_depth())
             self._position.advance(plan)
             if expected == plan.total_steps - 1 and not self.options.persistent_workers:
                 self.close()  # (torch's persistent_workers=False: the next epoch starts its workers afresh)
             handed = time.perf_counter()
             yield batch
-            self._stats.add_loop(time.perf_counter() - handed)  # (the training loop's step, between two asks)
+            loop = time.perf_counter() - handed  # (the training loop's step, between two asks)
+            self._stats.add_loop(loop)
+            feed.taken(record, waited_for, loop)
 
     def _feed_from(self, epoch: int, step: int, plan: EpochPlan) -> Feed:
         """The running feed (it stands where the state does: anything that moves the state elsewhere
@@ -223,6 +232,9 @@ class DataLoader:
         snapshot["excluded_episodes"] = dict(self.excluded)
         snapshot["sources"] = self._stats.sources([source.name for source in self.sources])
         snapshot["workers"] = self.num_workers
+        tuner = self._feed.tuner if self._feed is not None else None
+        if tuner is not None:
+            snapshot["autotune"] = {"most_workers": tuner.most, "settings": [s.to_dict() for s in tuner.history]}
         snapshot.update(self.chain.stats(snapshot["decode_waste"], snapshot["frames_evicted"]))
         return snapshot
 

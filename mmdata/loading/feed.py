@@ -1,9 +1,10 @@
 """The stream of one rank's batches, from a starting step on, across epochs: how the stages of
 `mmdata.loading.chain` are spread over the worker processes and the main one.
 
-Worker processes read every `num_workers`-th step of the stream; when an epoch's steps run out
-they plan the next epoch themselves (the plan is a pure function) and carry on, so workers are
-started once and the first batches of an epoch are ready before the previous epoch ends. With
+Worker processes of the loader's own (`loading/worker_pool.py`) read the steps of the lanes they own; when an
+epoch's steps run out they plan the next epoch themselves (the plan is a pure function) and carry on, so workers
+are started once and the first batches of an epoch are ready before the previous epoch ends. With
+`num_workers="auto"` a tuner (`loading/autotune.py`) sets their number from the steps the training loop takes. With
 workers, a receiving thread takes batches from them (and, with main-process decoding, decodes
 and collates them on the device) a bounded number of batches ahead of the training loop.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import os
 import queue
 import resource
@@ -27,6 +29,7 @@ import numpy as np
 import torch
 
 from mmdata.errors import MmdataError
+from mmdata.loading.autotune import IdleCores, StepTiming, WorkerTuner
 from mmdata.loading.chain import BatchReader
 from mmdata.loading.host_memory import (
     ARENA_BYTES_PER_WORKER,
@@ -38,6 +41,7 @@ from mmdata.loading.host_memory import (
     keep_freed_memory_mapped,
     use_arena,
 )
+from mmdata.loading.loader_options import WorkerCount
 from mmdata.loading.micro_batch import source_counts
 from mmdata.loading.settling import FALLBACK_SAMPLES
 from mmdata.loading.step_record import DecodeCounters, StepRecord
@@ -231,7 +235,7 @@ class Feed:
         self,
         source: StepSource,
         finish: Callable[[Item], Item],
-        num_workers: int,
+        workers: WorkerCount,
         prefetch_factor: int,
         pin_memory: bool,
         background: bool,
@@ -239,7 +243,6 @@ class Feed:
         frame_bytes: int | None = None,
         timeout: float = 0.0,
         lanes: int = 1,
-        most_workers: int = 0,
     ):
         self._finish = weakref.WeakMethod(finish)
         self._timeout = timeout or None
@@ -247,20 +250,38 @@ class Feed:
         self._arena: FrameArena | None = None
         self._stop = threading.Event()
         self.pool: WorkerPool | None = None
-        if num_workers > 0:
-            slots = max(num_workers, most_workers)
-            self._arena = source.arena = frame_arena(slots, ring_bytes(frame_bytes, prefetch_factor, ahead))
-            self.pool = WorkerPool(source, num_workers, slots, lanes, prefetch_factor)
+        self.tuner: WorkerTuner | None = None
+        if workers.first > 0:
+            self._arena = source.arena = frame_arena(workers.most, ring_bytes(frame_bytes, prefetch_factor, ahead))
+            self.pool = WorkerPool(source, workers.first, workers.most, lanes, prefetch_factor)
             self._items: Iterator[Item] = self.pool.items(self._stop.is_set)
+            if workers.auto:
+                in_flight = functools.partial(_in_flight, prefetch_factor=prefetch_factor, ahead=ahead)
+                self.tuner = WorkerTuner(workers.first, workers.most, in_flight, IdleCores())
         else:
             self._items = source.in_order()
         self.failed = False
         self._ready: queue.Queue | None = None
-        if background or num_workers > 0:
+        if background or workers.first > 0:
             self._ready = queue.Queue(maxsize=ahead)
             self._thread = threading.Thread(target=self._receive, name="mmdata-feed", daemon=True)
             self._thread.start()
         _OPEN_FEEDS.add(self)
+
+    @property
+    def workers(self) -> int:
+        """The workers reading now (0: the main process reads)."""
+        return self.pool.workers if self.pool is not None else 0
+
+    def taken(self, record: StepRecord, wait: float, loop: float) -> None:
+        """The training loop took a step (after waiting `wait` s for it) and spent `loop` s on it: with
+        `num_workers="auto"`, the tuner may change the worker count from the next step dispatched on."""
+        if self.tuner is None or self.pool is None:
+            return
+        timing = StepTiming(wait, loop, record.busy, record.cpu or 0.0)
+        workers = self.tuner.observe(timing, time.monotonic())
+        if workers != self.pool.target:
+            self.pool.resize(workers)
 
     def queue_depth(self) -> int | None:
         """Batches finished and waiting for the training loop (None without a receiving thread)."""
@@ -326,6 +347,11 @@ class Feed:
             except queue.Full:
                 continue
         return False
+
+
+def _in_flight(workers: int, prefetch_factor: int, ahead: int) -> int:
+    """The steps on their way to the training loop when `workers` workers read: dispatched, and finished."""
+    return workers * prefetch_factor + ahead + 1
 
 
 def frame_arena(workers: int, bytes_per_worker: int) -> FrameArena | None:

@@ -25,6 +25,7 @@ import torch
 from mmdata.checks import option_bool, option_int
 from mmdata.codecs.decoders import BACKEND_NAMES, VideoDecoder
 from mmdata.errors import OptionError
+from mmdata.loading.autotune import allowed_cpus
 from mmdata.loading.collate import LAYOUTS, Layout
 from mmdata.planning.orders import Shuffle, as_shuffle
 from mmdata.planning.packing.layouts import MaskKind
@@ -78,6 +79,9 @@ class Batching:
         object.__setattr__(self, "tokens_per", dict(tokens_per))
 
 
+DEFAULT_LANES = 8  # (a rank's steps cut into lanes when the worker count is not fixed)
+
+
 @dataclass(frozen=True)
 class Shuffling:
     """The order of an epoch's samples (`mmdata.planning.orders`): `mode` "blocks" (runs of about a stored
@@ -115,9 +119,11 @@ class Runtime:
     is a CUDA device and the measured work suits it, else in the workers on the fastest CPU backend) or a
     built `VideoDecoder`; `decode_in` overrides where ("main": workers send encoded segments and the main
     process decodes each micro-batch in one decoder call). `rank` / `world_size` default to torch.distributed's
-    (or torchrun's environment). `profiler_ranges` marks every stage for the PyTorch profiler and Nsight."""
+    (or torchrun's environment). `profiler_ranges` marks every stage for the PyTorch profiler and Nsight.
+    `cpu_budget` is the most workers `num_workers="auto"` may run (default: the cores this process may run on;
+    within it the tuner only ever adds a worker into cores that stood idle, see `mmdata.loading.autotune`)."""
 
-    num_workers: int | None = None
+    num_workers: int | Literal["auto"] | None = None
     prefetch_factor: int | None = None
     device: str | torch.device = "cpu"
     decoder: str | VideoDecoder = "auto"
@@ -125,9 +131,12 @@ class Runtime:
     rank: int | None = None
     world_size: int | None = None
     profiler_ranges: bool = False
+    cpu_budget: int | None = None
 
     def __post_init__(self):
-        _check_optional_counts(num_workers=(self.num_workers, 0, 1024), prefetch_factor=(self.prefetch_factor, 1, 1024))
+        if self.num_workers != "auto":
+            _check_optional_counts(num_workers=(self.num_workers, 0, 1024))
+        _check_optional_counts(prefetch_factor=(self.prefetch_factor, 1, 1024), cpu_budget=(self.cpu_budget, 1, 1024))
         if self.decode_in not in (None, "workers", "main"):
             raise OptionError(f"decode_in is 'workers' or 'main', not '{self.decode_in}'")
         if not isinstance(self.decoder, VideoDecoder) and self.decoder not in BACKEND_NAMES:
@@ -186,7 +195,7 @@ class TorchOptions:
 
     batch_size: int | None = None
     shuffle: Shuffle | bool = "auto"
-    num_workers: int = 0
+    num_workers: int | Literal["auto"] = 0
     prefetch_factor: int = 2
     drop_last: bool = False
     pin_memory: bool | None = None
@@ -196,7 +205,9 @@ class TorchOptions:
     def __post_init__(self):
         _check_optional_counts(batch_size=(self.batch_size, 1, 1 << 24))
         object.__setattr__(self, "shuffle", as_shuffle(self.shuffle))
-        _check_counts(num_workers=(self.num_workers, 0, 1024), prefetch_factor=(self.prefetch_factor, 1, 1024))
+        if self.num_workers != "auto":
+            _check_counts(num_workers=(self.num_workers, 0, 1024))
+        _check_counts(prefetch_factor=(self.prefetch_factor, 1, 1024))
         option_bool(self.drop_last, "drop_last")
         option_bool(self.persistent_workers, "persistent_workers")
         if self.pin_memory is not None:
@@ -311,6 +322,7 @@ def resolve_options(
 def plan_settings(options: LoaderOptions) -> PlanSettings:
     """How the planner makes micro-batches from the options (one lane per worker unless lanes are given)."""
     batching, shuffling, torch_options = options.batching, options.shuffling, options.torch
+    workers = torch_options.num_workers
     return PlanSettings(
         batching.batch_tokens,
         torch_options.batch_size,
@@ -318,10 +330,29 @@ def plan_settings(options: LoaderOptions) -> PlanSettings:
         as_shuffle(torch_options.shuffle),
         shuffling.window,
         shuffling.shards_per_group,
-        shuffling.lanes or max(1, torch_options.num_workers),
+        shuffling.lanes or (DEFAULT_LANES if workers == "auto" else max(1, workers)),
         shuffling.open_segments,
         torch_options.drop_last,
     )
+
+
+@dataclass(frozen=True)
+class WorkerCount:
+    """How many worker processes read: `first` when the loader starts, and with `auto` (`num_workers="auto"`)
+    anywhere from one to `most` as `mmdata.loading.autotune` chooses; a fixed count has first == most."""
+
+    first: int
+    most: int
+    auto: bool
+
+
+def worker_count(num_workers: int | Literal["auto"], cpu_budget: int | None) -> WorkerCount:
+    """The workers `num_workers` asks for: N is exactly N; "auto" starts with two (one where the budget is one
+    core) and may run as many as the CPU budget's cores (default: the cores this process may run on)."""
+    if num_workers != "auto":
+        return WorkerCount(num_workers, num_workers, False)
+    most = cpu_budget or len(allowed_cpus())
+    return WorkerCount(min(2, most), most, True)
 
 
 def split_keywords(keywords: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -268,16 +268,25 @@ class WorkerPool:
             if stopped():
                 return None
             if not worker.process.is_alive():
-                code = worker.process.exitcode
-                how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
-                raise MmdataError(
-                    f"loader worker {worker.slot} (pid {worker.process.pid}) {how} while reading; if it ran out of"
-                    " memory, use fewer workers or a smaller frame cache (Reading(frame_cache_bytes=...))"
-                )
-        item = worker.results.recv()
+                raise _ended(worker)
+        try:
+            item = worker.results.recv()
+        except (EOFError, OSError):
+            worker.process.join(timeout=5)
+            raise _ended(worker) from None
         if isinstance(item, WorkerFailure):
             raise item.raised()
         return item
+
+
+def _ended(worker: _Worker) -> MmdataError:
+    """What to say of a worker that ended while it had steps to read."""
+    code = worker.process.exitcode
+    how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
+    return MmdataError(
+        f"loader worker {worker.slot} (pid {worker.process.pid}) {how} while reading; if it ran out of memory, use"
+        " fewer workers or a smaller frame cache (Reading(frame_cache_bytes=...))"
+    )
 
 
 def _work(reader: StepReader, slot: int, tasks: Connection, results: Connection, parent: int) -> None:
