@@ -214,3 +214,16 @@ def test_a_loader_worker_decodes_into_memory_it_freed_not_into_fresh_pages_the_k
     in_worker, elsewhere = faults("worker"), faults("main")
     assert in_worker <= pages // 100, f"a worker faulted {in_worker} pages in for a block it had just freed"
     assert elsewhere > max(10 * in_worker, 10), "without the worker's policy the block is mapped afresh"
+
+
+def test_float_frames_cross_the_ring_as_spans_of_their_own_type():
+    arena = FrameArena(workers=1, bytes_per_worker=4096)
+    view = arena.allocate(0, (2, 3, 4), np.float32)
+    view[...] = np.arange(24, dtype=np.float32).reshape(2, 3, 4) / 255
+    sent_batch = arena.spans_of({"cam": torch.from_numpy(view)})
+    span = sent_batch["cam"]
+    assert isinstance(span, ArenaSpan) and span.dtype == "float32" and span.nbytes == 96
+    taken = arena.take(span)
+    assert taken.dtype == torch.float32 and torch.equal(
+        taken, torch.arange(24, dtype=torch.float32).reshape(2, 3, 4) / 255
+    )

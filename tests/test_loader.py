@@ -642,3 +642,22 @@ def test_stats_give_the_training_loops_own_time_per_step_apart_from_its_wait_for
     assert stats["wait_share"] == pytest.approx(
         stats["data_wait_seconds"] / (stats["data_wait_seconds"] + stats["loop_seconds"]), abs=1e-3
     )
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_float_frames_are_the_uint8_frames_divided_by_255_in_float32(stores, workers):
+    def frames(dtype):
+        spec = mmdata.Windows(
+            anchor_fps=10, streams={"cam_high": mmdata.Frames(offsets=[-0.1, 0.0], channels_first=True, dtype=dtype)}
+        )
+        loader = mmdata.DataLoader(stores["wds"], spec, batch_size=4, num_workers=workers, seed=2)
+        return [batch["cam_high"] for _, batch in zip(range(6), loader)]
+
+    for whole, unit in zip(frames("uint8"), frames("float32")):
+        assert unit.dtype == torch.float32 and unit.shape == whole.shape
+        assert torch.equal(unit, whole.to(torch.float32) / 255)
+
+
+def test_a_cameras_dtype_is_uint8_or_float32():
+    with pytest.raises(mmdata.SpecError, match="dtype"):
+        mmdata.Frames(dtype="float16")

@@ -13,8 +13,8 @@ its low-dim streams `[B, D]` (or `[B, T, D]`; `[B]` or `[B, T]` for a stream of 
 features of shape [1]), and LeRobot's fields: `timestamp`, `frame_index`, `episode_index` and `index` as LeRobot
 numbers them, each frame's `task_index` and `task` (an episode's task may change part-way), and its `string`
 features (lists of `B` texts). Frames are decoded
-as uint8 channels-first and turned into floats where the batch lands (on the GPU with
-`device="cuda"`), the cheapest place.
+as uint8 channels-first and turned into floats where that costs least: on the GPU with `device="cuda"` (uint8
+crosses, a quarter of the bytes), else in the workers, in the pass that gathers them into the batch.
 """
 
 from __future__ import annotations
@@ -103,10 +103,15 @@ class LeRobotLoader:
         self.values = list(lowdim)
         self.scalars = [n for n, s in lowdim.items() if s.shape == (1,)]
         self.fps = _frame_rate(by_name)
+        # float frames are made where they cost least: on the device a batch goes to (uint8 across, converted
+        # there), else in the workers' pass that gathers the frames into the batch
+        lands_on = runtime.device if runtime is not None else device if device is not None else ungrouped.get("device")
+        on_host = torch.device(lands_on or "cpu").type == "cpu"
+        frame_type: Literal["uint8", "float32"] = "float32" if images == "float" and on_host else "uint8"
         spec = Windows(
             anchor_fps=self.fps,
             streams={
-                **{n: Frames(offsets=self._offsets(n), channels_first=True) for n in self.cameras},
+                **{n: Frames(offsets=self._offsets(n), channels_first=True, dtype=frame_type) for n in self.cameras},
                 **{n: Values(offsets=self._offsets(n)) for n in self.values},
             },
         )
@@ -190,7 +195,8 @@ class LeRobotLoader:
         """One mmdata batch of this loader's spec as LeRobot's collated batch."""
         out: dict[str, Any] = {}
         for name in self.cameras:
-            out[name] = to_unit_float(batch[name]) if self.images == "float" else batch[name]
+            frames = batch[name]
+            out[name] = to_unit_float(frames) if self.images == "float" and frames.dtype == torch.uint8 else frames
         for name in self.values:
             out[name] = batch[name]
         for name in (*self.cameras, *self.values):

@@ -248,6 +248,7 @@ class BatchReader:
                     self.fillers[name],
                     stream.channels_first,
                     data,
+                    stream.dtype == "float32",
                 )
         finally:
             self.fetch.forget()

@@ -65,6 +65,7 @@ def prepare_video(
     frame: Filler,
     channels_first: bool = False,
     segment_data: Mapping[Hashable, bytes] | None = None,
+    unit_float: bool = False,
 ) -> None:
     """Merge a camera's requests across the micro-batch and do the decoder's host-side preparation; the
     camera is then pending in `batch` until `finish_video`. `segment_data` gives the bytes of the merged
@@ -83,7 +84,15 @@ def prepare_video(
         prepared = decoder.prepare(merged) if decoder.prepares else None
         kept = [live.get(p) for p in range(len(plans))]
         batch.pending[name] = PendingVideo(
-            kept, merged, located, prepared, frame.shape, channels_first, keys, decoded_channels_first=converts
+            kept,
+            merged,
+            located,
+            prepared,
+            frame.shape,
+            channels_first,
+            keys,
+            decoded_channels_first=converts,
+            unit_float=unit_float,
         )
 
 
@@ -141,20 +150,22 @@ def _finish_camera(
         into = buffer[row : row + len(plan.positions)] if buffer is not None else None
         row += len(plan.positions)
         if not plan.requests:  # the sample's source has no such camera
-            values[p], masks[p] = _blank_frames(len(plan.positions), pending.frame_shape, like, into), plan.is_pad
+            blank = _blank_frames(len(plan.positions), pending.frame_shape, like, into, pending.unit_float)
+            values[p], masks[p] = blank, plan.is_pad
             continue
         if any(outputs[m] is None for m, _ in sources):
             where = ", ".join(str(r.where) for r, (m, _) in zip(plan.requests, sources) if outputs[m] is None)
             batch.failed[p] = f"shard '{batch.samples[p].shard}', {where}: video does not decode"
             continue
-        values[p] = gather_frames(outputs, sources, plan.positions, pending.transposes, into)
+        values[p] = gather_frames(outputs, sources, plan.positions, pending.transposes, into, pending.unit_float)
         masks[p] = plan.is_pad
     batch.values[name], batch.is_pad[name] = values, masks
 
 
 def _host_buffer(pending: PendingVideo, outputs: list[Any]) -> Any:
-    """One uint8 tensor for the camera's frames of every live sample, in order, when they are decoded on the
-    host at the shape the stream delivers (else None: each sample's frames are gathered on their own)."""
+    """One tensor (uint8, or float32 for `unit_float`) for the camera's frames of every live sample, in order, when
+    they are decoded on the host at the shape the stream delivers (else None: each sample's frames are gathered on
+    their own)."""
     host = [out for out in outputs if out is not None]
     if not host or not all(isinstance(out, (np.ndarray, list)) for out in host):
         return None
@@ -166,7 +177,8 @@ def _host_buffer(pending: PendingVideo, outputs: list[Any]) -> Any:
         delivered = (frame.shape[2], *frame.shape[:2]) if pending.transposes else frame.shape
         if tuple(delivered) != shape:
             return None
-    return host_frames(sum(len(plan.positions) for plan in pending.plans if plan is not None), shape)
+    count = sum(len(plan.positions) for plan in pending.plans if plan is not None)
+    return host_frames(count, shape, np.float32 if pending.unit_float else np.uint8)
 
 
 def decode_with_cache(
@@ -221,13 +233,15 @@ def _joined(frames: list[Any]) -> Any:
     return joined
 
 
-def _blank_frames(count: int, shape: tuple[int, ...], like: Any, into: np.ndarray | None = None) -> Any:
+def _blank_frames(
+    count: int, shape: tuple[int, ...], like: Any, into: np.ndarray | None = None, unit_float: bool = False
+) -> Any:
     """Black frames standing in for a camera a source lacks, where the decoded frames live."""
     if into is not None:
         into[...] = 0
         return into
     if like is None or isinstance(like, (np.ndarray, list)):
-        return np.zeros((count, *shape), np.uint8)
+        return np.zeros((count, *shape), np.float32 if unit_float else np.uint8)
     return like.new_zeros((count, *shape))
 
 
@@ -237,22 +251,32 @@ def gather_frames(
     positions: np.ndarray,
     transpose: bool = False,
     into: np.ndarray | None = None,
+    unit_float: bool = False,
 ) -> Any:
     """One sample's frames, in the order it asked for them, from the micro-batch's merged decoder
     outputs: its requests' frames are `outputs[m][picks]` for each (m, picks) of `sources`,
     concatenated, then taken at `positions`. Host frames (arrays or lists of frames) are copied once,
-    straight into place (`into` when given; with `transpose`, from `[H, W, 3]` to `[3, H, W]` on the way)."""
+    straight into place (`into` when given; with `transpose`, from `[H, W, 3]` to `[3, H, W]` on the way; with
+    `unit_float`, divided by 255 into float32 on the way)."""
     first = outputs[sources[0][0]]
     if not isinstance(first, (np.ndarray, list)):
         frames = assemble_frames_at(positions, [outputs[m][picks] for m, picks in sources])
-        return frames.permute(0, 3, 1, 2).contiguous() if transpose else frames
+        frames = frames.permute(0, 3, 1, 2).contiguous() if transpose else frames
+        return frames.to(torch.float32).div_(255) if unit_float else frames
     picked = [outputs[m][pick] for m, picks in sources for pick in picks.tolist()]
     shape = picked[0].shape
     shape = (shape[2], shape[0], shape[1]) if transpose else shape
-    frames = into if into is not None else np.empty((len(positions), *shape), picked[0].dtype)
+    frames = into if into is not None else np.empty((len(positions), *shape), np.float32 if unit_float else np.uint8)
     for row, position in enumerate(positions.tolist()):
-        frames[row] = picked[position].transpose(2, 0, 1) if transpose else picked[position]
+        frame = picked[position].transpose(2, 0, 1) if transpose else picked[position]
+        if unit_float:
+            np.divide(frame, _UINT8_TOP, out=frames[row], dtype=np.float32)
+        else:
+            frames[row] = frame
     return frames
+
+
+_UINT8_TOP = np.float32(255)
 
 
 def merge_requests(

@@ -129,7 +129,8 @@ def frame_bytes_per_batch(spec: Spec, fillers: dict[str, Filler], batch_size: in
             count = math.ceil(spec.max_seconds * spec.rate_of(name)) + 1
         else:
             return None
-        total += count * math.prod(fillers[name].shape)
+        itemsize = 4 if stream.dtype == "float32" else 1
+        total += count * math.prod(fillers[name].shape) * itemsize
     return total * batch_size
 
 

@@ -62,6 +62,11 @@ class ArenaSpan:
     worker: int
     start: int
     shape: tuple[int, ...]
+    dtype: str = "uint8"
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
 
 
 class FrameArena:
@@ -92,11 +97,12 @@ class FrameArena:
         return {"workers": self.workers, "capacity": self.capacity, "chunk": self.chunk,
                 "_rings": None, "_taken": None, "_cursor": 0, "_recent": {}}  # fmt: skip
 
-    def allocate(self, worker: int, shape: tuple[int, ...]) -> np.ndarray | None:
-        """Room for uint8 `shape` in `worker`'s ring (None when there is none free, or no ring here)."""
+    def allocate(self, worker: int, shape: tuple[int, ...], dtype: np.dtype | type = np.uint8) -> np.ndarray | None:
+        """Room for `shape` of `dtype` in `worker`'s ring (None when there is none free, or no ring here)."""
         if self._rings is None or self._taken is None:
             return None
-        size = math.prod(shape)
+        dtype = np.dtype(dtype)
+        size = math.prod(shape) * dtype.itemsize
         count = self._chunks(size)
         first = _free_run(self._taken[worker], count, self._cursor)
         if first is None:
@@ -104,8 +110,8 @@ class FrameArena:
         self._taken[worker, first : first + count] = 1
         self._cursor = first + count
         start = first * self.chunk
-        view = self._rings[worker, start : start + size].reshape(shape)
-        self._recent[view.ctypes.data] = ArenaSpan(worker, start, tuple(shape))
+        view = self._rings[worker, start : start + size].view(dtype).reshape(shape)
+        self._recent[view.ctypes.data] = ArenaSpan(worker, start, tuple(shape), dtype.name)
         return view
 
     def spans_of(self, batch: dict[str, Any]) -> dict[str, Any]:
@@ -116,8 +122,9 @@ class FrameArena:
         spans = {}
         for name, value in batch.items():
             span = recent.get(value.data_ptr()) if isinstance(value, torch.Tensor) else None
-            if span is not None and value.numel() == math.prod(span.shape) and value.is_contiguous():
-                spans[name] = ArenaSpan(span.worker, span.start, tuple(value.shape))
+            fills = value.numel() * value.element_size() == span.nbytes if span is not None else False
+            if span is not None and fills and value.is_contiguous():
+                spans[name] = ArenaSpan(span.worker, span.start, tuple(value.shape), span.dtype)
                 del recent[value.data_ptr()]
         leaving = [memory for value in batch.values() if (memory := _memory_of(value)) is not None]
         for span in recent.values():
@@ -130,9 +137,9 @@ class FrameArena:
         last tensor viewing it is gone (with `pin_memory`, copied into pinned memory and freed now)."""
         if self._rings is None or self._taken is None:
             raise RuntimeError("a frame arena span reached a process without the arena's memory")
-        view = self._rings[span.worker, span.start : span.start + math.prod(span.shape)].reshape(span.shape)
+        view = self._rings[span.worker, span.start : span.start + span.nbytes].view(span.dtype).reshape(span.shape)
         if pin_memory:
-            frames = torch.empty(span.shape, dtype=torch.uint8, pin_memory=True)
+            frames = torch.empty(span.shape, dtype=torch.from_numpy(view[:0]).dtype, pin_memory=True)
             frames.numpy()[...] = view
             self._free(span)
             return frames
@@ -143,7 +150,7 @@ class FrameArena:
         """The span's chunks are free for the worker again (each flag has one writer at a time)."""
         assert self._taken is not None
         first = span.start // self.chunk
-        self._taken[span.worker, first : first + self._chunks(math.prod(span.shape))] = 0
+        self._taken[span.worker, first : first + self._chunks(span.nbytes)] = 0
 
     def _chunks(self, size: int) -> int:
         """The chunks `size` bytes take."""
@@ -152,7 +159,7 @@ class FrameArena:
     def _overlaps(self, span: ArenaSpan, memory: tuple[int, int]) -> bool:
         assert self._rings is not None
         low = self._rings[span.worker].ctypes.data + span.start
-        return memory[0] < low + math.prod(span.shape) and low < memory[1]
+        return memory[0] < low + span.nbytes and low < memory[1]
 
 
 def _memory_of(value: Any) -> tuple[int, int] | None:
@@ -214,14 +221,16 @@ def use_arena(arena: FrameArena | None, worker: int) -> None:
     _worker_arena = (arena, worker) if arena is not None else None
 
 
-def host_frames(count: int, frame_shape: tuple[int, ...]) -> torch.Tensor:
-    """Room for `count` uint8 frames of `frame_shape`, uninitialised: a batch's camera, decoded samples
-    written straight into it (in a worker: its ring of the frame arena, else torch's shared memory)."""
+def host_frames(count: int, frame_shape: tuple[int, ...], dtype: np.dtype | type = np.uint8) -> torch.Tensor:
+    """Room for `count` frames of `frame_shape` (uint8, or float32 in [0, 1]), uninitialised: a batch's camera,
+    decoded samples written straight into it (in a worker: its ring of the frame arena, else torch's shared
+    memory)."""
     shape = (count, *frame_shape)
     if _worker_arena is not None and current_worker() is not None:
         arena, worker = _worker_arena
-        view = arena.allocate(worker, shape)
+        view = arena.allocate(worker, shape, dtype)
         if view is not None:
             return torch.from_numpy(view)
-    shared = shared_output(torch.empty((0, *frame_shape), dtype=torch.uint8), (count,))
-    return shared if shared is not None else torch.from_numpy(np.empty(shape, np.uint8))
+    like = torch.from_numpy(np.empty((0, *frame_shape), dtype))
+    shared = shared_output(like, (count,))
+    return shared if shared is not None else torch.from_numpy(np.empty(shape, dtype))

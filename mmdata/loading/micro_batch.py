@@ -23,8 +23,9 @@ class PendingVideo:
     `plans` per sample (None where it failed), the segment requests merged across samples
     (`merged`, and per plan request its (merged index, frame positions) in `sources`), the
     decoder's host-side preparation of them when it has one, the shape of one delivered frame, per
-    merged request the key of its decoded frames in a frame cache (None: not cacheable), and whether the
-    decoder delivers them channels-first already (else they are transposed when gathered).
+    merged request the key of its decoded frames in a frame cache (None: not cacheable), whether the
+    decoder delivers them channels-first already (else they are transposed when gathered), and whether they
+    are delivered as float32 in [0, 1] (divided by 255 as they are gathered).
     """
 
     plans: list[FrameRequests | None]
@@ -35,6 +36,7 @@ class PendingVideo:
     channels_first: bool = False
     keys: list[Any] = field(default_factory=list)
     decoded_channels_first: bool = False
+    unit_float: bool = False
 
     @property
     def transposes(self) -> bool:
