@@ -15,24 +15,32 @@ class SimulatedPipeline:
     busy meanwhile; each step costs a worker `step_cpu` CPU-seconds, stretched when workers and trainer together
     want more than the machine's `cores`."""
 
-    def __init__(self, cores: int, loop: float, step_cpu: float, trainer_cores: float = 0.0, most_rate: float = 1e9):
+    def __init__(
+        self,
+        cores: int,
+        loop: float,
+        step_cpu: float,
+        trainer_cores: float = 0.0,
+        most_rate: float = 1e9,
+        burst: float = 0.0,
+    ):
         self.cores, self.loop, self.step_cpu, self.trainer_cores = cores, loop, step_cpu, trainer_cores
         self.most_rate = most_rate  # steps/s a shared resource (a disk, a link) allows, however many workers
-        self.prefetch = 2
+        self.burst = burst  # the wait a burst of slow reads costs a loop whose workers read one step ahead
         self.now = 0.0
         self.busy_cores = 0.0  # over the last step
 
-    def in_flight(self, workers: int) -> int:
-        return workers * self.prefetch + 3
+    def in_flight(self, workers: int, depth: int) -> int:
+        return workers * depth + 3
 
     def idle_cores(self) -> float:
         return max(0.0, self.cores - self.busy_cores)
 
-    def step(self, workers: int) -> StepTiming:
+    def step(self, workers: int, depth: int = 2) -> StepTiming:
         wanted = workers + self.trainer_cores
         busy = self.step_cpu * max(1.0, wanted / self.cores)  # a worker's wall time per step
         supply = max(busy / workers, 1.0 / self.most_rate)  # the pool delivers a step this often
-        wait = max(0.0, supply - self.loop)
+        wait = max(0.0, supply - self.loop) + max(0.0, self.burst / depth - 0.25 * self.burst)  # (none from 4 on)
         self.now += self.loop + wait
         rate = 1.0 / (self.loop + wait)
         self.busy_cores = min(self.cores, self.trainer_cores + rate * self.step_cpu)
@@ -44,7 +52,7 @@ def run(tuner: WorkerTuner, pipeline: SimulatedPipeline, seconds: float) -> list
     steps = []
     end = pipeline.now + seconds
     while pipeline.now < end:
-        timing = pipeline.step(tuner.workers)
+        timing = pipeline.step(tuner.workers, tuner.depth)
         steps.append((pipeline.now, tuner.workers, timing.wait))
         tuner.observe(timing, pipeline.now)
     return steps
@@ -76,7 +84,7 @@ def test_a_loop_slower_than_the_workers_lets_workers_go_down_to_what_keeps_it_fe
     pipeline = SimulatedPipeline(cores=16, loop=0.1, step_cpu=0.1, trainer_cores=1)  # one worker nearly keeps up
     tuner = tuner_for(pipeline, workers=8)
     steps = run(tuner, pipeline, 120)
-    assert tuner.workers == 2, tuner.history  # one would read 1.0x the loop's pace: under the 1.3x spare
+    assert tuner.workers == 2, tuner.history  # one would read 1.0x the loop's pace: under the 2x spare
     assert stalled_share(steps, since=60) == 0
 
 
@@ -132,11 +140,22 @@ def test_the_settings_over_time_say_what_was_chosen_and_why():
     tuner = tuner_for(pipeline, workers=2)
     run(tuner, pipeline, 20)
     first = tuner.history[0].to_dict()
-    assert set(first) == {"at", "workers", "stall", "steps_per_second", "worker_cores", "idle_cores", "reason"}
+    assert set(first) == {
+        "at", "workers", "read_ahead", "stall", "steps_per_second", "worker_cores", "idle_cores", "reason"
+    }  # fmt: skip
     assert "the loop waited" in first["reason"] and first["workers"] > 2
 
 
-@pytest.mark.parametrize("workers, most", [(0, 4), (5, 4), (1, 0), (True, 4)])
-def test_a_tuner_refuses_counts_out_of_range(workers, most):
+def test_a_loop_that_waits_while_the_workers_stand_idle_gets_a_deeper_read_ahead_not_more_workers():
+    pipeline = SimulatedPipeline(cores=16, loop=0.05, step_cpu=0.02, burst=0.02)  # workers mostly idle
+    tuner = tuner_for(pipeline, workers=2)
+    steps = run(tuner, pipeline, 30)
+    assert tuner.depth == 4 and tuner.workers <= 2, tuner.history
+    assert stalled_share(steps, since=10) == 0
+    assert "read-ahead 2 -> 4" in tuner.history[0].reason
+
+
+@pytest.mark.parametrize("workers, most, depth", [(0, 4, 2), (5, 4, 2), (1, 0, 2), (True, 4, 2), (1, 4, 9), (1, 4, 0)])
+def test_a_tuner_refuses_counts_out_of_range(workers, most, depth):
     with pytest.raises(OptionError):
-        WorkerTuner(workers, most, lambda n: n, lambda: 1.0)
+        WorkerTuner(workers, most, lambda n, d: n * d, lambda: 1.0, depth=depth)

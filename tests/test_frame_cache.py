@@ -303,3 +303,19 @@ def test_a_gpu_decoder_in_the_main_process_keeps_the_frames_later_steps_need(sto
     without, _ = run(SpdlNvdecDecoder(threads=2, decode_segment=cpu_nvdec()), 0)
     assert kept.stats()["frames_decoded"] < 0.6 * without.stats()["frames_decoded"]
     assert kept.stats()["frame_cache_peak_bytes"] > 0
+
+
+def test_frames_kept_for_steps_a_worker_no_longer_reads_stay_until_its_new_plan_and_then_only_those_it_needs():
+    cache = FrameCache(1 << 20)
+    key = ("episode", "cam", 0)
+    cache.start_read()
+    cache.expect(0, [(key, (0, 1))])
+    cache.expect(1, [(key, (2, 3))])
+    cache.keep_decoded(key, [0, 1, 2, 3], np.arange(32, dtype=np.uint8).reshape(4, 8))
+    assert set(cache.cached(key)) == {2, 3}
+    cache.forget_later()  # (the pool gave read 1's step to another worker)
+    assert set(cache.cached(key)) == {2, 3} and not cache.knows(1)
+    cache.start_read()
+    cache.expect(1, [(key, (2,))])  # the new step needs one of them: served, not decoded again
+    cache.release_unplanned()
+    assert set(cache.cached(key)) == {2} and cache.bytes > 0

@@ -5,12 +5,17 @@ whether more workers are worth their cores: whether the training loop waited. It
 loop's own time on a batch (from handing it over to the next ask), the loop's wait for the next one, and each
 worker's wall and CPU time per step, and at the end of each window of steps:
 
-- the loop waited for more than `stall_limit` of its time: add the workers the measured rates say are missing
-  (at least one), as far as `most` allows and only into cores that stood idle over the window (never into the
-  trainer's or another rank's); if the next window delivers no more steps per second, go back and do not try
-  that count again for `cooldown` seconds (or until the loop's pace changes);
-- the loop did not wait and one worker fewer would still read `spare` times as fast as the loop takes: retire
-  one; if the loop then waits, take it back and keep that count for `cooldown` seconds.
+- the loop waited for more than `stall_limit` of its time while the workers stood idle part of it (their reads
+  come in bursts: a step that opens a segment decodes it for the steps after it): read further ahead, doubling
+  each worker's steps in flight up to `most_depth` (memory the frame rings hold for it; no core);
+- the loop waited while the workers were busy: add the workers the measured rates say are missing (at least
+  one), as far as `most` allows and only into cores that stood idle over the window (never into the trainer's or
+  another rank's); if the next window delivers no more steps per second and no less waiting, go back and do not
+  try that count again for `cooldown` seconds (or until the loop's pace changes);
+- the loop did not wait over `calm_windows` windows in a row and one worker fewer would still read `spare` times
+  as fast as the loop takes: retire one; if the loop then waits, take it back and keep that count for `cooldown`
+  seconds. (A change costs: the workers' frame caches plan their new steps afresh and a new worker starts
+  cold, so the tuner grows readily and shrinks slowly.)
 
 Windows start after the steps already dispatched when the count last changed, so every decision is measured on
 the count it judges. The tuner only counts workers; which worker reads a step never changes what the step holds.
@@ -43,6 +48,7 @@ class Setting:
 
     at: float
     workers: int
+    read_ahead: int  # each worker's steps in flight
     stall: float  # the share of the loop's time spent waiting over the window
     steps_per_second: float
     worker_cores: float  # the CPU the workers used over the window, in cores
@@ -54,37 +60,46 @@ class Setting:
 
 
 class WorkerTuner:
-    """The worker count for a loader that starts with `workers` and may have up to `most`; see the module.
-    `in_flight(n)` is how many steps are on their way when n workers read (they are not counted in the next
-    window); `idle_cores()` measures the cores that stood idle since it was last called."""
+    """The worker count and read-ahead for a loader that starts with `workers` reading `depth` steps ahead each and
+    may have up to `most` workers, `most_depth` steps ahead; see the module. `in_flight(n, depth)` is how many steps
+    are on their way when n workers read (they are not counted in the next window); `idle_cores()` measures the
+    cores that stood idle since it was last called."""
 
     def __init__(
         self,
         workers: int,
         most: int,
-        in_flight: Callable[[int], int],
+        in_flight: Callable[[int, int], int],
         idle_cores: Callable[[], float],
         *,
+        depth: int = 2,
+        most_depth: int = 8,
+        busy_enough: float = 0.7,
         stall_limit: float = 0.01,
-        spare: float = 1.3,
+        spare: float = 2.0,
+        calm_windows: int = 2,
         least_steps: int = 8,
         least_seconds: float = 1.0,
         cooldown: float = 30.0,
     ):
         option_int(most, "the most workers", 1, 1024)
         option_int(workers, "the first worker count", 1, most)
+        option_int(most_depth, "the most read-ahead", 1, 1024)
+        option_int(depth, "the first read-ahead", 1, most_depth)
         if not 0 < stall_limit < 1 or not spare >= 1 or not least_seconds >= 0 or not cooldown >= 0:
             raise OptionError("the tuner's stall_limit is in (0, 1), spare >= 1, least_seconds and cooldown >= 0")
         self.workers, self.most = workers, most
+        self.depth, self.most_depth, self.busy_enough = depth, most_depth, busy_enough
         self.stall_limit, self.spare, self.cooldown = stall_limit, spare, cooldown
+        self.calm_windows, self._calm = calm_windows, 0
         self.least_steps, self.least_seconds = least_steps, least_seconds
         self._in_flight, self._idle_cores = in_flight, idle_cores
         self.history: list[Setting] = []
         self._window: list[StepTiming] = []
         self._window_start: float | None = None
-        self._skip = in_flight(workers)
+        self._skip = in_flight(workers, depth)
         self._started: float | None = None
-        self._trial: tuple[int, float] | None = None  # (the count before a growth, its steps per second)
+        self._trial: tuple[int, float, float] | None = None  # (the count before a growth, its steps/s and stall)
         self._ceiling: tuple[int, float, float] | None = None  # (no more than, until, the loop's pace then)
         self._floor: tuple[int, float, float] | None = None  # (no fewer than, until, the loop's pace then)
         self._shrunk_from: int | None = None
@@ -121,10 +136,10 @@ class WorkerTuner:
         figures = (stall, rate, worker_cores, idle)
         self._expire(now, loop)
 
-        if self._trial is not None:  # the window after a growth: did it deliver more?
-            before, before_rate = self._trial
+        if self._trial is not None:  # the window after a growth: did it deliver more, or wait less?
+            before, before_rate, before_stall = self._trial
             self._trial = None
-            if stall > self.stall_limit and rate < before_rate * 1.03:
+            if stall > self.stall_limit and rate < before_rate * 1.03 and stall > 0.7 * before_stall:
                 self._ceiling = (before, now + self.cooldown, loop)
                 self._change(before, now, figures, f"{n} workers were no faster than {before}: back to {before}")
                 return
@@ -136,7 +151,15 @@ class WorkerTuner:
                 return
 
         most = min(self.most, self._ceiling[0] if self._ceiling else self.most)
+        self._calm = 0 if stall > self.stall_limit else self._calm + 1
         if stall > self.stall_limit:
+            busy_share = busy * rate / n  # of the workers' time, reading
+            if busy_share < self.busy_enough and self.depth < self.most_depth:
+                deeper = min(self.most_depth, 2 * self.depth)
+                reason = f"the loop waited {stall:.1%}, the workers read {busy_share:.0%} of the time: read-ahead"
+                self.depth, before = deeper, self.depth
+                self._change(n, now, figures, f"{reason} {before} -> {deeper}")
+                return
             if n >= most:
                 why = f"{n} is the most" if most == self.most else f"more than {n} were no faster"
                 self._note(now, figures, f"the loop waits {stall:.1%}; {why}")
@@ -147,12 +170,13 @@ class WorkerTuner:
             needed = math.ceil(n * (loop + waited / steps) / loop * 1.1) if loop > 0 else 2 * n
             room = max(1, math.floor(idle / per_worker)) if per_worker > 0 else 1
             grown = min(most, n + max(1, min(needed - n, room, n)))
-            self._trial = (n, rate)
+            self._trial = (n, rate, stall)
             self._change(grown, now, figures, f"the loop waited {stall:.1%}: {n} -> {grown} workers")
             return
         least = self._floor[0] if self._floor else 1
-        if n > least and loop > 0 and (n - 1) / busy >= self.spare / loop:
-            self._shrunk_from = n
+        spare = loop > 0 and (n - 1) / busy >= self.spare / loop
+        if n > least and spare and self._calm >= self.calm_windows:
+            self._shrunk_from, self._calm = n, 0
             self._change(n - 1, now, figures, f"no wait, {n - 1} worker(s) would read {self.spare}x the loop's pace")
             return
         self._note(now, figures, "steady")
@@ -174,16 +198,16 @@ class WorkerTuner:
 
     def _change(self, workers: int, now: float, figures: tuple[float, float, float, float], reason: str) -> None:
         self.workers = workers
-        self._skip = self._in_flight(workers)
+        self._skip = self._in_flight(workers, self.depth)
         self._note(now, figures, reason)
 
     def _note(self, now: float, figures: tuple[float, float, float, float], reason: str) -> None:
         stall, rate, worker_cores, idle = figures
         last = self.history[-1] if self.history else None
-        if last is not None and (last.workers, last.reason) == (self.workers, reason):
+        if last is not None and (last.workers, last.read_ahead, last.reason) == (self.workers, self.depth, reason):
             return  # (a window that changes nothing and says nothing new is not kept)
         at = now - (self._started or now)
-        self.history.append(Setting(at, self.workers, stall, rate, worker_cores, idle, reason))
+        self.history.append(Setting(at, self.workers, self.depth, stall, rate, worker_cores, idle, reason))
         del self.history[:-256]
 
 

@@ -278,6 +278,7 @@ class BatchReader:
                 ahead = self._plans_ahead(scope, horizon[offset - 1])
                 expected.append((now + offset, _needs((sample.source, plan) for sample, plan in ahead)))
                 cache.expect(*expected[-1])
+        cache.release_unplanned()
         if scope.defer_video:
             batch.cache_schedule = CacheSchedule(now, os.getpid(), tuple(expected))
 

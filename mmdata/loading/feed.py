@@ -252,12 +252,15 @@ class Feed:
         self.pool: WorkerPool | None = None
         self.tuner: WorkerTuner | None = None
         if workers.first > 0:
-            self._arena = source.arena = frame_arena(workers.most, ring_bytes(frame_bytes, prefetch_factor, ahead))
+            deepest = MOST_READ_AHEAD if workers.auto else prefetch_factor
+            self._arena = source.arena = frame_arena(workers.most, ring_bytes(frame_bytes, deepest, ahead))
             self.pool = WorkerPool(source, workers.first, workers.most, lanes, prefetch_factor)
             self._items: Iterator[Item] = self.pool.items(self._stop.is_set)
             if workers.auto:
-                in_flight = functools.partial(_in_flight, prefetch_factor=prefetch_factor, ahead=ahead)
-                self.tuner = WorkerTuner(workers.first, workers.most, in_flight, IdleCores())
+                in_flight = functools.partial(_in_flight, ahead=ahead)
+                self.tuner = WorkerTuner(
+                    workers.first, workers.most, in_flight, IdleCores(), depth=prefetch_factor, most_depth=deepest
+                )
         else:
             self._items = source.in_order()
         self.failed = False
@@ -280,6 +283,7 @@ class Feed:
             return
         timing = StepTiming(wait, loop, record.busy, record.cpu or 0.0)
         workers = self.tuner.observe(timing, time.monotonic())
+        self.pool.prefetch_factor = self.tuner.depth
         if workers != self.pool.target:
             self.pool.resize(workers)
 
@@ -350,8 +354,12 @@ class Feed:
 
 
 def _in_flight(workers: int, prefetch_factor: int, ahead: int) -> int:
-    """The steps on their way to the training loop when `workers` workers read: dispatched, and finished."""
+    """The steps on their way to the training loop when `workers` workers read `prefetch_factor` steps ahead each:
+    dispatched, and finished."""
     return workers * prefetch_factor + ahead + 1
+
+
+MOST_READ_AHEAD = 8  # the deepest read-ahead (steps in flight per worker) `num_workers="auto"` may choose
 
 
 def frame_arena(workers: int, bytes_per_worker: int) -> FrameArena | None:

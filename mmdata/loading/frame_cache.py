@@ -82,6 +82,7 @@ class FrameCache:
         self._users: dict[SegmentKey, dict[int, int]] = {}  # per key, planned read -> needs of the key
         self._now: dict[SegmentKey, dict[int, int]] = {}  # the needs of the read in progress
         self._pinned: set[SegmentKey] = set()  # segments the read in progress takes from the cache unread
+        self._unplanned = False  # frames are kept that no plan may want (`forget_later`)
 
     @property
     def enabled(self) -> bool:
@@ -114,10 +115,22 @@ class FrameCache:
 
     def forget_later(self) -> None:
         """Drop what the reads after the one in progress were expected to need (their steps went to another
-        reader): frames no read still needs leave, and the next reads are planned afresh."""
+        reader), so that the next reads are planned afresh. The frames stay until those plans are made
+        (`release_unplanned`): what the new steps need of them is not decoded again."""
         for number in [number for number in self._needs if number > self._read]:
             for key, frames in self._needs.pop(number):
-                self._forget(number, key, frames)
+                self._forget(number, key, frames, release=False)
+        self._unplanned = True
+
+    def release_unplanned(self) -> None:
+        """After `forget_later` and the new plans: let go of the kept frames no planned read needs."""
+        if not self._unplanned:
+            return
+        self._unplanned = False
+        for key in list(self._frames):
+            wanted = self._wanted.get(key, {})
+            for frame in [frame for frame in self._frames[key] if frame not in wanted]:
+                self._release(key, frame)
 
     def knows(self, read: int) -> bool:
         return read in self._needs
@@ -206,7 +219,7 @@ class FrameCache:
         for frame in frames:
             counts[frame] = counts.get(frame, 0) + 1
 
-    def _forget(self, read: int, key: SegmentKey, frames: tuple[int, ...]) -> None:
+    def _forget(self, read: int, key: SegmentKey, frames: tuple[int, ...], release: bool = True) -> None:
         users = self._users[key]
         users[read] -= 1
         if not users[read]:
@@ -216,7 +229,7 @@ class FrameCache:
             wanted[frame] -= 1
             if not wanted[frame]:
                 del wanted[frame]
-                if frame in kept:
+                if frame in kept and release:
                     self._release(key, frame)
         if not users:
             del self._users[key], self._wanted[key]
