@@ -86,7 +86,9 @@ def record_run(measured: dict, rates: list[float], workers: list[float]) -> None
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--episodes", type=int, default=8)
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument(
+        "--workers", type=lambda v: v if v == "auto" else int(v), default=2, help='a count, or "auto" (its tuner)'
+    )
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--rounds", type=int, default=3)

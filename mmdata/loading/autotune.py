@@ -13,9 +13,9 @@ worker's wall and CPU time per step, and at the end of each window of steps:
   another rank's); if the next window delivers no more steps per second and no less waiting, go back and do not
   try that count again for `cooldown` seconds (or until the loop's pace changes);
 - the loop did not wait over `calm_windows` windows in a row and one worker fewer would still read `spare` times
-  as fast as the loop takes: retire one; if the loop then waits, take it back and keep that count for `cooldown`
-  seconds. (A change costs: the workers' frame caches plan their new steps afresh and a new worker starts
-  cold, so the tuner grows readily and shrinks slowly.)
+  as fast as the loop takes, at the slowest reads of the recent windows: retire one; if the loop then waits,
+  take it back and keep that count for `cooldown` seconds. (A change costs: the workers' frame caches plan
+  their new steps afresh and a new worker starts cold, so the tuner grows readily and shrinks slowly.)
 
 Windows start after the steps already dispatched when the count last changed, so every decision is measured on
 the count it judges. The tuner only counts workers; which worker reads a step never changes what the step holds.
@@ -25,11 +25,14 @@ from __future__ import annotations
 
 import math
 import os
+from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from mmdata.checks import option_int
 from mmdata.errors import OptionError
+
+RECENT_WINDOWS = 8  # a worker fewer must keep up with the slowest of this many windows' reads
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,7 @@ class WorkerTuner:
         self.depth, self.most_depth, self.busy_enough = depth, most_depth, busy_enough
         self.stall_limit, self.spare, self.cooldown = stall_limit, spare, cooldown
         self.calm_windows, self._calm = calm_windows, 0
+        self._recent_busy: deque[float] = deque(maxlen=RECENT_WINDOWS)  # each window's wall time per step
         self.least_steps, self.least_seconds = least_steps, least_seconds
         self._in_flight, self._idle_cores = in_flight, idle_cores
         self.history: list[Setting] = []
@@ -133,6 +137,7 @@ class WorkerTuner:
         per_worker = worker_cores / self.workers
         idle = self._idle_cores()
         n = self.workers
+        self._recent_busy.append(busy)
         figures = (stall, rate, worker_cores, idle)
         self._expire(now, loop)
 
@@ -174,7 +179,8 @@ class WorkerTuner:
             self._change(grown, now, figures, f"the loop waited {stall:.1%}: {n} -> {grown} workers")
             return
         least = self._floor[0] if self._floor else 1
-        spare = loop > 0 and (n - 1) / busy >= self.spare / loop
+        slowest = max(self._recent_busy)  # (the reads of bursts, when every lane opens segments at once, included)
+        spare = loop > 0 and (n - 1) / slowest >= self.spare / loop
         if n > least and spare and self._calm >= self.calm_windows:
             self._shrunk_from, self._calm = n, 0
             self._change(n - 1, now, figures, f"no wait, {n - 1} worker(s) would read {self.spare}x the loop's pace")

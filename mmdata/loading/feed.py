@@ -63,6 +63,12 @@ def _close_open_feeds() -> None:
         feed.close()
 
 
+# A reader's first read plans the frame cache's horizon this many steps ahead, each later read this many more, up to
+# the whole horizon: the first batch does not wait for a horizon's samples to be aligned (32 steps or more).
+FIRST_HORIZON = 2
+HORIZON_GROWTH = 2
+
+
 class StepsAhead(Sequence[Sequence[SampleRef]]):
     """The samples of the steps a worker reads next, each made when it is asked for: the reader looks at a step once,
     as it enters its horizon, so a horizon of 128 steps costs one step's samples per read, not 128."""
@@ -105,6 +111,7 @@ class StepSource:
         self._planning_seconds = 0.0  # epochs planned here, not yet reported with a batch
         self._cpu_mark: float | None = None  # in a worker: its process's CPU time when its last item was made
         self._epochs: dict[int, RankSteps | MmdataError] = {first_epoch: first_steps}
+        self._reads_planned = 0  # reads since this reader began (or replanned): its horizon grows with them
 
     @property
     def horizon(self) -> int:
@@ -159,6 +166,9 @@ class StepSource:
         steps = self.steps_of(epoch)
         if restart:
             self.reader.replan()
+            self._reads_planned = 0
+        later = later[: FIRST_HORIZON + HORIZON_GROWTH * self._reads_planned]
+        self._reads_planned += 1
         step, samples = steps[position]
         fallback = steps.samples_after(position, FALLBACK_SAMPLES)  # to borrow from if all of its own fail
         if len(fallback) < FALLBACK_SAMPLES:
