@@ -12,10 +12,11 @@ worker's wall and CPU time per step, and at the end of each window of steps:
   one), as far as `most` allows and only into cores that stood idle over the window (never into the trainer's or
   another rank's); if the next window delivers no more steps per second and no less waiting, go back and do not
   try that count again for `cooldown` seconds (or until the loop's pace changes);
-- the loop did not wait over `calm_windows` windows in a row and one worker fewer would still read `spare` times
-  as fast as the loop takes, at the slowest reads of the recent windows: retire one; if the loop then waits,
-  take it back and keep that count for `cooldown` seconds. (A change costs: the workers' frame caches plan
-  their new steps afresh and a new worker starts cold, so the tuner grows readily and shrinks slowly.)
+- the loop did not wait over `calm_windows` windows in a row at a steady pace and one worker fewer would still
+  read `spare` times as fast as the loop takes, at the slowest reads of the recent windows: retire one; if the
+  loop then waits, take it back and keep that count for `cooldown` seconds. (A change costs: the workers' frame
+  caches plan their new steps afresh and a new worker starts cold, so the tuner grows readily and shrinks
+  slowly.)
 
 Windows start after the steps already dispatched when the count last changed, so every decision is measured on
 the count it judges. The tuner only counts workers; which worker reads a step never changes what the step holds.
@@ -95,6 +96,7 @@ class WorkerTuner:
         self.depth, self.most_depth, self.busy_enough = depth, most_depth, busy_enough
         self.stall_limit, self.spare, self.cooldown = stall_limit, spare, cooldown
         self.calm_windows, self._calm = calm_windows, 0
+        self._pace: float | None = None  # the loop's own seconds per step over the last window
         self._recent_busy: deque[float] = deque(maxlen=RECENT_WINDOWS)  # each window's wall time per step
         self.least_steps, self.least_seconds = least_steps, least_seconds
         self._in_flight, self._idle_cores = in_flight, idle_cores
@@ -156,7 +158,9 @@ class WorkerTuner:
                 return
 
         most = min(self.most, self._ceiling[0] if self._ceiling else self.most)
-        self._calm = 0 if stall > self.stall_limit else self._calm + 1
+        steady_pace = self._pace is None or loop <= 0 or max(loop / self._pace, self._pace / loop) < 1.5
+        self._pace = loop if loop > 0 else self._pace
+        self._calm = 0 if stall > self.stall_limit or not steady_pace else self._calm + 1
         if stall > self.stall_limit:
             busy_share = busy * rate / n  # of the workers' time, reading
             if busy_share < self.busy_enough and self.depth < self.most_depth:

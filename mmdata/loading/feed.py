@@ -111,6 +111,7 @@ class StepSource:
         self._planning_seconds = 0.0  # epochs planned here, not yet reported with a batch
         self._cpu_mark: float | None = None  # in a worker: its process's CPU time when its last item was made
         self._epochs: dict[int, RankSteps | MmdataError] = {first_epoch: first_steps}
+        self._planning_ahead: dict[int, threading.Thread] = {}
         self._reads_planned = 0  # reads since this reader began (or replanned): its horizon grows with them
 
     @property
@@ -119,23 +120,45 @@ class StepSource:
         return self.reader.horizon
 
     def steps_of(self, epoch: int) -> RankSteps:
-        """The rank's steps of `epoch` (planned here once; the two latest kept); raises what planning it raised."""
+        """The rank's steps of `epoch` (planned once here, or found planned ahead; the two latest kept); raises what
+        planning it raised."""
+        planning = self._planning_ahead.pop(epoch, None)
+        if planning is not None:
+            planning.join()  # (a thread of the process this was forked from ends at once here: planned below)
         steps = self._epochs.get(epoch)
         if steps is None:
-            started = time.perf_counter()
-            try:
-                plan = self.planner.epoch_plan(self.seed, epoch, [], self.world_size)
-                steps = self.planner.rank_steps(plan, self.rank)
-                if not steps:
-                    raise MmdataError(f"epoch {epoch} has no steps for rank {self.rank} of {self.world_size}")
-            except MmdataError as exc:
-                steps = exc
-            self._planning_seconds += time.perf_counter() - started
-            self._epochs[epoch] = steps
-            for older in [e for e in self._epochs if e < epoch - 1]:
-                del self._epochs[older]
+            steps = self._plan(epoch)
         if isinstance(steps, MmdataError):
             raise steps
+        return steps
+
+    def before_fork(self) -> None:
+        """Wait for the epochs being planned ahead (a process forked while a thread holds a lock may never get it)."""
+        for thread in list(self._planning_ahead.values()):
+            thread.join()
+
+    def plan_ahead(self, epoch: int) -> None:
+        """Plan `epoch` on a thread of its own, so that the step that first needs it (the fallback of the epoch's
+        last steps, the next epoch's first) does not wait for it."""
+        if epoch not in self._epochs and epoch not in self._planning_ahead:
+            thread = threading.Thread(target=self._plan, args=(epoch,), name="mmdata-plan-ahead", daemon=True)
+            self._planning_ahead[epoch] = thread
+            thread.start()
+
+    def _plan(self, epoch: int) -> RankSteps | MmdataError:
+        started = time.perf_counter()
+        steps: RankSteps | MmdataError
+        try:
+            plan = self.planner.epoch_plan(self.seed, epoch, [], self.world_size)
+            steps = self.planner.rank_steps(plan, self.rank)
+            if not steps:
+                raise MmdataError(f"epoch {epoch} has no steps for rank {self.rank} of {self.world_size}")
+        except MmdataError as exc:
+            steps = exc
+        self._planning_seconds += time.perf_counter() - started
+        self._epochs[epoch] = steps
+        for older in [e for e in list(self._epochs) if e < epoch - 1]:
+            self._epochs.pop(older, None)
         return steps
 
     def epoch_lengths(self) -> Iterator[tuple[int, int, int]]:
@@ -150,6 +173,8 @@ class StepSource:
         """Every step's item in turn, read in this process."""
         for epoch, _, length in self.epoch_lengths():
             for position in range(length):
+                if position == length // 2:
+                    self.plan_ahead(epoch + 1)
                 later = range(position + 1, min(length, position + 1 + self.reader.horizon))
                 yield self.read_step(epoch, position, later, 0, False)
 
@@ -164,6 +189,8 @@ class StepSource:
         frame cache's horizon) and `restart` says its earlier plan of them no longer holds."""
         making, planned = time.perf_counter(), self._planning_seconds
         steps = self.steps_of(epoch)
+        if position >= len(steps) // 2:
+            self.plan_ahead(epoch + 1)
         if restart:
             self.reader.replan()
             self._reads_planned = 0

@@ -48,6 +48,14 @@ class StepReader(Protocol):
         """(epoch, its first step, its steps from there), epoch after epoch."""
         ...
 
+    def plan_ahead(self, epoch: int) -> None:
+        """Plan `epoch` in the background (the pool asks half-way through the epoch before it)."""
+        ...
+
+    def before_fork(self) -> None:
+        """Called before workers are forked from this process."""
+        ...
+
     def start_in_worker(self, slot: int) -> None:
         """Called once in a new worker process before it reads."""
         ...
@@ -179,6 +187,8 @@ class WorkerPool:
                         ended = exc
                         break
                 epoch, first, length = current
+                if position == length // 2:
+                    self.reader.plan_ahead(epoch + 1)
                 worker = self._workers[self._order[self._owners.owner(first + position)]]
                 if worker.in_flight >= self.prefetch_factor:
                     break
@@ -223,6 +233,7 @@ class WorkerPool:
 
     def _start(self, count: int) -> None:
         free = [slot for slot in range(self.slots) if slot not in self._workers]
+        self.reader.before_fork()
         with _frozen_for_fork():
             for slot in free[:count]:
                 task_out, task_in = self._context.Pipe(duplex=False)
