@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from mmdata.codecs.decoders import ClipRequest, VideoDecoder, make_video_decoder
+from mmdata.codecs.unit_float import unit_float as unit_float_frame
 from mmdata.errors import DecodeError, SampleError
 from mmdata.loading.frame_cache import FrameCache
 from mmdata.loading.host_memory import host_frames
@@ -268,15 +269,11 @@ def gather_frames(
     shape = (shape[2], shape[0], shape[1]) if transpose else shape
     frames = into if into is not None else np.empty((len(positions), *shape), np.float32 if unit_float else np.uint8)
     for row, position in enumerate(positions.tolist()):
-        frame = picked[position].transpose(2, 0, 1) if transpose else picked[position]
         if unit_float:
-            np.divide(frame, _UINT8_TOP, out=frames[row], dtype=np.float32)
+            unit_float_frame(picked[position], frames[row], transpose)
         else:
-            frames[row] = frame
+            frames[row] = picked[position].transpose(2, 0, 1) if transpose else picked[position]
     return frames
-
-
-_UINT8_TOP = np.float32(255)
 
 
 def merge_requests(
