@@ -377,3 +377,22 @@ def test_bench_reports_the_loaders_cpu_per_sample_workers_included_against_the_d
     assert by_stage["decode"] >= figures["decode_cpu_ms_per_sample"] and by_stage["fetch"] > 0 and by_stage["align"] > 0
     assert sum(by_stage.values()) >= figures["cpu_ms_per_sample"] - 0.01  # the parts add up to the whole
     jsonschema.validate(figures, SCHEMA["properties"]["figures"])
+
+
+@pytest.mark.slow
+def test_bench_with_auto_workers_reports_the_settings_it_chose_over_time(stores, tmp_path):
+    output = tmp_path / "auto.json"
+    finished = run_cli("bench", str(stores["wds"]), "--num-workers", "auto", "--steps", "40", "--json", str(output))
+    assert finished.returncode == 0, finished.stderr
+    document = json.loads(output.read_text())
+    jsonschema.validate(document, SCHEMA)
+    tuning = document["loader_stats"]["autotune"]
+    assert tuning["most_workers"] >= 1 and document["config"]["num_workers"] >= 1
+    assert 'num_workers="auto"' in finished.stdout
+    for setting in tuning["settings"]:
+        assert f"{setting['workers']} workers, read-ahead {setting['read_ahead']}" in finished.stdout
+
+
+def test_bench_refuses_a_worker_count_that_is_neither_a_number_nor_auto():
+    finished = run_cli("bench", "--num-workers", "many")
+    assert finished.returncode == 2 and "auto" in finished.stderr

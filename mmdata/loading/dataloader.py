@@ -17,6 +17,7 @@ from typing import Any, Literal
 from mmdata.checks import option_int
 from mmdata.errors import OptionError, SpecError
 from mmdata.loading.assembly import ChainAssembly
+from mmdata.loading.autotune import WorkerTuner
 from mmdata.loading.feed import Feed
 from mmdata.loading.loader_options import (
     TORCH_DEFAULTS,
@@ -129,6 +130,7 @@ class DataLoader:
         self._position = RunPosition(plan, seed, self.world_size)
         self._stats = LoaderStats()
         self._feed: Feed | None = None
+        self._tuner: WorkerTuner | None = None  # the last closed feed's, with num_workers="auto"
 
     def epoch_plan(self) -> EpochPlan:
         """The plan of the current epoch at this world size, from where the state says the run is."""
@@ -217,6 +219,7 @@ class DataLoader:
         """Stop the workers and the receiving thread (they otherwise stay up between epochs)."""
         if self._feed is not None:
             self._feed.close()
+            self._tuner = self._feed.tuner or self._tuner  # (its settings stay in `stats()`)
         self._feed = None
 
     def __del__(self):
@@ -232,7 +235,7 @@ class DataLoader:
         snapshot["excluded_episodes"] = dict(self.excluded)
         snapshot["sources"] = self._stats.sources([source.name for source in self.sources])
         snapshot["workers"] = self.num_workers
-        tuner = self._feed.tuner if self._feed is not None else None
+        tuner = self._feed.tuner if self._feed is not None and self._feed.tuner else self._tuner
         if tuner is not None:
             snapshot["autotune"] = {"most_workers": tuner.most, "settings": [s.to_dict() for s in tuner.history]}
         snapshot.update(self.chain.stats(snapshot["decode_waste"], snapshot["frames_evicted"]))

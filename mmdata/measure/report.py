@@ -284,6 +284,14 @@ def format_table(document: dict[str, Any]) -> str:
                 " before it began are in these rates; the sustained rate is about"
                 f" {f['frames_per_s'] / workers['utilization']:,.0f} frames/s (raise --steps or --warmup)"
             )
+    tuning = (document.get("loader_stats") or {}).get("autotune")
+    if tuning:
+        lines += ["", f'num_workers="auto" (at most {tuning["most_workers"]}), its settings over time:']
+        for setting in tuning["settings"][-12:]:
+            lines.append(
+                f"  {setting['at']:7.1f} s  {setting['workers']} workers, read-ahead {setting['read_ahead']}:"
+                f" {setting['reason']}"
+            )
     sweep = document.get("sweep")
     if sweep:
         lines += ["", "sweep:"]

@@ -68,7 +68,12 @@ def add_parser(commands) -> None:
         " the report names the order resolved",
     )
     loader = parser.add_argument_group("runtime (num_workers=, prefetch_factor=, mmdata.Runtime)")
-    loader.add_argument("--num-workers", type=int, default=2)
+    loader.add_argument(
+        "--num-workers",
+        type=_worker_count,
+        default=2,
+        help='worker processes (default 2), or "auto": chosen while it runs; the report lists its settings over time',
+    )
     loader.add_argument("--prefetch-factor", type=int, default=2)
     loader.add_argument(
         "--decoder",
@@ -212,7 +217,7 @@ def _measure(args: argparse.Namespace, dataset: str) -> dict[str, Any]:
         "batch_size": args.batch_size,
         "layout": loader.layout,
         "shuffle": loader.shuffle,
-        "num_workers": args.num_workers,
+        "num_workers": loader.num_workers,
         "prefetch_factor": args.prefetch_factor,
         "decoder": loader.decoder.describe(),
         "decode_in": "main" if loader.decode_in_main else "workers",
@@ -242,7 +247,8 @@ def _decoder(args: argparse.Namespace) -> Any:
     from mmdata.codecs.decoders import make_video_decoder
 
     device = torch.device(args.device).index or 0
-    return make_video_decoder("hybrid", [], gpu=args.hybrid_gpu, helpers=max(1, args.num_workers), device_id=device)
+    helpers = 2 if args.num_workers == "auto" else max(1, args.num_workers)
+    return make_video_decoder("hybrid", [], gpu=args.hybrid_gpu, helpers=helpers, device_id=device)
 
 
 def _frame_cache_bytes(text: str) -> int | str:
@@ -304,7 +310,7 @@ def _baseline(args: argparse.Namespace, dataset: str, spec, loader: DataLoader, 
         started = time.perf_counter()
         shards = export_naive_shards(open_dataset(dataset), Path(folder))
         print(f"baseline: wrote {len(shards)} naive shards in {time.perf_counter() - started:.1f} s")
-        baseline = naive_loader(shards, spec, samples_per_batch, args.num_workers)
+        baseline = naive_loader(shards, spec, samples_per_batch, loader.num_workers)
         measured = run_naive(baseline, spec, args.baseline_seconds, step=simulated_step(args.step_ms, loader.device))
     measured.update(
         name="naive",
@@ -322,7 +328,18 @@ def _warmup(args: argparse.Namespace, options: dict[str, Any]) -> int:
     """--warmup, or enough steps to drain what the workers read ahead before measuring starts."""
     if args.warmup is not None:
         return args.warmup
-    return options["num_workers"] * options["prefetch_factor"] + 2
+    workers = 2 if options["num_workers"] == "auto" else options["num_workers"]
+    return workers * options["prefetch_factor"] + 2
+
+
+def _worker_count(text: str) -> int | str:
+    """--num-workers: a whole number of processes, or "auto"."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'a number of worker processes or "auto", not {text!r}') from None
 
 
 def _parse_tokens(text: str | None) -> dict[str, float]:
