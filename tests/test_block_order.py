@@ -313,8 +313,9 @@ def test_a_loader_in_the_blocks_order_reads_every_sample_once_per_epoch_with_wor
     assert len(seen) == len(set(seen))
     assert sorted(seen + plan.left_out.tolist()) == list(range(len(loader.samples)))
     alone = mmdata.DataLoader(stores["wds"], CAMERA_WINDOWS, batch_size=4, shuffle="blocks", seed=3)
-    for _ in alone:
-        pass
+    for _ in range(2):  # (a run's first read plans 2 steps ahead, for a sooner first batch: its segments' frames
+        for _ in alone:  # the later steps need are decoded again, once a run, a large share of this small epoch)
+            pass
     assert alone.stats()["decode_waste"] < 1.2
 
 

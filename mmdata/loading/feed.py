@@ -63,10 +63,10 @@ def _close_open_feeds() -> None:
         feed.close()
 
 
-# A reader's first read plans the frame cache's horizon this many steps ahead, each later read this many more, up to
-# the whole horizon: the first batch does not wait for a horizon's samples to be aligned (32 steps or more).
+# A reader's first read plans the frame cache's horizon only this many steps ahead, the next one the whole horizon:
+# the first batch does not wait for a horizon's samples to be aligned (32 steps or more), and only the first read's
+# segments may be decoded twice (a ramp over several reads cost 1.2-1.7x decode waste on short epochs).
 FIRST_HORIZON = 2
-HORIZON_GROWTH = 2
 
 
 class StepsAhead(Sequence[Sequence[SampleRef]]):
@@ -112,7 +112,7 @@ class StepSource:
         self._cpu_mark: float | None = None  # in a worker: its process's CPU time when its last item was made
         self._epochs: dict[int, RankSteps | MmdataError] = {first_epoch: first_steps}
         self._planning_ahead: dict[int, threading.Thread] = {}
-        self._reads_planned = 0  # reads since this reader began (or replanned): its horizon grows with them
+        self._reads_planned = 0  # reads since this reader began (or replanned): the first plans a short horizon
 
     @property
     def horizon(self) -> int:
@@ -194,7 +194,8 @@ class StepSource:
         if restart:
             self.reader.replan()
             self._reads_planned = 0
-        later = later[: FIRST_HORIZON + HORIZON_GROWTH * self._reads_planned]
+        if self._reads_planned == 0:
+            later = later[:FIRST_HORIZON]
         self._reads_planned += 1
         step, samples = steps[position]
         fallback = steps.samples_after(position, FALLBACK_SAMPLES)  # to borrow from if all of its own fail

@@ -2,9 +2,11 @@
 
 Each step of a rank's epoch is read by the worker that owns it (`StepOwners`: the plan's lanes, each whole with
 one worker, so a lane's segments meet one frame cache); the pool sends each worker its steps in order, at most
-`prefetch_factor` ahead, and takes the batches back in step order from that worker's pipe. Growing forks a
-worker into a free slot, shrinking retires the last one once its steps are back; either way only who reads a
-step changes, never what it holds, so batches are the same whatever the count and whenever it changes. Unlike
+`prefetch_factor` ahead, and takes the batches back in step order from that worker's pipe. Every slot's worker is
+forked when the pool starts, before any thread of the pool runs (a process forked while another thread holds a
+lock may wait for it forever); growing gives steps to a resting worker, shrinking lets the last one rest once its
+steps are back. Either way only who reads a step changes, never what it holds, so batches are the same whatever
+the count and whenever it changes. Unlike
 `torch.utils.data.DataLoader`'s, the pool has no index queues, no pin-memory thread and no per-batch bookkeeping
 of its own beyond one message each way.
 """
@@ -143,13 +145,13 @@ class WorkerPool:
         self.reader, self.slots, self.lanes, self.prefetch_factor = reader, slots, lanes, prefetch_factor
         self._context = multiprocessing.get_context("fork")
         self._workers: dict[int, _Worker] = {}
-        self._retiring: list[_Worker] = []
-        self._order: list[int] = []  # the active workers' slots, in the order the owners number them
+        self._order: list[int] = []  # the reading workers' slots, in the order the owners number them
         self._owners = StepOwners(lanes, workers)
         self._target = workers
         self._lock = threading.Lock()
         self._closed = False
-        self._start(workers)
+        self._start(slots)
+        self._order = list(range(workers))
 
     @property
     def workers(self) -> int:
@@ -208,7 +210,6 @@ class WorkerPool:
             if item is None:
                 return
             worker.in_flight -= 1
-            self._reap()
             yield item
 
     def close(self) -> None:
@@ -217,7 +218,7 @@ class WorkerPool:
             if self._closed:
                 return
             self._closed = True
-        workers = [*self._workers.values(), *self._retiring]
+        workers = list(self._workers.values())
         for worker in workers:
             with contextlib.suppress(OSError, ValueError):
                 worker.tasks.send(None)
@@ -229,13 +230,11 @@ class WorkerPool:
             for end in (worker.tasks, worker.results):
                 end.close()
         self._workers.clear()
-        self._retiring.clear()
 
     def _start(self, count: int) -> None:
-        free = [slot for slot in range(self.slots) if slot not in self._workers]
         self.reader.before_fork()
         with _frozen_for_fork():
-            for slot in free[:count]:
+            for slot in range(count):
                 task_out, task_in = self._context.Pipe(duplex=False)
                 result_out, result_in = self._context.Pipe(duplex=False)
                 process = self._context.Process(
@@ -248,30 +247,16 @@ class WorkerPool:
                 task_out.close()
                 result_in.close()
                 self._workers[slot] = _Worker(slot, process, task_in, result_out)
-                self._order.append(slot)
 
     def _apply_target(self) -> None:
-        """Start or retire workers to reach the target; every worker's later steps follow the new owners."""
+        """Wake or rest workers to reach the target; every reading worker's later steps follow the new owners (a
+        resting one still hands back the steps it was given)."""
         target = self._target
-        if target > len(self._order):
-            self._start(target - len(self._order))
-        while len(self._order) > target:
-            worker = self._workers[self._order.pop()]
-            self._retiring.append(worker)
+        resting = sorted(slot for slot in self._workers if slot not in self._order)
+        self._order = (self._order + resting)[:target]
         self._owners = StepOwners(self.lanes, len(self._order))
         for slot in self._order:
             self._workers[slot].restart = True
-
-    def _reap(self) -> None:
-        """Let retired workers whose steps are all back go."""
-        for worker in [w for w in self._retiring if w.in_flight == 0]:
-            with contextlib.suppress(OSError, ValueError):
-                worker.tasks.send(None)
-            self._retiring.remove(worker)
-            del self._workers[worker.slot]
-            worker.process.join(timeout=5)
-            for end in (worker.tasks, worker.results):
-                end.close()
 
     def _receive(self, worker: _Worker, stopped: Callable[[], bool]) -> Any:
         """The next item of `worker` (None when stopped); an error raised there is raised here."""
