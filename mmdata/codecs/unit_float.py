@@ -21,3 +21,11 @@ def unit_float(frame: np.ndarray, out: np.ndarray, planar: bool) -> None:
                     out[c, y, x] = value
                 else:
                     out[y, x, c] = value
+
+
+@numba.njit(cache=True, nogil=True)
+def unit_float_flat(values: np.ndarray, out: np.ndarray) -> None:
+    """`values` (uint8, one dimension) divided by 255 into float32 `out`, as `unit_float` divides them."""
+    top = np.float32(255)
+    for i in range(values.size):
+        out[i] = np.float32(values[i]) / top

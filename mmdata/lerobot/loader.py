@@ -23,11 +23,11 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal
 
-import numba
 import numpy as np
 import torch
 
 from mmdata.checks import option_int, shown
+from mmdata.codecs.unit_float import unit_float_flat
 from mmdata.errors import OptionError, SpecError, StoreError
 from mmdata.lerobot.numbering import EpisodeNumbering
 from mmdata.loading.dataloader import DataLoader
@@ -318,14 +318,8 @@ def to_unit_float(frames: torch.Tensor) -> torch.Tensor:
         return frames.to(torch.float32).div_(255)
     source = np.ascontiguousarray(frames.numpy())
     unit = np.empty(source.shape, np.float32)
-    _divide_by_255(source.reshape(-1), unit.reshape(-1))
+    unit_float_flat(source.reshape(-1), unit.reshape(-1))
     return torch.from_numpy(unit)
-
-
-@numba.njit(cache=True, nogil=True)
-def _divide_by_255(source: np.ndarray, out: np.ndarray) -> None:
-    for i in range(source.size):
-        out[i] = np.float32(source[i]) / np.float32(255)
 
 
 def _frame_rate(streams: dict) -> float:

@@ -112,7 +112,7 @@ class StepSource:
         self._cpu_mark: float | None = None  # in a worker: its process's CPU time when its last item was made
         self._epochs: dict[int, RankSteps | MmdataError] = {first_epoch: first_steps}
         self._planning_ahead: dict[int, threading.Thread] = {}
-        self._reads_planned = 0  # reads since this reader began (or replanned): the first plans a short horizon
+        self._planned_before = False  # whether this reader read since it began (or replanned): the first plans less
 
     @property
     def horizon(self) -> int:
@@ -193,10 +193,10 @@ class StepSource:
             self.plan_ahead(epoch + 1)
         if restart:
             self.reader.replan()
-            self._reads_planned = 0
-        if self._reads_planned == 0:
+            self._planned_before = False
+        if not self._planned_before:
             later = later[:FIRST_HORIZON]
-        self._reads_planned += 1
+        self._planned_before = True
         step, samples = steps[position]
         fallback = steps.samples_after(position, FALLBACK_SAMPLES)  # to borrow from if all of its own fail
         if len(fallback) < FALLBACK_SAMPLES:

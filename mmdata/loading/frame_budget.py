@@ -25,6 +25,7 @@ import math
 import os
 from dataclasses import asdict, dataclass
 
+import numpy as np
 import torch
 
 from mmdata.loading.frame_cache import HORIZON
@@ -129,8 +130,7 @@ def frame_bytes_per_batch(spec: Spec, fillers: dict[str, Filler], batch_size: in
             count = math.ceil(spec.max_seconds * spec.rate_of(name)) + 1
         else:
             return None
-        itemsize = 4 if stream.dtype == "float32" else 1
-        total += count * math.prod(fillers[name].shape) * itemsize
+        total += count * math.prod(fillers[name].shape) * np.dtype(stream.dtype).itemsize
     return total * batch_size
 
 

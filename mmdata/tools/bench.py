@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -70,7 +71,7 @@ def add_parser(commands) -> None:
     loader = parser.add_argument_group("runtime (num_workers=, prefetch_factor=, mmdata.Runtime)")
     loader.add_argument(
         "--num-workers",
-        type=_worker_count,
+        type=_auto_or_count("a number of worker processes"),
         default=2,
         help='worker processes (default 2), or "auto": chosen while it runs; the report lists its settings over time',
     )
@@ -96,7 +97,7 @@ def add_parser(commands) -> None:
     reading = parser.add_argument_group("reading (mmdata.Reading)")
     reading.add_argument(
         "--frame-cache-bytes",
-        type=_frame_cache_bytes,
+        type=_auto_or_count("a number of bytes"),
         default="auto",
         help="decoded frames each worker keeps for its next steps: 'auto' (default) sizes the bound from the plan"
         " within a share of the memory; a number of bytes fixes it; 0 turns the cache off",
@@ -247,18 +248,22 @@ def _decoder(args: argparse.Namespace) -> Any:
     from mmdata.codecs.decoders import make_video_decoder
 
     device = torch.device(args.device).index or 0
-    helpers = 2 if args.num_workers == "auto" else max(1, args.num_workers)
+    helpers = max(1, _first_workers(args.num_workers))
     return make_video_decoder("hybrid", [], gpu=args.hybrid_gpu, helpers=helpers, device_id=device)
 
 
-def _frame_cache_bytes(text: str) -> int | str:
-    """`--frame-cache-bytes`: "auto" or a whole number of bytes."""
-    if text == "auto":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'auto' or a number of bytes, not {text!r}") from None
+def _auto_or_count(what: str) -> Callable[[str], int | str]:
+    """An option's parser that takes "auto" or a whole number (`what`, named when refused)."""
+
+    def parse(text: str) -> int | str:
+        if text == "auto":
+            return text
+        try:
+            return int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"'auto' or {what}, not {text!r}") from None
+
+    return parse
 
 
 def _groups(args: argparse.Namespace, options: dict[str, Any]) -> dict[str, Any]:
@@ -328,18 +333,14 @@ def _warmup(args: argparse.Namespace, options: dict[str, Any]) -> int:
     """--warmup, or enough steps to drain what the workers read ahead before measuring starts."""
     if args.warmup is not None:
         return args.warmup
-    workers = 2 if options["num_workers"] == "auto" else options["num_workers"]
-    return workers * options["prefetch_factor"] + 2
+    return _first_workers(options["num_workers"]) * options["prefetch_factor"] + 2
 
 
-def _worker_count(text: str) -> int | str:
-    """--num-workers: a whole number of processes, or "auto"."""
-    if text == "auto":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f'a number of worker processes or "auto", not {text!r}') from None
+def _first_workers(num_workers: int | str) -> int:
+    """The workers a loader given `num_workers` starts with ("auto": where its tuner starts)."""
+    from mmdata.loading.loader_options import worker_count
+
+    return worker_count("auto" if num_workers == "auto" else int(num_workers), None).first
 
 
 def _parse_tokens(text: str | None) -> dict[str, float]:
