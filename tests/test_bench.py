@@ -4,6 +4,7 @@ stage shares that account for the wall time, the naive baseline, sweeps, and Ste
 from __future__ import annotations
 
 import copy
+import io
 import json
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 import mmdata
 from mmdata.measure import StepTimer, run_loader
 from mmdata.measure.floor import decode_floor
+from mmdata.measure.progress import SettlingLine
 from mmdata.measure.sweep import parse_sweep
 from tests.conftest import run_cli
 
@@ -391,6 +393,50 @@ def test_bench_with_auto_workers_reports_the_settings_it_chose_over_time(stores,
     assert 'num_workers="auto"' in finished.stdout
     for setting in tuning["settings"]:
         assert f"{setting['workers']} workers, read-ahead {setting['read_ahead']}" in finished.stdout
+    settling = [line for line in finished.stderr.splitlines() if line.startswith("auto: step ")]
+    assert settling and f"of at most {tuning['most_workers']} workers" in settling[0]  # while it ran, not a TTY
+
+
+def _tuner_stats(*settings, workers=2):
+    return lambda: {"workers": workers, "autotune": {"most_workers": 4, "read_ahead": 2, "settings": list(settings)}}
+
+
+SETTING = {"workers": 2, "read_ahead": 2, "stall": 0.25, "steps_per_second": 12.5, "reason": "the loop waited"}
+
+
+def test_the_settling_line_redraws_one_line_on_a_terminal_and_ends_it_at_the_last_step():
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    stream = Terminal()
+    line = SettlingLine(_tuner_stats(SETTING), stream, redraw_seconds=0)
+    for done in range(1, 4):
+        line(done, 3)
+    text = stream.getvalue()
+    assert text.count("\r") == 3 and text.endswith("\n") and text.count("\n") == 1
+    assert "auto: step 3/3, 2 of at most 4 workers, read-ahead 2, stall 25.0%, 12.5 steps/s: the loop waited" in text
+
+
+def test_the_settling_line_writes_a_line_per_new_setting_to_a_log_and_nothing_without_a_tuner():
+    stream = io.StringIO()
+    settings: list[dict] = []
+    line = SettlingLine(lambda: _tuner_stats(*settings, workers=len(settings) + 1)(), stream, 0)
+    line(1, 10)
+    line(2, 10)
+    settings.append(SETTING)
+    line(3, 10)
+    line(4, 10)
+    settings.append(SETTING | {"workers": 3, "reason": "grown"})
+    line(5, 10)
+    assert stream.getvalue().splitlines() == [
+        "auto: step 1/10, 1 of at most 4 workers, read-ahead 2: measuring its first window",
+        "auto: step 3/10, 2 of at most 4 workers, read-ahead 2, stall 25.0%, 12.5 steps/s: the loop waited",
+        "auto: step 5/10, 3 of at most 4 workers, read-ahead 2, stall 25.0%, 12.5 steps/s: grown",
+    ]
+    quiet = io.StringIO()
+    SettlingLine(lambda: {}, quiet, 0)(1, 1)
+    assert quiet.getvalue() == ""
 
 
 def test_bench_refuses_a_worker_count_that_is_neither_a_number_nor_auto():

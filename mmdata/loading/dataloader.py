@@ -237,7 +237,11 @@ class DataLoader:
         snapshot["workers"] = self.num_workers
         tuner = self._feed.tuner if self._feed is not None and self._feed.tuner else self._tuner
         if tuner is not None:
-            snapshot["autotune"] = {"most_workers": tuner.most, "settings": [s.to_dict() for s in tuner.history]}
+            snapshot["autotune"] = {
+                "most_workers": tuner.most,
+                "read_ahead": tuner.depth,
+                "settings": [s.to_dict() for s in tuner.history],
+            }
         snapshot.update(self.chain.stats(snapshot["decode_waste"], snapshot["frames_evicted"]))
         return snapshot
 

@@ -52,11 +52,20 @@ def simulated_step(step_ms: float, device: torch.device) -> Callable[[], None]:
     return step
 
 
-def run_loader(loader: DataLoader, steps: int, warmup: int = 3, step_ms: float = 0.0) -> dict[str, Any]:
-    """Measure `steps` batches after `warmup`; returns figures, stage breakdown and the loader's stats."""
+def run_loader(
+    loader: DataLoader,
+    steps: int,
+    warmup: int = 3,
+    step_ms: float = 0.0,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
+    """Measure `steps` batches after `warmup`; returns figures, stage breakdown and the loader's stats.
+    `progress(done, total)` is called after every step, warm-up's included."""
     batches = endless(loader)
-    for _ in islice(batches, warmup):
-        pass
+    total = warmup + steps
+    for done, _ in enumerate(islice(batches, warmup), 1):
+        if progress is not None:
+            progress(done, total)
     loader.reset_stats()
     step = simulated_step(step_ms, loader.device)
     timer = StepTimer(islice(batches, steps), synchronize=False)
@@ -64,14 +73,16 @@ def run_loader(loader: DataLoader, steps: int, warmup: int = 3, step_ms: float =
     episodes: list[np.ndarray] = []
     delivered: list[np.ndarray] = []
     main_cpu = -time.process_time()
-    for batch in timer:
+    for done, batch in enumerate(timer, warmup + 1):
         samples += len(batch["sample_index"])
         frames += _frames_in(loader, batch)
         episodes.append(_episodes_in(batch))
         delivered.append(_host_integers(batch["sample_index"]))
         stepped = time.process_time()
         step()
-        main_cpu -= time.process_time() - stepped  # the training step's CPU is not the loader's
+        if progress is not None:
+            progress(done, total)
+        main_cpu -= time.process_time() - stepped  # the training step's and the progress line's CPU is not the loader's
     main_cpu += time.process_time()
     loader.close()
     stats = loader.stats()

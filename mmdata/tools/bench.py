@@ -14,6 +14,7 @@ from mmdata.checks import dump_json
 from mmdata.errors import MmdataError, OptionError
 from mmdata.measure.plots import plot_stages, plot_sweep
 from mmdata.measure.presets import PRESETS, default_tokens_per, preset_spec
+from mmdata.measure.progress import SettlingLine
 from mmdata.measure.report import build_document, compare, format_table, load, parse_fraction
 from mmdata.measure.sweep import label, parse_sweep
 from mmdata.planning.orders import SHUFFLE_MODES
@@ -208,7 +209,8 @@ def _measure(args: argparse.Namespace, dataset: str) -> dict[str, Any]:
     }
     loader = DataLoader(dataset, spec, seed=args.seed, **_groups(args, options))
     warmup = _warmup(args, options)
-    measured = run_loader(loader, args.steps, warmup, args.step_ms)
+    settling = SettlingLine(loader.stats) if args.num_workers == "auto" else None
+    measured = run_loader(loader, args.steps, warmup, args.step_ms, progress=settling)
     config = {
         "dataset": dataset,
         "spec_name": args.spec,
