@@ -12,6 +12,7 @@ import pytest
 
 import mmdata
 from mmdata.errors import MmdataError, OptionError
+from mmdata.loading.loader_options import WorkerCount, worker_count
 from mmdata.loading.worker_pool import StepOwners
 from tests.test_loader import POLICY_WINDOWS, assert_same_batches, run
 
@@ -101,3 +102,13 @@ def test_num_workers_is_a_count_or_auto(stores, workers):
 def test_the_cpu_budget_is_a_whole_number_of_cores(budget):
     with pytest.raises(OptionError, match="cpu_budget"):
         mmdata.Runtime(cpu_budget=budget)
+
+
+def test_auto_shares_the_cores_among_the_ranks_of_a_node_unless_given_a_budget(monkeypatch):
+    cores = len(os.sched_getaffinity(0))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert worker_count("auto", None).most == cores
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(cores * 2))  # more ranks than cores: one worker each
+    assert worker_count("auto", None) == WorkerCount(1, 1, True)
+    assert worker_count("auto", 6) == WorkerCount(2, 6, True)
+    assert worker_count(3, None) == WorkerCount(3, 3, False)  # a count is exactly that count

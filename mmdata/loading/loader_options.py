@@ -24,8 +24,8 @@ import torch
 
 from mmdata.checks import option_bool, option_int
 from mmdata.codecs.decoders import BACKEND_NAMES, VideoDecoder
+from mmdata.codecs.decoders.select import host_cores_per_rank
 from mmdata.errors import OptionError
-from mmdata.loading.autotune import allowed_cpus
 from mmdata.loading.collate import LAYOUTS, Layout
 from mmdata.planning.orders import Shuffle, as_shuffle
 from mmdata.planning.packing.layouts import MaskKind
@@ -120,7 +120,8 @@ class Runtime:
     built `VideoDecoder`; `decode_in` overrides where ("main": workers send encoded segments and the main
     process decodes each micro-batch in one decoder call). `rank` / `world_size` default to torch.distributed's
     (or torchrun's environment). `profiler_ranges` marks every stage for the PyTorch profiler and Nsight.
-    `cpu_budget` is the most workers `num_workers="auto"` may run (default: the cores this process may run on;
+    `cpu_budget` is the most workers `num_workers="auto"` may run (default: the cores this process may run on,
+    shared among the ranks of its node;
     within it the tuner only ever adds a worker into cores that stood idle, see `mmdata.loading.autotune`)."""
 
     num_workers: int | Literal["auto"] | None = None
@@ -348,10 +349,11 @@ class WorkerCount:
 
 def worker_count(num_workers: int | Literal["auto"], cpu_budget: int | None) -> WorkerCount:
     """The workers `num_workers` asks for: N is exactly N; "auto" starts with two (one where the budget is one
-    core) and may run as many as the CPU budget's cores (default: the cores this process may run on)."""
+    core) and may run as many as the CPU budget's cores (default: this rank's share of the cores the process may
+    run on, the node's cores over torchrun's LOCAL_WORLD_SIZE)."""
     if num_workers != "auto":
         return WorkerCount(num_workers, num_workers, False)
-    most = cpu_budget or len(allowed_cpus())
+    most = cpu_budget or host_cores_per_rank()
     return WorkerCount(min(2, most), most, True)
 
 
