@@ -3,6 +3,7 @@
     write ROOT --episodes N --seconds S [--height H --width W]   write a LeRobot v3.0 dataset with lerobot's
                                           own writer (cameras of 224x224 unless given)
     load ROOT --backend B --workers W --seconds S   LeRobotDataset + torch DataLoader throughput (JSON)
+    first ROOT --backend B --workers W    from LeRobotDataset(...) to the first batch of its torch DataLoader (JSON)
     sample ROOT --count N --seed S        N random samples: frame identities, state, action, pads (JSON)
 
 Frames carry a 16-bit stripe (see mmdata.synthetic) holding episode * 1000 + frame index, so a
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -93,6 +95,17 @@ def load(root: Path, backend: str, workers: int, seconds: float) -> dict:
     return measure(batches, lambda batch: len(batch["index"]), seconds)
 
 
+def first(root: Path, backend: str, workers: int) -> dict:
+    """Seconds from building the dataset to the first batch in hand (the imports done before)."""
+    building = time.perf_counter()
+    dataset = LeRobotDataset("mmdata/measure", root=root, delta_timestamps=DELTA_TIMESTAMPS, video_backend=backend)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, shuffle=True, num_workers=workers)
+    built = time.perf_counter()
+    next(iter(loader))
+    done = time.perf_counter()
+    return {"construct_s": built - building, "iterate_s": done - built, "to_first_batch_s": done - building}
+
+
 def sample(root: Path, count: int, seed: int) -> dict:
     dataset = LeRobotDataset("mmdata/measure", root=root, delta_timestamps=DELTA_TIMESTAMPS, video_backend="pyav")
     picks = np.random.default_rng(seed).choice(len(dataset), size=count, replace=False)
@@ -116,7 +129,7 @@ def sample(root: Path, count: int, seed: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["write", "load", "sample"])
+    parser.add_argument("command", choices=["write", "load", "first", "sample"])
     parser.add_argument("root", type=Path)
     parser.add_argument("--episodes", type=int, default=24)
     parser.add_argument("--seconds", type=float, default=6.0)
@@ -132,6 +145,8 @@ def main() -> None:
         result = write(args.root, args.episodes, args.seconds, args.height, args.width, args.texture)
     elif args.command == "load":
         result = load(args.root, args.backend, args.workers, args.seconds)
+    elif args.command == "first":
+        result = first(args.root, args.backend, args.workers)
     else:
         result = sample(args.root, args.count, args.seed)
     json.dump(result, sys.stdout)

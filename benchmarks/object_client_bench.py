@@ -163,7 +163,9 @@ def faulty_epoch(store_url: str, local: list, make_reads, upstream: str) -> dict
             s3_plain.PlainS3Reader.read = lambda reader, *arguments: reads.read(*arguments)
         policy = mmdata.ReadPolicy(timeout_s=10, attempts=6, backoff_s=0.01, max_backoff_s=0.05)
         spec = mmdata.Windows(anchor_fps=2, streams={"cam_high": mmdata.Frames(), "state": mmdata.Values()})
-        loader = mmdata.DataLoader(mmdata.open_dataset(store_url, read_policy=policy), spec, batch_size=4, seed=3)
+        loader = mmdata.DataLoader(
+            mmdata.open_dataset(store_url, read_policy=policy), spec, batch_size=4, seed=3, num_workers=0
+        )
         remote = list(loader)
         same = len(remote) == len(local) and all(
             all(np.array_equal(np.asarray(a[k]), np.asarray(b[k])) for k in a if k != "task")
@@ -255,7 +257,7 @@ def main() -> None:
             print(row, flush=True)
         report["loader"] = rows
         spec = mmdata.Windows(anchor_fps=2, streams={"cam_high": mmdata.Frames(), "state": mmdata.Values()})
-        local = list(mmdata.DataLoader(str(store), spec, batch_size=4, seed=3))
+        local = list(mmdata.DataLoader(str(store), spec, batch_size=4, seed=3, num_workers=0))
         report["faults"] = {
             name: faulty_epoch(url, local, make, endpoint)
             for name, make in (("s3_plain", None), ("obstore", ObstoreReads))

@@ -87,7 +87,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         dataset = store(Path(folder))
         warm = mmdata.Windows(anchor_fps=1, streams={"action": mmdata.Values()})
-        next(iter(mmdata.DataLoader(dataset, warm, batch_size=1)))  # (the process's imports, Numba's cache: once)
+        next(
+            iter(mmdata.DataLoader(dataset, warm, batch_size=1, num_workers=0))
+        )  # (the process's imports, Numba's cache: once)
         results = {
             "machine": machine_name(),
             "batch_size_256": measure(dataset, args.samples, {"batch_size": 256}),

@@ -187,7 +187,12 @@ def first_batch_of(dataset, windows: mmdata.Windows, world: int) -> dict:
     rss_before = resident_mb()
     started = time.perf_counter()
     loader = mmdata.DataLoader(
-        dataset, windows, batch_size=BATCH, seed=1, runtime=mmdata.Runtime(rank=world - 1, world_size=world)
+        dataset,
+        windows,
+        batch_size=BATCH,
+        seed=1,
+        runtime=mmdata.Runtime(rank=world - 1, world_size=world),
+        num_workers=0,
     )
     built = time.perf_counter()
     next(iter(loader))

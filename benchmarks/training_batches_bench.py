@@ -145,7 +145,12 @@ def resize_part(folder: Path, args) -> dict:
                 name: next(
                     iter(
                         mmdata.DataLoader(
-                            str(store), spec, batch_size=args.batch_size, seed=1, runtime=mmdata.Runtime(decoder=d)
+                            str(store),
+                            spec,
+                            batch_size=args.batch_size,
+                            seed=1,
+                            runtime=mmdata.Runtime(decoder=d),
+                            num_workers=0,
                         )
                     )
                 )

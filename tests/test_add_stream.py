@@ -55,8 +55,8 @@ def test_an_added_stream_reads_the_other_stores_media_as_the_store_it_came_from_
     assert edited.schema.stream_origins == {"cam_high": f"../cameras.{layout}"}
     assert same_contents(contents(str(robot)), contents(str(stores[layout])))
     assert_same_batches(
-        list(mmdata.DataLoader(str(robot), SPEC, seed=3, batch_size=BATCH_SIZE)),
-        list(mmdata.DataLoader(str(stores[layout]), SPEC, seed=3, batch_size=BATCH_SIZE)),
+        list(mmdata.DataLoader(str(robot), SPEC, seed=3, batch_size=BATCH_SIZE, num_workers=0)),
+        list(mmdata.DataLoader(str(stores[layout]), SPEC, seed=3, batch_size=BATCH_SIZE, num_workers=0)),
     )
     after = files_of(robot)
     assert {k: after[k] for k in media_before} == media_before  # no media written into the store
@@ -144,7 +144,11 @@ def test_adding_a_stream_that_fails_at_any_step_leaves_the_version_before(pair, 
     unchanged = mmdata.open_dataset(str(robot))
     assert unchanged.schema.version == 1 and "cam_high" not in [s.name for s in unchanged.schema.streams]
     assert len(
-        list(mmdata.DataLoader(str(robot), mmdata.Windows(5, {"state": mmdata.Values()}), batch_size=BATCH_SIZE))
+        list(
+            mmdata.DataLoader(
+                str(robot), mmdata.Windows(5, {"state": mmdata.Values()}), batch_size=BATCH_SIZE, num_workers=0
+            )
+        )
     )
     monkeypatch.undo()
     assert add_streams(str(robot), str(cameras), ["cam_high"], progress=False).version == 2
@@ -154,14 +158,14 @@ def test_adding_a_stream_that_fails_at_any_step_leaves_the_version_before(pair, 
 def test_a_loader_reading_while_a_stream_is_added_goes_on_with_the_batches_of_its_version(pair):
     robot, cameras = pair["wds"]
     spec = mmdata.Windows(anchor_fps=5, streams={"state": mmdata.Values()})
-    expected = list(mmdata.DataLoader(str(robot), spec, seed=2, batch_size=BATCH_SIZE))
+    expected = list(mmdata.DataLoader(str(robot), spec, seed=2, batch_size=BATCH_SIZE, num_workers=0))
     got = []
-    for step, batch in enumerate(mmdata.DataLoader(str(robot), spec, seed=2, batch_size=BATCH_SIZE)):
+    for step, batch in enumerate(mmdata.DataLoader(str(robot), spec, seed=2, batch_size=BATCH_SIZE, num_workers=0)):
         got.append(batch)
         if step == 1:
             add_streams(str(robot), str(cameras), ["cam_high"], progress=False)
     assert_same_batches(got, expected)
-    assert len(list(mmdata.DataLoader(str(robot), SPEC, batch_size=BATCH_SIZE))) > 0
+    assert len(list(mmdata.DataLoader(str(robot), SPEC, batch_size=BATCH_SIZE, num_workers=0))) > 0
 
 
 @pytest.mark.slow
@@ -239,7 +243,7 @@ def test_adding_a_stream_in_object_storage_gives_the_store_a_local_edit_gives(st
         remote = mmdata.open_dataset(f"s3://{bucket}/robot")
         assert remote.schema.stream_origins == {"cam_high": "../cameras"} and remote.schema.version == 2
         assert_same_batches(
-            list(mmdata.DataLoader(f"s3://{bucket}/robot", SPEC, seed=1, batch_size=BATCH_SIZE)),
-            list(mmdata.DataLoader(str(tmp_path / "robot"), SPEC, seed=1, batch_size=BATCH_SIZE)),
+            list(mmdata.DataLoader(f"s3://{bucket}/robot", SPEC, seed=1, batch_size=BATCH_SIZE, num_workers=0)),
+            list(mmdata.DataLoader(str(tmp_path / "robot"), SPEC, seed=1, batch_size=BATCH_SIZE, num_workers=0)),
         )
         assert np.array_equal(episode_data(remote, 1)[2], episode_data(mmdata.open_dataset(str(stores[layout])), 1)[2])

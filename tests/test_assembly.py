@@ -17,7 +17,9 @@ from tests.test_loader import assert_same_batches
 
 
 def new_loader(store, **runtime) -> mmdata.DataLoader:
-    return mmdata.DataLoader(store, WINDOWS, batch_size=4, runtime=mmdata.Runtime(decoder="pyav", **runtime))
+    return mmdata.DataLoader(
+        store, WINDOWS, batch_size=4, runtime=mmdata.Runtime(decoder="pyav", **runtime), num_workers=0
+    )
 
 
 def test_a_cpu_decoder_decodes_where_the_samples_are_read_unless_told_to_decode_in_the_main_process(stores):

@@ -160,7 +160,7 @@ def test_step_timer_separates_waiting_for_data_from_computing():
 
 
 def test_step_timer_adds_the_loader_stage_times_when_wrapping_a_loader(stores):
-    loader = mmdata.DataLoader(stores["wds"], POLICY, batch_size=8)
+    loader = mmdata.DataLoader(stores["wds"], POLICY, batch_size=8, num_workers=0)
     timer = StepTimer(loader, synchronize=False)
     for _ in timer:
         pass
@@ -339,7 +339,7 @@ def test_the_decode_floor_decodes_each_frame_the_samples_deliver_once(stores):
     fps = store.schema.stream("cam_high").fps
     # every stored frame an anchor, each sample also asking for the frame before: each frame asked twice
     spec = mmdata.Windows(anchor_fps=fps, streams={"cam_high": mmdata.Frames(offsets=[-1 / fps, 0.0])})
-    loader = mmdata.DataLoader(stores["wds"], spec, batch_size=4)
+    loader = mmdata.DataLoader(stores["wds"], spec, batch_size=4, num_workers=0)
     first_episode = np.flatnonzero(loader.samples.episodes_of(np.arange(len(loader.samples)))[0] == 0)
     floor = decode_floor(loader, [*first_episode.tolist(), *first_episode[:5].tolist()])
     assert floor.samples == len(first_episode), "a sample delivered twice is counted once"
@@ -357,7 +357,7 @@ def test_the_decode_floor_of_scattered_samples_times_whole_segments_and_counts_o
     monkeypatch.setattr(
         PyAvDecoder, "decode", lambda self, requests, *a: timed.extend(requests) or decode(self, requests, *a)
     )
-    loader = mmdata.DataLoader(stores["wds"], POLICY, batch_size=4)
+    loader = mmdata.DataLoader(stores["wds"], POLICY, batch_size=4, num_workers=0)
     scattered = np.arange(0, len(loader.samples), 7)  # a frame here and there: a short bench's steps
     floor = decode_floor(loader, scattered)
     assert floor.samples == len(scattered) and floor.frames <= 3 * len(scattered)

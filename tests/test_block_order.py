@@ -312,7 +312,7 @@ def test_a_loader_in_the_blocks_order_reads_every_sample_once_per_epoch_with_wor
     seen = [i for batch in loader for i in batch["sample_index"].tolist()]
     assert len(seen) == len(set(seen))
     assert sorted(seen + plan.left_out.tolist()) == list(range(len(loader.samples)))
-    alone = mmdata.DataLoader(stores["wds"], CAMERA_WINDOWS, batch_size=4, shuffle="blocks", seed=3)
+    alone = mmdata.DataLoader(stores["wds"], CAMERA_WINDOWS, batch_size=4, shuffle="blocks", seed=3, num_workers=0)
     for _ in range(2):  # (a run's first read plans 2 steps ahead, for a sooner first batch: its segments' frames
         for _ in alone:  # the later steps need are decoded again, once a run, a large share of this small epoch)
             pass
@@ -330,6 +330,7 @@ def test_a_loader_in_the_blocks_order_resumes_exactly_and_at_another_world_size(
             seed=5,
             shuffling=mmdata.Shuffling(lanes=2),
             runtime=mmdata.Runtime(rank=rank, world_size=world),
+            num_workers=0,
         )
 
     uninterrupted = [batch["sample_index"].tolist() for batch in build()]
@@ -354,9 +355,9 @@ def test_a_loader_in_the_blocks_order_resumes_exactly_and_at_another_world_size(
 
 @pytest.mark.slow
 def test_a_state_saved_in_another_order_is_refused_by_the_blocks_order(stores):
-    segments = mmdata.DataLoader(stores["wds"], CAMERA_WINDOWS, batch_size=4, shuffle="locality")
+    segments = mmdata.DataLoader(stores["wds"], CAMERA_WINDOWS, batch_size=4, shuffle="locality", num_workers=0)
     next(iter(segments))
-    blocks = mmdata.DataLoader(stores["wds"], CAMERA_WINDOWS, batch_size=4, shuffle="blocks")
+    blocks = mmdata.DataLoader(stores["wds"], CAMERA_WINDOWS, batch_size=4, shuffle="blocks", num_workers=0)
     with pytest.raises(ResumeError):
         blocks.load_state_dict(segments.state_dict())
 
@@ -364,7 +365,7 @@ def test_a_state_saved_in_another_order_is_refused_by_the_blocks_order(stores):
 @pytest.mark.slow
 def test_a_token_budget_over_windows_in_the_blocks_order_holds_as_many_windows_as_fit(stores):
     def indices(**batch) -> list[list[int]]:
-        loader = mmdata.DataLoader(stores["zarr"], CAMERA_WINDOWS, shuffle="blocks", seed=2, **batch)
+        loader = mmdata.DataLoader(stores["zarr"], CAMERA_WINDOWS, shuffle="blocks", seed=2, num_workers=0, **batch)
         assert loader.shuffle == "blocks"
         return [batch["sample_index"].tolist() for batch in loader]
 
@@ -379,7 +380,13 @@ def test_a_token_budget_over_windows_in_the_blocks_order_holds_as_many_windows_a
 def test_sequences_of_some_episodes_in_the_blocks_order_are_each_read_once(stores):
     spec = mmdata.Sequences(fps=10, streams={"action": mmdata.Values()}, max_seconds=0.5)
     loader = mmdata.DataLoader(
-        stores["zarr"], spec, batch_size=2, shuffle="blocks", episodes=mmdata.Episodes(ids=[0, 2]), seed=1
+        stores["zarr"],
+        spec,
+        batch_size=2,
+        shuffle="blocks",
+        episodes=mmdata.Episodes(ids=[0, 2]),
+        seed=1,
+        num_workers=0,
     )
     table = mmdata.open_dataset(stores["zarr"]).store.table
     expected = enumerate_samples(table, spec, np.array([0, 2]))
@@ -394,7 +401,7 @@ def test_sequences_of_some_episodes_in_the_blocks_order_are_each_read_once(store
 def test_the_decode_floor_of_a_loader_in_the_blocks_order_is_measured(stores):
     from mmdata.measure.floor import decode_floor
 
-    loader = mmdata.DataLoader(stores["wds"], CAMERA_WINDOWS, batch_size=4, shuffle="blocks")
+    loader = mmdata.DataLoader(stores["wds"], CAMERA_WINDOWS, batch_size=4, shuffle="blocks", num_workers=0)
     floor = decode_floor(loader, range(0, len(loader.samples), 5))
     assert floor is not None and floor.frames > 0 and floor.samples == len(range(0, len(loader.samples), 5))
 

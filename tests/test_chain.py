@@ -20,7 +20,7 @@ SPEC = mmdata.Windows(
 
 @pytest.fixture(scope="module")
 def planned(stores):
-    loader = mmdata.DataLoader(stores["wds"], SPEC, batch_size=4)
+    loader = mmdata.DataLoader(stores["wds"], SPEC, batch_size=4, num_workers=0)
     plan = loader.planner.epoch_plan(0, 0, [], 1)
     steps = loader.planner.rank_steps(plan, 0)
     return loader, [steps[index][1] for index in range(3)]

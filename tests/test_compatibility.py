@@ -42,7 +42,7 @@ def test_loader_state_saved_before_the_one_planner_is_refused_by_name_and_the_ne
 
 
 def test_a_loader_state_saved_while_blocks_were_dealt_across_lanes_is_refused_by_name():
-    loader = mmdata.DataLoader(str(HERE / "store.wds"), LOADERS["windows"]["spec"], batch_size=4)
+    loader = mmdata.DataLoader(str(HERE / "store.wds"), LOADERS["windows"]["spec"], batch_size=4, num_workers=0)
     next(iter(loader))
     state = loader.state_dict() | {"version": 2}
     with pytest.raises(ResumeError, match=r"dealt blocks across lanes.*loader.set_epoch\(1\)"):

@@ -118,7 +118,7 @@ def test_an_edit_that_fails_at_any_step_leaves_the_version_before_and_can_be_mad
     unchanged = mmdata.open_dataset(url)
     assert unchanged.schema.version == 0 and len(unchanged) == 3
     assert sorted(path.name for path in copies["wds"].glob("episodes*")) == ["episodes.parquet"], "its files removed"
-    assert len(list(mmdata.DataLoader(url, SPEC, batch_size=4))) > 0
+    assert len(list(mmdata.DataLoader(url, SPEC, batch_size=4, num_workers=0))) > 0
     monkeypatch.undo()
     assert edit_store(url, "delete", EpisodeSelection(ids=[1]), progress=False).episodes_after == 2
 
@@ -197,20 +197,20 @@ def test_an_edit_in_object_storage_gives_the_store_a_local_edit_gives(stores, tm
             edit_store(url, "delete", EpisodeSelection(ids=[0]), progress=False)
         assert mmdata.open_dataset(remote).schema.version == 1
         assert_same_batches(
-            list(mmdata.DataLoader(remote, SPEC, batch_size=4, seed=1)),
-            list(mmdata.DataLoader(str(local), SPEC, batch_size=4, seed=1)),
+            list(mmdata.DataLoader(remote, SPEC, batch_size=4, seed=1, num_workers=0)),
+            list(mmdata.DataLoader(str(local), SPEC, batch_size=4, seed=1, num_workers=0)),
         )
 
 
 @pytest.mark.slow
 def test_a_loader_state_saved_before_an_edit_is_refused_over_the_edited_store_with_the_ways_on(copies):
     url = str(copies["wds"])
-    loader = mmdata.DataLoader(url, SPEC, batch_size=2, seed=1)
+    loader = mmdata.DataLoader(url, SPEC, batch_size=2, seed=1, num_workers=0)
     next(iter(loader))
     state = loader.state_dict()
     loader.close()
     edit_store(url, "delete", EpisodeSelection(ids=[2]), progress=False)
-    edited = mmdata.DataLoader(url, SPEC, batch_size=2, seed=1)
+    edited = mmdata.DataLoader(url, SPEC, batch_size=2, seed=1, num_workers=0)
     with pytest.raises(mmdata.ResumeError, match="set_epoch"):
         edited.load_state_dict(state)
 

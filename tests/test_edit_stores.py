@@ -62,7 +62,7 @@ def test_a_split_by_fraction_gives_every_episode_to_one_store_reading_its_media_
         assert opened.schema.origins == [f"../robot.{layout}"]
         assert not list(Path(url).glob("shards")) and not (Path(url) / "video").exists()  # no media copied
         assert run_cli("verify", url).returncode == 0
-    assert len(list(mmdata.DataLoader(train, SPEC, batch_size=2))) > 0
+    assert len(list(mmdata.DataLoader(train, SPEC, batch_size=2, num_workers=0))) > 0
     assert same_contents(contents(source), before)  # the store split is untouched
 
 
@@ -105,7 +105,7 @@ def test_merging_stores_gives_their_episodes_in_order_from_their_own_media(copie
     assert sorted(opened.schema.origins) == sorted([f"../robot.{layout}", f"../second.{layout}"])
     assert opened.schema.history[-1]["edit"] == "merge"
     assert run_cli("verify", merged).returncode == 0
-    batches = list(mmdata.DataLoader(merged, SPEC, batch_size=2, seed=2))
+    batches = list(mmdata.DataLoader(merged, SPEC, batch_size=2, seed=2, num_workers=0))
     assert sum(len(batch["episode_index"]) for batch in batches) > 0
 
 
@@ -235,10 +235,10 @@ def test_appending_to_a_merged_store_is_refused_with_the_way_on(copies, tmp_path
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_removing_a_stream_drops_it_and_its_statistics_while_a_loader_of_the_version_before_goes_on(copies, layout):
     url = str(copies[layout])
-    expected = list(mmdata.DataLoader(url, SPEC, batch_size=2, seed=4))
+    expected = list(mmdata.DataLoader(url, SPEC, batch_size=2, seed=4, num_workers=0))
     before = json.loads((copies[layout] / "stats.json").read_text())
     got = []
-    for step, batch in enumerate(mmdata.DataLoader(url, SPEC, batch_size=2, seed=4)):
+    for step, batch in enumerate(mmdata.DataLoader(url, SPEC, batch_size=2, seed=4, num_workers=0)):
         got.append(batch)
         if step == 0:
             report = remove_stream(url, "cam_high", progress=False)
@@ -250,7 +250,7 @@ def test_removing_a_stream_drops_it_and_its_statistics_while_a_loader_of_the_ver
     stats = json.loads((copies[layout] / edited.schema.stats_file).read_text())
     assert "cam_high" not in stats["cameras"] and stats["lowdim"]["state"] == before["lowdim"]["state"]
     with pytest.raises(mmdata.SpecError, match="no stream named 'cam_high'"):
-        mmdata.DataLoader(url, SPEC, batch_size=2)
+        mmdata.DataLoader(url, SPEC, batch_size=2, num_workers=0)
     with pytest.raises(EditError, match="no stream named 'depth'"):
         remove_stream(url, "depth", progress=False)
 
@@ -300,8 +300,8 @@ def test_every_edit_in_object_storage_gives_the_stores_the_same_edit_gives_local
         assert "audio" not in [stream.name for stream in merged.schema.streams]
         for name in ("train", "merged"):
             assert_same_batches(
-                list(mmdata.DataLoader(f"s3://{bucket}/{name}", SPEC, batch_size=2)),
-                list(mmdata.DataLoader(str(tmp_path / name), SPEC, batch_size=2)),
+                list(mmdata.DataLoader(f"s3://{bucket}/{name}", SPEC, batch_size=2, num_workers=0)),
+                list(mmdata.DataLoader(str(tmp_path / name), SPEC, batch_size=2, num_workers=0)),
             )
 
 
@@ -336,8 +336,8 @@ def test_compacting_into_the_other_layout_gives_the_batches_of_the_store(copies,
     compact_store(source, str(tmp_path / "as.zarr"), layout="zarr", progress=False)
     assert mmdata.open_dataset(str(tmp_path / "as.zarr")).schema.layout == "zarr"
     assert_same_batches(
-        list(mmdata.DataLoader(str(tmp_path / "as.zarr"), SPEC, batch_size=2, seed=3)),
-        list(mmdata.DataLoader(source, SPEC, batch_size=2, seed=3)),
+        list(mmdata.DataLoader(str(tmp_path / "as.zarr"), SPEC, batch_size=2, seed=3, num_workers=0)),
+        list(mmdata.DataLoader(source, SPEC, batch_size=2, seed=3, num_workers=0)),
     )
 
 
@@ -381,8 +381,8 @@ def test_a_store_compacted_into_object_storage_reads_as_the_store_does(stores, t
     with local_s3_bucket("mmdata-compact"):
         compact_store(str(stores["wds"]), "s3://mmdata-compact/robot", progress=False)
         assert_same_batches(
-            list(mmdata.DataLoader("s3://mmdata-compact/robot", SPEC, batch_size=2)),
-            list(mmdata.DataLoader(str(stores["wds"]), SPEC, batch_size=2)),
+            list(mmdata.DataLoader("s3://mmdata-compact/robot", SPEC, batch_size=2, num_workers=0)),
+            list(mmdata.DataLoader(str(stores["wds"]), SPEC, batch_size=2, num_workers=0)),
         )
         with pytest.raises(mmdata.MmdataError, match="already a complete store"):
             compact_store(str(stores["wds"]), "s3://mmdata-compact/robot", progress=False)

@@ -71,7 +71,7 @@ def test_each_cause_of_waste_is_named_with_its_fix():
 def test_the_loaders_bound_follows_its_batch_and_frame_sizes(stores):
     frame_bytes = 2 * 224 * 224 * 3 + 208 * 160 * 3  # cam_high twice, cam_wrist once per sample
     for batch_size in (2, 4):
-        made = mmdata.DataLoader(str(stores["wds"]), WINDOWS, batch_size=batch_size)
+        made = mmdata.DataLoader(str(stores["wds"]), WINDOWS, batch_size=batch_size, num_workers=0)
         next(iter(made))
         budget = made.stats()["frame_cache"]
         assert budget["longest"] >= LONGEST_HORIZON  # a segment's life in the main process's reads
@@ -127,7 +127,7 @@ def test_each_step_of_the_horizon_is_made_once_not_once_per_read(stores, monkeyp
         return refs(self, plan, slots)
 
     monkeypatch.setattr(Planner, "refs", counted)
-    run = mmdata.DataLoader(str(stores["wds"]), WINDOWS, batch_size=1)
+    run = mmdata.DataLoader(str(stores["wds"]), WINDOWS, batch_size=1, num_workers=0)
     steps = sum(1 for _ in run)
     budget = run.stats()["frame_cache"]
     assert budget["horizon"] == budget["longest"] >= LONGEST_HORIZON and steps > 50

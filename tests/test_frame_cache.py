@@ -186,12 +186,12 @@ def test_the_default_order_does_not_depend_on_the_worker_count(stores):
 
 
 def test_a_state_saved_before_the_one_planner_is_refused_by_name_with_how_to_go_on(stores):
-    loader = mmdata.DataLoader(str(stores["wds"]), WINDOWS, batch_size=4)
+    loader = mmdata.DataLoader(str(stores["wds"]), WINDOWS, batch_size=4, num_workers=0)
     next(iter(loader))
     state = {**loader.state_dict(), "version": 1, "epoch": 2}
     loader.close()
     with pytest.raises(ResumeError, match=r"no longer makes.*loader.set_epoch\(3\) instead of load_state_dict"):
-        mmdata.DataLoader(str(stores["wds"]), WINDOWS, batch_size=4).load_state_dict(state)
+        mmdata.DataLoader(str(stores["wds"]), WINDOWS, batch_size=4, num_workers=0).load_state_dict(state)
 
 
 def test_the_segments_order_is_refused_naming_the_blocks_order_it_became():

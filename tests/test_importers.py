@@ -487,9 +487,11 @@ def test_a_camera_of_odd_sides_converts_and_reads_back_at_its_own_size(tmp_path,
     assert np.abs(read.astype(int) - frames).mean() < 3, "the camera's own pixels, not shifted by the padding"
     assert verify_dataset(str(tmp_path / "out"), progress=False).ok
     spec = mmdata.Windows(anchor_fps=10, streams={"cam_high": mmdata.Frames(offsets=[0.0])})
-    (batch, *_) = list(mmdata.DataLoader(dataset, spec, batch_size=4, shuffle="none"))
+    (batch, *_) = list(mmdata.DataLoader(dataset, spec, batch_size=4, shuffle="none", num_workers=0))
     assert tuple(batch["cam_high"].shape) == (4, 1, height, width, 3)
     assert [read_index_stripe(f) for f in batch["cam_high"][:, 0].numpy()] == [0, 1, 2, 3]
     resized = mmdata.Frames(offsets=[0.0], resize=mmdata.Resize(size=(64, 96)))
-    (batch, *_) = list(mmdata.DataLoader(dataset, mmdata.Windows(10, {"cam_high": resized}), batch_size=4))
+    (batch, *_) = list(
+        mmdata.DataLoader(dataset, mmdata.Windows(10, {"cam_high": resized}), batch_size=4, num_workers=0)
+    )
     assert tuple(batch["cam_high"].shape) == (4, 1, 64, 96, 3)

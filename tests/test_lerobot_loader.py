@@ -133,7 +133,7 @@ def test_damaged_frame_runs_in_a_stores_metadata_are_named(damage, tmp_path):
     with pytest.raises(
         IntegrityError, match=r"episode 'episode_000001': its metadata .*(lerobot_t|a task_index|a text)"
     ):
-        LeRobotLoader(str(store), batch_size=4)
+        LeRobotLoader(str(store), batch_size=4, num_workers=0)
 
 
 def test_episodes_spread_over_data_files_read_back_as_lerobot_gives_them(tmp_path, monkeypatch):
@@ -155,7 +155,9 @@ def test_episodes_spread_over_data_files_read_back_as_lerobot_gives_them(tmp_pat
     monkeypatch.setattr(importer, "DATA_FILES_KEPT", 1)
     recorded = json.loads((source / "lerobot_items.json").read_text())
     expected = np.load(source / "lerobot_items.npz")
-    samples = _by_index(LeRobotLoader(_converted(source, "wds", tmp_path), recorded["delta_timestamps"], batch_size=8))
+    samples = _by_index(
+        LeRobotLoader(_converted(source, "wds", tmp_path), recorded["delta_timestamps"], batch_size=8, num_workers=0)
+    )
     assert sorted(samples) == list(range(recorded["frames"]))
     for index, sample in samples.items():
         assert sample["task"] == recorded["tasks"][str(index)]
@@ -166,19 +168,19 @@ def test_episodes_spread_over_data_files_read_back_as_lerobot_gives_them(tmp_pat
 def test_episodes_are_chosen_by_lerobots_episode_index(tmp_path):
     recorded = json.loads((TASK_FIXTURES[0] / "lerobot_items.json").read_text())
     store = _converted(TASK_FIXTURES[0], "wds", tmp_path)
-    samples = _by_index(LeRobotLoader(store, {"action": [0.0, 0.1]}, batch_size=4, episodes=[2, 0]))
+    samples = _by_index(LeRobotLoader(store, {"action": [0.0, 0.1]}, batch_size=4, episodes=[2, 0], num_workers=0))
     assert sorted(samples) == [*range(12), *range(27, 37)], "LeRobot's dataset-wide index of episodes 0 and 2"
     assert {int(s["episode_index"]) for s in samples.values()} == {0, 2}
     assert [samples[i]["task"] for i in (27, 31, 35)] == [recorded["tasks"][str(i)] for i in (27, 31, 35)]
     with pytest.raises(SpecError, match=r"episodes \[7\] are not in the store"):
-        LeRobotLoader(store, batch_size=4, episodes=[0, 7])
+        LeRobotLoader(store, batch_size=4, episodes=[0, 7], num_workers=0)
 
 
 def test_dataset_stats_are_lerobots_own_or_else_mmdatas_in_lerobots_shapes(tmp_path):
     fixture = TASK_FIXTURES[0]
     store = Path(_converted(fixture, "wds", tmp_path))
     shipped = json.loads((fixture / "meta" / "stats.json").read_text())
-    stats = LeRobotLoader(str(store), batch_size=4, streams={"action": "act"}).dataset_stats
+    stats = LeRobotLoader(str(store), batch_size=4, streams={"action": "act"}, num_workers=0).dataset_stats
     assert set(stats) == {"act" if key == "action" else key for key in shipped}, "LeRobot's own, keys renamed"
     for key, figures in shipped.items():
         for name, value in figures.items():
@@ -187,7 +189,7 @@ def test_dataset_stats_are_lerobots_own_or_else_mmdatas_in_lerobots_shapes(tmp_p
     computed = json.loads((store / "stats.json").read_text())
     del computed["lerobot"]
     (store / "stats.json").write_text(json.dumps(computed))
-    stats = LeRobotLoader(str(store), batch_size=4).dataset_stats
+    stats = LeRobotLoader(str(store), batch_size=4, num_workers=0).dataset_stats
     assert set(stats) == {"observation.image", "observation.state", "observation.gripper", "action"} | {
         "next.reward",
         "next.done",
@@ -229,12 +231,12 @@ def test_malformed_statistics_are_a_store_error_from_dataset_stats(tmp_path, edi
     edit(stats)
     (store / "stats.json").write_text(json.dumps(stats))
     with pytest.raises(StoreError, match=complaint):
-        _ = LeRobotLoader(str(store), batch_size=4).dataset_stats
+        _ = LeRobotLoader(str(store), batch_size=4, num_workers=0).dataset_stats
 
 
 @pytest.mark.slow
 def test_uint8_images_unshuffled_order_and_an_unknown_delta_key(store):
-    loader = LeRobotLoader(store, {"action": [0.0, 0.1]}, batch_size=16, shuffle=False, images="uint8")
+    loader = LeRobotLoader(store, {"action": [0.0, 0.1]}, batch_size=16, shuffle=False, images="uint8", num_workers=0)
     batches = list(loader)
     assert [i for b in batches for i in b["index"].tolist()] == list(range(167)), "shuffle=False keeps LeRobot order"
     first = batches[0]
@@ -243,16 +245,16 @@ def test_uint8_images_unshuffled_order_and_an_unknown_delta_key(store):
     assert tuple(first["action"].shape) == (16, 2, 14) and tuple(first["observation.state"].shape) == (16, 14)
     assert "observation.state_is_pad" not in first and "action_is_pad" in first
     with pytest.raises(SpecError, match=r"delta_timestamps names \['observation.image'\], which the store"):
-        LeRobotLoader(store, {"observation.image": [0.0]}, batch_size=4)
+        LeRobotLoader(store, {"observation.image": [0.0]}, batch_size=4, num_workers=0)
     with pytest.raises(SpecError, match=r"renames a stream to \['observation.state'\], a name another stream"):
-        LeRobotLoader(store, batch_size=4, streams={"action": "observation.state"})
+        LeRobotLoader(store, batch_size=4, streams={"action": "observation.state"}, num_workers=0)
     with pytest.raises(SpecError, match=r"delta_timestamps\['action'\] holds nan, not a finite number"):
-        LeRobotLoader(store, {"action": [float("nan")]}, batch_size=4)
+        LeRobotLoader(store, {"action": [float("nan")]}, batch_size=4, num_workers=0)
 
 
 def test_offsets_that_decrease_or_repeat_come_back_in_the_order_given(store):
     def first_batch(deltas):
-        return next(iter(LeRobotLoader(store, deltas, batch_size=8, shuffle=False)))
+        return next(iter(LeRobotLoader(store, deltas, batch_size=8, shuffle=False, num_workers=0)))
 
     given = {"action": [0.1, 0.0, 0.1], "observation.images.cam_high": [0.0, -0.1, 0.0]}
     sorted_ = {"action": [0.0, 0.1], "observation.images.cam_high": [-0.1, 0.0]}
@@ -277,17 +279,18 @@ def test_offsets_that_decrease_or_repeat_come_back_in_the_order_given(store):
 )
 def test_delta_timestamps_of_the_wrong_shape_are_refused_naming_them(store, deltas, complaint):
     with pytest.raises(SpecError, match=complaint):
-        LeRobotLoader(store, deltas, batch_size=4)
+        LeRobotLoader(store, deltas, batch_size=4, num_workers=0)
 
 
 def test_a_stream_map_gives_the_keys_a_policy_expects(store):
-    plain = _by_index(LeRobotLoader(store, {"observation.state": [0.0]}, batch_size=8, shuffle=False))
+    plain = _by_index(LeRobotLoader(store, {"observation.state": [0.0]}, batch_size=8, shuffle=False, num_workers=0))
     renamed = LeRobotLoader(
         store,
         {"state": [0.0]},
         batch_size=8,
         shuffle=False,
         streams={"observation.images.cam_high": "observation.image", "observation.state": "state"},
+        num_workers=0,
     )
     samples = _by_index(renamed)
     assert {"observation.image", "state", "state_is_pad"} <= set(samples[0])

@@ -82,6 +82,7 @@ def test_same_seed_gives_identical_batches_and_another_seed_or_epoch_does_not(st
             POLICY_WINDOWS,
             seed=seed,
             batching=mmdata.Batching(tokens_per=POLICY_TOKENS, batch_tokens=2048),
+            num_workers=0,
         )
 
     first, again = run(build(0)), run(build(0))
@@ -129,6 +130,7 @@ def test_elastic_resume_covers_the_rest_of_the_epoch_exactly_once(stores, before
             seed=7,
             batching=mmdata.Batching(tokens_per={"state": 5}, batch_tokens=20),
             runtime=mmdata.Runtime(rank=rank, world_size=world),
+            num_workers=0,
         )
 
     first = [build(rank, before) for rank in range(before)]
@@ -163,7 +165,7 @@ def test_windows_hold_the_frames_values_and_audio_at_the_requested_times(stores)
             "audio": mmdata.Audio(window=(-0.5, 0.0)),
         },
     )
-    loader = mmdata.DataLoader(stores["zarr"], spec, batch_size=8, seed=11)
+    loader = mmdata.DataLoader(stores["zarr"], spec, batch_size=8, seed=11, num_workers=0)
     seconds = episode_seconds(SMALL)
     dataset = mmdata.open_dataset(stores["zarr"])
     checked_edges = {"start": False, "end": False}
@@ -223,7 +225,9 @@ def test_sequences_are_chunked_packed_within_budget_and_cover_every_chunk_once(s
 def test_padded_layout_pads_sequences_to_the_longest_and_flags_the_padding(stores):
     spec = mmdata.Sequences(fps=5, max_seconds=2.0, streams={"state": mmdata.Values()})
     batches = run(
-        mmdata.DataLoader(stores["wds"], spec, batch_size=4, shuffle="none", batching=mmdata.Batching(layout="padded"))
+        mmdata.DataLoader(
+            stores["wds"], spec, batch_size=4, shuffle="none", batching=mmdata.Batching(layout="padded"), num_workers=0
+        )
     )
     for batch in batches:
         lengths = batch["state_lengths"]
@@ -267,7 +271,7 @@ def test_episode_filters_select_by_id_task_and_manifest_expression(stores):
     durations = dataset.table.column("duration").to_pylist()
 
     def episodes_seen(episodes):
-        loader = mmdata.DataLoader(stores["wds"], LOWDIM_WINDOWS, batch_size=16, episodes=episodes)
+        loader = mmdata.DataLoader(stores["wds"], LOWDIM_WINDOWS, batch_size=16, episodes=episodes, num_workers=0)
         return {int(e) for batch in loader for e in batch["episode_index"]}
 
     assert episodes_seen(mmdata.Episodes(ids=[0, 2])) == {0, 2}
@@ -280,26 +284,26 @@ def test_episode_filters_select_by_id_task_and_manifest_expression(stores):
 def test_a_spec_naming_a_missing_stream_fails_when_the_loader_is_built(stores):
     spec = mmdata.Windows(anchor_fps=10, streams={"cam_top": mmdata.Frames()})
     with pytest.raises(mmdata.SpecError, match="no stream named 'cam_top'.*cam_high"):
-        mmdata.DataLoader(stores["wds"], spec, batch_size=4)
+        mmdata.DataLoader(stores["wds"], spec, batch_size=4, num_workers=0)
 
 
 def test_a_stream_read_as_the_wrong_kind_fails_naming_the_right_spec(stores):
     spec = mmdata.Windows(anchor_fps=10, streams={"state": mmdata.Frames()})
     with pytest.raises(mmdata.SpecError, match="stream 'state' is lowdim.*Values"):
-        mmdata.DataLoader(stores["wds"], spec, batch_size=4)
+        mmdata.DataLoader(stores["wds"], spec, batch_size=4, num_workers=0)
 
 
 def test_offsets_denser_than_the_recorded_rate_fail_naming_the_rate(stores):
     dense_values = mmdata.Windows(anchor_fps=10, streams={"state": mmdata.Values(offsets=[0.0, 0.01])})
     with pytest.raises(mmdata.SpecError, match="recorded at 50 Hz.*interpolation='linear'"):
-        mmdata.DataLoader(stores["wds"], dense_values, batch_size=4)
+        mmdata.DataLoader(stores["wds"], dense_values, batch_size=4, num_workers=0)
     dense_frames = mmdata.Windows(anchor_fps=10, streams={"cam_high": mmdata.Frames(offsets=[0.0, 0.01])})
     with pytest.raises(mmdata.SpecError, match="recorded at 30 frames/s"):
-        mmdata.DataLoader(stores["wds"], dense_frames, batch_size=4)
+        mmdata.DataLoader(stores["wds"], dense_frames, batch_size=4, num_workers=0)
     resampled = mmdata.Windows(
         anchor_fps=10, streams={"state": mmdata.Values(offsets=[0.0, 0.01], interpolation="linear")}
     )
-    assert len(mmdata.DataLoader(stores["wds"], resampled, batch_size=4)) > 0
+    assert len(mmdata.DataLoader(stores["wds"], resampled, batch_size=4, num_workers=0)) > 0
 
 
 def test_a_token_budget_smaller_than_one_sample_fails_with_the_sample_cost(stores):
@@ -308,17 +312,23 @@ def test_a_token_budget_smaller_than_one_sample_fails_with_the_sample_cost(store
             stores["wds"],
             POLICY_WINDOWS,
             batching=mmdata.Batching(tokens_per={"cam_high": 256, "audio": 50}, batch_tokens=600),
+            num_workers=0,
         )
 
 
 def test_bad_loader_arguments_are_value_errors(stores):
     with pytest.raises(ValueError, match="give the batch: batch_size="):
-        mmdata.DataLoader(stores["wds"], LOWDIM_WINDOWS)
+        mmdata.DataLoader(stores["wds"], LOWDIM_WINDOWS, num_workers=0)
     with pytest.raises(ValueError, match="rank 2 is outside a world of 2"):
-        mmdata.DataLoader(stores["wds"], LOWDIM_WINDOWS, batch_size=2, runtime=mmdata.Runtime(rank=2, world_size=2))
+        mmdata.DataLoader(
+            stores["wds"], LOWDIM_WINDOWS, batch_size=2, runtime=mmdata.Runtime(rank=2, world_size=2), num_workers=0
+        )
     with pytest.raises(mmdata.SpecError, match="tokens_per names streams the spec does not read: audio"):
         mmdata.DataLoader(
-            stores["wds"], LOWDIM_WINDOWS, batching=mmdata.Batching(batch_tokens=64, tokens_per={"audio": 1})
+            stores["wds"],
+            LOWDIM_WINDOWS,
+            batching=mmdata.Batching(batch_tokens=64, tokens_per={"audio": 1}),
+            num_workers=0,
         )
 
 
@@ -354,7 +364,10 @@ def test_counts_that_are_not_whole_numbers_in_range_are_named(stores, option, va
 def test_a_token_cost_that_is_not_a_positive_number_is_named(stores, tokens):
     with pytest.raises(ValueError, match="tokens_per\\['state'\\] is a positive number of tokens"):
         mmdata.DataLoader(
-            stores["wds"], LOWDIM_WINDOWS, batching=mmdata.Batching(batch_tokens=64, tokens_per={"state": tokens})
+            stores["wds"],
+            LOWDIM_WINDOWS,
+            batching=mmdata.Batching(batch_tokens=64, tokens_per={"state": tokens}),
+            num_workers=0,
         )
 
 
@@ -380,8 +393,8 @@ def test_specs_refuse_numbers_that_are_not_finite_or_out_of_range(make, message)
 
 
 def test_a_state_from_another_spec_is_refused(stores):
-    loader = mmdata.DataLoader(stores["wds"], LOWDIM_WINDOWS, batch_size=4)
-    other = mmdata.DataLoader(stores["wds"], LOWDIM_WINDOWS, batch_size=8)
+    loader = mmdata.DataLoader(stores["wds"], LOWDIM_WINDOWS, batch_size=4, num_workers=0)
+    other = mmdata.DataLoader(stores["wds"], LOWDIM_WINDOWS, batch_size=8, num_workers=0)
     with pytest.raises(mmdata.ResumeError, match="other data or other sampling"):
         other.load_state_dict(loader.state_dict())
     with pytest.raises(mmdata.ResumeError, match="not an mmdata.DataLoader state"):
@@ -404,7 +417,11 @@ def damaged_store(stores, tmp_path):
 def test_a_corrupt_shard_met_mid_epoch_stops_the_run_naming_shard_and_episode(damaged_store):
     path, key, shard = damaged_store
     loader = mmdata.DataLoader(
-        path, POLICY_WINDOWS, shuffle="none", batching=mmdata.Batching(tokens_per=POLICY_TOKENS, batch_tokens=1024)
+        path,
+        POLICY_WINDOWS,
+        shuffle="none",
+        batching=mmdata.Batching(tokens_per=POLICY_TOKENS, batch_tokens=1024),
+        num_workers=0,
     )
     with pytest.raises(mmdata.SampleError, match=rf"shard '{shard}', episode '{key}', stream 'cam_high'.*checksum"):
         run(loader)
@@ -440,7 +457,7 @@ def test_skipping_corrupt_samples_replaces_them_deterministically_and_keeps_rank
 def test_the_default_rank_comes_from_torchrun_environment(stores, monkeypatch):
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "3")
-    loader = mmdata.DataLoader(stores["wds"], LOWDIM_WINDOWS, batch_size=4)
+    loader = mmdata.DataLoader(stores["wds"], LOWDIM_WINDOWS, batch_size=4, num_workers=0)
     assert (loader.rank, loader.world_size) == (1, 3)
 
 
@@ -566,15 +583,19 @@ def test_a_store_behind_an_fsspec_url_gives_the_same_batches_as_on_disk(stores, 
 
 def test_an_epoch_with_no_step_for_the_ranks_is_a_clear_error(stores):
     spec = mmdata.Windows(anchor_fps=0.2, streams={"state": mmdata.Values()})
-    loader = mmdata.DataLoader(stores["wds"], spec, batch_size=4, runtime=mmdata.Runtime(rank=0, world_size=64))
+    loader = mmdata.DataLoader(
+        stores["wds"], spec, batch_size=4, runtime=mmdata.Runtime(rank=0, world_size=64), num_workers=0
+    )
     with pytest.raises(mmdata.SpecError, match="no step for 64 rank"):
         run(loader)
 
 
 def test_a_loader_closed_mid_epoch_continues_at_the_next_step(stores):
     spec = mmdata.Windows(anchor_fps=10, streams={"state": mmdata.Values()})
-    whole = [b["sample_index"].tolist() for b in mmdata.DataLoader(str(stores["wds"]), spec, batch_size=4)]
-    loader = mmdata.DataLoader(str(stores["wds"]), spec, batch_size=4)
+    whole = [
+        b["sample_index"].tolist() for b in mmdata.DataLoader(str(stores["wds"]), spec, batch_size=4, num_workers=0)
+    ]
+    loader = mmdata.DataLoader(str(stores["wds"]), spec, batch_size=4, num_workers=0)
     iterator = iter(loader)
     head = [next(iterator)["sample_index"].tolist() for _ in range(3)]
     loader.close()
@@ -585,14 +606,14 @@ def test_a_loader_closed_mid_epoch_continues_at_the_next_step(stores):
 @pytest.mark.slow
 def test_shuffle_true_and_false_mean_the_default_shuffle_and_none_as_in_torch(stores):
     def order(shuffle):
-        loader = mmdata.DataLoader(stores["wds"], POLICY_WINDOWS, batch_size=4, shuffle=shuffle, seed=1)
+        loader = mmdata.DataLoader(stores["wds"], POLICY_WINDOWS, batch_size=4, shuffle=shuffle, seed=1, num_workers=0)
         return [(e, t) for b in loader for e, t in zip(b["episode_index"].tolist(), b["time"].tolist())]
 
     assert order(True) == order("auto") == order("blocks") != order(False) == order("none")
     with pytest.raises(
         ValueError, match="shuffle is True, False or one of auto, blocks, locality, global, none, not 'yes'"
     ):
-        mmdata.DataLoader(stores["wds"], POLICY_WINDOWS, batch_size=4, shuffle="yes")
+        mmdata.DataLoader(stores["wds"], POLICY_WINDOWS, batch_size=4, shuffle="yes", num_workers=0)
 
 
 @pytest.mark.parametrize(
@@ -603,7 +624,7 @@ def test_shuffle_true_and_false_mean_the_default_shuffle_and_none_as_in_torch(st
 def test_a_state_with_an_impossible_world_size_or_step_is_a_resume_error(stores, stretches):
     from mmdata.errors import ResumeError
 
-    loader = mmdata.DataLoader(stores["wds"], LOWDIM_WINDOWS, batch_size=2)
+    loader = mmdata.DataLoader(stores["wds"], LOWDIM_WINDOWS, batch_size=2, num_workers=0)
     state = loader.state_dict() | {"stretches": stretches}
     with pytest.raises(ResumeError, match="the loader state is incomplete or damaged"):
         loader.load_state_dict(state)
@@ -623,7 +644,7 @@ def test_a_state_with_an_impossible_world_size_or_step_is_a_resume_error(stores,
 def test_a_state_beyond_what_a_run_can_hold_is_refused_naming_its_field(stores, field, value, named):
     from mmdata.errors import ResumeError
 
-    loader = mmdata.DataLoader(stores["wds"], LOWDIM_WINDOWS, batch_size=2)
+    loader = mmdata.DataLoader(stores["wds"], LOWDIM_WINDOWS, batch_size=2, num_workers=0)
     with pytest.raises(ResumeError, match=f"incomplete or damaged: .*{named}"):
         loader.load_state_dict(loader.state_dict() | {field: value})
     with pytest.raises(mmdata.OptionError, match="set_epoch's epoch"):
@@ -631,7 +652,7 @@ def test_a_state_beyond_what_a_run_can_hold_is_refused_naming_its_field(stores, 
 
 
 def test_stats_give_the_training_loops_own_time_per_step_apart_from_its_wait_for_data(stores):
-    loader = mmdata.DataLoader(stores["wds"], POLICY_WINDOWS, batch_size=4)
+    loader = mmdata.DataLoader(stores["wds"], POLICY_WINDOWS, batch_size=4, num_workers=0)
     for taken, _ in enumerate(loader):
         time.sleep(0.03)  # the training step
         if taken == 4:

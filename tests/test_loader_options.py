@@ -26,7 +26,7 @@ def test_pytorchs_words_are_the_loaders_keywords_with_pytorchs_names_and_no_warn
     theirs = inspect.signature(torch.utils.data.DataLoader).parameters
     for word in ("batch_size", "shuffle", "num_workers", "prefetch_factor", "drop_last", "pin_memory", "timeout"):
         assert word in ours and word in theirs
-    assert ours["drop_last"].default == theirs["drop_last"].default and ours["num_workers"].default == 0
+    assert ours["drop_last"].default == theirs["drop_last"].default and ours["num_workers"].default == "auto"
     assert {word: ours[word].default for word in TORCH_DEFAULTS} == TORCH_DEFAULTS  # (what counts as not given)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -56,7 +56,7 @@ def test_the_earlier_spellings_give_the_same_batches_and_state_and_warn_with_the
         grouped = mmdata.DataLoader(
             str(stores["wds"]), SPEC, batching=mmdata.Batching(batch_size=4),
             shuffling=mmdata.Shuffling(mode="global"), runtime=mmdata.Runtime(num_workers=1, decoder="pyav"),
-            reading=mmdata.Reading(cache_bytes=1 << 20), seed=3,
+            reading=mmdata.Reading(cache_bytes=1 << 20), seed=3,num_workers=0
         )  # fmt: skip
     said = " | ".join(str(warning.message) for warning in caught)
     for spelled in ("Batching(batch_size=...) is spelled DataLoader(batch_size=...)", "pass shuffle='global'",
@@ -70,28 +70,32 @@ def test_the_earlier_spellings_give_the_same_batches_and_state_and_warn_with_the
 
 def test_an_option_said_twice_or_beside_its_own_group_is_refused(stores):
     with pytest.raises(OptionError, match="batch_size is given twice"):
-        mmdata.DataLoader(str(stores["wds"]), SPEC, batch_size=4, batching=mmdata.Batching(batch_size=8))
+        mmdata.DataLoader(str(stores["wds"]), SPEC, batch_size=4, batching=mmdata.Batching(batch_size=8), num_workers=0)
     with pytest.raises(OptionError, match="num_workers is given twice"):
         mmdata.DataLoader(str(stores["wds"]), SPEC, batch_size=4, num_workers=1, runtime=mmdata.Runtime(num_workers=2))
     with pytest.raises(OptionError, match="give decoder inside runtime="):
-        mmdata.DataLoader(str(stores["wds"]), SPEC, batch_size=4, decoder="pyav", runtime=mmdata.Runtime())
+        mmdata.DataLoader(
+            str(stores["wds"]), SPEC, batch_size=4, decoder="pyav", runtime=mmdata.Runtime(), num_workers=0
+        )
     with pytest.raises(OptionError, match="exactly one of batch_size= .* or Batching\\(batch_tokens"):
-        mmdata.DataLoader(str(stores["wds"]), SPEC, batch_size=4, batching=mmdata.Batching(batch_tokens=64))
+        mmdata.DataLoader(
+            str(stores["wds"]), SPEC, batch_size=4, batching=mmdata.Batching(batch_tokens=64), num_workers=0
+        )
 
 
 def test_a_keyword_that_was_never_an_option_is_a_type_error(stores):
     with pytest.raises(TypeError, match="unexpected keyword argument 'batchsize'"):
-        mmdata.DataLoader(str(stores["wds"]), SPEC, batchsize=4)
+        mmdata.DataLoader(str(stores["wds"]), SPEC, batchsize=4, num_workers=0)
 
 
 def test_a_loader_without_a_batch_names_both_ways_to_give_one(stores):
     with pytest.raises(OptionError, match=r"batch_size=\.\.\. .* batching=mmdata.Batching\(batch_tokens=\.\.\.\)"):
-        mmdata.DataLoader(str(stores["wds"]), SPEC)
+        mmdata.DataLoader(str(stores["wds"]), SPEC, num_workers=0)
 
 
 def test_a_group_of_the_wrong_type_is_refused(stores):
     with pytest.raises(OptionError, match="runtime is a mmdata.Runtime"):
-        mmdata.DataLoader(str(stores["wds"]), SPEC, batch_size=4, runtime={"num_workers": 2})
+        mmdata.DataLoader(str(stores["wds"]), SPEC, batch_size=4, runtime={"num_workers": 2}, num_workers=0)
 
 
 @pytest.mark.parametrize(
@@ -116,8 +120,8 @@ def test_each_of_pytorchs_words_is_checked_where_it_is_given(stores, given, mess
 
 
 def test_drop_last_leaves_out_the_epochs_shorter_last_step(stores):
-    kept = mmdata.DataLoader(str(stores["wds"]), LOWDIM, batch_size=5, shuffle=False)
-    dropped = mmdata.DataLoader(str(stores["wds"]), LOWDIM, batch_size=5, shuffle=False, drop_last=True)
+    kept = mmdata.DataLoader(str(stores["wds"]), LOWDIM, batch_size=5, shuffle=False, num_workers=0)
+    dropped = mmdata.DataLoader(str(stores["wds"]), LOWDIM, batch_size=5, shuffle=False, drop_last=True, num_workers=0)
     samples = len(kept.samples)
     assert samples % 5, "the store's sample count leaves a shorter last batch"
     assert [len(b["state"]) for b in kept][-1] == samples % 5 and len(kept) == -(-samples // 5)
@@ -171,4 +175,4 @@ def test_lerobot_loader_takes_a_runtime_in_place_of_its_device(stores):
     torch_style = LeRobotLoader(str(stores["wds"]), spec, batch_size=4, num_workers=1, device="cpu")
     assert_same_batches(list(with_runtime), list(torch_style))
     with pytest.raises(OptionError, match="inside runtime="):
-        LeRobotLoader(str(stores["wds"]), spec, batch_size=4, device="cpu", runtime=mmdata.Runtime())
+        LeRobotLoader(str(stores["wds"]), spec, batch_size=4, device="cpu", runtime=mmdata.Runtime(), num_workers=0)

@@ -67,7 +67,7 @@ def test_a_duration_no_episode_can_have_in_a_large_manifest_is_named_and_skipped
 ):
     store = str(with_duration(scaled, tmp_path, 13, value))
     for mode in ("blocks", "global"):
-        shuffling = {"shuffle": mode}
+        shuffling = {"shuffle": mode, "num_workers": 0}
         with pytest.raises(StoreError, match=r"episode 'episode_000013' \(row 13\) .*duration .* is not within"):
             mmdata.DataLoader(store, STATE, batch_size=4, **shuffling)
         loader = mmdata.DataLoader(store, STATE, batch_size=4, on_error="skip", **shuffling)
@@ -128,8 +128,8 @@ def test_a_small_manifest_is_read_by_the_same_row_groups_and_names_an_unreadable
     with pytest.raises(IntegrityError, match=r"row group 2 of .*episodes.parquet \(episodes 16 to 23\) cannot be read"):
         opened.manifest.row(17)
     with pytest.raises(StoreError, match=r"8 episode\(s\) .* row group 2 of"):
-        mmdata.DataLoader(store, STATE, batch_size=4)
-    loader = mmdata.DataLoader(store, STATE, batch_size=4, on_error="skip")
+        mmdata.DataLoader(store, STATE, batch_size=4, num_workers=0)
+    loader = mmdata.DataLoader(store, STATE, batch_size=4, on_error="skip", num_workers=0)
     assert {int(e) for batch in loader for e in batch["episode_index"]} == set(range(EPISODES)) - set(range(16, 24))
 
 
@@ -139,8 +139,8 @@ def test_a_row_group_whose_planning_column_cannot_be_read_is_left_out_and_verify
 ):
     store = str(with_group_damaged(scaled, tmp_path, 1, "duration"))
     with pytest.raises(StoreError, match=r"8 episode\(s\) .* row group 1 of .* \(episodes 8 to 15\) cannot be read"):
-        mmdata.DataLoader(store, STATE, batch_size=4)
-    loader = mmdata.DataLoader(store, STATE, batch_size=4, on_error="skip")
+        mmdata.DataLoader(store, STATE, batch_size=4, num_workers=0)
+    loader = mmdata.DataLoader(store, STATE, batch_size=4, on_error="skip", num_workers=0)
     assert {int(e) for batch in loader for e in batch["episode_index"]} == set(range(EPISODES)) - set(range(8, 16))
     assert sorted(loader.stats()["excluded_episodes"]) == list(range(8, 16))
     monkeypatch.setenv("MMDATA_MANIFEST_EAGER_ROWS", "16")

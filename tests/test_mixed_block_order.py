@@ -283,7 +283,7 @@ def test_a_mixture_source_without_samples_for_the_spec_is_refused_naming_it_in_e
     )
     for mode in ("blocks", "locality"):
         with pytest.raises(mmdata.SpecError, match="source 'short': the spec yields no sample"):
-            mmdata.DataLoader(mixture, whole_episodes, batch_size=1, shuffle=mode)
+            mmdata.DataLoader(mixture, whole_episodes, batch_size=1, shuffle=mode, num_workers=0)
 
 
 @pytest.mark.parametrize("mode", ["blocks", "locality", "global", "none"])
@@ -295,7 +295,9 @@ def test_a_mixture_epoch_of_hundreds_of_millions_of_slots_is_planned_in_every_or
 
 def test_a_token_budget_over_windows_deals_a_mixture_as_the_count_of_windows_it_holds(stores):
     def slots(**batch) -> list[list[int]]:
-        loader = mmdata.DataLoader(_two_sources(stores, epoch_samples=300), LOWDIM, shuffle="blocks", **batch)
+        loader = mmdata.DataLoader(
+            _two_sources(stores, epoch_samples=300), LOWDIM, shuffle="blocks", num_workers=0, **batch
+        )
         return [batch["sample_index"].tolist() for batch in loader]
 
     # a window is one state and one action value, 2 tokens each: 4 tokens, so 15 hold 3 windows

@@ -108,6 +108,7 @@ def test_weights_by_tokens_give_each_source_its_share_of_tokens(three_stores):
         _mixture(three_stores, epoch_samples=EPOCH, weight_by="tokens"),
         spec,
         batching=mmdata.Batching(batch_tokens=4096),
+        num_workers=0,
     )
     plan = loader.epoch_plan()
     slots = np.concatenate([plan.plan.micro_batch(step, 0) for step in range(len(plan.plan))])
@@ -126,7 +127,7 @@ def test_mixture_without_weights_reads_every_sample_once(three_stores):
             for name, path in three_stores.items()
         ]
     )
-    loader = mmdata.DataLoader(mixture, LOWDIM, batch_size=8, shuffle="none")
+    loader = mmdata.DataLoader(mixture, LOWDIM, batch_size=8, shuffle="none", num_workers=0)
     plan = loader.epoch_plan()
     slots = np.concatenate([plan.plan.micro_batch(step, 0) for step in range(len(plan.plan))] + [plan.left_out])
     assert sorted(loader.planner.samples_of(plan, slots).tolist()) == list(range(len(loader.samples)))
@@ -143,7 +144,12 @@ def test_stream_map_and_missing_camera_padding_value_by_value(three_stores):
         },
     )
     loader = mmdata.DataLoader(
-        _mixture(three_stores), spec, batch_size=4, shuffle="global", batching=mmdata.Batching(layout="padded")
+        _mixture(three_stores),
+        spec,
+        batch_size=4,
+        shuffle="global",
+        batching=mmdata.Batching(layout="padded"),
+        num_workers=0,
     )
     seen = collections.Counter()
     for batch in loader:
@@ -177,17 +183,23 @@ def test_stream_map_and_missing_camera_padding_value_by_value(three_stores):
 
 def test_mixture_spec_is_checked_against_every_source_when_built(three_stores):
     with pytest.raises(mmdata.SpecError, match="different sizes.*Resize"):
-        mmdata.DataLoader(_mixture(three_stores), mmdata.Windows(10, {"cam_high": mmdata.Frames()}), batch_size=4)
+        mmdata.DataLoader(
+            _mixture(three_stores), mmdata.Windows(10, {"cam_high": mmdata.Frames()}), batch_size=4, num_workers=0
+        )
     with pytest.raises(mmdata.SpecError, match="different widths.*pad_to=14"):
-        mmdata.DataLoader(_mixture(three_stores), mmdata.Windows(10, {"state": mmdata.Values()}), batch_size=4)
+        mmdata.DataLoader(
+            _mixture(three_stores), mmdata.Windows(10, {"state": mmdata.Values()}), batch_size=4, num_workers=0
+        )
     with pytest.raises(mmdata.SpecError, match="no source has stream 'gripper'"):
-        mmdata.DataLoader(_mixture(three_stores), mmdata.Windows(10, {"gripper": mmdata.Values()}), batch_size=4)
+        mmdata.DataLoader(
+            _mixture(three_stores), mmdata.Windows(10, {"gripper": mmdata.Values()}), batch_size=4, num_workers=0
+        )
     bad_map = mmdata.Mixture([mmdata.Source(str(three_stores["top"]), streams={"camera": "cam_high"})])
     with pytest.raises(mmdata.SpecError, match="maps streams it does not have: camera"):
-        mmdata.DataLoader(bad_map, LOWDIM, batch_size=4)
+        mmdata.DataLoader(bad_map, LOWDIM, batch_size=4, num_workers=0)
     too_dense = mmdata.Windows(10, {"cam_high": mmdata.Frames(offsets=[0.0, 0.04], resize=mmdata.Resize((32, 32)))})
     with pytest.raises(mmdata.SpecError, match="source 'top' \\(stream 'top'\\).*15 frames/s"):
-        mmdata.DataLoader(_mixture(three_stores), too_dense, batch_size=4)
+        mmdata.DataLoader(_mixture(three_stores), too_dense, batch_size=4, num_workers=0)
 
 
 @pytest.mark.slow
@@ -247,7 +259,9 @@ def test_mixture_normalizes_with_each_source_or_pooled_statistics(three_stores):
         dataset = mmdata.open_dataset(str(three_stores[name]))
         raw[name] = np.concatenate([dataset.read_episode(i, ["state"])["state"].values for i in range(len(dataset))])
     for normalize_with in ("source", "pooled"):
-        loader = mmdata.DataLoader(mmdata.Mixture(sources, normalize_with=normalize_with), spec, batch_size=64)
+        loader = mmdata.DataLoader(
+            mmdata.Mixture(sources, normalize_with=normalize_with), spec, batch_size=64, num_workers=0
+        )
         for batch in loader:
             for row in range(len(batch["source"])):
                 name = ["arm", "wide"][int(batch["source"][row])]
@@ -265,14 +279,14 @@ def test_mixture_normalizes_with_each_source_or_pooled_statistics(three_stores):
                 assert np.allclose(batch["state"][row, 0].numpy(), expected, rtol=1e-4, atol=1e-5)
     with pytest.raises(mmdata.SpecError, match="different widths.*cannot be pooled"):
         padded = mmdata.Windows(anchor_fps=10, streams={"state": mmdata.Values(normalize="mean_std", pad_to=14)})
-        mmdata.DataLoader(_mixture(three_stores, normalize_with="pooled"), padded, batch_size=64)
+        mmdata.DataLoader(_mixture(three_stores, normalize_with="pooled"), padded, batch_size=64, num_workers=0)
     with pytest.raises(mmdata.SpecError, match="pooled percentiles"):
         quantile = mmdata.Windows(anchor_fps=10, streams={"state": mmdata.Values(normalize="quantile")})
-        mmdata.DataLoader(mmdata.Mixture(sources, normalize_with="pooled"), quantile, batch_size=64)
+        mmdata.DataLoader(mmdata.Mixture(sources, normalize_with="pooled"), quantile, batch_size=64, num_workers=0)
 
 
 def test_source_stats_and_key_in_every_batch(three_stores):
-    loader = mmdata.DataLoader(_mixture(three_stores, epoch_samples=300), LOWDIM, batch_size=50)
+    loader = mmdata.DataLoader(_mixture(three_stores, epoch_samples=300), LOWDIM, batch_size=50, num_workers=0)
     batches = list(loader)
     assert all("source" in batch for batch in batches)
     stats = loader.stats()["sources"]
@@ -294,7 +308,7 @@ def test_skip_replaces_a_failing_source_sample_and_counts_it(three_stores, tmp_p
     spec = mmdata.Windows(anchor_fps=10, streams={"cam_high": mmdata.Frames(resize=mmdata.Resize((32, 32)))})
     stores = {**three_stores, "wide": broken}
     loader = mmdata.DataLoader(
-        _mixture(stores), spec, batch_size=8, on_error="skip", reading=mmdata.Reading(verify=True)
+        _mixture(stores), spec, batch_size=8, on_error="skip", reading=mmdata.Reading(verify=True), num_workers=0
     )
     delivered = sum(len(batch["source"]) for batch in loader)
     stats = loader.stats()

@@ -80,10 +80,10 @@ def test_a_missing_shard_in_s3_is_named_and_not_retried(stores, s3_endpoint):
     dataset = mmdata.open_dataset(f"s3://{key}", read_policy=policy)
     started = time.perf_counter()
     with pytest.raises(mmdata.SampleError, match=shards[0].rsplit("/", 1)[-1]) as failure:
-        list(mmdata.DataLoader(dataset, spec, batch_size=4, shuffle="none"))
+        list(mmdata.DataLoader(dataset, spec, batch_size=4, shuffle="none", num_workers=0))
     assert time.perf_counter() - started < policy.backoff_s, "a missing object is not retried"
     assert "FileNotFoundError" in str(failure.value) or "restore it" in str(failure.value)
-    skipping = mmdata.DataLoader(dataset, spec, batch_size=4, shuffle="none", on_error="skip")
+    skipping = mmdata.DataLoader(dataset, spec, batch_size=4, shuffle="none", on_error="skip", num_workers=0)
     delivered = sum(len(batch["sample_index"]) for batch in skipping)
     assert delivered > 0 and skipping.stats()["skipped_samples"] > 0
 
@@ -107,7 +107,7 @@ def test_an_epoch_through_a_faulty_connection_completes_with_identical_batches(
         spec = mmdata.Windows(anchor_fps=2, streams={"cam_high": mmdata.Frames(), "state": mmdata.Values()})
         loader = mmdata.DataLoader(dataset, spec, batch_size=4, num_workers=2, seed=3)
         remote = list(loader)
-        local = list(mmdata.DataLoader(str(stores["wds"]), spec, batch_size=4, seed=3))
+        local = list(mmdata.DataLoader(str(stores["wds"]), spec, batch_size=4, seed=3, num_workers=0))
         assert len(remote) == len(local) > 0
         for a, b in zip(remote, local):
             assert torch.equal(a["cam_high"], b["cam_high"]) and torch.equal(a["state"], b["state"])
@@ -219,6 +219,7 @@ def test_a_micro_batchs_segments_arrive_in_few_coalesced_requests(s3_stores, s3_
                 shuffle="none",
                 seed=3,
                 reading=mmdata.Reading(frame_cache_bytes=0),
+                num_workers=0,
             )
             opened = proxy.ranged
             counted[coalescing] = ([b["cam_high"] for b in loader], proxy.ranged - opened)
@@ -250,6 +251,7 @@ def test_a_wider_coalescing_gap_reads_the_same_batches_in_fewer_requests(s3_stor
                 batch_size=16,
                 shuffle="none",
                 reading=mmdata.Reading(frame_cache_bytes=0, policy=mmdata.ReadPolicy(coalesce_gap=gap)),
+                num_workers=0,
             )
             opened = proxy.ranged
             counted[gap] = ([(b["cam_high"], b["action"]) for b in loader], proxy.ranged - opened)
@@ -309,14 +311,20 @@ def test_a_second_epoch_through_the_disk_cache_downloads_no_piece_again(
 @pytest.mark.slow
 def test_a_damaged_cache_entry_is_fetched_again_not_delivered(stores, s3_stores, s3_endpoint, tmp_path):
     policy = mmdata.ReadPolicy(cache_dir=str(tmp_path / "cache"))
-    list(mmdata.DataLoader(mmdata.open_dataset(s3_stores["wds"], read_policy=policy), SPEC, batch_size=4, seed=3))
+    list(
+        mmdata.DataLoader(
+            mmdata.open_dataset(s3_stores["wds"], read_policy=policy), SPEC, batch_size=4, seed=3, num_workers=0
+        )
+    )
     entries = [p for p in (tmp_path / "cache").rglob("*") if p.is_file() and not p.name.startswith(".")]
     for entry in entries:
         damaged = bytearray(entry.read_bytes())
         damaged[len(damaged) // 2] ^= 0xFF
         entry.write_bytes(bytes(damaged))
     dataset = mmdata.open_dataset(s3_stores["wds"], read_policy=policy)
-    assert_same_batches(list(mmdata.DataLoader(dataset, SPEC, batch_size=4, seed=3)), _batches(str(stores["wds"]), 0))
+    assert_same_batches(
+        list(mmdata.DataLoader(dataset, SPEC, batch_size=4, seed=3, num_workers=0)), _batches(str(stores["wds"]), 0)
+    )
 
 
 def test_the_disk_cache_keeps_within_its_limit_dropping_the_least_recently_used(tmp_path):
@@ -517,13 +525,13 @@ def test_byte_ranges_are_read_by_plain_gets_where_the_options_allow_and_by_s3fs_
     stores, s3_stores, monkeypatch
 ):
     spec = mmdata.Windows(anchor_fps=2, streams={"cam_high": mmdata.Frames(), "state": mmdata.Values()})
-    local = list(mmdata.DataLoader(str(stores["wds"]), spec, batch_size=4, seed=3))
+    local = list(mmdata.DataLoader(str(stores["wds"]), spec, batch_size=4, seed=3, num_workers=0))
     plain = _CountedPlainReads(monkeypatch)
-    assert_same_batches(list(mmdata.DataLoader(s3_stores["wds"], spec, batch_size=4, seed=3)), local)
+    assert_same_batches(list(mmdata.DataLoader(s3_stores["wds"], spec, batch_size=4, seed=3, num_workers=0)), local)
     assert plain.calls > 0
     plain.calls = 0
     off = mmdata.open_dataset(s3_stores["wds"], read_policy=mmdata.ReadPolicy(plain_s3_gets=False))
-    assert_same_batches(list(mmdata.DataLoader(off, spec, batch_size=4, seed=3)), local)
+    assert_same_batches(list(mmdata.DataLoader(off, spec, batch_size=4, seed=3, num_workers=0)), local)
     assert plain.calls == 0
     saved = dict(fsspec.config.conf["s3"])
     try:
@@ -533,7 +541,7 @@ def test_byte_ranges_are_read_by_plain_gets_where_the_options_allow_and_by_s3fs_
     finally:
         fsspec.config.conf["s3"] = saved
         s3fs.S3FileSystem.clear_instance_cache()
-    assert_same_batches(list(mmdata.DataLoader(unknown, spec, batch_size=4, seed=3)), local)
+    assert_same_batches(list(mmdata.DataLoader(unknown, spec, batch_size=4, seed=3, num_workers=0)), local)
     assert plain.calls == 0
 
 
@@ -548,9 +556,9 @@ def test_plain_gets_through_a_faulty_connection_are_retried_to_identical_batches
         dataset = mmdata.open_dataset(s3_stores["zarr"], read_policy=policy)
         plain = _CountedPlainReads(monkeypatch)
         spec = mmdata.Windows(anchor_fps=2, streams={"cam_high": mmdata.Frames(), "state": mmdata.Values()})
-        loader = mmdata.DataLoader(dataset, spec, batch_size=4, seed=3)
+        loader = mmdata.DataLoader(dataset, spec, batch_size=4, seed=3, num_workers=0)
         remote = list(loader)
-        local = list(mmdata.DataLoader(str(stores["zarr"]), spec, batch_size=4, seed=3))
+        local = list(mmdata.DataLoader(str(stores["zarr"]), spec, batch_size=4, seed=3, num_workers=0))
         assert_same_batches(remote, local)
         assert plain.calls > 0 and proxy.faults > 0 and loader.stats()["read_retries"] > 0
     finally:

@@ -69,7 +69,7 @@ def test_large_weights_within_range_keep_their_shares(stores):
                           mmdata.Source(str(stores["zarr"]), weight=1e12, name="b")])  # fmt: skip
     plain = mmdata.Mixture([mmdata.Source(str(stores["wds"]), weight=1, name="a"),
                             mmdata.Source(str(stores["zarr"]), weight=1, name="b")])  # fmt: skip
-    targets = [mmdata.DataLoader(m, spec, batch_size=1).source_targets.tolist() for m in (big, plain)]
+    targets = [mmdata.DataLoader(m, spec, batch_size=1, num_workers=0).source_targets.tolist() for m in (big, plain)]
     assert targets[0] == targets[1] and sum(targets[0]) > 2, "weights near the top of the range keep equal shares"
 
 
@@ -101,7 +101,7 @@ def test_read_policies_are_checked_when_made(options):
         (lambda: mmdata.Shuffling(open_segments=None), "open_segments is None, not an integer"),
         (lambda: mmdata.DataLoader("store", STATE, num_workers=None), "num_workers is None, not an"),
         (
-            lambda: mmdata.DataLoader("store", STATE, prefetch_factor=None),
+            lambda: mmdata.DataLoader("store", STATE, prefetch_factor=None, num_workers=0),
             "prefetch_factor is None, not",
         ),
     ],

@@ -202,6 +202,7 @@ def test_a_sample_costlier_than_the_budget_is_refused_naming_its_cost(stores):
             mmdata.Sequences(fps=10, max_seconds=2.0, streams={"action": mmdata.Values()}),
             shuffle="blocks",
             batching=mmdata.Batching(batch_tokens=5),
+            num_workers=0,
         )
 
 
@@ -304,6 +305,7 @@ def test_a_mixture_of_sequences_under_a_token_budget_is_packed_in_the_blocks_ord
         seed=3,
         batching=mmdata.Batching(batch_tokens=12),
         shuffling=mmdata.Shuffling(window=16),
+        num_workers=0,
     )
     plan = loader.epoch_plan()
     sources = [source for batch in loader for source in batch["source"].tolist()]

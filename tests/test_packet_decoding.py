@@ -205,7 +205,7 @@ def test_a_consistently_edited_packet_index_fails_its_checksum_instead_of_swappi
         dataset.frames_at(0, "cam_high", times)
     spec = mmdata.Windows(anchor_fps=5, streams={"cam_high": mmdata.Frames(offsets=[0.0])})
     with pytest.raises(SampleError, match="checksum"):
-        list(mmdata.DataLoader(dataset, spec, batch_size=4))
+        list(mmdata.DataLoader(dataset, spec, batch_size=4, num_workers=0))
 
 
 def test_packet_indexes_without_a_checksum_are_not_used_and_the_frames_stay_right(stores, tmp_path):

@@ -27,7 +27,7 @@ def _windows(resize: mmdata.Resize | None, **frames) -> mmdata.Windows:
 
 
 def _batches(store, spec, **options) -> list[dict]:
-    loader = mmdata.DataLoader(str(store), spec, batch_size=4, shuffle="none", **options)
+    loader = mmdata.DataLoader(str(store), spec, batch_size=4, shuffle="none", **{"num_workers": 0, **options})
     return list(loader)
 
 
@@ -148,7 +148,9 @@ def test_random_crops_are_the_same_across_worker_counts_and_resume(store):
 
 
 def test_random_crops_differ_by_sample_and_epoch_but_not_by_frame_within_a_sample(stores):
-    loader = mmdata.DataLoader(str(stores["wds"]), _random_crop_spec(), batch_size=4, shuffle="none", seed=5)
+    loader = mmdata.DataLoader(
+        str(stores["wds"]), _random_crop_spec(), batch_size=4, shuffle="none", seed=5, num_workers=0
+    )
     first_epoch = torch.cat([b["cam_high"] for b in loader])
     second_epoch = torch.cat([b["cam_high"] for b in loader])
     assert not torch.equal(first_epoch, second_epoch), "a new epoch draws new crops"

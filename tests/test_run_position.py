@@ -16,7 +16,7 @@ SPEC = mmdata.Windows(anchor_fps=10, streams={"state": mmdata.Values(offsets=[0.
 
 
 def loader_plan(store, batch_size: int = 4) -> LoaderPlan:
-    loader = mmdata.DataLoader(store, SPEC, batch_size=batch_size)
+    loader = mmdata.DataLoader(store, SPEC, batch_size=batch_size, num_workers=0)
     return loader._position.plan
 
 

@@ -133,8 +133,8 @@ def test_the_loader_normalizes_values_by_the_stores_statistics(stores, tmp_path,
     offsets = [-0.1, 0.0]
     spec = mmdata.Windows(anchor_fps=5, streams={"state": mmdata.Values(offsets=offsets, normalize=mode)})
     plain = mmdata.Windows(anchor_fps=5, streams={"state": mmdata.Values(offsets=offsets)})
-    normalized = next(iter(mmdata.DataLoader(str(store), spec, batch_size=4, shuffle="none")))
-    raw = next(iter(mmdata.DataLoader(str(store), plain, batch_size=4, shuffle="none")))
+    normalized = next(iter(mmdata.DataLoader(str(store), spec, batch_size=4, shuffle="none", num_workers=0)))
+    raw = next(iter(mmdata.DataLoader(str(store), plain, batch_size=4, shuffle="none", num_workers=0)))
     figures = stats["lowdim"]["state"]
     low, high = {"mean_std": ("mean", "std"), "min_max": ("min", "max"), "quantile": ("q01", "q99")}[mode]
     first, second = np.asarray(figures[low]), np.asarray(figures[high])
@@ -153,7 +153,7 @@ def test_normalizing_without_stats_json_names_the_command_that_makes_it(stores, 
     (store / "stats.json").unlink()
     spec = mmdata.Windows(anchor_fps=5, streams={"state": mmdata.Values(normalize="mean_std")})
     with pytest.raises(StoreError, match="no readable stats.json .*run `mmdata stats"):
-        mmdata.DataLoader(str(store), spec, batch_size=4)
+        mmdata.DataLoader(str(store), spec, batch_size=4, num_workers=0)
 
 
 def _with_stats(stores, tmp_path, name, change):
@@ -183,7 +183,7 @@ def test_statistics_that_cannot_be_right_are_refused_naming_the_stream(stores, t
     store = _with_stats(stores, tmp_path, "odd.wds", change)
     spec = mmdata.Windows(anchor_fps=5, streams={"state": mmdata.Values(normalize=mode)})
     with pytest.raises(StoreError, match=complaint):
-        mmdata.DataLoader(str(store), spec, batch_size=4)
+        mmdata.DataLoader(str(store), spec, batch_size=4, num_workers=0)
 
 
 def test_pooled_normalization_refuses_a_sources_malformed_statistics_by_name(stores, tmp_path):
@@ -192,7 +192,7 @@ def test_pooled_normalization_refuses_a_sources_malformed_statistics_by_name(sto
     mixture = mmdata.Mixture([mmdata.Source(str(good)), mmdata.Source(str(bad))], normalize_with="pooled")
     spec = mmdata.Windows(anchor_fps=5, streams={"state": mmdata.Values(normalize="mean_std")})
     with pytest.raises(StoreError, match="bad.wds/stats.json: 'std' of stream 'state' is not a list of numbers"):
-        mmdata.DataLoader(mixture, spec, batch_size=4)
+        mmdata.DataLoader(mixture, spec, batch_size=4, num_workers=0)
 
 
 @pytest.mark.slow
@@ -253,7 +253,7 @@ def test_a_recording_holding_nan_gives_statistics_every_reader_parses_the_other_
     assert stats["lowdim"]["state"] == {"count": stats["lowdim"]["state"]["count"], "non_finite": True}
     assert stats["moments"]["state"]["mean"][2] is None and stats["moments"]["action"]["mean"][2] is not None
     normalized = mmdata.Windows(anchor_fps=5, streams={"action": mmdata.Values(normalize="mean_std")})
-    assert len(list(mmdata.DataLoader(str(store), normalized, batch_size=4))) > 0
+    assert len(list(mmdata.DataLoader(str(store), normalized, batch_size=4, num_workers=0))) > 0
     refused = mmdata.Windows(anchor_fps=5, streams={"state": mmdata.Values(normalize="mean_std")})
     with pytest.raises(mmdata.StoreError, match="stream 'state' holds NaN or infinite values"):
-        mmdata.DataLoader(str(store), refused, batch_size=4)
+        mmdata.DataLoader(str(store), refused, batch_size=4, num_workers=0)

@@ -64,6 +64,16 @@ def test_auto_gives_the_batches_of_a_fixed_count_and_its_settings_in_the_stats(s
     assert stats["autotune"]["most_workers"] == len(os.sched_getaffinity(0))
 
 
+def test_a_loader_given_no_worker_count_chooses_its_workers_while_it_runs(stores):
+    loader = mmdata.DataLoader(stores["wds"], POLICY_WINDOWS, batch_size=4, seed=5)
+    first = next(iter(loader))
+    stats = loader.stats()
+    assert stats["workers"] >= 1 and stats["autotune"]["most_workers"] >= stats["workers"]
+    loader.close()
+    in_process = mmdata.DataLoader(stores["wds"], POLICY_WINDOWS, batch_size=4, seed=5, num_workers=0)
+    assert_same_batches([first], [next(iter(in_process))])
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("then", ["auto", 2, 0])
 def test_a_run_saved_under_auto_resumes_exactly_with_auto_or_any_fixed_count(stores, then):

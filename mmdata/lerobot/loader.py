@@ -53,9 +53,10 @@ class LeRobotLoader:
     `Source`'s stream map; unmapped streams keep their names), for stores not converted from LeRobot.
     `images="uint8"` keeps frames as uint8 (still channels-first). `batch_size`, `shuffle` (True / False as in
     torch, or an mmdata order), `num_workers` and `device` are torch's `DataLoader` arguments, as LeRobot's
-    training scripts pass them; `runtime` (an `mmdata.Runtime`: decoder, ranks, ...) replaces `device` when
-    given. `episodes` is LeRobot's: a list of its `episode_index` values (or an `mmdata.Episodes` filter).
-    `seed`, `reading` and `on_error` are `mmdata.DataLoader`'s; `state_dict()` / `load_state_dict()` resume
+    training scripts pass them (`num_workers` by default "auto", as `mmdata.DataLoader`'s); `runtime` (an
+    `mmdata.Runtime`: decoder, ranks, ...) replaces `device` when given. `episodes` is LeRobot's: a list of its
+    `episode_index` values (or an `mmdata.Episodes` filter). `seed`, `reading` and `on_error` are
+    `mmdata.DataLoader`'s; `state_dict()` / `load_state_dict()` resume
     exactly, as there.
     """
 
@@ -67,7 +68,7 @@ class LeRobotLoader:
         batch_size: int,
         streams: Mapping[str, str] | None = None,
         shuffle: Shuffle | bool = True,
-        num_workers: int | None = None,
+        num_workers: int | Literal["auto"] = "auto",
         device: str | torch.device | None = None,
         images: ImageFormat = "float",
         episodes: Sequence[int] | Episodes | None = None,
@@ -133,7 +134,7 @@ class LeRobotLoader:
             spec,
             batch_size,
             shuffle,
-            num_workers=0 if num_workers is None else num_workers,
+            num_workers=num_workers,
             batching=Batching(**grouped["batching"]) if grouped["batching"] else None,
             shuffling=Shuffling(**grouped["shuffling"]) if grouped["shuffling"] else None,
             seed=seed,

@@ -73,7 +73,7 @@ class DataLoader:
         batch_size: int | None = None,
         shuffle: Shuffle | bool = "auto",
         *,
-        num_workers: int | Literal["auto"] = 0,
+        num_workers: int | Literal["auto"] = "auto",
         prefetch_factor: int = 2,
         drop_last: bool = False,
         pin_memory: bool | None = None,

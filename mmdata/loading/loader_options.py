@@ -189,14 +189,16 @@ class TorchOptions:
     """The options `torch.utils.data.DataLoader` has, as the loader takes them: plain keywords, PyTorch's names.
     `batch_size` samples per micro-batch (or a `Batching(batch_tokens=...)` budget instead); `shuffle` True
     ("auto": an order that suits the spec), False ("none") or an order by name; `num_workers` processes read and
-    (by default) decode, each `prefetch_factor` batches ahead; `drop_last` leaves out the epoch's last, shorter
-    step; `pin_memory` puts host batches in pinned memory (None: when `device` is a CUDA device);
-    `persistent_workers` keeps the workers across epochs (the next epoch's first batches are ready as the last
-    ends); `timeout` seconds a batch may take to come from the workers before TimeoutError (0: no bound)."""
+    (by default) decode, each `prefetch_factor` batches ahead ("auto", the default: as many as keep the training
+    loop fed, chosen while it runs, see `mmdata.loading.autotune`; 0: the main process reads); `drop_last` leaves
+    out the epoch's last, shorter step; `pin_memory` puts host batches in pinned memory (None: when `device` is a
+    CUDA device); `persistent_workers` keeps the workers across epochs (the next epoch's first batches are ready
+    as the last ends); `timeout` seconds a batch may take to come from the workers before TimeoutError (0: no
+    bound)."""
 
     batch_size: int | None = None
     shuffle: Shuffle | bool = "auto"
-    num_workers: int | Literal["auto"] = 0
+    num_workers: int | Literal["auto"] = "auto"
     prefetch_factor: int = 2
     drop_last: bool = False
     pin_memory: bool | None = None

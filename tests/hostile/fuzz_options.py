@@ -121,9 +121,9 @@ def run(store: Path, builder: Path, examples: int, random_seed: int | None) -> N
     @fuzz
     @given(deltas=VALUES, images=VALUES, episodes=VALUES)
     def lerobot_options(deltas, images, episodes):
-        _refused_or_accepted(lambda: LeRobotLoader(str(store), deltas, batch_size=2))
-        _refused_or_accepted(lambda: LeRobotLoader(str(store), batch_size=2, images=images))
-        _refused_or_accepted(lambda: LeRobotLoader(str(store), batch_size=2, episodes=episodes))
+        _refused_or_accepted(lambda: LeRobotLoader(str(store), deltas, batch_size=2, num_workers=0))
+        _refused_or_accepted(lambda: LeRobotLoader(str(store), batch_size=2, images=images, num_workers=0))
+        _refused_or_accepted(lambda: LeRobotLoader(str(store), batch_size=2, episodes=episodes, num_workers=0))
 
     @fuzz
     @given(path=st.lists(st.floats(0, 1, exclude_max=True), min_size=1, max_size=6), value=VALUES)
@@ -131,8 +131,10 @@ def run(store: Path, builder: Path, examples: int, random_seed: int | None) -> N
         copy = _edited_copy(store, work / "store", "stats.json", stats, path, value)
         for mode in ("mean_std", "min_max", "quantile"):
             spec = mmdata.Windows(anchor_fps=2, streams={"state": mmdata.Values(normalize=mode)})
-            _refused_or_accepted(lambda spec=spec: next(iter(mmdata.DataLoader(str(copy), spec, batch_size=2))))
-        _refused_or_accepted(lambda: LeRobotLoader(str(copy), batch_size=2).dataset_stats)
+            _refused_or_accepted(
+                lambda spec=spec: next(iter(mmdata.DataLoader(str(copy), spec, batch_size=2, num_workers=0)))
+            )
+        _refused_or_accepted(lambda: LeRobotLoader(str(copy), batch_size=2, num_workers=0).dataset_stats)
 
     try:
         for fuzzer in (topic_maps, features_json, spec_options, lerobot_options, stats_json):

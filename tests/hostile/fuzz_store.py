@@ -107,7 +107,7 @@ def exercise(store: Path) -> None:
             dataset.read_episode(episode)
             dataset.audio_between(episode, "audio", 0.0, 0.5, sample_rate=8000)
     with contextlib.suppress(mmdata.MmdataError):
-        for _ in mmdata.DataLoader(store, SPEC, batch_size=3, on_error="skip", seed=1):
+        for _ in mmdata.DataLoader(store, SPEC, batch_size=3, on_error="skip", seed=1, num_workers=0):
             pass
 
 

@@ -213,10 +213,10 @@ def test_lerobot_float32_times_land_on_the_frame_grid(tmp_path):
         last = dataset.values_at(index, "observation.state", [(length - 1) / 30])
         assert not last.is_pad.any(), "the last real row is not padding"
     spec = mmdata.Windows(anchor_fps=30, streams={"observation.state": mmdata.Values()})
-    loader = mmdata.DataLoader(tmp_path / "out", spec, batch_size=8)
+    loader = mmdata.DataLoader(tmp_path / "out", spec, batch_size=8, num_workers=0)
     assert len(loader.samples) == sum(truth["episode_lengths"]), "one window per recorded row, none past the end"
     whole = mmdata.Sequences(fps=30, streams={"observation.state": mmdata.Values()})
-    for batch in mmdata.DataLoader(tmp_path / "out", whole, batch_size=1):
+    for batch in mmdata.DataLoader(tmp_path / "out", whole, batch_size=1, num_workers=0):
         assert not batch["observation.state_is_pad"].any()
 
 

@@ -30,7 +30,7 @@ def damaged_camera(store, tmp_path, episode: int = 1):
 
 
 def loader(store, **options):
-    settings = {"batch_size": 2, "shuffle": "none", "on_error": "skip", "seed": 3} | options
+    settings = {"batch_size": 2, "shuffle": "none", "on_error": "skip", "seed": 3, "num_workers": 0} | options
     return mmdata.DataLoader(store, SPEC, **settings)
 
 

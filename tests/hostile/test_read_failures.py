@@ -132,7 +132,7 @@ def test_a_loader_over_a_stalled_shard_finishes_its_epoch_with_the_samples_skipp
     dataset = mmdata.open_dataset(faulty["wds"], read_policy=QUICK)
     shard = dataset.manifest.row(0)["shard"]
     fault("stall", shard)
-    loader = mmdata.DataLoader(dataset, POLICY_SPEC, batch_size=4, on_error="skip")
+    loader = mmdata.DataLoader(dataset, POLICY_SPEC, batch_size=4, on_error="skip", num_workers=0)
     started = time.perf_counter()
     batches = list(loader)
     stats = loader.stats()

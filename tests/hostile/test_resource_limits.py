@@ -148,7 +148,11 @@ def test_manifest_durations_of_a_million_seconds_leave_a_loader_small_and_quick(
     assert result["increase"] < 700 << 20
     with pytest.raises(mmdata.StoreError, match="2 episode.s. have inconsistent manifest rows.*on_error='skip'"):
         mmdata.DataLoader(
-            store, mmdata.Windows(anchor_fps=10, streams={"state": mmdata.Values()}), batch_size=4, on_error="raise"
+            store,
+            mmdata.Windows(anchor_fps=10, streams={"state": mmdata.Values()}),
+            batch_size=4,
+            on_error="raise",
+            num_workers=0,
         )
 
 
