@@ -8,7 +8,11 @@ run just before and after its epochs (`mmdata.measure.floor`), the decoder's par
 sample wherever it ran (`loader.stats()["stage_cpu_seconds"]`) with `outside_stages` (planning, the hand-over
 between processes, the loops around the stages). Medians over rounds; stage figures from the median round.
 
+With `--baseline-tree` (a source tree of an earlier mmdata) each configuration also runs on that tree in the same
+rounds: the before/after of one run.
+
 usage: PYTHONPATH=.:benchmarks python benchmarks/cpu_floor_bench.py [--store PATH] [--rounds 5] [--record NAME]
+       [--baseline-tree DIR]
 Results go to benchmarks/results/cpu_floor_<NAME>.json with the machine named.
 """
 
@@ -49,11 +53,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--record", default=None, help="write benchmarks/results/cpu_floor_<RECORD>.json")
+    parser.add_argument("--baseline-tree", type=Path, help="also run these configurations on an earlier tree")
     args = parser.parse_args()
     if not (args.store / "dataset.json").exists():
         raise SystemExit(f"{args.store} is no store: run benchmarks/frame_size_bench.py --sizes 224x224 first")
+    trees = {"": TREE, **({"before, ": args.baseline_tree} if args.baseline_tree else {})}
     configurations = {
-        f"workers {workers}": lambda w=workers: mmdata_run(TREE, args.store, w, args.seconds, DEFAULT_LOADER)
+        f"{label}workers {workers}": lambda w=workers, t=tree: mmdata_run(
+            t, args.store, w, args.seconds, DEFAULT_LOADER
+        )
+        for label, tree in trees.items()
         for workers in (0, 2)
     }
     runs = run_rounds(configurations, args.rounds)
@@ -63,6 +72,7 @@ def main() -> None:
         "store": str(args.store),
         "rounds": args.rounds,
         "seconds_per_run": args.seconds,
+        "baseline_tree": str(args.baseline_tree) if args.baseline_tree else None,
         "results": {name: summary(results) for name, results in runs.items()},
     }
     for name, figures in report["results"].items():

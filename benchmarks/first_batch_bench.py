@@ -106,12 +106,19 @@ def main() -> None:
         for round_ in range(args.rounds):
             shift = round_ % len(names_in_order)
             for name in names_in_order[shift:] + names_in_order[:shift]:
-                row = _run(configurations[name], name, environment)
+                try:
+                    row = _run(configurations[name], name, environment)
+                except RuntimeError as exc:  # (a failed configuration is a row; the others still run)
+                    rows[name].append({"error": str(exc)[-600:]})
+                    print(f"round {round_}: {name:34s} failed: {str(exc)[-300:]}", flush=True)
+                    continue
                 rows[name].append(row)
                 print(f"round {round_}: {name:34s} " + ", ".join(f"{k} {v:.3f}" for k, v in row.items()), flush=True)
+    good = {name: [row for row in runs if "error" not in row] for name, runs in rows.items()}
     medians = {
-        name: {key: round(statistics.median(row[key] for row in rows[name]), 3) for key in rows[name][0]}
-        for name in rows
+        name: {key: round(statistics.median(row[key] for row in runs), 3) for key in runs[0]}
+        for name, runs in good.items()
+        if runs
     }
     results = {"machine": machine_name(), "store": str(store), "rounds": rows, "medians": medians}
     lerobot = {name: row for name, row in medians.items() if name.startswith("lerobot")}

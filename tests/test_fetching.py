@@ -15,13 +15,13 @@ class _Pieces:
     """A source's piece reader that records what it is asked for."""
 
     def __init__(self, fetches_ahead: bool = False):
-        self.fetches_ahead, self.calls = fetches_ahead, []
+        self.fetches_ahead, self.calls, self.fetch_seconds = fetches_ahead, [], None
 
     def prefetch(self, pieces):
         self.calls.append(("now", list(pieces)))
 
-    def prefetch_ahead(self, pieces):
-        self.calls.append(("ahead", list(pieces)))
+    def prefetch_ahead(self, by_read):
+        self.calls.append(("ahead", [list(pieces) for pieces in by_read]))
 
     def forget(self):
         self.calls.append(("forget", []))
@@ -58,16 +58,16 @@ def test_pieces_fetched_now_from_several_lists_go_to_their_sources_in_one_reques
     assert sources[1].store.pieces.calls == [("now", ["row 3 cam"])]
 
 
-def test_fetching_ahead_merges_rows_and_segments_into_one_request_per_source_and_forget_reaches_every_source():
+def test_fetching_ahead_merges_each_later_reads_rows_and_segments_per_source_and_forget_reaches_every_source():
     sources = [_source(fetches_ahead=True), _source()]
     fetcher = Fetcher(sources, stored_names=lambda sample, only=None: ["cam"])
     assert fetcher.fetches_ahead, "one source in object storage is enough"
-    plans = [(0, SimpleNamespace(pieces=["segment a"])), (1, SimpleNamespace(pieces=["segment b"]))]
-    fetcher.ahead(fetcher.rows([_sample(1, 0)]), Fetcher.segments(plans))
+    segments = {0: ["segment a"], 1: ["segment b"]}
+    fetcher.ahead([[fetcher.rows([_sample(1, 0)]), segments], [fetcher.rows([_sample(3, 0)])]])
     fetcher.now({1: ["row 2 cam"]})
     fetcher.forget()
-    assert sources[0].store.pieces.calls == [("ahead", ["row 1 cam", "segment a"]), ("forget", [])]
-    assert sources[1].store.pieces.calls == [("ahead", ["segment b"]), ("now", ["row 2 cam"]), ("forget", [])]
+    assert sources[0].store.pieces.calls == [("ahead", [["row 1 cam", "segment a"], ["row 3 cam"]]), ("forget", [])]
+    assert sources[1].store.pieces.calls == [("ahead", [["segment b"], []]), ("now", ["row 2 cam"]), ("forget", [])]
 
 
 def test_a_local_store_fetches_nothing_ahead(stores):

@@ -373,12 +373,13 @@ def test_the_next_micro_batch_is_fetched_in_the_background_while_this_one_decode
         return [count for thread, count in calls if not thread.startswith("mmdata-fetch-ahead")]
 
     ahead = [count for thread, count in wanted_by_thread if thread.startswith("mmdata-fetch-ahead")]
-    # The first micro-batch fetches its rows, aligns, then fetches its segments; every later one finds both there.
+    # The first micro-batch fetches its rows, aligns, then fetches its segments; every later one finds both there,
+    # fetched by a background fetch started at an earlier read (one for each read that asked for new pieces).
     first, later = wanted_by_thread[:first_batch_calls], wanted_by_thread[first_batch_calls:]
     assert sum(in_the_loop(first)) > 0 and sum(in_the_loop(later)) == 0, (
         "after the first, each micro-batch's pieces were there"
     )
-    assert len(ahead) >= len(batches) - 1 and sum(ahead) > 0
+    assert sum(ahead) > 0, "fetched in the background, as the reads before needed them"
     assert_same_batches(batches, _batches(str(stores[layout]), 0))
 
 

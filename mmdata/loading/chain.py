@@ -207,7 +207,6 @@ class BatchReader:
         with timed(seconds, Stage.FETCH, cpu):
             self._read_rows_ahead(samples, fallback, horizon)
         upcoming = horizon[0] if len(horizon) > 0 else ()
-        after_upcoming = horizon[1] if len(horizon) > 1 else ()
         fetching = self.fetch.fetches_ahead
         planned, entering_next = (horizon[:-1], horizon[-1]) if fetching and horizon else (horizon, ())
         try:
@@ -221,16 +220,17 @@ class BatchReader:
                 ]
                 plans = self._align_cameras(batch, scope)
             if fetching:
-                with timed(seconds, Stage.ALIGN, cpu):
-                    ahead = [(sample.source, plan) for sample, plan in self._plans_ahead(scope, upcoming)]
+                window = horizon[: self.fetch.reads_ahead]
+                with timed(seconds, Stage.ALIGN, cpu):  # (without a frame cache only the next read's are aligned)
+                    segments_ahead = self._segments_ahead(scope, window if scope.frame_cache.enabled else window[:1])
                 with timed(seconds, Stage.FETCH, cpu):
-                    self.fetch.now(self.fetch.segments(self._live(batch, plans)))
-                    self.fetch.ahead(
-                        self.fetch.rows(upcoming),
-                        self.fetch.segments(ahead),
-                        self.fetch.rows(after_upcoming),
-                        self.fetch.rows(entering_next, Frames),
-                    )
+                    self.fetch.now(self._unserved(scope, self._live_plans(batch, plans)))
+                    by_read = [[self.fetch.rows(step)] for step in window]
+                    for parts, segments in zip(by_read, segments_ahead):
+                        parts.append(segments)
+                    if by_read:
+                        by_read[0].append(self.fetch.rows(entering_next, Frames))
+                    self.fetch.ahead(by_read)
             if scope.frame_cache.enabled:
                 with timed(seconds, Stage.ALIGN, cpu):
                     self._plan_cache(batch, scope, plans, planned)
@@ -306,6 +306,36 @@ class BatchReader:
                 found.append((sample, plan))
         return found
 
+    def _segments_ahead(self, scope: ReadScope, window: Sequence[Sequence[SampleRef]]) -> list[dict[int, list[Piece]]]:
+        """Per later read of `window`, the segments (per source) it is the first of them to need: every one for the
+        next read, and for the reads after it those the frame cache does not hold now (it may let go of frames
+        before then, when its horizon is planned afresh: the next read's are fetched whatever it holds)."""
+        seen: set[Hashable] = set()
+        return [
+            self._unserved(scope, self._plans_ahead(scope, step), seen, served_too=number == 0)
+            for number, step in enumerate(window)
+        ]
+
+    @staticmethod
+    def _unserved(
+        scope: ReadScope,
+        plans: Iterable[tuple[SampleRef, FrameRequests]],
+        seen: set[Hashable] | None = None,
+        served_too: bool = False,
+    ) -> dict[int, list[Piece]]:
+        """Per source, the segments of `plans` whose frames the frame cache does not hold (unless `served_too`), and
+        not in `seen`, which they join: the segments a read will read."""
+        seen = set() if seen is None else seen
+        wanted: dict[int, list[Piece]] = {}
+        for sample, plan in plans:
+            for request, piece in zip(plan.requests, plan.pieces):
+                key = segment_key(sample.source, request)
+                if key in seen or (not served_too and scope.frame_cache.serves(key, request.frames)):
+                    continue
+                seen.add(key)
+                wanted.setdefault(sample.source, []).append(piece)
+        return wanted
+
     def _align_cameras(self, batch: MicroBatch, scope: ReadScope) -> dict[str, list[FrameRequests | None]]:
         """Each camera's frame plan per sample (None where the sample failed): the ones aligned ahead, else now."""
         carried = scope.aligned_ahead
@@ -318,9 +348,13 @@ class BatchReader:
             for name, stream in self.cameras
         }
 
-    def _live(self, batch: MicroBatch, plans: dict[str, list[FrameRequests | None]]) -> list[tuple[int, FrameRequests]]:
+    @staticmethod
+    def _live_plans(
+        batch: MicroBatch, plans: dict[str, list[FrameRequests | None]]
+    ) -> list[tuple[SampleRef, FrameRequests]]:
+        """Each camera's frame plan of each sample of `batch` that has not failed."""
         return [
-            (batch.samples[p].source, plan)
+            (batch.samples[p], plan)
             for camera in plans.values()
             for p, plan in enumerate(camera)
             if plan is not None and p not in batch.failed

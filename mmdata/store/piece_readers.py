@@ -8,14 +8,18 @@ and dtype the schema declares before anything is allocated for them.
 From object storage, where each request costs a round trip, a reader can be told the pieces a
 micro-batch will need (`prefetch`): WebDataset byte ranges of one shard that lie close together
 are fetched as one request, several requests at a time (`ReadPolicy.concurrency`); the pieces
-are then served from memory until `forget`. With `ReadPolicy.cache_dir`, pieces fetched from object
-storage are also kept on local disk (`PieceCache`) and read from there next time.
+are then served from memory until `forget`. The pieces of later micro-batches are fetched in the background
+(`prefetch_ahead`, told which read needs each): a WebDataset reader runs several such fetches at once and keeps
+each piece until the last read that needs it, so that a request's latency is hidden however long it is, as long as
+the reader is told far enough ahead. With `ReadPolicy.cache_dir`, pieces fetched from object storage are also kept
+on local disk (`PieceCache`) and read from there next time.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -38,6 +42,9 @@ from mmdata.store.zarr_reader import HeldBytes, ZarrArrays
 # A request of coalesced byte ranges holds at most this many bytes (how far apart ranges may be and still share one
 # is the read policy's `coalesce_gap`).
 COALESCE_MAX = 64 << 20
+# The fetches ahead a WebDataset reader runs at once, and the bytes it holds for later reads before it starts no more.
+MOST_FETCHES_AHEAD = 8
+AHEAD_BYTES = 256 << 20
 
 
 class PieceReader(Protocol):
@@ -57,12 +64,16 @@ class PieceReader(Protocol):
     def prefetch(self, pieces: Iterable[Piece]) -> None:
         """Fetch these pieces ahead, in as few requests as sensible; failures are left to `read_bytes`."""
 
-    def prefetch_ahead(self, pieces: Iterable[Piece]) -> None:
-        """Start fetching these pieces in the background (the next micro-batch's, while this one decodes);
-        the next `prefetch` takes them. One fetch ahead at a time: a call while one runs does nothing."""
+    @property
+    def fetch_seconds(self) -> float | None:
+        """How long the latest fetch ahead took (about a request's latency), None before one."""
+
+    def prefetch_ahead(self, by_read: Sequence[Iterable[Piece]]) -> None:
+        """Start fetching the pieces of later reads in the background (`by_read[i]`: those read i + 1 reads
+        from now), while this one decodes; a later `prefetch` or read takes them."""
 
     def forget(self) -> None:
-        """Drop what `prefetch` holds (not what is being fetched ahead)."""
+        """The read in progress is over: drop what it held that no later read was said to need."""
 
 
 @dataclass
@@ -163,9 +174,70 @@ class BackgroundFetch:
         return {"_future": None, "_thread": None, "_owner": -1}
 
 
+FetchedPieces = tuple[dict[Piece, bytes], int]  # (the pieces fetched, the requests it took)
+
+
+class AheadFetches:
+    """Fetches for later reads, up to `most` at once on threads of their own, each with the pieces it brings, and
+    how long the latest one that made requests took. A forked or unpickled copy starts threads of its own: the
+    parent's do not exist there."""
+
+    def __init__(self, most: int = MOST_FETCHES_AHEAD) -> None:
+        self.most = most
+        self.seconds: float | None = None
+        self._running: list[tuple[Future, frozenset[Piece]]] = []
+        self._threads: ThreadPoolExecutor | None = None
+        self._owner = os.getpid()
+
+    def fetching(self) -> set[Piece]:
+        return set().union(*(pieces for _, pieces in self._mine()))
+
+    def full(self) -> bool:
+        return len(self._mine()) >= self.most
+
+    def start(self, pieces: frozenset[Piece], fetch: Callable[[list[Piece]], FetchedPieces]) -> None:
+        if self._threads is None or self._owner != os.getpid():
+            self._threads = ThreadPoolExecutor(self.most, thread_name_prefix="mmdata-fetch-ahead")
+            self._owner, self._running = os.getpid(), []
+
+        def timed() -> FetchedPieces:
+            started = time.perf_counter()
+            fetched = fetch(sorted(pieces, key=lambda p: (p.path, p.offset)))
+            if fetched[1]:
+                self.seconds = time.perf_counter() - started
+            return fetched
+
+        self._running.append((self._threads.submit(timed), pieces))
+
+    def finished(self) -> list[FetchedPieces]:
+        """What the fetches that are done brought (those still running stay)."""
+        return self._collect([entry for entry in self._mine() if entry[0].done()])
+
+    def wait_for(self, pieces: set[Piece]) -> list[FetchedPieces]:
+        """What the fetches bringing any of `pieces` brought, waiting for them, and what the finished ones did."""
+        return self._collect([entry for entry in self._mine() if entry[0].done() or entry[1] & pieces])
+
+    def _mine(self) -> list[tuple[Future, frozenset[Piece]]]:
+        return self._running if self._owner == os.getpid() else []
+
+    def _collect(self, entries: list[tuple[Future, frozenset[Piece]]]) -> list[FetchedPieces]:
+        results = []
+        for entry in entries:
+            self._running.remove(entry)
+            try:
+                results.append(entry[0].result())
+            except Exception:
+                continue  # (a fetch ahead is an optimisation; the reads themselves report any failure)
+        return results
+
+    def __getstate__(self) -> dict:
+        return {"most": self.most, "seconds": None, "_running": [], "_threads": None, "_owner": -1}
+
+
 class WdsPieceReader:
     """Pieces of WebDataset shards: each one is one byte-range read, checked against its checksum
-    when `verify` is set (xxHash64 runs at several GB/s, far below the cost of decoding)."""
+    when `verify` is set (xxHash64 runs at several GB/s, far below the cost of decoding). From object storage it
+    holds each piece fetched ahead until the last read said to need it (`_until`, in reads since it was made)."""
 
     def __init__(
         self, fs: fsspec.AbstractFileSystem, root: str, verify: bool = True, policy: ReadPolicy = DEFAULT_READ_POLICY
@@ -178,7 +250,10 @@ class WdsPieceReader:
         self.requests = 0
         self.cache = piece_cache(fs, root, policy)
         self._ready: dict[Piece, bytes] = {}
-        self._ahead = BackgroundFetch()
+        self._until: dict[Piece, int] = {}  # the last read that needs each piece held or being fetched
+        self._read = 0  # reads over (`forget`)
+        self._held_bytes = 0
+        self._ahead = AheadFetches()
 
     def read_bytes(self, piece: Piece) -> bytes:
         data = self._ready.get(piece)
@@ -210,35 +285,52 @@ class WdsPieceReader:
     def fetches_ahead(self) -> bool:
         return not isinstance(self.fs, LocalFileSystem)  # a local read costs microseconds: nothing to save
 
+    @property
+    def fetch_seconds(self) -> float | None:
+        return self._ahead.seconds
+
     def prefetch(self, pieces: Iterable[Piece]) -> None:
         if not self.fetches_ahead:
             return
-        self._take_ahead()
-        fetched, requests = self._fetch([p for p in set(pieces) if p not in self._ready])
-        self._ready.update(fetched)
-        self.requests += requests
+        wanted = set(pieces)
+        for piece in wanted:
+            self._until[piece] = max(self._until.get(piece, self._read), self._read)
+        self._hold(self._ahead.wait_for(wanted - self._ready.keys()))
+        self._hold([self._fetch([p for p in wanted if p not in self._ready])])
 
-    def prefetch_ahead(self, pieces: Iterable[Piece]) -> None:
-        if not self.fetches_ahead or self._ahead.busy():
+    def prefetch_ahead(self, by_read: Sequence[Iterable[Piece]]) -> None:
+        if not self.fetches_ahead:
             return
-        pieces = set(pieces)
-        carried = {piece: self._ready[piece] for piece in pieces if piece in self._ready}  # outlives `forget`
-        wanted = [piece for piece in pieces if piece not in carried]
-        self._take_ahead()
+        self._hold(self._ahead.finished())
+        fetching = self._ahead.fetching()
+        new: set[Piece] = set()
+        for reads_on, pieces in enumerate(by_read, 1):
+            for piece in pieces:
+                self._until[piece] = max(self._until.get(piece, 0), self._read + reads_on)
+                if piece not in self._ready and piece not in fetching:
+                    new.add(piece)
+        if new and not self._ahead.full() and self._held_bytes < AHEAD_BYTES:
+            self._ahead.start(frozenset(new), self._fetch)
+        else:
+            for piece in new:  # (asked again, by the later reads that still need them)
+                self._until.pop(piece, None)
 
-        def fetch() -> tuple[dict[Piece, bytes], int]:
-            fetched, requests = self._fetch(wanted)
-            return {**carried, **fetched}, requests
-
-        self._ahead.start(fetch)
-
-    def _take_ahead(self) -> None:
-        """Wait for the pieces `prefetch_ahead` is fetching and hold them with the others."""
-        taken = self._ahead.take()
-        if taken is not None:
-            fetched, requests = taken
-            self._ready.update(fetched)
+    def _hold(self, results: Iterable[FetchedPieces]) -> None:
+        """Keep what fetches brought for the reads that still need it."""
+        for fetched, requests in results:
             self.requests += requests
+            for piece, data in fetched.items():
+                if self._until.get(piece, -1) >= self._read and piece not in self._ready:
+                    self._ready[piece] = data
+                    self._held_bytes += len(data)
+
+    def forget(self) -> None:
+        self._read += 1
+        for piece in [piece for piece, until in self._until.items() if until < self._read]:
+            del self._until[piece]  # (one still being fetched is dropped when its fetch is taken in)
+            data = self._ready.pop(piece, None)
+            if data is not None:
+                self._held_bytes -= len(data)
 
     def _fetch(self, wanted: list[Piece]) -> tuple[dict[Piece, bytes], int]:
         """`wanted` from the disk cache, else in coalesced requests, several at a time; (pieces, requests)."""
@@ -270,11 +362,8 @@ class WdsPieceReader:
                     self._keep(piece, fetched[piece])
         return fetched, len(ranges)
 
-    def forget(self) -> None:
-        self._ready.clear()
-
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_ready": {}}
+        return {**self.__dict__, "_ready": {}, "_until": {}, "_held_bytes": 0}
 
 
 class ZarrPieceReader:
@@ -330,10 +419,16 @@ class ZarrPieceReader:
         self.arrays.held.add(held)
         self.requests += requests
 
-    def prefetch_ahead(self, pieces: Iterable[Piece]) -> None:
+    @property
+    def fetch_seconds(self) -> float | None:
+        return None  # (one fetch ahead at a time: nothing to deepen)
+
+    def prefetch_ahead(self, by_read: Sequence[Iterable[Piece]]) -> None:
+        """The next two reads' pieces, one fetch at a time (a call while one runs does nothing)."""
         if not self.fetches_ahead or self._ahead.busy():
             return
-        pieces, carried = set(pieces), self.arrays.held.copy()  # what this micro-batch holds outlives `forget`
+        pieces = {piece for wanted in by_read[:2] for piece in wanted}
+        carried = self.arrays.held.copy()  # what this micro-batch holds outlives `forget`
         self._take_ahead()
 
         def fetch() -> tuple[HeldBytes, int]:
