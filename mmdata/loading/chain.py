@@ -224,7 +224,7 @@ class BatchReader:
                 with timed(seconds, Stage.ALIGN, cpu):  # (without a frame cache only the next read's are aligned)
                     segments_ahead = self._segments_ahead(scope, window if scope.frame_cache.enabled else window[:1])
                 with timed(seconds, Stage.FETCH, cpu):
-                    self.fetch.now(self._unserved(scope, self._live_plans(batch, plans)))
+                    self.fetch.now(self._unread(self._live_plans(batch, plans), scope.frame_cache.serves))
                     by_read = [[self.fetch.rows(step)] for step in window]
                     for parts, segments in zip(by_read, segments_ahead):
                         parts.append(segments)
@@ -308,29 +308,28 @@ class BatchReader:
 
     def _segments_ahead(self, scope: ReadScope, window: Sequence[Sequence[SampleRef]]) -> list[dict[int, list[Piece]]]:
         """Per later read of `window`, the segments (per source) it is the first of them to need: every one for the
-        next read, and for the reads after it those the frame cache does not hold now (it may let go of frames
-        before then, when its horizon is planned afresh: the next read's are fetched whatever it holds)."""
+        next read, and for the reads after it those whose frames the frame cache does not hold now (it may let go
+        of frames when its horizon is planned afresh: the next read's are fetched whatever it holds)."""
         seen: set[Hashable] = set()
         return [
-            self._unserved(scope, self._plans_ahead(scope, step), seen, served_too=number == 0)
+            self._unread(self._plans_ahead(scope, step), scope.frame_cache.holds if number else _none, seen)
             for number, step in enumerate(window)
         ]
 
     @staticmethod
-    def _unserved(
-        scope: ReadScope,
+    def _unread(
         plans: Iterable[tuple[SampleRef, FrameRequests]],
+        held: Callable[[Hashable, tuple[int, ...]], bool],
         seen: set[Hashable] | None = None,
-        served_too: bool = False,
     ) -> dict[int, list[Piece]]:
-        """Per source, the segments of `plans` whose frames the frame cache does not hold (unless `served_too`), and
-        not in `seen`, which they join: the segments a read will read."""
+        """Per source, the segments of `plans` whose frames are not `held`, and not in `seen` (which they join):
+        the segments a read will read."""
         seen = set() if seen is None else seen
         wanted: dict[int, list[Piece]] = {}
         for sample, plan in plans:
             for request, piece in zip(plan.requests, plan.pieces):
                 key = segment_key(sample.source, request)
-                if key in seen or (not served_too and scope.frame_cache.serves(key, request.frames)):
+                if key in seen or held(key, request.frames):
                     continue
                 seen.add(key)
                 wanted.setdefault(sample.source, []).append(piece)
@@ -444,6 +443,11 @@ def _aligned_key(sample: SampleRef, camera: str) -> Hashable:
     """A planned sample's camera, as a key hashed and compared in C (a `SampleRef` itself costs two calls into
     Python per look-up): the fields that tell samples apart, its draw (seed, epoch, slot) among them."""
     return (sample.index, sample.source, sample.episode, sample.start, sample.end, sample.draw, camera)
+
+
+def _none(key: Hashable, frames: tuple[int, ...]) -> bool:
+    """Held by nobody: every segment is to be read."""
+    return False
 
 
 def _needs(plans: Iterable[tuple[int, FrameRequests | None]]) -> Needs:

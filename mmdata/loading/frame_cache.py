@@ -159,6 +159,11 @@ class FrameCache:
         self._pinned.add(key)
         return True
 
+    def holds(self, key: SegmentKey, frames: Iterable[int]) -> bool:
+        """Whether all of `frames` of `key` are kept now (for a later read: nothing is pinned for it)."""
+        kept = self._frames.get(key, {})
+        return all(frame in kept for frame in frames)
+
     def wanted_ahead(self, key: SegmentKey, frame_bytes: int = 0) -> set[int]:
         """The frames of `key` the later reads need that are not kept: worth decoding with this read's when they
         can be kept (none when frames of `frame_bytes` each would not fit the bound together: decoding them now
