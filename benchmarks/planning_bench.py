@@ -11,7 +11,9 @@ planning is timed), with the loader's defaults (the "auto" order):
 - `pickled_mb`: the planner and a rank's steps as they reach a spawned worker process (pickled; forked
   workers inherit them instead);
 - `advance_us`: the per-step bookkeeping of the loader's state (samples consumed so far);
-- `first_batch_s`: `iter(DataLoader)` to its first batch, no workers; `build_to_first_batch_s` adds `build_s`.
+- `first_batch_s`: `iter(DataLoader)` to its first batch with the defaults (`num_workers="auto"`: forked workers, the
+  first of them reading it); `build_to_first_batch_s` adds `build_s`; `first_batch_in_process_s`: the same with
+  `num_workers=0`.
 
 A small loader is built and read first, so that what the process pays once (imports, Numba's cached kernels) is
 not counted against the first configuration.
@@ -65,6 +67,10 @@ def measure(dataset: mmdata.Dataset, samples: int, batch: dict) -> dict:
     next(iter(loader))
     first_batch = time.perf_counter() - loader_started
     loader.close()
+    in_process = mmdata.DataLoader(dataset, spec, seed=1, num_workers=0, **batch)
+    in_process_started = time.perf_counter()
+    next(iter(in_process))
+    first_batch_in_process = time.perf_counter() - in_process_started
     return {
         "samples": len(loader.samples),
         "order": loader.shuffle,
@@ -76,6 +82,7 @@ def measure(dataset: mmdata.Dataset, samples: int, batch: dict) -> dict:
         "advance_us": round(advance * 1e6, 2),
         "first_batch_s": round(first_batch, 3),
         "build_to_first_batch_s": round(built - building + first_batch, 3),
+        "first_batch_in_process_s": round(first_batch_in_process, 3),
     }
 
 

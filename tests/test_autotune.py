@@ -88,6 +88,13 @@ def test_a_loop_slower_than_the_workers_lets_workers_go_down_to_what_keeps_it_fe
     assert stalled_share(steps, since=60) == 0
 
 
+def test_a_loop_slower_than_one_worker_keeps_the_fewest_workers_it_was_given():
+    pipeline = SimulatedPipeline(cores=16, loop=0.5, step_cpu=0.05)  # one worker would read 10x the loop's pace
+    tuner = tuner_for(pipeline, workers=4, least=2)
+    run(tuner, pipeline, 120)
+    assert tuner.workers == 2, tuner.history
+
+
 def test_a_throughput_bound_run_stops_where_another_worker_is_no_faster_and_does_not_oscillate():
     pipeline = SimulatedPipeline(cores=2, loop=0.0, step_cpu=0.05)  # two workers fill the machine
     tuner = tuner_for(pipeline, workers=1, most=8, cooldown=30)

@@ -14,9 +14,11 @@ worker's wall and CPU time per step, and at the end of each window of steps:
   try that count again for `cooldown` seconds (or until the loop's pace changes);
 - the loop did not wait over `calm_windows` windows in a row at a steady pace and one worker fewer would still
   read `spare` times as fast as the loop takes, at the slowest reads of the recent windows: retire one; if the
-  loop then waits, take it back and keep that count for `cooldown` seconds. (A change costs: the workers' frame
-  caches plan their new steps afresh and a new worker starts cold, so the tuner grows readily and shrinks
-  slowly.)
+  loop then waits, take it back and keep that count for `cooldown` seconds; never fewer than `least` (the loader
+  gives the count it starts with, two where the budget allows: reads come in bursts, a step that opens segments
+  decoding them all, and one worker alone made the loop wait on 1.6-3.1% of its steps at 50-100 ms a step where
+  two made it wait on none, `benchmarks/results/autotune_cpu.json`). (A change costs: the workers' frame caches
+  plan their new steps afresh and a new worker starts cold, so the tuner grows readily and shrinks slowly.)
 
 Windows start after the steps already dispatched when the count last changed, so every decision is measured on
 the count it judges. The tuner only counts workers; which worker reads a step never changes what the step holds.
@@ -78,6 +80,7 @@ class WorkerTuner:
         *,
         depth: int = 2,
         most_depth: int = 8,
+        least: int = 1,
         busy_enough: float = 0.7,
         stall_limit: float = 0.01,
         spare: float = 2.0,
@@ -90,9 +93,10 @@ class WorkerTuner:
         option_int(workers, "the first worker count", 1, most)
         option_int(most_depth, "the most read-ahead", 1, 1024)
         option_int(depth, "the first read-ahead", 1, most_depth)
+        option_int(least, "the fewest workers", 1, workers)
         if not 0 < stall_limit < 1 or not spare >= 1 or not least_seconds >= 0 or not cooldown >= 0:
             raise OptionError("the tuner's stall_limit is in (0, 1), spare >= 1, least_seconds and cooldown >= 0")
-        self.workers, self.most = workers, most
+        self.workers, self.most, self.least = workers, most, least
         self.depth, self.most_depth, self.busy_enough = depth, most_depth, busy_enough
         self.stall_limit, self.spare, self.cooldown = stall_limit, spare, cooldown
         self.calm_windows, self._calm = calm_windows, 0
@@ -182,7 +186,7 @@ class WorkerTuner:
             self._trial = (n, rate, stall)
             self._change(grown, now, figures, f"the loop waited {stall:.1%}: {n} -> {grown} workers")
             return
-        least = self._floor[0] if self._floor else 1
+        least = max(self._floor[0], self.least) if self._floor else self.least
         slowest = max(self._recent_busy)  # (the reads of bursts, when every lane opens segments at once, included)
         spare = loop > 0 and (n - 1) / slowest >= self.spare / loop
         if n > least and spare and self._calm >= self.calm_windows:

@@ -297,7 +297,13 @@ class Feed:
             if workers.auto:
                 in_flight = functools.partial(_in_flight, ahead=ahead)
                 self.tuner = WorkerTuner(
-                    workers.first, workers.most, in_flight, IdleCores(), depth=prefetch_factor, most_depth=deepest
+                    workers.first,
+                    workers.most,
+                    in_flight,
+                    IdleCores(),
+                    depth=prefetch_factor,
+                    most_depth=deepest,
+                    least=workers.first,
                 )
         else:
             self._items = source.in_order()
