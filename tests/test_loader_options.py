@@ -56,7 +56,7 @@ def test_the_earlier_spellings_give_the_same_batches_and_state_and_warn_with_the
         grouped = mmdata.DataLoader(
             str(stores["wds"]), SPEC, batching=mmdata.Batching(batch_size=4),
             shuffling=mmdata.Shuffling(mode="global"), runtime=mmdata.Runtime(num_workers=1, decoder="pyav"),
-            reading=mmdata.Reading(cache_bytes=1 << 20), seed=3,num_workers=0
+            reading=mmdata.Reading(cache_bytes=1 << 20), seed=3,
         )  # fmt: skip
     said = " | ".join(str(warning.message) for warning in caught)
     for spelled in ("Batching(batch_size=...) is spelled DataLoader(batch_size=...)", "pass shuffle='global'",
