@@ -97,8 +97,14 @@ def main() -> None:
             store = args.store if args.store and args.store.exists() else make_store(Path(folder))
             names = SYNTHETIC_NAMES
         for kind in args.workers.split(","):
-            configurations[f"mmdata num_workers={kind}"] = [sys.executable, "-c", CHILD, str(store), kind]
-            configurations[f"mmdata num_workers={kind}"].append(json.dumps(names))
+            configurations[f"mmdata num_workers={kind}"] = [
+                sys.executable,
+                "-c",
+                CHILD,
+                str(store),
+                kind,
+                json.dumps(names),
+            ]
         first_mmdata = next(command for name, command in configurations.items() if name.startswith("mmdata"))
         subprocess.run(first_mmdata, capture_output=True, env=environment, check=True)
         rows: dict[str, list[dict]] = {name: [] for name in configurations}

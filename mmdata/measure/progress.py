@@ -48,7 +48,7 @@ class SettlingLine:
             self._width = len(text)
             if done >= total:
                 self._stream.write("\n")
-        elif len(settings) > self._settings_seen or self._settings_seen < 0 or done >= total:
+        elif len(settings) > self._settings_seen or done >= total:
             self._stream.write(text + "\n")
         self._settings_seen = len(settings)
         self._stream.flush()
